@@ -1,0 +1,34 @@
+# GPU Ledger — `make help` lists the targets.
+PYTHON ?= python3.11
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+STAMP   = $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help install demo test test-unit test-integration schemas clean
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install gpuledger with its test extras
+
+demo: $(STAMP) ## run the whole pipeline on the embedded default (Tansu + chDB) and print the reports
+	$(BIN)/gpuledger demo
+
+test: $(STAMP) ## install and run every test (unit + integration on Tansu + chDB; Docker tests skip without Docker)
+	$(BIN)/python -m pytest -q
+
+test-unit: $(STAMP) ## unit tests of the pure core only
+	$(BIN)/python -m pytest -q -m "not integration and not docker"
+
+schemas: $(STAMP) ## re-export the JSON Schema files from the pydantic models
+	$(BIN)/gpuledger schemas export
+
+clean: ## remove the venv and the demo data directory
+	rm -rf $(VENV) .gpuledger build

@@ -1,0 +1,251 @@
+"""Wire models of GPU Ledger: the three input lines and every record the ledger emits.
+
+Conventions (they hold for every model here):
+- times are integer Unix epoch **milliseconds**, UTC (`*_ms`), event time from the source;
+- durations are integer milliseconds; GPU-time is integer "GPU-milliseconds" (`gpu_ms`):
+  one whole GPU for one millisecond = 1, a half share for 10 ms = 5;
+- a GPU share is an integer in thousandths of one GPU (`share_milli`, 1000 = whole GPU);
+- money is integer micro-units of the configured currency (`*_micros`), so that parts
+  add up exactly to wholes;
+- bytes are bytes, percentages are 0–100, power in watts, energy in joules.
+Every message carries `schema_version`; a reader rejects versions it does not know.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+Percent = Annotated[float, Field(ge=0.0, le=100.0)]
+EpochMs = Annotated[int, Field(ge=0, description="Unix epoch time in milliseconds (UTC)")]
+ShareMilli = Annotated[int, Field(ge=1, le=1000, description="share of one GPU in thousandths (1000 = whole GPU)")]
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------- line 1
+class ProcessSample(_Wire):
+    """One process (or container) seen on a GPU during the tick."""
+
+    pid: int = Field(ge=0, description="OS process id on the node")
+    container_id: str | None = Field(None, description="container the process runs in, if known; links it to a job")
+    sm_util_pct: Percent | None = Field(None, description="this process's share of SM activity over the tick, percent of the GPU")
+    mem_used_bytes: int | None = Field(None, ge=0, description="GPU memory held by the process, bytes")
+
+
+class GpuHealth(StrEnum):
+    ok = "ok"
+    down = "down"
+
+
+class GpuSample(_Wire):
+    """One GPU's measurements at one tick."""
+
+    gpu_uuid: str = Field(min_length=1, description="NVML UUID of the GPU; the GPU's identity in the ledger")
+    index: int = Field(ge=0, description="NVML device index on the node")
+    model: str = Field(min_length=1, description="GPU model name as the ledger's coefficient library knows it (e.g. A100-80GB)")
+    health: GpuHealth = Field(GpuHealth.ok, description="'down' when out of service (fatal Xid, fallen off the bus, drained)")
+    down_reason: str | None = Field(None, description="why the GPU is down, e.g. 'xid 79'")
+    util_gpu_pct: Percent | None = Field(None, description="GPU busy: percent of the tick a kernel was running")
+    sm_active_pct: Percent | None = Field(None, description="SM activity, percent (DCGM-style profiling field where available)")
+    mem_used_bytes: int | None = Field(None, ge=0, description="GPU memory used, bytes")
+    mem_total_bytes: int | None = Field(None, ge=0, description="GPU memory total, bytes")
+    temperature_c: float | None = Field(None, ge=-50, le=200, description="GPU temperature, degrees Celsius")
+    power_w: float | None = Field(None, ge=0, le=5000, description="power draw, watts")
+    energy_j: float | None = Field(None, ge=0, description="cumulative energy since driver load, joules (NVML counter)")
+    pcie_tx_bytes_per_s: float | None = Field(None, ge=0, description="PCIe transmit throughput, bytes per second")
+    pcie_rx_bytes_per_s: float | None = Field(None, ge=0, description="PCIe receive throughput, bytes per second")
+    nvlink_tx_bytes_per_s: float | None = Field(None, ge=0, description="NVLink transmit throughput, bytes per second")
+    nvlink_rx_bytes_per_s: float | None = Field(None, ge=0, description="NVLink receive throughput, bytes per second")
+    sm_clock_mhz: float | None = Field(None, ge=0, description="SM clock, MHz")
+    mem_clock_mhz: float | None = Field(None, ge=0, description="memory clock, MHz")
+    throttle_reasons: int | None = Field(None, ge=0, description="NVML clocks-event (throttle) reasons bitmask")
+    ecc_sbe_total: int | None = Field(None, ge=0, description="corrected (single-bit) ECC errors, volatile count")
+    ecc_dbe_total: int | None = Field(None, ge=0, description="uncorrected (double-bit) ECC errors, volatile count")
+    xid_errors: list[int] = Field(default_factory=list, description="Xid error codes seen since the previous tick")
+    processes: list[ProcessSample] = Field(default_factory=list, description="processes/containers using the GPU")
+
+
+class NodeTick(_Wire):
+    """Line 1 — one node's whole tick: every GPU on it, each with its processes.
+
+    Kafka key: the node name. Topic: `<prefix>gpu-samples`."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    cluster: str = Field(min_length=1, description="cluster name")
+    node: str = Field(min_length=1, description="node (host) name")
+    ts_ms: EpochMs = Field(description="sample time, Unix epoch milliseconds; the tick covers [ts_ms, ts_ms + interval_ms)")
+    interval_ms: int = Field(gt=0, le=3_600_000, description="sampling interval, milliseconds (default 5000)")
+    gpus: list[GpuSample] = Field(description="every GPU on the node")
+
+
+# --------------------------------------------------------------------------- line 2
+class JobEventKind(StrEnum):
+    submitted = "submitted"
+    queued = "queued"
+    allocated = "allocated"          # GPUs now held by the attempt (not yet running)
+    started = "started"              # running on its GPUs
+    checkpoint_begin = "checkpoint_begin"
+    checkpoint_end = "checkpoint_end"
+    interrupted = "interrupted"      # stopped running but still holds its GPUs (hung, waiting for peers)
+    preempted = "preempted"          # GPUs taken away by the scheduler; attempt ends
+    failed = "failed"                # attempt ends in failure
+    retried = "retried"              # a new attempt is queued (attempt = the new attempt number)
+    completed = "completed"
+    cancelled = "cancelled"
+
+
+#: Event kinds that end an attempt and release its GPUs.
+TERMINAL_KINDS = frozenset({JobEventKind.preempted, JobEventKind.failed, JobEventKind.completed, JobEventKind.cancelled})
+
+
+class GpuAssignment(_Wire):
+    node: str = Field(min_length=1, description="node holding the GPU")
+    gpu_uuid: str = Field(min_length=1, description="GPU UUID")
+    share_milli: ShareMilli = 1000
+    container_id: str | None = Field(None, description="the job's container on this GPU, to match per-process samples")
+
+
+class JobEvent(_Wire):
+    """Line 2 — one job lifecycle event. Kafka key: the canonical job id. Topic: `<prefix>job-events`."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    type: Literal["job_event"] = "job_event"
+    event_id: str = Field(min_length=1, description="unique id of this event; duplicates are dropped")
+    ts_ms: EpochMs = Field(description="when it happened, Unix epoch milliseconds")
+    kind: JobEventKind
+    cluster: str = Field(min_length=1)
+    job_id: str = Field(min_length=1, description="canonical job id (the scheduler's)")
+    attempt: int = Field(0, ge=0, description="attempt number, 0 for the first run")
+    tenant: str = Field(min_length=1)
+    queue: str = Field(min_length=1)
+    priority: int = Field(0, description="scheduling priority; higher runs first")
+    requested_gpus: float = Field(0.0, ge=0, description="GPUs the job asked for (fractions for shared GPUs)")
+    gpus: list[GpuAssignment] = Field(default_factory=list, description="GPUs involved (for 'allocated': the allocation)")
+    aliases: dict[str, str] = Field(default_factory=dict, description="other ids of the job: container_id, task_name, ...")
+    reason: str | None = Field(None, description="free text: failure reason, preempting job, ...")
+
+
+class LifecycleWatermark(_Wire):
+    """Promise from the scheduler adapter: every lifecycle event with ts_ms < this ts_ms has been
+    published to this partition. Emitted periodically (default every 10 s of event time) to every
+    partition of the job-events topic; lets workers close intervals deterministically."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    type: Literal["watermark"] = "watermark"
+    cluster: str = Field(min_length=1)
+    ts_ms: EpochMs
+
+
+LifecycleMessage = Annotated[Union[JobEvent, LifecycleWatermark], Field(discriminator="type")]
+
+
+# --------------------------------------------------------------------------- line 3
+class PendingByPriority(_Wire):
+    priority: int
+    jobs: int = Field(ge=0)
+    gpus: float = Field(ge=0, description="GPUs requested by the waiting jobs")
+
+
+class QueueState(_Wire):
+    queue: str = Field(min_length=1)
+    priority: int = Field(0, description="queue priority; higher is served first")
+    quota_gpus: float = Field(ge=0, description="GPU quota of the queue")
+    allocated_gpus: float = Field(ge=0, description="GPUs allocated to the queue's jobs now")
+    pending_jobs: int = Field(ge=0)
+    pending_gpus: float = Field(ge=0, description="GPUs requested by waiting jobs")
+    pending_by_priority: list[PendingByPriority] = Field(default_factory=list)
+
+
+class PreemptionFired(_Wire):
+    job_id: str
+    by_job_id: str | None = None
+    queue: str
+    rule: str = Field(description="the preemption rule that fired")
+
+
+class SchedulerSnapshot(_Wire):
+    """Line 3 — periodic snapshot of the scheduler's queues. Kafka key: cluster. Topic: `<prefix>scheduler-snapshots`."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    cluster: str = Field(min_length=1)
+    ts_ms: EpochMs
+    queues: list[QueueState]
+    preemptions: list[PreemptionFired] = Field(default_factory=list, description="preemptions fired since the last snapshot")
+
+
+# --------------------------------------------------------------------------- ledger output
+class UsageState(StrEnum):
+    down = "down"
+    unallocated = "unallocated"
+    allocated_idle = "allocated_idle"   # held by a job that is not running on it
+    executing = "executing"
+
+
+class UsageRecord(_Wire):
+    """One slice of one GPU's time: [start_ms, end_ms) × share, in one state, for at most one job.
+
+    For every GPU and every sample interval the records' gpu_ms add up to the interval's
+    duration (conservation), and their cost_micros to the GPU's cost for it."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    record_id: str = Field(description="deterministic id: gpu_uuid/start_ms/slot; replays produce the same ids")
+    cluster: str
+    node: str
+    gpu_uuid: str
+    gpu_model: str
+    start_ms: EpochMs
+    end_ms: EpochMs
+    state: UsageState
+    job_id: str = Field("", description="canonical job id; empty for down/unallocated")
+    attempt: int = 0
+    tenant: str = ""
+    queue: str = ""
+    share_milli: int = Field(ge=0, le=1000, description="share of the GPU this slice covers, thousandths")
+    gpu_ms: int = Field(ge=0, description="GPU-milliseconds: duration × share")
+    util_pct: float | None = Field(None, description="hardware utilization of this slice: the holder's SM share if measured, else GPU busy")
+    mem_used_bytes: int | None = Field(None, ge=0, description="GPU memory the holder used (or the whole GPU for unattributed slices)")
+    energy_j: float = Field(0.0, ge=0, description="this slice's part of the GPU's energy over the interval, joules")
+    coefficient: float = Field(gt=0, description="throughput coefficient of the GPU model against the baseline card")
+    coefficient_version: str = Field(description="id of the coefficient-library entry used")
+    effective_gpu_ms: int = Field(ge=0, description="gpu_ms × coefficient, rounded")
+    cost_micros: int = Field(ge=0, description="this slice's cost, micro-units of currency")
+    definition_version: str = Field(description="version of the accounting definitions used")
+
+
+class UsageBatch(_Wire):
+    """What the worker emits for one node tick. Kafka key: node. Topic: `<prefix>usage`."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    node: str
+    records: list[UsageRecord]
+
+
+class DeadLetter(_Wire):
+    """A message the ledger could not use. Topic: `<prefix>dead-letters`."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    source_topic: str
+    partition: int
+    offset: int
+    reason: str
+    original: str = Field(description="original message bytes, decoded as UTF-8 with replacement")
+    seen_ms: EpochMs = Field(description="when the ledger rejected it (wall clock)")
+
+
+#: Every model exported as a JSON Schema file (schemas/json/<name>.json).
+EXPORTED_MODELS: dict[str, type[BaseModel]] = {
+    "node_tick": NodeTick,
+    "job_event": JobEvent,
+    "lifecycle_watermark": LifecycleWatermark,
+    "scheduler_snapshot": SchedulerSnapshot,
+    "usage_record": UsageRecord,
+    "usage_batch": UsageBatch,
+    "dead_letter": DeadLetter,
+}

@@ -1,0 +1,62 @@
+"""orjson on the wire: one place that turns models into bytes and bytes into models.
+
+Decoding never raises anything but DecodeError, whose message is the reason an operator
+reads in the dead-letter topic."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import orjson
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from gpuledger.schemas.models import SCHEMA_VERSION, LifecycleMessage
+
+M = TypeVar("M", bound=BaseModel)
+
+_lifecycle = TypeAdapter(LifecycleMessage)
+
+
+class DecodeError(ValueError):
+    """A message that cannot be used: malformed JSON, unknown schema version, schema violation."""
+
+
+def encode(model: BaseModel) -> bytes:
+    return orjson.dumps(model.model_dump(mode="json", exclude_none=True))
+
+
+def _load(raw: bytes) -> dict:
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise DecodeError(f"malformed JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise DecodeError(f"expected a JSON object, got {type(obj).__name__}")
+    version = obj.get("schema_version", SCHEMA_VERSION)
+    if version != SCHEMA_VERSION:
+        raise DecodeError(f"unknown schema_version {version!r} (this ledger reads {SCHEMA_VERSION})")
+    return obj
+
+
+def _explain(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "<root>"
+    more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"schema violation at {where}: {first['msg']}{more}"
+
+
+def decode(model: type[M], raw: bytes) -> M:
+    obj = _load(raw)
+    try:
+        return model.model_validate(obj)
+    except ValidationError as exc:
+        raise DecodeError(f"{model.__name__}: {_explain(exc)}") from None
+
+
+def decode_lifecycle(raw: bytes):
+    """A job-events message: a JobEvent or a LifecycleWatermark."""
+    obj = _load(raw)
+    try:
+        return _lifecycle.validate_python(obj)
+    except ValidationError as exc:
+        raise DecodeError(f"lifecycle message: {_explain(exc)}") from None
