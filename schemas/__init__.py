@@ -2,4 +2,4 @@
 
 from gpuledger.schemas.models import *  # noqa: F401,F403
 from gpuledger.schemas.models import EXPORTED_MODELS, SCHEMA_VERSION  # noqa: F401
-from gpuledger.schemas.wire import DecodeError, decode, decode_lifecycle, encode  # noqa: F401
+from gpuledger.schemas.wire import DecodeError, decode, decode_lifecycle, decode_node_allocation, encode  # noqa: F401

@@ -239,6 +239,38 @@ class DeadLetter(_Wire):
     seen_ms: EpochMs = Field(description="when the ledger rejected it (wall clock)")
 
 
+# --------------------------------------------------------------------------- internal
+class AllocationChange(_Wire):
+    """Internal (topic `<prefix>node-allocations`, key: node): a lifecycle event re-keyed by node,
+    carrying the attempt's GPUs on that node, so a node's samples and allocations meet in one partition."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    type: Literal["alloc"] = "alloc"
+    ts_ms: EpochMs
+    event_id: str
+    kind: JobEventKind
+    node: str
+    job_id: str
+    attempt: int = 0
+    tenant: str
+    queue: str
+    gpus: list[GpuAssignment] = Field(description="the attempt's GPUs on this node")
+
+
+class NodeWatermark(_Wire):
+    """Internal (topic `<prefix>node-allocations`, sent to every partition): job-events partition
+    `source_partition` (of `source_partitions`) is complete below ts_ms."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    type: Literal["watermark"] = "watermark"
+    ts_ms: EpochMs
+    source_partition: int = Field(ge=0)
+    source_partitions: int = Field(ge=1)
+
+
+NodeAllocationMessage = Annotated[Union[AllocationChange, NodeWatermark], Field(discriminator="type")]
+
+
 #: Every model exported as a JSON Schema file (schemas/json/<name>.json).
 EXPORTED_MODELS: dict[str, type[BaseModel]] = {
     "node_tick": NodeTick,
@@ -248,4 +280,6 @@ EXPORTED_MODELS: dict[str, type[BaseModel]] = {
     "usage_record": UsageRecord,
     "usage_batch": UsageBatch,
     "dead_letter": DeadLetter,
+    "allocation_change": AllocationChange,
+    "node_watermark": NodeWatermark,
 }

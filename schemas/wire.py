@@ -10,11 +10,12 @@ from typing import TypeVar
 import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from gpuledger.schemas.models import SCHEMA_VERSION, LifecycleMessage
+from gpuledger.schemas.models import SCHEMA_VERSION, LifecycleMessage, NodeAllocationMessage
 
 M = TypeVar("M", bound=BaseModel)
 
 _lifecycle = TypeAdapter(LifecycleMessage)
+_node_allocation = TypeAdapter(NodeAllocationMessage)
 
 
 class DecodeError(ValueError):
@@ -60,3 +61,12 @@ def decode_lifecycle(raw: bytes):
         return _lifecycle.validate_python(obj)
     except ValidationError as exc:
         raise DecodeError(f"lifecycle message: {_explain(exc)}") from None
+
+
+def decode_node_allocation(raw: bytes):
+    """An internal node-allocations message: an AllocationChange or a NodeWatermark."""
+    obj = _load(raw)
+    try:
+        return _node_allocation.validate_python(obj)
+    except ValidationError as exc:
+        raise DecodeError(f"node-allocation message: {_explain(exc)}") from None

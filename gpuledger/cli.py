@@ -1,0 +1,234 @@
+"""`gpuledger` command line. Each subcommand is a thin edge over a module function;
+imports are lazy so that `gpuledger report` does not load Faust, and so on."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from gpuledger.config import Settings
+
+REPORT_NAMES = ("bills", "jobs", "queues", "utilization", "capacity")
+
+
+def _settings(args) -> Settings:
+    overrides = {}
+    if getattr(args, "data_dir", None):
+        overrides["data_dir"] = Path(args.data_dir)
+    if getattr(args, "bootstrap", None):
+        overrides["kafka_bootstrap"] = args.bootstrap
+    if getattr(args, "warehouse", None):
+        overrides["warehouse"] = args.warehouse
+    return Settings(**overrides)
+
+
+def cmd_topics(args) -> int:
+    from gpuledger.topics import create_topics, list_topics
+
+    settings = _settings(args)
+    result = create_topics(settings) if args.action == "create" else list_topics(settings)
+    for name, value in sorted(result.items()):
+        print(f"{name}\t{value}")
+    return 0
+
+
+def cmd_migrate(args) -> int:
+    from gpuledger.warehouse import connect, migrate
+
+    settings = _settings(args)
+    client = connect(settings)
+    try:
+        applied = migrate(client, settings.database)
+    finally:
+        client.close()
+    print(f"applied {len(applied)} migration(s)" + (": " + ", ".join(applied) if applied else " (up to date)"))
+    return 0
+
+
+def cmd_worker(args) -> int:
+    from gpuledger.streams.app import run_worker
+
+    run_worker(_settings(args), loglevel=args.loglevel)
+    return 0
+
+
+def cmd_sink(args) -> int:
+    from gpuledger.sink import run_sink
+
+    stats = run_sink(_settings(args), until_caught_up=args.until_caught_up)
+    print(json.dumps(stats, default=str))
+    return 0
+
+
+def cmd_agent(args) -> int:
+    from gpuledger.agents.gpu_agent import run_agent
+    from gpuledger.agents.publisher import KafkaPublisher
+
+    settings = _settings(args)
+    if args.backend == "sim":
+        from gpuledger.agents.sim_backend import SimulatedBackend
+
+        backend = SimulatedBackend(gpus=args.sim_gpus, model=args.sim_model, seed=args.seed)
+    else:
+        from gpuledger.agents.nvml_backend import NvmlBackend
+
+        backend = NvmlBackend()
+    node = args.node or __import__("socket").gethostname()
+    with KafkaPublisher(settings) as publisher:
+        run_agent(backend, publisher, settings.topics.gpu_samples, cluster=settings.cluster, node=node,
+                  interval_s=args.interval or settings.agent_interval_s, max_ticks=args.ticks)
+    return 0
+
+
+def cmd_simulate(args) -> int:
+    from gpuledger.agents.simcluster import SimSpec, simulate
+    from gpuledger.replay import publish, write_dump
+
+    spec = SimSpec(hours=args.hours, nodes=args.nodes, seed=args.seed)
+    if args.dump:
+        count = write_dump(simulate(spec), Path(args.dump))
+        print(f"wrote {count} messages to {args.dump}")
+        return 0
+    from gpuledger.agents.publisher import KafkaPublisher
+
+    settings = _settings(args)
+    with KafkaPublisher(settings) as publisher:
+        counts = publish(simulate(spec), publisher, settings, speedup=args.speedup)
+    print(json.dumps(counts))
+    return 0
+
+
+def cmd_replay(args) -> int:
+    from gpuledger.agents.publisher import KafkaPublisher
+    from gpuledger.replay import publish, read_dump
+
+    settings = _settings(args)
+    lines = read_dump(Path(args.file))
+    with KafkaPublisher(settings) as publisher:
+        counts = publish(lines, publisher, settings, speedup=args.speedup,
+                         progress=_progress_printer() if not args.quiet else None)
+    print(json.dumps(counts))
+    return 0
+
+
+def _progress_printer():
+    def progress(done: int, total: int) -> None:
+        if total and (done == total or done % 5000 == 0):
+            print(f"\r{done}/{total} messages", end="\n" if done == total else "", file=sys.stderr, flush=True)
+
+    return progress
+
+
+def cmd_report(args) -> int:
+    from gpuledger.reports import fetch, render
+    from gpuledger.streams.pricing import load_ledger_config
+    from gpuledger.warehouse import connect
+
+    settings = _settings(args)
+    filters = {}
+    if args.report == "utilization" and args.by:
+        filters["by"] = args.by
+    if args.report == "jobs":
+        filters["reference_cost_per_gpu_hour"] = load_ledger_config(settings.ledger_config).reference_cost_per_gpu_hour()
+    client = connect(settings)
+    try:
+        rows = fetch(client, settings.database, args.report, **filters)
+    finally:
+        client.close()
+    print(render(rows, args.format))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from gpuledger.demo import run_demo
+
+    return run_demo(_settings(args), hours=args.hours, nodes=args.nodes, seed=args.seed)
+
+
+def cmd_schemas(args) -> int:
+    from gpuledger.schemas.export import export
+
+    for path in export():
+        print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpuledger", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, func, help: str, kafka: bool = False, warehouse: bool = False) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.set_defaults(func=func)
+        p.add_argument("--data-dir", help="data directory (default: GPULEDGER_DATA_DIR or ./.gpuledger)")
+        if kafka:
+            p.add_argument("--bootstrap", help="Kafka bootstrap servers (default: GPULEDGER_KAFKA_BOOTSTRAP)")
+        if warehouse:
+            p.add_argument("--warehouse", help="'chdb', 'chdb:/dir' or http(s)://host:port (default: GPULEDGER_WAREHOUSE)")
+        return p
+
+    p = add("topics", cmd_topics, "create or list the ledger's Kafka topics", kafka=True)
+    p.add_argument("action", choices=["create", "list"])
+
+    add("migrate", cmd_migrate, "apply pending ClickHouse migrations (idempotent)", warehouse=True)
+
+    p = add("worker", cmd_worker, "run the Faust worker (join + attribution)", kafka=True)
+    p.add_argument("--loglevel", default="warn", choices=["crit", "error", "warn", "info", "debug"])
+
+    p = add("sink", cmd_sink, "move ledger output and lifecycle data from Kafka into ClickHouse", kafka=True, warehouse=True)
+    p.add_argument("--until-caught-up", action="store_true", help="exit once every partition is consumed")
+
+    p = add("agent", cmd_agent, "run an agent; 'gpu' samples GPUs with NVML (or the simulated backend)", kafka=True)
+    p.add_argument("kind", choices=["gpu"])
+    p.add_argument("--backend", choices=["nvml", "sim"], default="nvml")
+    p.add_argument("--interval", type=float, help="sampling interval in seconds (default 5)")
+    p.add_argument("--node", help="node name (default: hostname)")
+    p.add_argument("--ticks", type=int, help="stop after this many ticks")
+    p.add_argument("--sim-gpus", type=int, default=8)
+    p.add_argument("--sim-model", default="A100-80GB")
+    p.add_argument("--seed", type=int, default=1)
+
+    p = add("simulate", cmd_simulate, "run the simulated cluster: publish its three data lines, or write a dump", kafka=True)
+    p.add_argument("--hours", type=float, default=6.0)
+    p.add_argument("--nodes", type=int, default=8)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--speedup", type=float, help="event-time speed-up (default: as fast as possible)")
+    p.add_argument("--dump", help="write a JSON Lines topic dump to this file instead of publishing")
+
+    p = add("replay", cmd_replay, "publish a recorded topic dump (JSON Lines) in event-time order", kafka=True)
+    p.add_argument("file")
+    p.add_argument("--speedup", type=float, help="event-time speed-up (default: as fast as possible)")
+    p.add_argument("--quiet", action="store_true")
+
+    p = add("report", cmd_report, "print a report from the ClickHouse tables", warehouse=True)
+    p.add_argument("report", choices=REPORT_NAMES)
+    p.add_argument("--format", choices=["table", "json", "csv"], default="table")
+    p.add_argument("--by", choices=["cluster", "queue", "tenant", "gpu_model", "day"], help="utilization: group by")
+
+    p = add("demo", cmd_demo, "run the whole pipeline on the embedded default (Tansu + chDB) and print the reports")
+    p.add_argument("--hours", type=float, default=6.0)
+    p.add_argument("--nodes", type=int, default=8)
+    p.add_argument("--seed", type=int, default=7)
+
+    p = add("schemas", cmd_schemas, "export the JSON Schema files from the pydantic models")
+    p.add_argument("action", choices=["export"])
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args) or 0
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""Running the ledger's long-lived parts as child processes and knowing when they are done.
+
+Used by `gpuledger demo` and by the integration tests: the Faust worker runs in its own
+process (as in production), and "done" means its consumer group has committed every
+input partition up to the end offset."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from confluent_kafka import Consumer, TopicPartition
+
+from gpuledger.config import Settings
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """Environment that gives a child process the same Settings (GPULEDGER_* variables)."""
+    env = dict(os.environ)
+    for name, value in settings.model_dump().items():
+        if value is None:
+            continue
+        if hasattr(value, "get_secret_value"):
+            value = value.get_secret_value()
+        env[f"GPULEDGER_{name.upper()}"] = str(value)
+    return env
+
+
+class ChildProcess:
+    """A `gpuledger <args>` child process; stopped with SIGTERM (then SIGKILL) on exit."""
+
+    def __init__(self, settings: Settings, *args: str, log_path: Path | None = None):
+        self.settings = settings
+        self.args = args
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "ChildProcess":
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen([sys.executable, "-m", "gpuledger.cli", *self.args],
+                                     env=settings_env(self.settings), stdout=out, stderr=subprocess.STDOUT)
+        return self
+
+    def check_alive(self) -> None:
+        if self.proc and self.proc.poll() is not None:
+            raise RuntimeError(f"gpuledger {' '.join(self.args)} exited with {self.proc.returncode}"
+                               + (f"; see {self.log_path}" if self.log_path else ""))
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        if not self.proc:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def __enter__(self) -> "ChildProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def group_lag(settings: Settings, group: str, topics: list[str]) -> int:
+    """Messages not yet committed by `group` on `topics` (sum over partitions)."""
+    consumer = Consumer({**settings.kafka_client_config(), "group.id": group, "enable.auto.commit": False})
+    try:
+        metadata = consumer.list_topics(timeout=10)
+        partitions = [TopicPartition(t, p) for t in topics for p in metadata.topics[t].partitions]
+        committed = consumer.committed(partitions, timeout=10)
+        lag = 0
+        for tp in committed:
+            _, high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=10)
+            lag += max(0, high - max(tp.offset, 0))
+        return lag
+    finally:
+        consumer.close()
+
+
+def wait_until_caught_up(settings: Settings, group: str, topics: list[str], *, timeout_s: float = 600,
+                         stable_s: float = 3.0, alive: ChildProcess | None = None, progress=None) -> None:
+    """Block until `group` has no lag on `topics` for `stable_s` seconds in a row."""
+    deadline = time.monotonic() + timeout_s
+    zero_since = None
+    while time.monotonic() < deadline:
+        if alive:
+            alive.check_alive()
+        lag = group_lag(settings, group, topics)
+        if progress:
+            progress(lag)
+        if lag == 0:
+            zero_since = zero_since or time.monotonic()
+            if time.monotonic() - zero_since >= stable_s:
+                return
+        else:
+            zero_since = None
+        time.sleep(0.5)
+    raise TimeoutError(f"consumer group {group} still lags on {topics} after {timeout_s:.0f}s")
+
+
+def read_topic(settings: Settings, topic: str, timeout_s: float = 30.0) -> list[tuple[bytes | None, bytes]]:
+    """Every (key, value) in `topic` up to its current end, read by assignment (no group)."""
+    consumer = Consumer({**settings.kafka_client_config(), "group.id": "gpuledger-reader", "enable.auto.commit": False})
+    try:
+        metadata = consumer.list_topics(topic, timeout=10)
+        ends = {}
+        for p in metadata.topics[topic].partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            if high > low:
+                ends[p] = high
+        consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+        out: list[tuple[bytes | None, bytes]] = []
+        deadline = time.monotonic() + timeout_s
+        while ends and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            out.append((msg.key(), msg.value()))
+            if msg.offset() + 1 >= ends.get(msg.partition(), 0):
+                ends.pop(msg.partition(), None)
+        if ends:
+            raise TimeoutError(f"could not read {topic} to its end within {timeout_s:.0f}s")
+        return out
+    finally:
+        consumer.close()

@@ -1,0 +1,66 @@
+"""Shared fixtures. Integration tests get a real Tansu broker and a real chDB engine,
+with per-test unique topic prefixes and data directories."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+
+from gpuledger.broker import EmbeddedBroker
+from gpuledger.config import Settings
+
+SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory):
+    """One Tansu broker for the whole test session (in-memory; topics are per test)."""
+    log_path = tmp_path_factory.mktemp("tansu") / "tansu.log"
+    with EmbeddedBroker(log_path=log_path) as b:
+        yield b
+
+
+@pytest.fixture
+def make_settings(tmp_path):
+    """Settings factory: unique topic prefix and data dir per test; overrides as keywords."""
+
+    def make(**overrides) -> Settings:
+        values = dict(
+            topic_prefix=f"t{uuid.uuid4().hex[:8]}.",
+            data_dir=tmp_path / "data",
+            worker_app_id=f"w{uuid.uuid4().hex[:8]}",
+            partitions_gpu_samples=2,
+            partitions_job_events=2,
+            partitions_usage=2,
+        )
+        values.update(overrides)
+        return Settings(**values)
+
+    return make
+
+
+@pytest.fixture
+def settings(broker, make_settings) -> Settings:
+    return make_settings(kafka_bootstrap=broker.bootstrap)
+
+
+@pytest.fixture(scope="session")
+def traces_dir() -> Path:
+    if not SHARED_TRACES.is_dir():
+        pytest.skip(f"public traces not found at {SHARED_TRACES} (see README: where to get the traces)")
+    return SHARED_TRACES
+
+
+def docker_available() -> bool:
+    if not shutil.which("docker"):
+        return False
+    try:
+        import docker  # from testcontainers
+
+        docker.from_env().ping()
+        return True
+    except Exception:
+        return False

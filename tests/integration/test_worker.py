@@ -1,0 +1,97 @@
+"""The real Faust worker against the real broker (Tansu): a small scenario whose usage
+records are worked out by hand below."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+from confluent_kafka import Producer
+
+from gpuledger.processes import ChildProcess, read_topic, wait_until_caught_up
+from gpuledger.schemas.models import (
+    GpuAssignment,
+    GpuSample,
+    JobEvent,
+    LifecycleWatermark,
+    NodeTick,
+    UsageBatch,
+)
+from gpuledger.schemas.wire import decode, encode
+from gpuledger.topics import create_topics
+
+pytestmark = pytest.mark.integration
+
+T0 = 1_793_577_600_000  # 2026-11-02T00:00:00Z
+S = 1000
+
+
+def tick(k: int, g1_down: bool) -> NodeTick:
+    ts = T0 + 10 * S * k
+    return NodeTick(cluster="c", node="n1", ts_ms=ts, interval_ms=10 * S, gpus=[
+        # 300 W and +3000 J every 10 s: 3000 J per tick either way (counter or fallback)
+        GpuSample(gpu_uuid="GPU-a", index=0, model="A100-80GB", util_gpu_pct=90.0, power_w=300.0, energy_j=1e6 + 3000.0 * k),
+        GpuSample(gpu_uuid="GPU-t", index=1, model="T4", util_gpu_pct=0.0, power_w=30.0,
+                  health="down" if g1_down else "ok", down_reason="xid 79" if g1_down else None),
+    ])
+
+
+def job(kind: str, at_s: int, n: int) -> JobEvent:
+    return JobEvent(event_id=f"j1-{n}", ts_ms=T0 + at_s * S, kind=kind, cluster="c", job_id="j1", tenant="ta",
+                    queue="q", requested_gpus=1,
+                    gpus=[GpuAssignment(node="n1", gpu_uuid="GPU-a")] if kind == "allocated" else [])
+
+
+def publish(settings, messages) -> None:
+    producer = Producer({**settings.kafka_client_config(), "partitioner": "murmur2_random"})
+    for topic, key, value, partition in messages:
+        kwargs = {"partition": partition} if partition is not None else {}
+        producer.produce(topic, key=key, value=value, **kwargs)
+    assert producer.flush(30) == 0
+
+
+def read_usage(settings) -> list:
+    return [r for _, value in read_topic(settings, settings.topics.usage) for r in decode(UsageBatch, value).records]
+
+
+def test_worker_attributes_every_gpu_second(settings, tmp_path):
+    create_topics(settings)
+    t = settings.topics
+    events = [job("submitted", 0, 0), job("allocated", 10, 1), job("started", 25, 2), job("completed", 50, 3),
+              job("completed", 50, 3)]  # the duplicate must be ignored
+    messages = [(t.job_events, b"j1", encode(e), None) for e in events]
+    messages += [(t.gpu_samples, b"n1", encode(tick(k, g1_down=k >= 3)), None) for k in range(6)]
+    messages.append((t.gpu_samples, b"n1", b"{not json", None))  # goes to dead letters
+    mark = encode(LifecycleWatermark(cluster="c", ts_ms=T0 + 70 * S))
+    messages += [(t.job_events, None, mark, p) for p in range(settings.partitions_job_events)]
+
+    with ChildProcess(settings, "worker", log_path=tmp_path / "worker.log") as worker:
+        publish(settings, messages)
+        wait_until_caught_up(settings, settings.worker_app_id, [t.gpu_samples, t.job_events, t.node_allocations],
+                             timeout_s=120, alive=worker)
+    records = read_usage(settings)
+
+    by = defaultdict(int)
+    cost = defaultdict(int)
+    for r in records:
+        by[(r.gpu_uuid, r.state.value, r.job_id)] += r.gpu_ms
+        cost[(r.gpu_uuid, r.state.value, r.job_id)] += r.cost_micros
+    # GPU-a: [0,10) free; allocated at 10, started at 25 (splits tick [20,30)), completed at 50
+    assert by[("GPU-a", "unallocated", "")] == 10_000 + 10_000
+    assert by[("GPU-a", "allocated_idle", "j1")] == 15_000
+    assert by[("GPU-a", "executing", "j1")] == 25_000
+    # GPU-t: ok for ticks 0..2, down from tick 3 on
+    assert by[("GPU-t", "unallocated", "")] == 30_000
+    assert by[("GPU-t", "down", "")] == 30_000
+    assert sum(r.gpu_ms for r in records) == 2 * 60_000  # conservation: 2 GPUs x 60 s
+    # A100 cost per 10 s tick: fixed 0.48/h x 10 s = 1333.33 micros; energy 3000 J =
+    # 0.000833 kWh x 0.12 x 1.4 = 140 micros -> 1473. A 5 s half tick: 666.67 + 70 -> 737.
+    assert cost[("GPU-a", "executing", "j1")] == 737 + 1473 + 1473
+    assert cost[("GPU-a", "allocated_idle", "j1")] == 1473 + 737
+    exec_records = [r for r in records if r.state.value == "executing"]
+    assert {r.coefficient_version for r in exec_records} == {"A100-80GB@2020-01-01"}
+    assert sum(r.effective_gpu_ms for r in exec_records) == round(5_000 * 2.3) + 2 * round(10_000 * 2.3)
+    assert all(r.util_pct == 90.0 for r in exec_records)
+
+    letters = [value for _, value in read_topic(settings, t.dead_letters)]
+    assert letters and b"malformed JSON" in letters[0]
