@@ -64,23 +64,13 @@ def cmd_sink(args) -> int:
 
 
 def cmd_agent(args) -> int:
-    from gpuledger.agents.gpu_agent import run_agent
-    from gpuledger.agents.publisher import KafkaPublisher
+    import os
 
-    settings = _settings(args)
-    if args.backend == "sim":
-        from gpuledger.agents.sim_backend import SimulatedBackend
+    from gpuledger.agents.gpu_agent import main as gpu_agent_main
 
-        backend = SimulatedBackend(gpus=args.sim_gpus, model=args.sim_model, seed=args.seed)
-    else:
-        from gpuledger.agents.nvml_backend import NvmlBackend
-
-        backend = NvmlBackend()
-    node = args.node or __import__("socket").gethostname()
-    with KafkaPublisher(settings) as publisher:
-        run_agent(backend, publisher, settings.topics.gpu_samples, cluster=settings.cluster, node=node,
-                  interval_s=args.interval or settings.agent_interval_s, max_ticks=args.ticks)
-    return 0
+    if args.bootstrap:
+        os.environ["GPULEDGER_KAFKA_BOOTSTRAP"] = args.bootstrap
+    return gpu_agent_main(args.agent_args)
 
 
 def cmd_simulate(args) -> int:
@@ -184,13 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("agent", cmd_agent, "run an agent; 'gpu' samples GPUs with NVML (or the simulated backend)", kafka=True)
     p.add_argument("kind", choices=["gpu"])
-    p.add_argument("--backend", choices=["nvml", "sim"], default="nvml")
-    p.add_argument("--interval", type=float, help="sampling interval in seconds (default 5)")
-    p.add_argument("--node", help="node name (default: hostname)")
-    p.add_argument("--ticks", type=int, help="stop after this many ticks")
-    p.add_argument("--sim-gpus", type=int, default=8)
-    p.add_argument("--sim-model", default="A100-80GB")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("agent_args", nargs=argparse.REMAINDER,
+                   help="options of the GPU agent: --backend nvml|sim, --interval S, --node, --once, --print, ... "
+                        "(see `python -m gpuledger.agents.gpu_agent --help`)")
 
     p = add("simulate", cmd_simulate, "run the simulated cluster: publish its three data lines, or write a dump", kafka=True)
     p.add_argument("--hours", type=float, default=6.0)

@@ -55,6 +55,7 @@ class Settings(BaseSettings):
 
     # --- Worker / agent
     worker_app_id: str = Field("gpuledger-worker", description="Faust application id (consumer group)")
+    worker_rebalance_timeout_s: float = Field(10.0, gt=0, description="consumer-group rebalance timeout of worker and sink, seconds")
     agent_interval_s: float = Field(5.0, gt=0, description="GPU agent sampling interval, seconds")
     cluster: str = Field("default", description="cluster name the agent reports")
 

@@ -82,6 +82,10 @@ def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.
         web_enabled=False,
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
+        # A group (re)join waits up to the rebalance timeout for members; Tansu holds the
+        # JoinGroup for about half of it even for a lone member, so keep it short.
+        broker_rebalance_timeout=settings.worker_rebalance_timeout_s,
+        broker_session_timeout=max(10.0, settings.worker_rebalance_timeout_s),
         datadir=str(settings.data_dir / "worker"),
     )
     state = WorkerState(ledger)

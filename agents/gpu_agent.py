@@ -1,0 +1,206 @@
+"""The GPU agent: one `NodeTick` per interval, on a grid shared by every node, keyed by node name.
+
+Ticks fall on multiples of the interval since the Unix epoch, so samples from a thousand
+nodes line up and the worker can join them without resampling. A tick that overran (slow
+NVML, a stalled publish) skips the grid points it missed rather than publishing late
+duplicates: each grid time is published at most once.
+
+    python -m gpuledger.agents.gpu_agent --backend nvml --once --print    # one tick as JSON, no Kafka
+    python -m gpuledger.agents.gpu_agent --backend sim --sim-gpus 4xA100-80GB   # publish forever
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import socket
+import sys
+import threading
+import time
+from typing import Any, Callable, Protocol, Sequence
+
+from gpuledger.agents.backend import GpuBackend
+from gpuledger.schemas.models import NodeTick
+from gpuledger.schemas.wire import encode
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL_S = 5.0
+
+
+class Publisher(Protocol):
+    def publish(self, topic: str, key: str | bytes | None, value: bytes, partition: int | None = None) -> None: ...
+    def poll(self, timeout: float = 0) -> int: ...
+
+
+def build_tick(backend: GpuBackend, *, cluster: str, node: str, now_ms: int, interval_ms: int) -> NodeTick:
+    """Measure every GPU of the node now: the pure-ish core of the agent (no Kafka, no clock)."""
+    gpus = sorted(backend.sample(now_ms), key=lambda g: g.index)
+    return NodeTick(cluster=cluster, node=node, ts_ms=now_ms, interval_ms=interval_ms, gpus=gpus)
+
+
+def next_grid_ms(now_ms: int, interval_ms: int) -> int:
+    """The first grid point at or after now_ms."""
+    return -(-now_ms // interval_ms) * interval_ms
+
+
+def run_agent(
+    backend: GpuBackend,
+    publisher: Publisher,
+    topic: str,
+    *,
+    cluster: str,
+    node: str,
+    interval_s: float = DEFAULT_INTERVAL_S,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], Any] = time.sleep,
+    max_ticks: int | None = None,
+    stop: threading.Event | None = None,
+) -> int:
+    """Publish one tick per grid point until `stop` is set or `max_ticks` were published.
+
+    Returns the number of ticks published. `clock` (epoch seconds) and `sleep` are
+    injectable; with a `stop` event and the default sleep, waits end as soon as stop is set."""
+    interval_ms = round(interval_s * 1000)
+    if interval_ms <= 0:
+        raise ValueError(f"interval_s must be positive, got {interval_s}")
+    if sleep is time.sleep and stop is not None:
+        sleep = stop.wait
+    published = 0
+    skipped = 0
+    due_ms = next_grid_ms(int(clock() * 1000), interval_ms)
+    while (max_ticks is None or published < max_ticks) and not (stop is not None and stop.is_set()):
+        now_ms = int(clock() * 1000)
+        if now_ms < due_ms:
+            sleep((due_ms - now_ms) / 1000.0)
+            continue  # re-read the clock: a sleep can end early, a clock can step
+        latest_ms = now_ms // interval_ms * interval_ms
+        if latest_ms > due_ms:
+            missed = (latest_ms - due_ms) // interval_ms
+            skipped += missed
+            log.warning("agent fell behind by %d ms: skipping %d tick(s), %d so far", now_ms - due_ms, missed, skipped)
+        tick_ms = latest_ms
+        due_ms = tick_ms + interval_ms
+        try:
+            tick = build_tick(backend, cluster=cluster, node=node, now_ms=tick_ms, interval_ms=interval_ms)
+        except Exception:
+            # One bad read must not stop the metering; the gap shows in the ledger.
+            log.exception("tick at %d failed to build; skipped", tick_ms)
+            continue
+        publisher.publish(topic, node, encode(tick))
+        publisher.poll(0)
+        published += 1
+    return published
+
+
+# --------------------------------------------------------------------------- command line
+def make_backend(name: str, *, sim_gpus: str = "8xA100-80GB", seed: int = 0, node: str = "sim-node",
+                 proc_root: str = "/proc") -> GpuBackend:
+    """'nvml' (this node's GPUs) or 'sim' (simulated GPUs)."""
+    if name == "nvml":
+        from gpuledger.agents.nvml_backend import NvmlBackend
+        return NvmlBackend(proc_root=proc_root)
+    if name == "sim":
+        from gpuledger.agents.sim_backend import SimBackend, parse_sim_models
+        return SimBackend(parse_sim_models(sim_gpus), seed=seed, node=node)
+    raise ValueError(f"unknown backend {name!r}: expected 'nvml' or 'sim'")
+
+
+def _bench(backend: GpuBackend, n: int, *, cluster: str, node: str, interval_ms: int) -> dict[str, Any]:
+    """Cost of n back-to-back ticks: CPU and wall time per tick, device calls per tick."""
+    cpu, wall, calls, size = [], [], [], 0
+    base_ms = next_grid_ms(int(time.time() * 1000), interval_ms)
+    for i in range(n):
+        c0, w0 = time.process_time(), time.perf_counter()
+        tick = build_tick(backend, cluster=cluster, node=node, now_ms=base_ms + i * interval_ms, interval_ms=interval_ms)
+        size = len(encode(tick))
+        cpu.append(time.process_time() - c0)
+        wall.append(time.perf_counter() - w0)
+        calls.append(backend.calls_last_tick)
+    return {
+        "ticks": n, "gpus": len(tick.gpus), "message_bytes": size,
+        "cpu_ms_per_tick_mean": round(1000 * sum(cpu) / n, 3), "cpu_ms_per_tick_max": round(1000 * max(cpu), 3),
+        "wall_ms_per_tick_mean": round(1000 * sum(wall) / n, 3), "wall_ms_per_tick_max": round(1000 * max(wall), 3),
+        "calls_per_tick_mean": sum(calls) / n, "calls_per_tick_max": max(calls),
+        "cpu_share_at_interval_pct": round(100 * (sum(cpu) / n) / (interval_ms / 1000), 4),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from gpuledger.config import load_settings
+
+    settings = load_settings()
+    p = argparse.ArgumentParser(prog="gpuledger-gpu-agent", description="Sample this node's GPUs into NodeTicks.")
+    p.add_argument("--backend", choices=("nvml", "sim"), default="nvml")
+    p.add_argument("--cluster", default=settings.cluster)
+    p.add_argument("--node", default=socket.gethostname())
+    p.add_argument("--interval", type=float, default=settings.agent_interval_s, help="seconds between ticks (default %(default)s)")
+    p.add_argument("--once", action="store_true", help="take one tick now and exit")
+    p.add_argument("--print", dest="print_", action="store_true", help="write ticks to stdout as JSON instead of Kafka")
+    p.add_argument("--bench", type=int, metavar="N", help="time N back-to-back ticks, print a JSON summary, exit")
+    p.add_argument("--sim-gpus", default="8xA100-80GB", help="simulated GPUs, e.g. 4xA100-80GB,2xT4")
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulated backend")
+    p.add_argument("--proc-root", default="/proc", help="host /proc (for container ids), e.g. /host/proc")
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    if args.bench is not None and args.bench < 1:
+        p.error("--bench needs at least 1 tick")
+    if args.interval <= 0:
+        p.error("--interval must be positive")
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    try:
+        backend = make_backend(args.backend, sim_gpus=args.sim_gpus, seed=args.seed, node=args.node,
+                               proc_root=args.proc_root)
+    except Exception as exc:  # e.g. NvmlUnavailable, a bad --sim-gpus
+        print(f"gpu agent: {exc}", file=sys.stderr)
+        return 2
+    interval_ms = round(args.interval * 1000)
+    try:
+        if args.bench:
+            print(json.dumps(_bench(backend, args.bench, cluster=args.cluster, node=args.node, interval_ms=interval_ms)))
+            return 0
+        if args.once:
+            now_ms = int(time.time() * 1000)
+            tick = build_tick(backend, cluster=args.cluster, node=args.node,
+                              now_ms=now_ms // interval_ms * interval_ms, interval_ms=interval_ms)
+            if args.print_:
+                sys.stdout.write(encode(tick).decode() + "\n")
+                return 0
+            from gpuledger.agents.publisher import KafkaPublisher
+            with KafkaPublisher(settings) as pub:
+                pub.publish(settings.topics.gpu_samples, args.node, encode(tick))
+                return 1 if pub.flush() else 0
+
+        stop = threading.Event()
+        if args.print_:
+            publisher: Any = _StdoutPublisher()
+        else:
+            from gpuledger.agents.publisher import KafkaPublisher
+            publisher = KafkaPublisher(settings)
+        try:
+            run_agent(backend, publisher, settings.topics.gpu_samples, cluster=args.cluster, node=args.node,
+                      interval_s=args.interval, stop=stop)
+        except KeyboardInterrupt:
+            stop.set()
+        finally:
+            if hasattr(publisher, "close"):
+                publisher.close()
+        return 0
+    finally:
+        backend.close()
+
+
+class _StdoutPublisher:
+    def publish(self, topic: str, key: str | bytes | None, value: bytes, partition: int | None = None) -> None:
+        sys.stdout.write(value.decode() + "\n")
+        sys.stdout.flush()
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

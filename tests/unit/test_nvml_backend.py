@@ -1,0 +1,460 @@
+"""NvmlBackend's real code path against a fake pynvml module (no GPU, no driver)."""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml as real_pynvml
+import pytest
+
+from gpuledger.agents.backend import GpuBackend
+from gpuledger.agents.nvml_backend import (
+    NvmlBackend,
+    NvmlUnavailable,
+    container_id_of,
+    ledger_model_name,
+    parse_container_id,
+)
+from gpuledger.schemas.models import GpuHealth, NodeTick
+
+GiB = 1 << 30
+UINT_MAX = 0xFFFFFFFF
+CID_A = "a" * 64
+CID_B = "0123456789abcdef" * 4
+CID_C = "fedcba9876543210" * 4
+
+
+class FakeNVMLError(Exception):
+    def __init__(self, value: int):
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self) -> str:
+        return f"fake NVML error {self.value}"
+
+
+@dataclass
+class FakeDevice:
+    uuid: str
+    name: str
+    # (field id, scope) -> value (valueType 3, ullVal) or ("err", code)
+    fields: dict[tuple[int, int], Any] = field(default_factory=dict)
+    util: int = 0
+    mem_used: int = 0
+    mem_total: int = 80 * GiB
+    temp: int = 40
+    sm_clock: int = 1410
+    mem_clock: int = 1593
+    reasons: int = 0
+    power_usage_mw: int | None = None          # nvmlDeviceGetPowerUsage; None: NOT_SUPPORTED
+    procs: list[tuple[int, int | None]] = field(default_factory=list)       # (pid, used bytes)
+    proc_util: list[tuple[int, int, int]] | int = field(default_factory=list)  # (pid, ts_us, sm) or error code
+    unsupported: set[str] = field(default_factory=set)  # function names answering NOT_SUPPORTED
+    lost: bool = False
+
+
+class FakeNvml:
+    """Just enough of pynvml: same constants, same call shapes, per-call counting."""
+
+    def __init__(self, devices: list[FakeDevice], *, init_error: int | None = None):
+        for name in dir(real_pynvml):
+            if name.startswith(("NVML_", "nvmlEventType")) and isinstance(getattr(real_pynvml, name), int):
+                setattr(self, name, getattr(real_pynvml, name))
+        self.NVMLError = FakeNVMLError
+        self.devices = devices
+        self.handles = [object() for _ in devices]  # opaque handles, like ctypes pointers
+        self.calls: Counter[str] = Counter()
+        self.events: deque[SimpleNamespace] = deque()
+        self.registered: list[tuple[Any, int]] = []
+        self.proc_util_args: list[tuple[int, int]] = []
+        self.init_error = init_error
+        self.initialized = False
+        self.shutdowns = 0
+        self.freed_event_sets = 0
+
+    # -- helpers
+    def _hit(self, name: str) -> None:
+        self.calls[name] += 1
+
+    def _dev(self, handle: Any, fn: str) -> FakeDevice:
+        dev = self.devices[self.handles.index(handle)]
+        if dev.lost:
+            raise FakeNVMLError(self.NVML_ERROR_GPU_IS_LOST)
+        if fn in dev.unsupported:
+            raise FakeNVMLError(self.NVML_ERROR_NOT_SUPPORTED)
+        return dev
+
+    def total_calls(self) -> int:
+        return sum(self.calls.values())
+
+    def xid(self, device_index: int, code: int) -> None:
+        self.events.append(SimpleNamespace(device=self.handles[device_index], eventType=self.nvmlEventTypeXidCriticalError,
+                                           eventData=code, gpuInstanceId=0, computeInstanceId=0))
+
+    # -- library
+    def nvmlInit(self) -> None:
+        self._hit("nvmlInit")
+        if self.init_error is not None:
+            raise FakeNVMLError(self.init_error)
+        self.initialized = True
+
+    def nvmlShutdown(self) -> None:
+        self._hit("nvmlShutdown")
+        self.shutdowns += 1
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._hit("nvmlDeviceGetCount")
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
+        self._hit("nvmlDeviceGetHandleByIndex")
+        return self.handles[index]
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        self._hit("nvmlDeviceGetUUID")
+        return self._dev(handle, "nvmlDeviceGetUUID").uuid
+
+    def nvmlDeviceGetName(self, handle: Any) -> bytes:
+        self._hit("nvmlDeviceGetName")
+        return self._dev(handle, "nvmlDeviceGetName").name.encode()  # older pynvml returns bytes
+
+    def nvmlEventSetCreate(self) -> str:
+        self._hit("nvmlEventSetCreate")
+        return "event-set"
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, types: int, event_set: Any) -> None:
+        self._hit("nvmlDeviceRegisterEvents")
+        self.registered.append((handle, types))
+
+    def nvmlEventSetWait(self, event_set: Any, timeout_ms: int) -> SimpleNamespace:
+        self._hit("nvmlEventSetWait")
+        assert timeout_ms == 0, "the agent must never block on events"
+        if not self.events:
+            raise FakeNVMLError(self.NVML_ERROR_TIMEOUT)
+        return self.events.popleft()
+
+    def nvmlEventSetFree(self, event_set: Any) -> None:
+        self._hit("nvmlEventSetFree")
+        self.freed_event_sets += 1
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: list) -> list[SimpleNamespace]:
+        self._hit("nvmlDeviceGetFieldValues")
+        dev = self._dev(handle, "nvmlDeviceGetFieldValues")
+        out = []
+        for fid in field_ids:
+            fid, scope = fid if isinstance(fid, tuple) else (fid, 0)
+            v = dev.fields.get((fid, scope), ("err", self.NVML_ERROR_NOT_SUPPORTED))
+            if isinstance(v, tuple):
+                out.append(SimpleNamespace(fieldId=fid, scopeId=scope, nvmlReturn=v[1], valueType=3,
+                                           value=SimpleNamespace(ullVal=0), timestamp=0, latencyUsec=0))
+            elif isinstance(v, float):
+                out.append(SimpleNamespace(fieldId=fid, scopeId=scope, nvmlReturn=0, valueType=0,
+                                           value=SimpleNamespace(dVal=v), timestamp=0, latencyUsec=0))
+            else:
+                out.append(SimpleNamespace(fieldId=fid, scopeId=scope, nvmlReturn=0, valueType=3,
+                                           value=SimpleNamespace(ullVal=v), timestamp=0, latencyUsec=0))
+        return out
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> SimpleNamespace:
+        self._hit("nvmlDeviceGetUtilizationRates")
+        return SimpleNamespace(gpu=self._dev(handle, "nvmlDeviceGetUtilizationRates").util, memory=0)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> SimpleNamespace:
+        self._hit("nvmlDeviceGetMemoryInfo")
+        d = self._dev(handle, "nvmlDeviceGetMemoryInfo")
+        return SimpleNamespace(used=d.mem_used, total=d.mem_total, free=d.mem_total - d.mem_used)
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
+        self._hit("nvmlDeviceGetTemperature")
+        assert sensor == self.NVML_TEMPERATURE_GPU
+        return self._dev(handle, "nvmlDeviceGetTemperature").temp
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, clock: int) -> int:
+        self._hit("nvmlDeviceGetClockInfo")
+        d = self._dev(handle, "nvmlDeviceGetClockInfo")
+        return {self.NVML_CLOCK_SM: d.sm_clock, self.NVML_CLOCK_MEM: d.mem_clock}[clock]
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
+        self._hit("nvmlDeviceGetCurrentClocksEventReasons")
+        return self._dev(handle, "nvmlDeviceGetCurrentClocksEventReasons").reasons
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
+        self._hit("nvmlDeviceGetPowerUsage")
+        d = self._dev(handle, "nvmlDeviceGetPowerUsage")
+        if d.power_usage_mw is None:
+            raise FakeNVMLError(self.NVML_ERROR_NOT_SUPPORTED)
+        return d.power_usage_mw
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[SimpleNamespace]:
+        self._hit("nvmlDeviceGetComputeRunningProcesses")
+        d = self._dev(handle, "nvmlDeviceGetComputeRunningProcesses")
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in d.procs]
+
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, last_seen_us: int) -> list[SimpleNamespace]:
+        self._hit("nvmlDeviceGetProcessUtilization")
+        d = self._dev(handle, "nvmlDeviceGetProcessUtilization")
+        self.proc_util_args.append((self.handles.index(handle), last_seen_us))
+        if isinstance(d.proc_util, int):
+            raise FakeNVMLError(d.proc_util)
+        rows = [s for s in d.proc_util if s[1] > last_seen_us]
+        if not rows:
+            raise FakeNVMLError(self.NVML_ERROR_NOT_FOUND)
+        return [SimpleNamespace(pid=p, timeStamp=ts, smUtil=sm, memUtil=0, encUtil=0, decUtil=0) for p, ts, sm in rows]
+
+
+F = real_pynvml
+POWER = (F.NVML_FI_DEV_POWER_INSTANT, 0)
+ENERGY = (F.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, 0)
+PCIE_TX = (F.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0)
+PCIE_RX = (F.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0)
+NVL_TX = (F.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, UINT_MAX)
+NVL_RX = (F.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, UINT_MAX)
+SBE = (F.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, 0)
+DBE = (F.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, 0)
+
+
+def a100(**kw: Any) -> FakeDevice:
+    fields = {POWER: 250_000, ENERGY: 1_234_567_890, PCIE_TX: 10_000, PCIE_RX: 20_000,
+              NVL_TX: 1_000, NVL_RX: 2_000, SBE: 3, DBE: 0}
+    return FakeDevice(uuid="GPU-aaaa", name="NVIDIA A100-SXM4-80GB", fields=fields, util=87,
+                      mem_used=40 * GiB, temp=61, reasons=4, **kw)
+
+
+def h100(**kw: Any) -> FakeDevice:
+    fields = {POWER: 500_000, ENERGY: 5_000_000, SBE: ("err", F.NVML_ERROR_NOT_SUPPORTED)}
+    return FakeDevice(uuid="GPU-hhhh", name="NVIDIA H100 80GB HBM3", fields=fields, util=0, **kw)
+
+
+class Clock:
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def proc_root(tmp_path: Path) -> Path:
+    cgroups = {
+        101: f"0::/system.slice/docker-{CID_A}.scope\n",
+        202: f"12:memory:/kubepods/burstable/pod1234-5678/{CID_B}\n11:cpu:/kubepods/burstable/pod1234-5678/{CID_B}\n",
+        404: "0::/user.slice/user-1000.slice/session-3.scope\n",
+    }
+    for pid, text in cgroups.items():
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cgroup").write_text(text)
+    return tmp_path
+
+
+def make(devices: list[FakeDevice], proc_root: Path | str = "/nonexistent", clock: Clock | None = None):
+    fake = FakeNvml(devices)
+    backend = NvmlBackend(fake, proc_root=proc_root, clock=clock or Clock())
+    return fake, backend
+
+
+# --------------------------------------------------------------------------- tests
+def test_satisfies_the_backend_interface() -> None:
+    _, backend = make([a100()])
+    assert isinstance(backend, GpuBackend)
+
+
+def test_reads_every_metric_and_one_field_call_per_gpu() -> None:
+    fake, backend = make([a100(), h100()])
+    assert fake.initialized and len(fake.registered) == 2
+    assert all(t == F.nvmlEventTypeXidCriticalError for _, t in fake.registered)
+    before = fake.total_calls()
+
+    g0, g1 = backend.sample(now_ms=1_000)
+    assert backend.calls_last_tick == fake.total_calls() - before
+    assert fake.calls["nvmlDeviceGetFieldValues"] == 2  # one batched call per GPU
+    assert fake.calls["nvmlEventSetWait"] == 1           # queue empty: one non-blocking poll
+
+    assert (g0.gpu_uuid, g0.index, g0.model, g0.health) == ("GPU-aaaa", 0, "A100-80GB", GpuHealth.ok)
+    assert g0.power_w == 250.0
+    assert g0.energy_j == pytest.approx(1_234_567.890)  # mJ -> J
+    assert (g0.util_gpu_pct, g0.mem_used_bytes, g0.mem_total_bytes) == (87.0, 40 * GiB, 80 * GiB)
+    assert (g0.temperature_c, g0.sm_clock_mhz, g0.mem_clock_mhz, g0.throttle_reasons) == (61.0, 1410.0, 1593.0, 4)
+    assert (g0.ecc_sbe_total, g0.ecc_dbe_total) == (3, 0)
+    assert g0.pcie_tx_bytes_per_s is None and g0.nvlink_rx_bytes_per_s is None  # rates need two ticks
+
+    assert g1.model == "H100-80GB" and g1.power_w == 500.0
+    assert g1.ecc_sbe_total is None  # per-field NOT_SUPPORTED -> None, the rest still read
+    assert g1.pcie_tx_bytes_per_s is None and g1.nvlink_tx_bytes_per_s is None
+    NodeTick(cluster="c", node="n", ts_ms=1_000, interval_ms=5_000, gpus=[g0, g1])  # valid on the wire
+
+
+def test_throughput_from_counter_deltas_over_the_tick() -> None:
+    clock = Clock(100.0)
+    fake, backend = make([a100()], clock=clock)
+    backend.sample(0)
+    dev = fake.devices[0]
+    clock.t += 5.0
+    dev.fields[PCIE_TX] += 5_000_000_000
+    dev.fields[PCIE_RX] += 500
+    dev.fields[NVL_TX] += 10 * 1024 * 1024  # KiB
+    dev.fields[NVL_RX] -= 1                 # counter reset: skip, never negative
+    (g,) = backend.sample(5_000)
+    assert g.pcie_tx_bytes_per_s == pytest.approx(1e9)
+    assert g.pcie_rx_bytes_per_s == pytest.approx(100.0)
+    assert g.nvlink_tx_bytes_per_s == pytest.approx(10 * GiB / 5)
+    assert g.nvlink_rx_bytes_per_s is None
+    clock.t += 5.0
+    (g,) = backend.sample(10_000)
+    assert g.nvlink_rx_bytes_per_s == 0.0  # rate resumes from the new baseline
+
+
+def test_unsupported_queries_are_not_asked_again_and_power_falls_back() -> None:
+    dev = h100(unsupported={"nvmlDeviceGetTemperature"}, power_usage_mw=321_000)
+    dev.fields[POWER] = ("err", F.NVML_ERROR_NOT_SUPPORTED)
+    fake, backend = make([dev])
+    (g,) = backend.sample(0)
+    assert g.temperature_c is None and g.power_w == 321.0
+    backend.sample(5_000)
+    assert fake.calls["nvmlDeviceGetTemperature"] == 1
+    assert fake.calls["nvmlDeviceGetPowerUsage"] == 2
+
+
+def test_out_of_range_reading_is_dropped_not_fatal() -> None:
+    dev = a100()
+    dev.fields[POWER] = 9_000_000_000  # a garbage 9 MW reading
+    _, backend = make([dev])
+    (g,) = backend.sample(0)
+    assert g.power_w is None and g.util_gpu_pct == 87.0
+
+
+def test_processes_with_sm_share_memory_and_container(proc_root: Path) -> None:
+    dev = a100(procs=[(101, 1 * GiB), (202, 2 * GiB), (404, None)],
+               proc_util=[(101, 10, 40), (101, 20, 60), (303, 15, 10), (202, 18, 30)])
+    other = h100(procs=[(505, 3 * GiB)], proc_util=F.NVML_ERROR_NOT_FOUND)  # nothing ran: not an error
+    fake, backend = make([dev, other], proc_root=proc_root)
+    g0, g1 = backend.sample(0)
+    by_pid = {p.pid: p for p in g0.processes}
+    assert sorted(by_pid) == [101, 202, 303, 404]
+    assert (by_pid[101].container_id, by_pid[101].sm_util_pct, by_pid[101].mem_used_bytes) == (CID_A, 50.0, GiB)
+    assert (by_pid[202].container_id, by_pid[202].sm_util_pct) == (CID_B, 30.0)
+    assert by_pid[303].container_id is None and by_pid[303].mem_used_bytes is None  # exited during the tick
+    assert by_pid[404].container_id is None and by_pid[404].sm_util_pct is None       # host process
+    assert [(p.pid, p.sm_util_pct, p.mem_used_bytes) for p in g1.processes] == [(505, None, 3 * GiB)]
+
+    # Next tick asks only for samples after the newest one seen.
+    dev.proc_util.append((101, 30, 80))
+    g0, _ = backend.sample(5_000)
+    assert fake.proc_util_args[-2] == (0, 20)
+    assert {p.pid: p.sm_util_pct for p in g0.processes}[101] == 80.0
+
+
+def test_zero_process_samples_reported_as_success_error_is_not_a_failure(caplog: pytest.LogCaptureFixture) -> None:
+    # pynvml raises NVMLError(NVML_SUCCESS) when the driver has zero samples and wants no buffer.
+    _, backend = make([a100(procs=[(7, 1)], proc_util=F.NVML_SUCCESS)])
+    (g,) = backend.sample(0)
+    assert [(p.pid, p.sm_util_pct) for p in g.processes] == [(7, None)]
+    assert "process utilization" not in caplog.text
+
+
+def test_lost_gpu_is_down_and_the_rest_of_the_node_still_reports() -> None:
+    fake, backend = make([a100(), h100()])
+    fake.devices[1].lost = True  # fell off the bus after the agent started
+    g0, g1 = backend.sample(0)
+    assert g0.health == GpuHealth.ok and g0.power_w == 250.0
+    assert g1.health == GpuHealth.down and "lost" in g1.down_reason
+    assert (g1.gpu_uuid, g1.model, g1.power_w) == ("GPU-hhhh", "H100-80GB", None)
+    fake.devices[1].lost = False  # answers again (e.g. transient)
+    _, g1 = backend.sample(5_000)
+    assert g1.health == GpuHealth.ok
+
+
+def test_lost_reported_in_one_field_of_the_batch() -> None:
+    dev = a100()
+    dev.fields[ENERGY] = ("err", F.NVML_ERROR_GPU_IS_LOST)
+    _, backend = make([dev])
+    (g,) = backend.sample(0)
+    assert g.health == GpuHealth.down
+
+
+def test_fatal_xid_takes_gpu_down_and_keeps_it_down() -> None:
+    fake, backend = make([a100(), h100()])
+    fake.xid(0, 79)
+    fake.xid(1, 13)  # application error: recorded, GPU stays in service
+    g0, g1 = backend.sample(0)
+    assert fake.calls["nvmlEventSetWait"] == 3  # two events, then the empty queue
+    assert (g0.health, g0.down_reason, g0.xid_errors) == (GpuHealth.down, "xid 79: GPU fell off the bus", [79])
+    assert g0.power_w == 250.0  # still measured while out of service
+    assert (g1.health, g1.xid_errors) == (GpuHealth.ok, [13])
+    g0, g1 = backend.sample(5_000)
+    assert (g0.health, g0.xid_errors) == (GpuHealth.down, [])
+    assert g1.xid_errors == []
+
+
+def test_init_failure_is_a_clear_error() -> None:
+    fake = FakeNvml([], init_error=F.NVML_ERROR_DRIVER_NOT_LOADED)
+    with pytest.raises(NvmlUnavailable, match="--backend sim"):
+        NvmlBackend(fake)
+    assert fake.shutdowns == 0
+
+
+def test_close_frees_events_and_shuts_down_once() -> None:
+    fake, backend = make([a100()])
+    with backend:
+        backend.sample(0)
+    backend.close()
+    assert (fake.freed_event_sets, fake.shutdowns) == (1, 1)
+    with pytest.raises(RuntimeError, match="closed"):
+        backend.sample(5_000)
+
+
+def test_gpu_unreadable_at_start_is_reported_down() -> None:
+    fake = FakeNvml([a100(), h100()])
+    fake.devices[1].unsupported.add("nvmlDeviceGetUUID")
+    backend = NvmlBackend(fake)
+    g0, g1 = backend.sample(0)
+    assert g0.health == GpuHealth.ok
+    assert g1.health == GpuHealth.down and g1.index == 1 and "unreadable" in g1.down_reason
+    fake.devices[1].unsupported.clear()  # readable again: identified, watched for Xids, measured
+    _, g1 = backend.sample(5_000)
+    assert (g1.health, g1.gpu_uuid, g1.model) == (GpuHealth.ok, "GPU-hhhh", "H100-80GB")
+    assert len(fake.registered) == 2
+
+
+@pytest.mark.parametrize("name, model", [
+    ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
+    ("NVIDIA A100 80GB PCIe", "A100-80GB"),
+    ("NVIDIA A100-PCIE-40GB", "A100-40GB"),
+    ("NVIDIA H100 80GB HBM3", "H100-80GB"),
+    ("NVIDIA H100 PCIe", "H100-80GB"),
+    ("NVIDIA H100 NVL", "H100-NVL-94GB"),
+    ("NVIDIA H200", "H200-141GB"),
+    ("Tesla V100-SXM2-32GB", "V100-32GB"),
+    ("Tesla V100-PCIE-16GB", "V100-16GB"),
+    ("Tesla T4", "T4"),
+    ("NVIDIA L40S", "L40S"),
+    ("NVIDIA L4", "L4"),
+    ("NVIDIA GeForce RTX 4090", "GeForce-RTX-4090"),
+    ("NVIDIA GH200 480GB", "GH200-480GB"),
+])
+def test_ledger_model_name(name: str, model: str) -> None:
+    assert ledger_model_name(name) == model
+
+
+@pytest.mark.parametrize("text, cid", [
+    (f"12:memory:/docker/{CID_A}\n", CID_A),
+    (f"0::/system.slice/docker-{CID_A}.scope\n", CID_A),
+    (f"0::/kubepods/burstable/pod0b6e/{CID_B}\n", CID_B),
+    (f"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0b6e_11.slice/cri-containerd-{CID_B}.scope\n", CID_B),
+    (f"0::/kubepods.slice/kubepods-pod1.slice/crio-{CID_C}.scope\n", CID_C),
+    (f"0::/kubepods.slice/kubepods-pod1.slice/crio-conmon-{CID_A}.scope\n", None),
+    (f"0::/machine.slice/libpod-{CID_C}.scope/container\n", CID_C),
+    (f"1:name=systemd:/docker/{CID_A}/docker/{CID_B}\n", CID_B),  # docker in docker: the inner one
+    ("0::/user.slice/user-1000.slice/session-2.scope\n", None),
+    ("0::/\n", None),
+    ("", None),
+])
+def test_parse_container_id(text: str, cid: str | None) -> None:
+    assert parse_container_id(text) == cid
+
+
+def test_container_id_of_missing_pid(tmp_path: Path) -> None:
+    assert container_id_of(99999, tmp_path) is None

@@ -1,0 +1,53 @@
+import pytest
+
+from gpuledger.streams.pricing import LedgerConfigError, load_ledger_config, parse_ledger_config
+
+DAY = 86_400_000
+
+
+def doc(**extra):
+    d = {
+        "definition_version": "v1",
+        "prices": {"default": {"depreciation_per_hour": 1.0, "maintenance_per_hour": 0.0}},
+        "power": {"electricity_price_per_kwh": 0.1, "pue": 1.5},
+        "coefficients": [
+            {"model": "A", "coefficient": 2.0, "valid_from": "2026-01-01"},
+            {"model": "A", "coefficient": 2.5, "valid_from": "2026-06-01"},
+        ],
+    }
+    d.update(extra)
+    return d
+
+
+def test_coefficient_history_picks_entry_valid_at_time():
+    cfg = parse_ledger_config(doc())
+    jan = 1_767_225_600_000  # 2026-01-01
+    assert cfg.coefficient_at("A", jan + DAY).coefficient == 2.0
+    assert cfg.coefficient_at("A", jan + 200 * DAY).version == "A@2026-06-01"
+    with pytest.raises(LedgerConfigError, match="no coefficient"):
+        cfg.coefficient_at("A", jan - DAY)
+
+
+def test_interval_cost_fixed_plus_measured_energy():
+    cfg = parse_ledger_config(doc())
+    # 1 h at 1.0/h + 3.6e6 J = 1 kWh x 0.1 x 1.5 = 0.15 -> 1.15
+    assert cfg.interval_cost_micros("any", 3_600_000, 3_600_000.0) == 1_150_000
+
+
+def test_bad_configs_have_clear_errors(tmp_path):
+    with pytest.raises(LedgerConfigError, match="missing key 'definition_version'"):
+        parse_ledger_config({k: v for k, v in doc().items() if k != "definition_version"})
+    with pytest.raises(LedgerConfigError, match=r"prices.default"):
+        parse_ledger_config(doc(prices={"X": {"depreciation_per_hour": 1, "maintenance_per_hour": 0}}))
+    with pytest.raises(LedgerConfigError, match="must be > 0"):
+        parse_ledger_config(doc(coefficients=[{"model": "A", "coefficient": 0, "valid_from": "2026-01-01"}]))
+    with pytest.raises(LedgerConfigError, match="valid_from"):
+        parse_ledger_config(doc(coefficients=[{"model": "A", "coefficient": 1, "valid_from": "soon"}]))
+    with pytest.raises(LedgerConfigError, match="not found"):
+        load_ledger_config(tmp_path / "nope.toml")
+
+
+def test_bundled_defaults_load():
+    cfg = load_ledger_config()
+    assert cfg.reference_cost_per_gpu_hour() > 0
+    assert cfg.coefficient_at(cfg.baseline_model, 1_800_000_000_000).coefficient == 1.0
