@@ -35,6 +35,7 @@ def make_settings(tmp_path):
             partitions_gpu_samples=2,
             partitions_job_events=2,
             partitions_usage=2,
+            worker_rebalance_timeout_s=4.0,  # Tansu holds a group join for about half of it
         )
         values.update(overrides)
         return Settings(**values)

@@ -1,0 +1,60 @@
+"""docs/configuration.md lists every Settings field as GPULEDGER_<FIELD> with its default, and
+names no variable that no field reads."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from gpuledger.config import Settings
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+
+
+def variable(field: str) -> str:
+    return f"GPULEDGER_{field.upper()}"
+
+
+def shown_default(value) -> str:
+    """How the reference table writes a default (the same rule the table was generated with)."""
+    if isinstance(value, SecretStr):
+        value = value.get_secret_value()
+    if value is None:
+        return "(unset)"
+    if value == "":
+        return "(empty)"
+    return f"`{value}`"
+
+
+@pytest.fixture(scope="module")
+def rows() -> dict[str, str]:
+    """Table rows of the reference, by variable name."""
+    out = {}
+    for line in DOC.read_text().splitlines():
+        m = re.match(r"\|\s*`(GPULEDGER_\w+)`\s*\|", line)
+        if m:
+            out[m.group(1)] = line
+    return out
+
+
+def test_every_settings_field_is_documented(rows):
+    missing = [variable(name) for name in Settings.model_fields if variable(name) not in rows]
+    assert not missing, f"docs/configuration.md lacks a table row for {missing}"
+
+
+@pytest.mark.parametrize("name", sorted(Settings.model_fields))
+def test_documented_default_is_the_real_one(rows, name):
+    row = rows.get(variable(name))
+    if row is None:
+        pytest.skip("missing row is reported by test_every_settings_field_is_documented")
+    default_cell = row.split("|")[2].strip()
+    assert default_cell == shown_default(Settings.model_fields[name].default), row
+
+
+def test_no_stale_variables_are_documented():
+    named = set(re.findall(r"GPULEDGER_[A-Z0-9_]*[A-Z0-9]", DOC.read_text()))
+    stale = sorted(n for n in named if n[len("GPULEDGER_"):].lower() not in Settings.model_fields)
+    assert not stale, f"docs/configuration.md names variables no Settings field reads: {stale}"
