@@ -128,7 +128,7 @@ def cmd_report(args) -> int:
         rows = fetch(client, settings.database, args.report, **filters)
     finally:
         client.close()
-    print(render(rows, args.format))
+    print(render(rows, args.format), end="")
     return 0
 
 

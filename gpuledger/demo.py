@@ -88,7 +88,7 @@ def run_demo(settings: Settings, *, hours: float = 6.0, nodes: int = 8, seed: in
         for name, title, filters in DEMO_REPORTS:
             rows = fetch(client, settings.database, name, **filters)
             print(f"\n== {title} ==")
-            print(render(rows, "table"))
+            print(render(rows, "table"), end="")
     finally:
         client.close()
     say(f"\n[demo] done in {time.monotonic() - started:.0f}s. More: gpuledger report "

@@ -1,0 +1,315 @@
+"""The ledger's reports: rows read from the warehouse views (`fetch`) and rendered for people
+or programs (`render`).
+
+Every user-supplied value reaches ClickHouse as a server-side parameter (`{name:Type}`); the only
+SQL assembled here is from fixed fragments and whitelisted column names.
+
+Units: *_gpu_hours, *_gpu_seconds, cost in currency units (and exact *_cost_micros where kept),
+utilizations as ratios 0..1.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import math
+import re
+from typing import Any, Iterable, Sequence
+
+import orjson
+
+REPORTS = ("bills", "jobs", "queues", "utilization", "capacity")
+FORMATS = ("table", "json", "csv")
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+#: filter name -> (column, ClickHouse type, operator); the column is quoted SQL, never user input
+_FILTERS: dict[str, tuple[str, str, str]] = {
+    "day_from": ("day", "Date", ">="),
+    "day_to": ("day", "Date", "<="),
+    "cluster": ("cluster", "String", "="),
+    "tenant": ("tenant", "String", "="),
+    "queue": ("queue", "String", "="),
+    "gpu_model": ("gpu_model", "String", "="),
+    "job_id": ("job_id", "String", "="),
+    "definition_version": ("definition_version", "String", "="),
+}
+
+_REPORT_FILTERS: dict[str, frozenset[str]] = {
+    "bills": frozenset({"day_from", "day_to", "tenant", "definition_version"}),
+    "jobs": frozenset({"day_from", "day_to", "cluster", "tenant", "queue", "job_id", "definition_version"}),
+    "queues": frozenset({"day_from", "day_to", "cluster", "queue"}),
+    "utilization": frozenset({"day_from", "day_to", "cluster", "tenant", "queue", "gpu_model", "definition_version"}),
+    "capacity": frozenset({"day_from", "day_to", "cluster", "gpu_model", "definition_version"}),
+}
+#: options that are not row filters
+_REPORT_OPTIONS: dict[str, frozenset[str]] = {
+    "bills": frozenset({"limit"}),
+    "jobs": frozenset({"limit", "reference_cost_per_gpu_hour"}),
+    "queues": frozenset({"limit"}),
+    "utilization": frozenset({"limit", "by"}),
+    "capacity": frozenset({"limit"}),
+}
+
+UTILIZATION_DIMENSIONS = ("day", "cluster", "gpu_model", "queue", "tenant")
+#: dimensions capacity is known by; tenant and queue hold no capacity (down/unallocated have neither)
+_CAPACITY_DIMENSIONS = frozenset({"day", "cluster", "gpu_model"})
+
+
+def _coerce(name: str, value: Any) -> Any:
+    if _FILTERS[name][1] == "Date":
+        if isinstance(value, dt.datetime):
+            return value.date()
+        if isinstance(value, dt.date):
+            return value
+        try:
+            return dt.date.fromisoformat(str(value))
+        except ValueError:
+            raise ValueError(f"{name} must be a date (YYYY-MM-DD), got {value!r}") from None
+    return str(value)
+
+
+def _where(filters: dict[str, Any], names: Iterable[str], prefix: str = "") -> tuple[list[str], dict[str, Any]]:
+    """WHERE conditions and parameters for the given filters (None values are ignored)."""
+    conds, params = [], {}
+    for name in names:
+        value = filters.get(name)
+        if value is None:
+            continue
+        column, ch_type, op = _FILTERS[name]
+        conds.append(f"{prefix}{column} {op} {{{name}:{ch_type}}}")
+        params[name] = _coerce(name, value)
+    return conds, params
+
+
+def _check(name: str, filters: dict[str, Any]) -> None:
+    if name not in REPORTS:
+        raise ValueError(f"unknown report {name!r}; reports: {', '.join(REPORTS)}")
+    allowed = _REPORT_FILTERS[name] | _REPORT_OPTIONS[name]
+    unknown = sorted(set(filters) - allowed)
+    if unknown:
+        raise ValueError(f"report {name!r} takes no {', '.join(unknown)}; it takes {', '.join(sorted(allowed))}")
+
+
+def _limit(filters: dict[str, Any], params: dict[str, Any]) -> str:
+    limit = filters.get("limit")
+    if limit is None:
+        return ""
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+        raise ValueError(f"limit must be a non-negative integer, got {limit!r}")
+    params["limit"] = limit
+    return " LIMIT {limit:UInt64}"
+
+
+def _and(conds: Sequence[str]) -> str:
+    return " AND ".join(conds) if conds else "1"
+
+
+def _query(client, sql: str, params: dict[str, Any]) -> list[dict]:
+    return list(client.query(sql, parameters=params).named_results())
+
+
+def _qualify(database: str) -> str:
+    """Names are qualified with the database, so any client (whatever its current one) works."""
+    if not _IDENTIFIER.match(database):
+        raise ValueError(f"invalid database name {database!r}")
+    return f"`{database}`"
+
+
+# --------------------------------------------------------------------------- the reports
+def _bills(client, db: str, filters: dict[str, Any]) -> list[dict]:
+    conds, params = _where(filters, sorted(_REPORT_FILTERS["bills"]))
+    sql = f"SELECT * FROM {db}.tenant_daily_bill WHERE {_and(conds)} ORDER BY day, tenant, definition_version"
+    return _query(client, sql + _limit(filters, params), params)
+
+
+def _jobs(client, db: str, filters: dict[str, Any]) -> list[dict]:
+    names = _REPORT_FILTERS["jobs"] - {"day_from", "day_to"}
+    conds, params = _where(filters, sorted(names))
+    # a job belongs to a period when its usage overlaps it
+    if filters.get("day_from") is not None:
+        conds.append("last_day >= {day_from:Date}")
+        params["day_from"] = _coerce("day_from", filters["day_from"])
+    if filters.get("day_to") is not None:
+        conds.append("first_day <= {day_to:Date}")
+        params["day_to"] = _coerce("day_to", filters["day_to"])
+    ref = filters.get("reference_cost_per_gpu_hour")
+    if ref is not None:
+        ref = float(ref)
+        if not math.isfinite(ref) or ref < 0:
+            raise ValueError(f"reference_cost_per_gpu_hour must be a non-negative number, got {ref!r}")
+        params["ref"] = ref
+        opportunity = "queue_wait_gpu_hours * {ref:Float64}"
+    else:
+        opportunity = "CAST(NULL AS Nullable(Float64))"
+    sql = (
+        f"SELECT *, {opportunity} AS opportunity_cost FROM {db}.job_cost WHERE {_and(conds)} "
+        "ORDER BY cost DESC, gpu_hours DESC, cluster, job_id, definition_version"
+    )
+    return _query(client, sql + _limit(filters, params), params)
+
+
+def _queues(client, db: str, filters: dict[str, Any]) -> list[dict]:
+    conds, params = _where(filters, sorted(_REPORT_FILTERS["queues"]))
+    sql = f"SELECT * FROM {db}.queue_efficiency WHERE {_and(conds)} ORDER BY day, cluster, queue"
+    return _query(client, sql + _limit(filters, params), params)
+
+
+def _capacity(client, db: str, filters: dict[str, Any]) -> list[dict]:
+    conds, params = _where(filters, sorted(_REPORT_FILTERS["capacity"]))
+    sql = f"SELECT * FROM {db}.capacity_daily WHERE {_and(conds)} ORDER BY day, cluster, gpu_model, definition_version"
+    return _query(client, sql + _limit(filters, params), params)
+
+
+def _dimensions(by: Any) -> list[str]:
+    if by is None:
+        by = ("day", "cluster")
+    if isinstance(by, str):
+        by = [part.strip() for part in by.split(",") if part.strip()]
+    dims = list(dict.fromkeys(by))
+    bad = [d for d in dims if d not in UTILIZATION_DIMENSIONS]
+    if bad or not dims:
+        raise ValueError(f"utilization 'by' takes {', '.join(UTILIZATION_DIMENSIONS)} (comma-separated); got {by!r}")
+    # a stable, readable column order whatever order the caller gave
+    return [d for d in UTILIZATION_DIMENSIONS if d in dims]
+
+
+def _utilization(client, db: str, filters: dict[str, Any]) -> list[dict]:
+    """Three layers per group: scheduling = allocated / (capacity − down), execution = executing /
+    allocated, hardware = time-weighted util over executing slices that report it; each also as a
+    share of capacity. Grouped by tenant or queue, capacity and down are those of the group's
+    day/cluster/gpu_model (tenants hold no capacity), so tenants' scheduling shares add up."""
+    dims = _dimensions(filters.get("by"))
+    cap_dims = [d for d in dims if d in _CAPACITY_DIMENSIONS]
+    cap_conds, params = _where(filters, sorted(_REPORT_FILTERS["utilization"] - {"tenant", "queue"}))
+    job_conds, job_params = _where(filters, ["tenant", "queue"])
+    params.update(job_params)
+    use_conds = cap_conds + job_conds
+    if {"tenant", "queue"} & set(dims):
+        use_conds.append("job_id != ''")  # down/unallocated slices belong to no tenant or queue
+    dim_sql = ", ".join(dims)
+    usage = (
+        f"SELECT {dim_sql}, "
+        "sumIf(gpu_ms, state IN ('allocated_idle', 'executing')) AS allocated_ms, "
+        "sumIf(gpu_ms, state = 'executing') AS executing_ms, "
+        "sumIf(util_weighted_gpu_ms, state = 'executing') AS util_weighted_ms, "
+        "sumIf(util_gpu_ms, state = 'executing') AS util_ms "
+        f"FROM {db}.usage_by_job_daily WHERE {_and(use_conds)} GROUP BY {dim_sql}"
+    )
+    capacity = (
+        ("SELECT " + "".join(f"{d}, " for d in cap_dims))
+        + "sum(gpu_ms) AS capacity_ms, sumIf(gpu_ms, state = 'down') AS down_ms "
+        + f"FROM {db}.usage_by_job_daily WHERE {_and(cap_conds)}"
+        + (f" GROUP BY {', '.join(cap_dims)}" if cap_dims else "")
+    )
+    join = f"LEFT JOIN ({capacity}) AS c USING ({', '.join(cap_dims)})" if cap_dims else f"CROSS JOIN ({capacity}) AS c"
+    sql = f"""
+        SELECT {dim_sql},
+            capacity_ms / 1000 AS capacity_gpu_seconds,
+            down_ms / 1000 AS down_gpu_seconds,
+            allocated_ms / 1000 AS allocated_gpu_seconds,
+            executing_ms / 1000 AS executing_gpu_seconds,
+            if(capacity_ms - down_ms <= 0, NULL, allocated_ms / (capacity_ms - down_ms)) AS scheduling_utilization,
+            if(allocated_ms = 0, NULL, executing_ms / allocated_ms) AS execution_utilization,
+            if(util_ms = 0, NULL, util_weighted_ms / util_ms / 100) AS hardware_utilization,
+            if(capacity_ms = 0, NULL, allocated_ms / capacity_ms) AS scheduling_share_of_capacity,
+            if(capacity_ms = 0, NULL, executing_ms / capacity_ms) AS execution_share_of_capacity,
+            if(capacity_ms = 0 OR util_ms = 0, NULL,
+               util_weighted_ms / util_ms / 100 * executing_ms / capacity_ms) AS hardware_share_of_capacity
+        FROM ({usage}) AS g {join}
+        ORDER BY {dim_sql}"""
+    return _query(client, sql + _limit(filters, params), params)
+
+
+_FETCHERS = {"bills": _bills, "jobs": _jobs, "queues": _queues, "utilization": _utilization, "capacity": _capacity}
+
+
+def fetch(client, database: str, name: str, **filters) -> list[dict]:
+    """Rows of one report as dicts (dates as datetime.date, absent values as None).
+
+    Filters (each report takes a subset; an unknown one is an error): day_from, day_to (inclusive
+    UTC dates), cluster, tenant, queue, gpu_model, job_id, definition_version, limit. The jobs report
+    takes `reference_cost_per_gpu_hour` (opportunity cost of waiting = queue_wait_gpu_hours × it;
+    None leaves opportunity_cost empty); utilization takes `by`: any of day, cluster, gpu_model,
+    queue, tenant (a list or comma-separated; default day,cluster)."""
+    _check(name, filters)
+    return _FETCHERS[name](client, _qualify(database), filters)
+
+
+# --------------------------------------------------------------------------- rendering
+def _plain(value: Any) -> Any:
+    if isinstance(value, (dt.date, dt.datetime)):
+        return value.isoformat()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _columns(rows: Sequence[dict]) -> list[str]:
+    cols = list(rows[0]) if rows else []
+    for row in rows[1:]:
+        cols.extend(k for k in row if k not in cols)
+    return cols
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return ""
+        text = f"{value:,.4f}".rstrip("0").rstrip(".")
+        return "0" if text in ("-0", "") else text
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, (dt.date, dt.datetime)):
+        return value.isoformat()
+    return str(value)
+
+
+def _render_table(rows: Sequence[dict]) -> str:
+    if not rows:
+        return "(no rows)\n"
+    cols = _columns(rows)
+    cells = [[_cell(row.get(c)) for c in cols] for row in rows]
+    numeric = [
+        all(isinstance(row.get(c), (int, float)) and not isinstance(row.get(c), bool) for row in rows if row.get(c) is not None)
+        for c in cols
+    ]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(cols)]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)]
+        return "  ".join(parts).rstrip()
+
+    out = [line(cols), "  ".join("-" * w for w in widths)]
+    out.extend(line(r) for r in cells)
+    return "\n".join(out) + "\n"
+
+
+def _render_csv(rows: Sequence[dict]) -> str:
+    if not rows:
+        return ""
+    cols = _columns(rows)
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(cols)
+    for row in rows:
+        writer.writerow("" if row.get(c) is None else _plain(row.get(c)) for c in cols)
+    return buf.getvalue()
+
+
+def render(rows: Sequence[dict], fmt: str = "table") -> str:
+    """rows as `table` (aligned text, numbers right-aligned), `json` (an array of objects; numbers
+    stay numbers, dates ISO strings, absent values null) or `csv` (header + rows, full precision)."""
+    if fmt == "table":
+        return _render_table(rows)
+    if fmt == "json":
+        return orjson.dumps([{k: _plain(v) for k, v in row.items()} for row in rows], option=orjson.OPT_INDENT_2).decode() + "\n"
+    if fmt == "csv":
+        return _render_csv(rows)
+    raise ValueError(f"unknown format {fmt!r}; formats: {', '.join(FORMATS)}")

@@ -1,0 +1,230 @@
+"""The warehouse: one ClickHouse client (clickhouse-connect) for the embedded chDB engine or a server,
+and the migrator that applies `gpuledger.sql`'s numbered DDL files.
+
+chDB through clickhouse-connect (`get_client(interface="chdb", path=DIR)`), as found by trying it
+(clickhouse-connect 1.12, chdb-core 26.9):
+- one engine directory per process; a second client on the same path shares the engine, a client
+  on another path while one is open raises ProgrammingError. Another *process* holding the
+  directory makes the open fail with an opaque "Error initializing EmbeddedServer"; the engine
+  keeps a flock'ed `status` file (with `PID: n`) there while open, which is how `connect` names
+  the holder. Close every client (`client.close()`) so the directory is released.
+- `client.database = name` is applied as a handle-level USE, so unqualified names in DDL and
+  queries resolve there, as they do with a server's per-request `database`.
+- server-side parameters (`{name:Type}` with `parameters=`) and `client.insert(..., column_names=)`
+  work as with a server; a NULL for a non-Nullable column fails in the client-side encoder, so
+  computed columns (`day`) are DEFAULT expressions and writers leave them out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import clickhouse_connect
+from clickhouse_connect.driver.exceptions import ProgrammingError
+
+from gpuledger.config import Settings
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS_TABLE = "schema_migrations"
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MIGRATION_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+class WarehouseError(RuntimeError):
+    """The warehouse cannot be reached or its schema is not in a state the ledger can use."""
+
+
+def _identifier(name: str, what: str) -> str:
+    if not _IDENTIFIER.match(name):
+        raise WarehouseError(f"invalid {what} name {name!r}: letters, digits and _ only")
+    return name
+
+
+# --------------------------------------------------------------------------- connect
+def _chdb_holder(path: Path) -> str | None:
+    """Who holds a chDB directory: the engine flocks `status` (which names its PID) while open."""
+    import fcntl
+
+    status = path / "status"
+    try:
+        with status.open("rb") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                text = status.read_text(errors="replace")
+                m = re.search(r"PID:\s*(\d+)", text)
+                return f"process {m.group(1)}" if m else "another process"
+            fcntl.flock(fh, fcntl.LOCK_UN)
+    except FileNotFoundError:
+        return None
+    return None
+
+
+def connect(settings: Settings):
+    """A clickhouse-connect client on the configured warehouse, its current database created if missing."""
+    database = _identifier(settings.database, "database")
+    chdb_dir = settings.embedded_warehouse_dir
+    if chdb_dir is not None:
+        chdb_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            client = clickhouse_connect.get_client(interface="chdb", path=str(chdb_dir))
+        except ProgrammingError as exc:
+            holder = _chdb_holder(chdb_dir)
+            if holder:
+                raise WarehouseError(
+                    f"the embedded warehouse {chdb_dir} is held by {holder}; only one process may open a chDB "
+                    "directory at a time (stop it, or point GPULEDGER_WAREHOUSE at another chdb:/dir or a server)"
+                ) from exc
+            raise WarehouseError(
+                f"cannot open the embedded warehouse {chdb_dir}: {exc} (this process may already hold another "
+                "chDB directory: one per process)"
+            ) from exc
+    elif settings.warehouse.startswith(("http://", "https://")):
+        try:
+            client = clickhouse_connect.get_client(
+                dsn=settings.warehouse,
+                username=settings.clickhouse_user,
+                password=settings.clickhouse_password.get_secret_value(),
+            )
+        except Exception as exc:
+            raise WarehouseError(f"cannot reach ClickHouse at {settings.warehouse}: {exc}") from exc
+    else:
+        raise WarehouseError(
+            f"unknown warehouse {settings.warehouse!r}: use 'chdb', 'chdb:/abs/dir' or http(s)://host:port"
+        )
+    try:
+        client.command(f"CREATE DATABASE IF NOT EXISTS `{database}`")
+        client.database = database
+    except Exception:
+        client.close()
+        raise
+    return client
+
+
+# --------------------------------------------------------------------------- migrations
+@dataclass(frozen=True)
+class Migration:
+    version: str
+    name: str
+    sql: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.sql.encode()).hexdigest()
+
+    def statements(self) -> list[str]:
+        """Statements end with ';' at the end of a line; comment-only chunks are dropped."""
+        out = []
+        for chunk in re.split(r";[ \t]*(?:\n|$)", self.sql):
+            body = "\n".join(line for line in chunk.splitlines() if not line.strip().startswith("--")).strip()
+            if body:
+                out.append(chunk.strip())
+        return out
+
+
+def load_migrations() -> list[Migration]:
+    """The packaged migrations in version order."""
+    found = []
+    for entry in resources.files("gpuledger.sql").iterdir():
+        m = _MIGRATION_FILE.match(entry.name)
+        if m:
+            found.append(Migration(m.group(1), m.group(2), entry.read_text(encoding="utf-8")))
+        elif entry.name.endswith(".sql"):
+            raise WarehouseError(f"migration file {entry.name!r} does not follow NNNN_name.sql")
+    found.sort(key=lambda mg: mg.version)
+    versions = [mg.version for mg in found]
+    if len(set(versions)) != len(versions):
+        raise WarehouseError(f"duplicate migration versions in gpuledger.sql: {versions}")
+    return found
+
+
+def applied_migrations(client, database: str) -> dict[str, dict]:
+    db = _identifier(database, "database")
+    rows = client.query(f"SELECT version, name, checksum, applied_at FROM `{db}`.{MIGRATIONS_TABLE} ORDER BY version")
+    return {r["version"]: r for r in rows.named_results()}
+
+
+def migrate(client, database: str) -> list[str]:
+    """Apply pending migrations in order; returns the versions applied now ([] when up to date).
+
+    Each file is recorded in `schema_migrations` with its sha256 after all its statements ran;
+    statements are IF NOT EXISTS, so a file interrupted halfway is safe to run again. Refuses to
+    run when a file already applied has changed (its checksum differs): add a new migration."""
+    db = _identifier(database, "database")
+    client.command(f"CREATE DATABASE IF NOT EXISTS `{db}`")
+    previous = client.database
+    client.database = db  # unqualified names in the DDL resolve here (USE on chDB)
+    try:
+        client.command(
+            f"CREATE TABLE IF NOT EXISTS `{db}`.{MIGRATIONS_TABLE} "
+            "(version String, name String, checksum String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) "
+            "ENGINE = MergeTree ORDER BY version"
+        )
+        applied = applied_migrations(client, db)
+        migrations = load_migrations()
+        for mg in migrations:
+            done = applied.get(mg.version)
+            if done and done["checksum"] != mg.checksum:
+                raise WarehouseError(
+                    f"migration {mg.version}_{mg.name} was applied with checksum {done['checksum'][:12]}… but the file "
+                    f"now has {mg.checksum[:12]}…; applied migrations must not change (add a new one)"
+                )
+        now: list[str] = []
+        for mg in migrations:
+            if mg.version in applied:
+                continue
+            log.info("applying migration %s_%s to %s", mg.version, mg.name, db)
+            for statement in mg.statements():
+                try:
+                    client.command(statement)
+                except Exception as exc:
+                    raise WarehouseError(f"migration {mg.version}_{mg.name} failed: {exc}") from exc
+            client.insert(
+                MIGRATIONS_TABLE, [[mg.version, mg.name, mg.checksum]], column_names=["version", "name", "checksum"], database=db
+            )
+            now.append(mg.version)
+        return now
+    finally:
+        if previous and previous != db:
+            client.database = previous
+
+
+# --------------------------------------------------------------------------- inserts
+def insert_rows(
+    client,
+    table: str,
+    rows: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Any]],
+    *,
+    database: str | None = None,
+) -> int:
+    """Insert rows given as a list of dicts (every dict with the same keys) or as columns
+    ({column: [values...]}); returns the number of rows. Columns left out take their DEFAULT."""
+    _identifier(table, "table")
+    if isinstance(rows, Mapping):
+        names = list(rows)
+        columns = [list(rows[n]) for n in names]
+        lengths = {len(c) for c in columns}
+        if len(lengths) > 1:
+            raise ValueError(f"columns of unequal length for {table}: {dict(zip(names, map(len, columns)))}")
+        count = lengths.pop() if lengths else 0
+        if count:
+            client.insert(table, columns, column_names=names, column_oriented=True, database=database)
+        return count
+    if not rows:
+        return 0
+    names = list(rows[0])
+    expected = set(names)
+    data = []
+    for i, row in enumerate(rows):
+        if row.keys() != expected:
+            raise ValueError(f"row {i} for {table} has columns {sorted(row)}; expected {sorted(expected)}")
+        data.append([row[n] for n in names])
+    client.insert(table, data, column_names=names, database=database)
+    return len(data)

@@ -1,0 +1,90 @@
+"""Rendering report rows: table for terminals, JSON and CSV for programs."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import json
+
+import pytest
+
+from gpuledger.reports import FORMATS, REPORTS, render
+
+ROWS = [
+    {"day": dt.date(2024, 3, 1), "tenant": "alpha", "compute_gpu_hours": 0.5, "total_cost_micros": 2_700_000, "ratio": 2 / 3},
+    {"day": dt.date(2024, 3, 1), "tenant": "beta-long-name", "compute_gpu_hours": 12.25, "total_cost_micros": 600, "ratio": None},
+]
+
+
+def test_names():
+    assert REPORTS == ("bills", "jobs", "queues", "utilization", "capacity")
+    assert FORMATS == ("table", "json", "csv")
+
+
+def test_table_is_aligned_with_numbers_right_and_text_left():
+    lines = render(ROWS, "table").splitlines()
+    assert len(lines) == 4  # header, rule, two rows
+    header, rule, first, second = lines
+    assert header.split() == ["day", "tenant", "compute_gpu_hours", "total_cost_micros", "ratio"]
+    # the rule's runs of dashes are the columns: (start, end) of each
+    spans, i = [], 0
+    while i < len(rule):
+        if rule[i] == "-":
+            j = i
+            while j < len(rule) and rule[j] == "-":
+                j += 1
+            spans.append((i, j))
+            i = j
+        else:
+            i += 1
+    assert len(spans) == 5
+
+    def cell(line, col):
+        a, b = spans[col]
+        return line.ljust(len(rule))[a:b]
+
+    # text columns left-aligned, number columns (header included) right-aligned
+    assert cell(header, 1).startswith("tenant") and cell(first, 1).startswith("alpha ")
+    assert cell(header, 3).endswith("total_cost_micros")
+    assert cell(first, 3).endswith("2,700,000") and cell(second, 3).endswith(" 600")  # thousands separated
+    assert cell(header, 4) == " ratio"
+    assert cell(first, 2).endswith(" 0.5") and cell(second, 2).endswith(" 12.25")
+    # floats show at most 4 decimals; an absent value is blank; dates ISO
+    assert cell(first, 4) == "0.6667" and cell(second, 4).strip() == ""
+    assert cell(first, 0) == "2024-03-01"
+    assert all(line == line.rstrip() for line in lines)
+
+
+def test_json_keeps_numbers_as_numbers():
+    parsed = json.loads(render(ROWS, "json"))
+    assert parsed[0] == {"day": "2024-03-01", "tenant": "alpha", "compute_gpu_hours": 0.5,
+                         "total_cost_micros": 2700000, "ratio": 2 / 3}
+    assert isinstance(parsed[0]["total_cost_micros"], int)
+    assert parsed[1]["ratio"] is None
+    assert json.loads(render([{"x": float("nan")}], "json")) == [{"x": None}]  # not the invalid NaN token
+
+
+def test_csv_has_a_header_and_full_precision():
+    reader = list(csv.reader(io.StringIO(render(ROWS, "csv"))))
+    assert reader[0] == ["day", "tenant", "compute_gpu_hours", "total_cost_micros", "ratio"]
+    assert reader[1] == ["2024-03-01", "alpha", "0.5", "2700000", repr(2 / 3)]
+    assert reader[2][-1] == ""  # None
+    assert render([{"name": 'a,"b"'}], "csv") == 'name\n"a,""b"""\n'
+
+
+def test_rows_with_different_keys_share_one_header():
+    rows = [{"a": 1}, {"a": 2, "b": "x"}]
+    assert list(csv.reader(io.StringIO(render(rows, "csv")))) == [["a", "b"], ["1", ""], ["2", "x"]]
+    assert render(rows, "table").splitlines()[0].split() == ["a", "b"]
+
+
+def test_empty():
+    assert render([], "table") == "(no rows)\n"
+    assert json.loads(render([], "json")) == []
+    assert render([], "csv") == ""
+
+
+def test_unknown_format():
+    with pytest.raises(ValueError, match="unknown format"):
+        render(ROWS, "xml")
