@@ -16,9 +16,18 @@ from gpuledger.broker import EmbeddedBroker
 from gpuledger.config import Settings
 from gpuledger.processes import ChildProcess, wait_until_caught_up
 
-DEMO_REPORTS = (("bills", "Tenant bills (per day: compute / idle / failed-retry)", {}),
-                ("queues", "Queue efficiency", {}),
-                ("utilization", "Three utilization layers (per cluster and day)", {}))
+# (report, title, filters, columns shown in the terminal; `gpuledger report NAME` shows all)
+DEMO_REPORTS = (
+    ("bills", "Tenant bills (per day: compute / idle / failed-retry)", {},
+     ("day", "tenant", "compute_gpu_hours", "compute_cost", "idle_gpu_hours", "idle_cost",
+      "failed_retry_gpu_hours", "failed_retry_cost", "total_effective_gpu_hours", "total_cost")),
+    ("queues", "Queue efficiency", {},
+     ("day", "queue", "attempts", "requested_gpu_seconds", "allocated_gpu_seconds", "executed_gpu_seconds",
+      "allocated_to_requested", "executed_to_allocated", "queue_wait_p50_s", "queue_wait_p90_s", "queue_wait_max_s")),
+    ("utilization", "Three utilization layers (per cluster and day)", {},
+     ("day", "cluster", "capacity_gpu_seconds", "down_gpu_seconds", "scheduling_utilization",
+      "execution_utilization", "hardware_utilization", "hardware_share_of_capacity")),
+)
 
 
 def say(text: str) -> None:
@@ -85,8 +94,8 @@ def run_demo(settings: Settings, *, hours: float = 6.0, nodes: int = 8, seed: in
 
     client = connect(settings)
     try:
-        for name, title, filters in DEMO_REPORTS:
-            rows = fetch(client, settings.database, name, **filters)
+        for name, title, filters, columns in DEMO_REPORTS:
+            rows = [{c: row[c] for c in columns} for row in fetch(client, settings.database, name, **filters)]
             print(f"\n== {title} ==")
             print(render(rows, "table"), end="")
     finally:

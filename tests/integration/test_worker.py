@@ -1,5 +1,5 @@
-"""The real Faust worker against the real broker (Tansu): a small scenario whose usage
-records are worked out by hand below."""
+"""The real pipeline on a small scenario worked out by hand: Faust worker on Tansu, then the
+sink into chDB, then the bill views."""
 
 from __future__ import annotations
 
@@ -18,7 +18,10 @@ from gpuledger.schemas.models import (
     UsageBatch,
 )
 from gpuledger.schemas.wire import decode, encode
+from gpuledger.reports import fetch
+from gpuledger.sink import run_sink
 from gpuledger.topics import create_topics
+from gpuledger.warehouse import connect, migrate
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +57,7 @@ def read_usage(settings) -> list:
     return [r for _, value in read_topic(settings, settings.topics.usage) for r in decode(UsageBatch, value).records]
 
 
-def test_worker_attributes_every_gpu_second(settings, tmp_path):
+def test_pipeline_attributes_every_gpu_second_and_bills_it(settings, tmp_path):
     create_topics(settings)
     t = settings.topics
     events = [job("submitted", 0, 0), job("allocated", 10, 1), job("started", 25, 2), job("completed", 50, 3),
@@ -95,3 +98,31 @@ def test_worker_attributes_every_gpu_second(settings, tmp_path):
 
     letters = [value for _, value in read_topic(settings, t.dead_letters)]
     assert letters and b"malformed JSON" in letters[0]
+
+    # --- the sink into chDB, then the bills from the views
+    client = connect(settings)
+    migrate(client, settings.database)
+    client.close()
+    stats = run_sink(settings, until_caught_up=True)
+    assert stats["rows"]["usage_raw"] == len(records)
+    client = connect(settings)
+    try:
+        (bill,) = fetch(client, settings.database, "bills")
+        capacity = {r["gpu_model"]: r for r in fetch(client, settings.database, "capacity")}
+        (job_row,) = fetch(client, settings.database, "jobs", reference_cost_per_gpu_hour=1.0)
+    finally:
+        client.close()
+    assert (str(bill["day"]), bill["tenant"]) == ("2026-11-02", "ta")
+    assert bill["compute_cost_micros"] == 737 + 1473 + 1473
+    assert bill["idle_cost_micros"] == 1473 + 737
+    assert bill["failed_retry_cost_micros"] == 0
+    assert bill["compute_gpu_hours"] == pytest.approx(25 / 3600, abs=1e-4)
+    assert bill["idle_gpu_hours"] == pytest.approx(15 / 3600, abs=1e-4)
+    a100, t4 = capacity["A100-80GB"], capacity["T4"]
+    assert (a100["capacity_gpu_seconds"], a100["unallocated_gpu_seconds"], a100["allocated_idle_gpu_seconds"],
+            a100["executing_gpu_seconds"], a100["down_gpu_seconds"]) == (60, 20, 15, 25, 0)
+    assert (t4["capacity_gpu_seconds"], t4["unallocated_gpu_seconds"], t4["down_gpu_seconds"]) == (60, 30, 30)
+    # queued at 0 s, allocated at 10 s: 10 s x 1 GPU waiting
+    assert job_row["job_id"] == "j1" and job_row["queue_wait_seconds"] == 10
+    assert job_row["cost_micros"] == 3683 + 2210
+    assert job_row["opportunity_cost"] == pytest.approx(10 / 3600)
