@@ -36,15 +36,73 @@ def cmd_topics(args) -> int:
 
 
 def cmd_migrate(args) -> int:
+    from gpuledger.coefficients import sync_library
+    from gpuledger.streams.pricing import load_ledger_config
     from gpuledger.warehouse import connect, migrate
 
     settings = _settings(args)
+    ledger = load_ledger_config(settings.ledger_config)
     client = connect(settings)
     try:
         applied = migrate(client, settings.database)
+        synced = sync_library(client, settings.database, ledger)
     finally:
         client.close()
     print(f"applied {len(applied)} migration(s)" + (": " + ", ".join(applied) if applied else " (up to date)"))
+    print(f"coefficient library: {synced['coefficients']} entries; definition version {synced['definition_version']}")
+    return 0
+
+
+def cmd_coefficients(args) -> int:
+    from datetime import date
+
+    from gpuledger.coefficients import add_coefficient, history_rows, sync_library
+    from gpuledger.reports import render
+    from gpuledger.streams.pricing import load_ledger_config
+    from gpuledger.warehouse import connect
+
+    settings = _settings(args)
+    if args.action == "list":
+        print(render(history_rows(load_ledger_config(settings.ledger_config)), args.format), end="")
+        return 0
+    if args.action == "add":
+        if not (args.model and args.coefficient and args.valid_from):
+            raise SystemExit("coefficients add needs --model, --coefficient and --valid-from")
+        ledger = add_coefficient(settings.ledger_config, args.model, args.coefficient, date.fromisoformat(args.valid_from))
+        print(f"added {args.model}@{args.valid_from} = {args.coefficient} to {settings.ledger_config}; "
+              "restart workers to use it for new records")
+    else:
+        ledger = load_ledger_config(settings.ledger_config)
+    client = connect(settings)
+    try:
+        synced = sync_library(client, settings.database, ledger)
+    finally:
+        client.close()
+    print(f"warehouse coefficient table synced: {synced['coefficients']} entries")
+    return 0
+
+
+def cmd_rebill(args) -> int:
+    from datetime import date
+
+    from gpuledger.coefficients import rebill, rebill_bill, sync_library
+    from gpuledger.reports import render
+    from gpuledger.streams.pricing import load_ledger_config
+    from gpuledger.warehouse import connect
+
+    settings = _settings(args)
+    ledger = load_ledger_config(settings.ledger_config)
+    client = connect(settings)
+    try:
+        sync_library(client, settings.database, ledger)
+        rebill_id = rebill(client, settings.database, ledger, date.fromisoformat(args.day_from),
+                           date.fromisoformat(args.day_to), date.fromisoformat(args.as_of))
+        rows = rebill_bill(client, settings.database, rebill_id)
+    finally:
+        client.close()
+    print(f"rebill {rebill_id}: {args.day_from}..{args.day_to} with coefficients valid on {args.as_of} "
+          "(original bills unchanged)", file=sys.stderr)
+    print(render(rows, args.format), end="")
     return 0
 
 
@@ -121,8 +179,11 @@ def cmd_report(args) -> int:
     filters = {}
     if args.report == "utilization" and args.by:
         filters["by"] = args.by
+    ledger = load_ledger_config(settings.ledger_config)
     if args.report == "jobs":
-        filters["reference_cost_per_gpu_hour"] = load_ledger_config(settings.ledger_config).reference_cost_per_gpu_hour()
+        filters["reference_cost_per_gpu_hour"] = ledger.reference_cost_per_gpu_hour()
+    if args.report == "bills":
+        filters["idle_redistribution"] = args.idle_redistribution or ledger.definitions.idle_redistribution
     client = connect(settings)
     try:
         rows = fetch(client, settings.database, args.report, **filters)
@@ -166,6 +227,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("migrate", cmd_migrate, "apply pending ClickHouse migrations (idempotent)", warehouse=True)
 
+    p = add("coefficients", cmd_coefficients, "list or add throughput coefficients (history is kept); sync them to the warehouse",
+            warehouse=True)
+    p.add_argument("action", choices=["list", "add", "sync"])
+    p.add_argument("--model")
+    p.add_argument("--coefficient", type=float)
+    p.add_argument("--valid-from", help="first UTC day the coefficient applies, YYYY-MM-DD")
+    p.add_argument("--format", choices=["table", "json", "csv"], default="table")
+
+    p = add("rebill", cmd_rebill, "recompute a past period's effective GPU-hours with the coefficients valid on a date",
+            warehouse=True)
+    p.add_argument("--from", dest="day_from", required=True, help="first day, YYYY-MM-DD")
+    p.add_argument("--to", dest="day_to", required=True, help="last day, YYYY-MM-DD")
+    p.add_argument("--as-of", required=True, help="use the coefficients valid on this day, YYYY-MM-DD")
+    p.add_argument("--format", choices=["table", "json", "csv"], default="table")
+
     p = add("worker", cmd_worker, "run the Faust worker (join + attribution)", kafka=True)
     p.add_argument("--loglevel", default="warn", choices=["crit", "error", "warn", "info", "debug"])
 
@@ -193,7 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("report", cmd_report, "print a report from the ClickHouse tables", warehouse=True)
     p.add_argument("report", choices=REPORT_NAMES)
     p.add_argument("--format", choices=["table", "json", "csv"], default="table")
-    p.add_argument("--by", choices=["cluster", "queue", "tenant", "gpu_model", "day"], help="utilization: group by")
+    p.add_argument("--by", help="utilization: group by any of day,cluster,gpu_model,queue,tenant,job_id (comma-separated)")
+    p.add_argument("--idle-redistribution", choices=["none", "even", "usage"],
+                   help="bills: share the cluster idle cost among tenants (default: the ledger definition)")
 
     p = add("demo", cmd_demo, "run the whole pipeline on the embedded default (Tansu + chDB) and print the reports")
     p.add_argument("--hours", type=float, default=6.0)

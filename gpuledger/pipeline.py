@@ -44,6 +44,8 @@ def run_embedded(
     into the embedded warehouse. `fresh` empties the warehouse first: the broker always
     starts empty, so old rows would otherwise mix with a new run."""
     from gpuledger.agents.publisher import KafkaPublisher
+    from gpuledger.coefficients import sync_library
+    from gpuledger.streams.pricing import load_ledger_config
     from gpuledger.replay import publish
     from gpuledger.sink import run_sink
     from gpuledger.topics import create_topics
@@ -66,6 +68,7 @@ def run_embedded(
         client = connect(s)
         try:
             applied = migrate(client, s.database)
+            sync_library(client, s.database, load_ledger_config(s.ledger_config))
         finally:
             client.close()
         log(f"[pipeline] topics created; {len(applied)} migrations applied to chDB at {warehouse_dir}")

@@ -44,14 +44,14 @@ _REPORT_FILTERS: dict[str, frozenset[str]] = {
 }
 #: options that are not row filters
 _REPORT_OPTIONS: dict[str, frozenset[str]] = {
-    "bills": frozenset({"limit"}),
+    "bills": frozenset({"limit", "idle_redistribution"}),
     "jobs": frozenset({"limit", "reference_cost_per_gpu_hour"}),
     "queues": frozenset({"limit"}),
     "utilization": frozenset({"limit", "by"}),
     "capacity": frozenset({"limit"}),
 }
 
-UTILIZATION_DIMENSIONS = ("day", "cluster", "gpu_model", "queue", "tenant")
+UTILIZATION_DIMENSIONS = ("day", "cluster", "gpu_model", "queue", "tenant", "job_id")
 #: dimensions capacity is known by; tenant and queue hold no capacity (down/unallocated have neither)
 _CAPACITY_DIMENSIONS = frozenset({"day", "cluster", "gpu_model"})
 
@@ -118,9 +118,41 @@ def _qualify(database: str) -> str:
 
 # --------------------------------------------------------------------------- the reports
 def _bills(client, db: str, filters: dict[str, Any]) -> list[dict]:
-    conds, params = _where(filters, sorted(_REPORT_FILTERS["bills"]))
+    policy = filters.get("idle_redistribution") or "none"
+    if policy not in ("none", "even", "usage"):
+        raise ValueError(f"idle_redistribution must be none, even or usage; got {policy!r}")
+    # Redistribution shares depend on every tenant billed that day, so the tenant filter is
+    # applied after the shares are computed.
+    names = sorted(_REPORT_FILTERS["bills"] - ({"tenant"} if policy != "none" else set()))
+    conds, params = _where(filters, names)
     sql = f"SELECT * FROM {db}.tenant_daily_bill WHERE {_and(conds)} ORDER BY day, tenant, definition_version"
-    return _query(client, sql + _limit(filters, params), params)
+    if policy == "none":
+        return _query(client, sql + _limit(filters, params), params)
+    rows = _query(client, sql, params)
+    _redistribute_cluster_idle(client, db, rows, policy)
+    if filters.get("tenant") is not None:
+        rows = [r for r in rows if r["tenant"] == filters["tenant"]]
+    return rows[: filters["limit"]] if filters.get("limit") else rows
+
+
+def _redistribute_cluster_idle(client, db: str, rows: list[dict], policy: str) -> None:
+    """Add each tenant's part of the day's cluster idle (unallocated) cost: equal parts ('even') or
+    in proportion to the tenant's cost that day ('usage'); parts add up to the idle cost exactly."""
+    from gpuledger.streams.attribution import split_integer
+
+    idle = {(r["day"], r["definition_version"]): r["cost_micros"] for r in _query(
+        client, f"SELECT day, definition_version, sum(cost_micros) AS cost_micros FROM {db}.usage_capacity_daily "
+        "WHERE state = 'unallocated' GROUP BY day, definition_version", {})}
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["day"], row["definition_version"]), []).append(row)
+    for key, members in groups.items():
+        weights = [1] * len(members) if policy == "even" else [int(m["total_cost_micros"]) for m in members]
+        for row, part in zip(members, split_integer(int(idle.get(key, 0)), weights)):
+            row["cluster_idle_cost_micros"] = part
+            row["cluster_idle_cost"] = part / 1e6
+            row["billed_total_cost_micros"] = int(row["total_cost_micros"]) + part
+            row["billed_total_cost"] = row["billed_total_cost_micros"] / 1e6
 
 
 def _jobs(client, db: str, filters: dict[str, Any]) -> list[dict]:
@@ -185,8 +217,8 @@ def _utilization(client, db: str, filters: dict[str, Any]) -> list[dict]:
     job_conds, job_params = _where(filters, ["tenant", "queue"])
     params.update(job_params)
     use_conds = cap_conds + job_conds
-    if {"tenant", "queue"} & set(dims):
-        use_conds.append("job_id != ''")  # down/unallocated slices belong to no tenant or queue
+    if {"tenant", "queue", "job_id"} & set(dims):
+        use_conds.append("job_id != ''")  # down/unallocated slices belong to no tenant, queue or job
     dim_sql = ", ".join(dims)
     usage = (
         f"SELECT {dim_sql}, "

@@ -209,7 +209,8 @@ class UsageRecord(_Wire):
     queue: str = ""
     share_milli: int = Field(ge=0, le=1000, description="share of the GPU this slice covers, thousandths")
     gpu_ms: int = Field(ge=0, description="GPU-milliseconds: duration × share")
-    util_pct: float | None = Field(None, description="hardware utilization of this slice: the holder's SM share if measured, else GPU busy")
+    util_pct: float | None = Field(None, description="measured hardware utilization of this slice, percent: the holder's SM share if measured, else SM activity or GPU busy")
+    util_metric_pct: float | None = Field(None, description="utilization under the agreed definition, percent: util_pct for 'mean'; 100 or 0 (at/above the threshold or not) for 'above_threshold'; reports average it over gpu_ms")
     mem_used_bytes: int | None = Field(None, ge=0, description="GPU memory the holder used (or the whole GPU for unattributed slices)")
     energy_j: float = Field(0.0, ge=0, description="this slice's part of the GPU's energy over the interval, joules")
     coefficient: float = Field(gt=0, description="throughput coefficient of the GPU model against the baseline card")

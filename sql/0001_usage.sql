@@ -20,6 +20,8 @@ CREATE TABLE IF NOT EXISTS usage_raw
     share_milli         UInt16,
     gpu_ms              UInt64,
     util_pct            Nullable(Float64),
+    -- utilization under the agreed definition (mean, or 100/0 above/below a threshold)
+    util_metric_pct     Nullable(Float64),
     mem_used_bytes      Nullable(UInt64),
     energy_j            Float64,
     coefficient         Float64,
@@ -55,8 +57,8 @@ CREATE TABLE IF NOT EXISTS usage_by_job_daily
     effective_gpu_ms     SimpleAggregateFunction(sum, UInt64),
     cost_micros          SimpleAggregateFunction(sum, UInt64),
     energy_j             SimpleAggregateFunction(sum, Float64),
-    -- Σ util_pct × gpu_ms over slices that have util, and the gpu_ms of those slices:
-    -- their ratio is the time-weighted utilization (percent)
+    -- Σ util_metric_pct × gpu_ms over slices that have it, and the gpu_ms of those slices:
+    -- their ratio is the hardware utilization under the agreed definition (percent)
     util_weighted_gpu_ms SimpleAggregateFunction(sum, Float64),
     util_gpu_ms          SimpleAggregateFunction(sum, UInt64),
     first_start_ms       SimpleAggregateFunction(min, Int64),
@@ -75,8 +77,8 @@ SELECT
     sum(cost_micros) AS cost_micros,
     sum(energy_j) AS energy_j,
     -- qualified: inside this SELECT a bare gpu_ms would mean the alias sum(gpu_ms)
-    sum(if(util_pct IS NULL, 0., assumeNotNull(util_pct) * usage_raw.gpu_ms)) AS util_weighted_gpu_ms,
-    sum(if(util_pct IS NULL, toUInt64(0), usage_raw.gpu_ms)) AS util_gpu_ms,
+    sum(if(util_metric_pct IS NULL, 0., assumeNotNull(util_metric_pct) * usage_raw.gpu_ms)) AS util_weighted_gpu_ms,
+    sum(if(util_metric_pct IS NULL, toUInt64(0), usage_raw.gpu_ms)) AS util_gpu_ms,
     min(start_ms) AS first_start_ms,
     max(end_ms) AS last_end_ms
 FROM usage_raw
@@ -113,7 +115,7 @@ SELECT
     sum(cost_micros) AS cost_micros,
     sum(energy_j) AS energy_j,
     -- qualified: inside this SELECT a bare gpu_ms would mean the alias sum(gpu_ms)
-    sum(if(util_pct IS NULL, 0., assumeNotNull(util_pct) * usage_raw.gpu_ms)) AS util_weighted_gpu_ms,
-    sum(if(util_pct IS NULL, toUInt64(0), usage_raw.gpu_ms)) AS util_gpu_ms
+    sum(if(util_metric_pct IS NULL, 0., assumeNotNull(util_metric_pct) * usage_raw.gpu_ms)) AS util_weighted_gpu_ms,
+    sum(if(util_metric_pct IS NULL, toUInt64(0), usage_raw.gpu_ms)) AS util_gpu_ms
 FROM usage_raw
 GROUP BY day, cluster, gpu_model, state, definition_version;

@@ -2,14 +2,21 @@
 
 Every GPU-millisecond of the stretch lands in exactly one record (down, unallocated,
 allocated_idle or executing-for-a-job), and the stretch's cost is split over the records
-so that the parts add up to the whole (largest-remainder rounding in integer micros)."""
+so that the parts add up to the whole (largest-remainder rounding in integer micros).
+
+A GPU held whole by one attempt is split by time only: executing or allocated_idle.
+A *shared* GPU (several holders, or a fractional share) is split, under the default
+definition, by each container's measured use (SM and memory, weights configurable);
+what no holder used of the held part is idle. See docs/accounting.md."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from gpuledger.schemas.models import GpuHealth, GpuSample, UsageRecord, UsageState
-from gpuledger.streams.pricing import LedgerConfig
+from gpuledger.streams.pricing import Definitions, LedgerConfig
+
+UNIT = 1_000_000  # weights of one GPU in millionths
 
 
 @dataclass(frozen=True, order=True)
@@ -23,6 +30,15 @@ class Holder:
     share_milli: int
     running: bool
     container_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Slice:
+    state: UsageState
+    holder: Holder | None
+    weight: int                 # millionths of the GPU
+    util_pct: float | None
+    mem_used_bytes: int | None
 
 
 def split_integer(total: int, weights: list[int]) -> list[int]:
@@ -39,29 +55,76 @@ def split_integer(total: int, weights: list[int]) -> list[int]:
     return floors
 
 
-def _holder_util(gpu: GpuSample, holder: Holder, alone: bool) -> tuple[float | None, int | None]:
-    """Measured SM share and memory of one holder: its container's processes if NVML saw
-    them, else the whole GPU when it is the only holder."""
-    if holder.container_id:
-        procs = [p for p in gpu.processes if p.container_id == holder.container_id]
-        if procs:
-            utils = [p.sm_util_pct for p in procs if p.sm_util_pct is not None]
-            mems = [p.mem_used_bytes for p in procs if p.mem_used_bytes is not None]
-            return (min(100.0, sum(utils)) if utils else None), (sum(mems) if mems else None)
-    if alone:
-        util = gpu.sm_active_pct if gpu.sm_active_pct is not None else gpu.util_gpu_pct
-        return util, gpu.mem_used_bytes
-    if not gpu.processes:  # nobody measured on a shared GPU: nobody used it
-        return 0.0, None
-    return None, None
-
-
 def normalise_shares(holders: list[Holder]) -> list[int]:
-    """Shares in thousandths; an over-committed GPU (sum > 1000, bad input) is scaled down."""
+    """Shares in thousandths; an over-committed GPU (sum > 1000, e.g. time slicing) is scaled down."""
     shares = [h.share_milli for h in holders]
     if sum(shares) > 1000:
         shares = split_integer(1000, shares)
     return shares
+
+
+def measured_use(gpu: GpuSample, holder: Holder) -> tuple[float | None, int | None]:
+    """SM share (percent of the GPU) and memory of one holder's container, if NVML saw it."""
+    if not holder.container_id:
+        return None, None
+    procs = [p for p in gpu.processes if p.container_id == holder.container_id]
+    utils = [p.sm_util_pct for p in procs if p.sm_util_pct is not None]
+    mems = [p.mem_used_bytes for p in procs if p.mem_used_bytes is not None]
+    return (min(100.0, sum(utils)) if utils else None), (sum(mems) if mems else None)
+
+
+def _whole_gpu_util(gpu: GpuSample) -> float | None:
+    return gpu.sm_active_pct if gpu.sm_active_pct is not None else gpu.util_gpu_pct
+
+
+def _time_split(gpu: GpuSample, holders: list[Holder], shares: list[int]) -> list[Slice]:
+    """Each holder gets its allocated share, executing or idle by its state."""
+    alone = len(holders) == 1
+    slices = []
+    for holder, share in zip(holders, shares):
+        util, mem = measured_use(gpu, holder)
+        if util is None and alone:
+            util, mem = _whole_gpu_util(gpu), gpu.mem_used_bytes
+        state = UsageState.executing if holder.running else UsageState.allocated_idle
+        slices.append(Slice(state, holder, share * 1000, util, mem))
+    return slices
+
+
+def _use_weight(gpu: GpuSample, holder: Holder, share: int, d: Definitions) -> tuple[int, float | None, int | None]:
+    """Measured use of one running holder in millionths of the GPU (its share when unmeasured)."""
+    util, mem = measured_use(gpu, holder)
+    if util is None and mem is None:
+        return share * 1000, None, None
+    sm_w, mem_w = d.shared_sm_weight, d.shared_memory_weight
+    if mem is None or not gpu.mem_total_bytes:
+        mem_w = 0.0
+    if util is None:
+        sm_w = 0.0
+    if sm_w + mem_w == 0:
+        return share * 1000, util, mem
+    used = (sm_w * (util or 0.0) / 100 + mem_w * (mem or 0) / (gpu.mem_total_bytes or 1)) / (sm_w + mem_w)
+    return round(min(1.0, used) * UNIT), util, mem
+
+
+def _measured_split(gpu: GpuSample, holders: list[Holder], shares: list[int], d: Definitions) -> list[Slice]:
+    """Executing slices by measured use; the unused rest of the held part is idle."""
+    held = sum(shares) * 1000
+    uses = [(_use_weight(gpu, h, s, d) if h.running else (0, None, None)) for h, s in zip(holders, shares)]
+    total_use = sum(u[0] for u in uses)
+    if total_use > held:  # measured more than held (bursting into the free part): scale to the held part
+        scaled = split_integer(held, [u[0] for u in uses])
+        uses = [(w, u[1], u[2]) for w, u in zip(scaled, uses)]
+        total_use = held
+    slices = [Slice(UsageState.executing, h, w, util, mem) for h, (w, util, mem) in zip(holders, uses) if w > 0]
+    unused = held - total_use
+    if unused > 0:
+        if d.shared_unused == "holders":
+            for h, w in zip(holders, split_integer(unused, shares)):
+                if w > 0:
+                    slices.append(Slice(UsageState.allocated_idle, h, w, None, None))
+        else:
+            slices.append(Slice(UsageState.unallocated, None, unused, None, None))
+    return slices
 
 
 def attribute(
@@ -79,31 +142,35 @@ def attribute(
     duration = end_ms - start_ms
     if duration <= 0:
         return []
+    d = ledger.definitions
     holders = sorted(holders)
-    down = gpu.health == GpuHealth.down
-    # (state, holder or None, share_milli, util, mem)
-    slices: list[tuple[UsageState, Holder | None, int, float | None, int | None]] = []
-    if down:
-        slices.append((UsageState.down, None, 1000, None, None))
+    if gpu.health == GpuHealth.down:
+        slices = [Slice(UsageState.down, None, UNIT, None, None)]
     else:
         shares = normalise_shares(holders)
-        for holder, share in zip(holders, shares):
-            util, mem = _holder_util(gpu, holder, alone=len(holders) == 1 and share == 1000)
-            state = UsageState.executing if holder.running else UsageState.allocated_idle
-            slices.append((state, holder, share, util, mem))
-        rest = 1000 - sum(shares)
+        shared = len(holders) > 1 or any(s < 1000 for s in shares)
+        if shared and d.shared_split == "measured":
+            slices = _measured_split(gpu, holders, shares, d)
+        else:
+            slices = _time_split(gpu, holders, shares)
+        rest = UNIT - sum(s.weight for s in slices)
         if rest > 0:
-            util = gpu.util_gpu_pct if not holders else None
-            slices.append((UsageState.unallocated, None, rest, util, None if holders else gpu.mem_used_bytes))
+            free = not holders
+            unallocated = [s for s in slices if s.state == UsageState.unallocated]
+            if unallocated:  # the shared GPU's unused part already went to the platform: one record
+                slices[slices.index(unallocated[0])] = Slice(UsageState.unallocated, None, unallocated[0].weight + rest, None, None)
+            else:
+                slices.append(Slice(UsageState.unallocated, None, rest,
+                                    _whole_gpu_util(gpu) if free else None, gpu.mem_used_bytes if free else None))
 
-    # shares always sum to 1000 here, so this is duration x share / 1000, summing to duration exactly
-    gpu_ms = split_integer(duration, [s[2] for s in slices])
+    gpu_ms = split_integer(duration, [s.weight for s in slices])
     total_cost = ledger.interval_cost_micros(gpu.model, duration, energy_j)
     costs = split_integer(total_cost, gpu_ms)
     coef = ledger.coefficient_at(gpu.model, start_ms)
 
     records = []
-    for slot, ((state, holder, share, util, mem), g_ms, cost) in enumerate(zip(slices, gpu_ms, costs)):
+    for slot, (piece, g_ms, cost) in enumerate(zip(slices, gpu_ms, costs)):
+        holder = piece.holder
         records.append(UsageRecord(
             record_id=f"{gpu.gpu_uuid}/{start_ms}/{slot}",
             cluster=cluster,
@@ -112,15 +179,16 @@ def attribute(
             gpu_model=gpu.model,
             start_ms=start_ms,
             end_ms=end_ms,
-            state=state,
+            state=piece.state,
             job_id=holder.job_id if holder else "",
             attempt=holder.attempt if holder else 0,
             tenant=holder.tenant if holder else "",
             queue=holder.queue if holder else "",
-            share_milli=share,
+            share_milli=round(piece.weight / 1000),
             gpu_ms=g_ms,
-            util_pct=util,
-            mem_used_bytes=mem,
+            util_pct=piece.util_pct,
+            util_metric_pct=d.utilization_metric(piece.util_pct),
+            mem_used_bytes=piece.mem_used_bytes,
             energy_j=energy_j * g_ms / duration,
             coefficient=coef.coefficient,
             coefficient_version=coef.version,

@@ -6,6 +6,8 @@ Pure: loading turns a TOML file into frozen objects; lookups are plain functions
 from __future__ import annotations
 
 import bisect
+import hashlib
+import json
 import importlib.resources
 import tomllib
 from dataclasses import dataclass, field
@@ -44,6 +46,63 @@ class Coefficient:
 
 
 @dataclass(frozen=True)
+class Definitions:
+    """The parts of the accounting that are agreed with the business, not constants."""
+
+    include_depreciation: bool = True
+    include_maintenance: bool = True
+    include_power: bool = True
+    include_cooling: bool = True
+    utilization_aggregation: str = "mean"        # mean | above_threshold
+    utilization_threshold_pct: float = 20.0
+    shared_split: str = "measured"               # measured | allocation
+    shared_sm_weight: float = 0.5
+    shared_memory_weight: float = 0.5
+    shared_unused: str = "holders"               # holders | platform
+    idle_redistribution: str = "none"            # none | even | usage
+
+    def utilization_metric(self, util_pct: float | None) -> float | None:
+        """A slice's utilization under the agreed aggregation (averaged over GPU-time in reports)."""
+        if util_pct is None or self.utilization_aggregation == "mean":
+            return util_pct
+        return 100.0 if util_pct >= self.utilization_threshold_pct else 0.0
+
+
+_CHOICES = {
+    "utilization_aggregation": ("mean", "above_threshold"),
+    "shared_split": ("measured", "allocation"),
+    "shared_unused": ("holders", "platform"),
+    "idle_redistribution": ("none", "even", "usage"),
+}
+
+
+def parse_definitions(doc: dict, source: str) -> Definitions:
+    cost, util, shared, idle = (doc.get(k, {}) for k in ("cost", "utilization", "shared_gpu", "idle"))
+    values = dict(
+        include_depreciation=bool(cost.get("include_depreciation", True)),
+        include_maintenance=bool(cost.get("include_maintenance", True)),
+        include_power=bool(cost.get("include_power", True)),
+        include_cooling=bool(cost.get("include_cooling", True)),
+        utilization_aggregation=str(util.get("aggregation", "mean")),
+        utilization_threshold_pct=float(util.get("threshold_pct", 20.0)),
+        shared_split=str(shared.get("split", "measured")),
+        shared_sm_weight=float(shared.get("sm_weight", 0.5)),
+        shared_memory_weight=float(shared.get("memory_weight", 0.5)),
+        shared_unused=str(shared.get("unused", "holders")),
+        idle_redistribution=str(idle.get("redistribution", "none")),
+    )
+    for key, allowed in _CHOICES.items():
+        if values[key] not in allowed:
+            raise LedgerConfigError(f"{source}: {key.replace('_', '.', 1)} must be one of {', '.join(allowed)}; got {values[key]!r}")
+    if values["shared_sm_weight"] < 0 or values["shared_memory_weight"] < 0 or \
+            values["shared_sm_weight"] + values["shared_memory_weight"] <= 0:
+        raise LedgerConfigError(f"{source}: shared_gpu weights must be >= 0 and not both 0")
+    if not 0 <= values["utilization_threshold_pct"] <= 100:
+        raise LedgerConfigError(f"{source}: utilization.threshold_pct must be within 0..100")
+    return Definitions(**values)
+
+
+@dataclass(frozen=True)
 class LedgerConfig:
     definition_version: str
     currency: str
@@ -54,6 +113,9 @@ class LedgerConfig:
     prices: dict[str, UnitPrice]
     # model -> entries sorted by valid_from_ms
     coefficients: dict[str, tuple[Coefficient, ...]] = field(default_factory=dict)
+    definitions: Definitions = field(default_factory=Definitions)
+    # sha256 of everything but the coefficient history: a changed definition must change the version
+    fingerprint: str = ""
 
     def price(self, model: str) -> UnitPrice:
         return self.prices.get(model) or self.prices["default"]
@@ -71,9 +133,13 @@ class LedgerConfig:
 
     def interval_cost_micros(self, model: str, duration_ms: int, energy_j: float) -> int:
         """Whole-GPU cost of one interval: fixed hourly parts + measured energy x price x PUE."""
-        price = self.price(model)
-        fixed = price.fixed_per_hour * duration_ms / MS_PER_HOUR
-        power = energy_j / JOULES_PER_KWH * self.electricity_price_per_kwh * self.pue
+        price, d = self.price(model), self.definitions
+        per_hour = (price.depreciation_per_hour if d.include_depreciation else 0.0) + \
+                   (price.maintenance_per_hour if d.include_maintenance else 0.0)
+        fixed = per_hour * duration_ms / MS_PER_HOUR
+        power = 0.0
+        if d.include_power:
+            power = energy_j / JOULES_PER_KWH * self.electricity_price_per_kwh * (self.pue if d.include_cooling else 1.0)
         return round((fixed + power) * 1_000_000)
 
     def reference_cost_per_gpu_hour(self) -> float:
@@ -81,14 +147,14 @@ class LedgerConfig:
         return self.price(self.reference_model).fixed_per_hour
 
 
-def _date_ms(value, where: str) -> int:
+def date_ms(value, where: str) -> int:
     if isinstance(value, datetime):
         return int(value.replace(tzinfo=value.tzinfo or timezone.utc).timestamp() * 1000)
     if isinstance(value, date):
         return int(datetime(value.year, value.month, value.day, tzinfo=timezone.utc).timestamp() * 1000)
     if isinstance(value, str):
         try:
-            return _date_ms(date.fromisoformat(value), where)
+            return date_ms(date.fromisoformat(value), where)
         except ValueError:
             pass
     raise LedgerConfigError(f"{where}: valid_from must be a date like 2026-01-01, got {value!r}")
@@ -108,7 +174,7 @@ def parse_ledger_config(doc: dict, source: str = "<config>") -> LedgerConfig:
             if coef <= 0:
                 raise LedgerConfigError(f"{source}: coefficients[{i}] must be > 0, got {coef}")
             by_model.setdefault(c["model"], []).append(
-                Coefficient(c["model"], coef, _date_ms(c["valid_from"], f"{source}: coefficients[{i}]")))
+                Coefficient(c["model"], coef, date_ms(c["valid_from"], f"{source}: coefficients[{i}]")))
         power = doc.get("power", {})
         return LedgerConfig(
             definition_version=str(doc["definition_version"]),
@@ -119,6 +185,10 @@ def parse_ledger_config(doc: dict, source: str = "<config>") -> LedgerConfig:
             pue=float(power.get("pue", 1.0)),
             prices=prices,
             coefficients={m: tuple(sorted(v, key=lambda e: e.valid_from_ms)) for m, v in by_model.items()},
+            definitions=parse_definitions(doc, source),
+            fingerprint=hashlib.sha256(
+                json.dumps({k: v for k, v in doc.items() if k != "coefficients"}, sort_keys=True, default=str).encode()
+            ).hexdigest(),
         )
     except KeyError as exc:
         raise LedgerConfigError(f"{source}: missing key {exc}") from None

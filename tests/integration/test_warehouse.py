@@ -57,7 +57,7 @@ def slice_(gpu, start_min, end_min, state, job="", attempt=0, util=None) -> Usag
         cluster="c1", node="n1", gpu_uuid=gpu, gpu_model=model,
         start_ms=B + start_min * MIN, end_ms=B + end_min * MIN, state=state,
         job_id=job, attempt=attempt, tenant=tenant, queue=queue,
-        share_milli=1000, gpu_ms=gpu_ms, util_pct=util,
+        share_milli=1000, gpu_ms=gpu_ms, util_pct=util, util_metric_pct=util,
         energy_j=watts * gpu_ms / 1000, coefficient=coef, coefficient_version=f"{model}-2024Q1",
         effective_gpu_ms=round(gpu_ms * coef), cost_micros=round(gpu_ms * rate), definition_version="def-v1",
     )

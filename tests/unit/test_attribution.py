@@ -47,18 +47,68 @@ def test_down_gpu_is_down_even_when_held():
     assert r.state.value == "down" and r.gpu_ms == 10_000 and r.job_id == ""
 
 
-def test_shared_gpu_conserves_time_and_cost():
-    holders = [Holder("a", 0, "t1", "q", 333, True, "ca"), Holder("b", 0, "t2", "q", 333, False, "cb"),
-               Holder("c", 1, "t3", "q", 333, True, "cc")]
-    g = gpu(processes=[ProcessSample(pid=1, container_id="ca", sm_util_pct=40.0, mem_used_bytes=10),
-                       ProcessSample(pid=2, container_id="cc", sm_util_pct=20.0)])
-    records = run(g, holders, end=T0 + 10_001)
+SHARED = [Holder("a", 0, "t1", "q", 333, True, "ca"), Holder("b", 0, "t2", "q", 333, False, "cb"),
+          Holder("c", 1, "t3", "q", 333, True, "cc")]
+SHARED_GPU = gpu(processes=[ProcessSample(pid=1, container_id="ca", sm_util_pct=40.0, mem_used_bytes=10),
+                            ProcessSample(pid=2, container_id="cc", sm_util_pct=20.0)])
+
+
+def test_shared_gpu_split_by_measured_use_conserves_time_and_cost():
+    records = run(SHARED_GPU, SHARED, end=T0 + 10_001)
     assert sum(r.gpu_ms for r in records) == 10_001
     assert sum(r.cost_micros for r in records) == LEDGER.interval_cost_micros("A100-80GB", 10_001, 2000.0)
-    states = [(r.job_id, r.state.value, r.util_pct) for r in records]
-    assert states == [("a", "executing", 40.0), ("b", "allocated_idle", None), ("c", "executing", 20.0),
-                      ("", "unallocated", None)]
-    assert records[-1].share_milli == 1
+    # no memory total known -> SM only: a used 40 %, c 20 %; held 99.9 %, so 39.9 % unused,
+    # split over the three holders by their equal shares (13.3 % each); 0.1 % unallocated
+    got = [(r.job_id, r.state.value, r.share_milli, r.util_pct) for r in records]
+    assert got == [("a", "executing", 400, 40.0), ("c", "executing", 200, 20.0), ("a", "allocated_idle", 133, None),
+                   ("b", "allocated_idle", 133, None), ("c", "allocated_idle", 133, None), ("", "unallocated", 1, None)]
+    assert [r.gpu_ms for r in records] == [4001, 2000, 1330, 1330, 1330, 10]  # largest remainder: 4000.4 -> 4001
+
+
+def ledger_with(**definitions):
+    from dataclasses import replace
+
+    return replace(LEDGER, definitions=replace(LEDGER.definitions, **definitions))
+
+
+def test_shared_gpu_split_by_allocation_when_configured():
+    records = attribute(cluster="c", node="n", gpu=SHARED_GPU, holders=SHARED, start_ms=T0, end_ms=T0 + 10_000,
+                        energy_j=0.0, ledger=ledger_with(shared_split="allocation"))
+    assert [(r.job_id, r.state.value, r.gpu_ms) for r in records] == [
+        ("a", "executing", 3330), ("b", "allocated_idle", 3330), ("c", "executing", 3330), ("", "unallocated", 10)]
+
+
+def test_unused_part_of_shared_gpu_can_be_the_platforms():
+    records = attribute(cluster="c", node="n", gpu=SHARED_GPU, holders=SHARED, start_ms=T0, end_ms=T0 + 10_000,
+                        energy_j=0.0, ledger=ledger_with(shared_unused="platform"))
+    assert [(r.state.value, r.gpu_ms) for r in records] == [("executing", 4000), ("executing", 2000), ("unallocated", 4000)]
+
+
+def test_memory_weight_counts_when_memory_total_is_known():
+    g = gpu(mem_total_bytes=1000, processes=[ProcessSample(pid=1, container_id="ca", sm_util_pct=40.0, mem_used_bytes=500)])
+    holders = [Holder("a", 0, "t", "q", 500, True, "ca"), Holder("b", 0, "t", "q", 500, True, "cb")]
+    records = run(g, holders)
+    # a: 0.5 x 40 % + 0.5 x 50 % = 45 %; b unmeasured -> assumed to use its 50 % share; 5 % unused
+    assert [(r.job_id, r.state.value, r.gpu_ms) for r in records] == [
+        ("a", "executing", 4500), ("b", "executing", 5000), ("a", "allocated_idle", 250), ("b", "allocated_idle", 250)]
+
+
+def test_utilization_metric_follows_the_definition():
+    holders = [Holder("a", 0, "t", "q", 1000, True)]
+    (mean,) = run(gpu(util_gpu_pct=15.0), holders)
+    assert mean.util_metric_pct == 15.0
+    ledger = ledger_with(utilization_aggregation="above_threshold", utilization_threshold_pct=10.0)
+    (above,) = attribute(cluster="c", node="n", gpu=gpu(util_gpu_pct=15.0), holders=holders, start_ms=T0,
+                         end_ms=T0 + 10_000, energy_j=0.0, ledger=ledger)
+    assert (above.util_pct, above.util_metric_pct) == (15.0, 100.0)
+
+
+def test_cost_components_are_a_definition():
+    full = LEDGER.interval_cost_micros("A100-80GB", 3_600_000, 3_600_000.0)
+    no_power = ledger_with(include_power=False).interval_cost_micros("A100-80GB", 3_600_000, 3_600_000.0)
+    no_cooling = ledger_with(include_cooling=False).interval_cost_micros("A100-80GB", 3_600_000, 3_600_000.0)
+    assert full - no_power == round(0.12 * 1.4 * 1e6)  # 1 kWh x price x PUE
+    assert full - no_cooling == round(0.12 * 0.4 * 1e6)
 
 
 def test_overcommitted_gpu_is_scaled_not_overcounted():
