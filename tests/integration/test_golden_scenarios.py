@@ -208,6 +208,10 @@ def test_1_plain_job(warehouse):
     assert b["compute_effective_gpu_hours"] == pytest.approx(2.0)   # 1 h x 2.0
     j = jobs(warehouse)["plain"]
     assert j["queue_wait_seconds"] == 600 and j["opportunity_cost"] == pytest.approx(10 / 60 * 2.40)
+    client, settings = warehouse
+    (layers,) = [r for r in fetch(client, settings.database, "utilization", by="job_id") if r["job_id"] == "plain"]
+    assert layers["execution_utilization"] == pytest.approx(60 / 65)
+    assert layers["hardware_utilization"] == pytest.approx(0.80)
 
 
 def test_2_failed_and_retried(warehouse):

@@ -1,0 +1,70 @@
+"""The coefficient library and versioned definitions against the real engine (chDB)."""
+
+import shutil
+from datetime import date
+
+import pytest
+
+from gpuledger.cli import main
+from gpuledger.coefficients import add_coefficient, history_rows, sync_library
+from gpuledger.streams.pricing import BUNDLED_CONFIG, LedgerConfigError, load_ledger_config
+from gpuledger.warehouse import connect, migrate
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def config(tmp_path):
+    path = tmp_path / "ledger.toml"
+    shutil.copy(BUNDLED_CONFIG, path)
+    return path
+
+
+def test_add_keeps_history_and_refuses_edits(config):
+    ledger = add_coefficient(config, "A100-80GB", 2.6, date(2026, 12, 1))
+    a100 = [r for r in history_rows(ledger) if r["model"] == "A100-80GB"]
+    assert [(r["coefficient"], r["valid_from"]) for r in a100] == [(2.3, "2020-01-01"), (2.6, "2026-12-01")]
+    with pytest.raises(LedgerConfigError, match="append-only"):
+        add_coefficient(config, "A100-80GB", 9.9, date(2026, 12, 1))
+    with pytest.raises(LedgerConfigError, match="bundled defaults"):
+        add_coefficient(BUNDLED_CONFIG, "A100-80GB", 2.6, date(2026, 12, 2))
+    with pytest.raises(LedgerConfigError, match="> 0"):
+        add_coefficient(config, "A100-80GB", 0, date(2026, 12, 2))
+
+
+def test_cli_add_list_and_sync(config, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GPULEDGER_LEDGER_CONFIG", str(config))
+    data = str(tmp_path / "data")
+    assert main(["migrate", "--data-dir", data]) == 0
+    assert main(["coefficients", "add", "--model", "H200-141GB", "--coefficient", "6.5", "--valid-from", "2026-12-01",
+                 "--data-dir", data]) == 0
+    capsys.readouterr()
+    assert main(["coefficients", "list", "--format", "csv"]) == 0
+    assert "H200-141GB,6.5,2026-12-01,H200-141GB@2026-12-01" in capsys.readouterr().out
+    from gpuledger.config import Settings
+
+    client = connect(Settings(data_dir=tmp_path / "data"))
+    try:
+        rows = client.query("SELECT model, coefficient FROM coefficients FINAL WHERE model = 'H200-141GB'").result_rows
+    finally:
+        client.close()
+    assert rows == [("H200-141GB", 6.5)]
+
+
+def test_a_changed_definition_needs_a_new_version(config, tmp_path):
+    from gpuledger.config import Settings
+
+    client = connect(Settings(data_dir=tmp_path / "data"))
+    try:
+        migrate(client, "gpuledger")
+        first = sync_library(client, "gpuledger", load_ledger_config(config))
+        assert first["definition_recorded"]
+        assert not sync_library(client, "gpuledger", load_ledger_config(config))["definition_recorded"]  # idempotent
+        config.write_text(config.read_text().replace("pue = 1.4", "pue = 1.2"))
+        with pytest.raises(LedgerConfigError, match="bump definition_version"):
+            sync_library(client, "gpuledger", load_ledger_config(config))
+        config.write_text(config.read_text().replace('definition_version = "defaults-2026.1"',
+                                                     'definition_version = "defaults-2026.2"'))
+        assert sync_library(client, "gpuledger", load_ledger_config(config))["definition_recorded"]
+    finally:
+        client.close()
