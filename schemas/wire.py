@@ -46,27 +46,22 @@ def _explain(exc: ValidationError) -> str:
     return f"schema violation at {where}: {first['msg']}{more}"
 
 
-def decode(model: type[M], raw: bytes) -> M:
-    obj = _load(raw)
+def _validate(validate, obj: dict, label: str):
     try:
-        return model.model_validate(obj)
+        return validate(obj)
     except ValidationError as exc:
-        raise DecodeError(f"{model.__name__}: {_explain(exc)}") from None
+        raise DecodeError(f"{label}: {_explain(exc)}") from None
+
+
+def decode(model: type[M], raw: bytes) -> M:
+    return _validate(model.model_validate, _load(raw), model.__name__)
 
 
 def decode_lifecycle(raw: bytes):
     """A job-events message: a JobEvent or a LifecycleWatermark."""
-    obj = _load(raw)
-    try:
-        return _lifecycle.validate_python(obj)
-    except ValidationError as exc:
-        raise DecodeError(f"lifecycle message: {_explain(exc)}") from None
+    return _validate(_lifecycle.validate_python, _load(raw), "lifecycle message")
 
 
 def decode_node_allocation(raw: bytes):
     """An internal node-allocations message: an AllocationChange or a NodeWatermark."""
-    obj = _load(raw)
-    try:
-        return _node_allocation.validate_python(obj)
-    except ValidationError as exc:
-        raise DecodeError(f"node-allocation message: {_explain(exc)}") from None
+    return _validate(_node_allocation.validate_python, _load(raw), "node-allocation message")
