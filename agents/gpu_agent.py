@@ -7,6 +7,11 @@ duplicates: each grid time is published at most once.
 
     python -m gpuledger.agents.gpu_agent --backend nvml --once --print    # one tick as JSON, no Kafka
     python -m gpuledger.agents.gpu_agent --backend sim --sim-gpus 4xA100-80GB   # publish forever
+
+Publishing goes through a local disk spool (agents/spool.py): each tick is written to disk
+first and deleted once the broker has acknowledged it, so a broker outage or an agent crash
+loses nothing (up to GPULEDGER_AGENT_SPOOL_MAX_BYTES; beyond that the oldest ticks are dropped
+and counted). GPULEDGER_AGENT_METRICS_PORT serves Prometheus metrics (gpuledger/metrics.py).
 """
 
 from __future__ import annotations
@@ -14,10 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
+import signal
 import socket
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
 from gpuledger.agents.backend import GpuBackend
@@ -57,11 +65,14 @@ def run_agent(
     sleep: Callable[[float], Any] = time.sleep,
     max_ticks: int | None = None,
     stop: threading.Event | None = None,
+    metrics: Any = None,
 ) -> int:
     """Publish one tick per grid point until `stop` is set or `max_ticks` were published.
 
-    Returns the number of ticks published. `clock` (epoch seconds) and `sleep` are
-    injectable; with a `stop` event and the default sleep, waits end as soon as stop is set."""
+    Returns the number of ticks published (handed to `publisher`: with the spool on, a
+    `SpoolingPublisher`). `clock` (epoch seconds) and `sleep` are injectable; with a `stop`
+    event and the default sleep, waits end as soon as stop is set. `metrics`: an
+    `gpuledger.metrics.AgentMetrics` (optional)."""
     interval_ms = round(interval_s * 1000)
     if interval_ms <= 0:
         raise ValueError(f"interval_s must be positive, got {interval_s}")
@@ -79,6 +90,8 @@ def run_agent(
         if latest_ms > due_ms:
             missed = (latest_ms - due_ms) // interval_ms
             skipped += missed
+            if metrics is not None:
+                metrics.ticks_skipped(missed)
             log.warning("agent fell behind by %d ms: skipping %d tick(s), %d so far", now_ms - due_ms, missed, skipped)
         tick_ms = latest_ms
         due_ms = tick_ms + interval_ms
@@ -87,11 +100,59 @@ def run_agent(
         except Exception:
             # One bad read must not stop the metering; the gap shows in the ledger.
             log.exception("tick at %d failed to build; skipped", tick_ms)
+            if metrics is not None:
+                metrics.tick_failed()
             continue
+        if metrics is not None:
+            metrics.tick_sampled(tick_ms)
         publisher.publish(topic, node, encode(tick))
         publisher.poll(0)
         published += 1
     return published
+
+
+# --------------------------------------------------------------------------- spool
+def spool_dir(settings: Any, node: str) -> Path:
+    """The node's spool directory: <GPULEDGER_AGENT_SPOOL_DIR or DATA_DIR/spool>/<node>."""
+    base = settings.agent_spool_dir or Path(settings.data_dir) / "spool"
+    return Path(base) / (re.sub(r"[^A-Za-z0-9._-]", "_", node) or "_")
+
+
+def open_spooled_publisher(
+    settings: Any,
+    node: str,
+    *,
+    topic: str | None = None,
+    metrics: Any = None,
+    publisher_factory: Callable[[], Any] | None = None,
+    clock: Callable[[], float] = time.time,
+    window: int = 1000,
+) -> Any:
+    """A `SpoolingPublisher` for `run_agent`: the node's disk spool, drained by a forwarder
+    thread through a KafkaPublisher that retries forever (`SPOOL_PRODUCER_OVERRIDES`).
+    `close()` it at the end: undelivered ticks stay on disk for the next start."""
+    from gpuledger.agents.spool import Forwarder, Spool, SpoolingPublisher
+
+    if publisher_factory is None:
+        from gpuledger.agents.publisher import SPOOL_PRODUCER_OVERRIDES, KafkaPublisher
+
+        def publisher_factory() -> Any:
+            return KafkaPublisher(settings, **SPOOL_PRODUCER_OVERRIDES)
+
+    spool = Spool(spool_dir(settings, node), max_bytes=settings.agent_spool_max_bytes,
+                  fsync=settings.agent_spool_fsync, clock=clock,
+                  on_drop=metrics.spool_dropped if metrics is not None else None)
+    try:
+        forwarder = Forwarder(spool, publisher_factory(), topic or settings.topics.gpu_samples, window=window,
+                              metrics=metrics, publisher_factory=publisher_factory)
+    except Exception:
+        spool.close()
+        raise
+    if metrics is not None:
+        metrics.attach_spool(spool, forwarder)
+    log.info("spool %s: %d tick(s) waiting, bound %d bytes, fsync %s", spool.directory, spool.depth,
+             spool.max_bytes, spool.fsync)
+    return SpoolingPublisher(spool, forwarder.start())
 
 
 # --------------------------------------------------------------------------- command line
@@ -107,23 +168,41 @@ def make_backend(name: str, *, sim_gpus: str = "8xA100-80GB", seed: int = 0, nod
     raise ValueError(f"unknown backend {name!r}: expected 'nvml' or 'sim'")
 
 
-def _bench(backend: GpuBackend, n: int, *, cluster: str, node: str, interval_ms: int) -> dict[str, Any]:
-    """Cost of n back-to-back ticks: CPU and wall time per tick, device calls per tick."""
+def _bench(backend: GpuBackend, n: int, *, cluster: str, node: str, interval_ms: int,
+           spool_fsync: str = "always") -> dict[str, Any]:
+    """Cost of n back-to-back ticks: CPU and wall time per tick, device calls per tick; and the
+    spool's share (append with `spool_fsync`, read back, acknowledge) in a temporary directory."""
+    import tempfile
+
+    from gpuledger.agents.spool import Spool
+
     cpu, wall, calls, size = [], [], [], 0
+    spool_cpu, spool_wall = [], []
     base_ms = next_grid_ms(int(time.time() * 1000), interval_ms)
-    for i in range(n):
-        c0, w0 = time.process_time(), time.perf_counter()
-        tick = build_tick(backend, cluster=cluster, node=node, now_ms=base_ms + i * interval_ms, interval_ms=interval_ms)
-        size = len(encode(tick))
-        cpu.append(time.process_time() - c0)
-        wall.append(time.perf_counter() - w0)
-        calls.append(backend.calls_last_tick)
+    with tempfile.TemporaryDirectory(prefix="gpuledger-bench-") as tmp, Spool(tmp, fsync=spool_fsync) as spool:
+        for i in range(n):
+            c0, w0 = time.process_time(), time.perf_counter()
+            tick = build_tick(backend, cluster=cluster, node=node, now_ms=base_ms + i * interval_ms, interval_ms=interval_ms)
+            value = encode(tick)
+            size = len(value)
+            cpu.append(time.process_time() - c0)
+            wall.append(time.perf_counter() - w0)
+            calls.append(backend.calls_last_tick)
+            c0, w0 = time.process_time(), time.perf_counter()
+            spool.append(value, node)
+            spool.ack(spool.read(1)[-1].seq)
+            spool_cpu.append(time.process_time() - c0)
+            spool_wall.append(time.perf_counter() - w0)
     return {
+        "spool_fsync": spool_fsync,
+        "spool_cpu_ms_per_tick_mean": round(1000 * sum(spool_cpu) / n, 3),
+        "spool_wall_ms_per_tick_mean": round(1000 * sum(spool_wall) / n, 3),
         "ticks": n, "gpus": len(tick.gpus), "message_bytes": size,
         "cpu_ms_per_tick_mean": round(1000 * sum(cpu) / n, 3), "cpu_ms_per_tick_max": round(1000 * max(cpu), 3),
         "wall_ms_per_tick_mean": round(1000 * sum(wall) / n, 3), "wall_ms_per_tick_max": round(1000 * max(wall), 3),
         "calls_per_tick_mean": sum(calls) / n, "calls_per_tick_max": max(calls),
         "cpu_share_at_interval_pct": round(100 * (sum(cpu) / n) / (interval_ms / 1000), 4),
+        "cpu_share_with_spool_at_interval_pct": round(100 * ((sum(cpu) + sum(spool_cpu)) / n) / (interval_ms / 1000), 4),
     }
 
 
@@ -142,6 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--sim-gpus", default="8xA100-80GB", help="simulated GPUs, e.g. 4xA100-80GB,2xT4")
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated backend")
     p.add_argument("--proc-root", default="/proc", help="host /proc (for container ids), e.g. /host/proc")
+    p.add_argument("--metrics-port", type=int, default=settings.agent_metrics_port,
+                   help="serve Prometheus /metrics on this port (0: off; default GPULEDGER_AGENT_METRICS_PORT)")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     if args.bench is not None and args.bench < 1:
@@ -160,7 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     interval_ms = round(args.interval * 1000)
     try:
         if args.bench:
-            print(json.dumps(_bench(backend, args.bench, cluster=args.cluster, node=args.node, interval_ms=interval_ms)))
+            print(json.dumps(_bench(backend, args.bench, cluster=args.cluster, node=args.node, interval_ms=interval_ms,
+                                    spool_fsync=settings.agent_spool_fsync)))
             return 0
         if args.once:
             now_ms = int(time.time() * 1000)
@@ -175,14 +257,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 1 if pub.flush() else 0
 
         stop = threading.Event()
+        metrics = None
         if args.print_:
             publisher: Any = _StdoutPublisher()
         else:
-            from gpuledger.agents.publisher import KafkaPublisher
-            publisher = KafkaPublisher(settings)
+            from gpuledger.metrics import AgentMetrics, start_metrics_server
+
+            metrics = AgentMetrics(args.node)
+            start_metrics_server(args.metrics_port)
+            if settings.agent_spool_max_bytes > 0:
+                from gpuledger.agents.spool import SpoolLocked
+                try:
+                    publisher = open_spooled_publisher(settings, args.node, metrics=metrics)
+                except SpoolLocked as exc:
+                    print(f"gpu agent: {exc} (is another agent running for node {args.node}?)", file=sys.stderr)
+                    return 2
+            else:
+                from gpuledger.agents.publisher import KafkaPublisher
+                publisher = KafkaPublisher(settings)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda *_: stop.set())  # docker stop / systemd: finish cleanly
         try:
             run_agent(backend, publisher, settings.topics.gpu_samples, cluster=args.cluster, node=args.node,
-                      interval_s=args.interval, stop=stop)
+                      interval_s=args.interval, stop=stop, metrics=metrics)
         except KeyboardInterrupt:
             stop.set()
         finally:

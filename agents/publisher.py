@@ -31,6 +31,14 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
 _SECRET_MARKERS = ("password", "secret", "token", "key.pem", "ssl.key")
 
 DeliveryFailure = Callable[[str, bytes | None, bytes | None, str], None]
+#: Per-message delivery report: called with None when the broker has the message, else the error.
+DeliveryReport = Callable[[Any], None]
+
+#: Overrides for a producer that drains the agent's spool (agents/spool.py `Forwarder`): retry
+#: forever. With a finite timeout a later message can be delivered after an earlier one timed
+#: out, and re-sending the earlier one from the spool would reorder the node's ticks. The
+#: forwarder bounds what is in flight, so an unreachable broker never grows this queue.
+SPOOL_PRODUCER_OVERRIDES: dict[str, Any] = {"message.timeout.ms": 0}
 
 
 class PublishError(RuntimeError):
@@ -75,6 +83,7 @@ class KafkaPublisher:
         self.produced = 0
         self.delivered = 0
         self.failed = 0
+        self.fatal_error: str | None = None  # set once librdkafka reports a fatal error: make a new producer
         log.info("Kafka producer: %s", self._conf_for_logs)
 
     def __repr__(self) -> str:
@@ -83,9 +92,19 @@ class KafkaPublisher:
     # ------------------------------------------------------------------ callbacks
     def _on_error(self, err: Any) -> None:
         # Client-level errors (broker down, auth): librdkafka keeps retrying; make them visible.
+        fatal = getattr(err, "fatal", None)
+        if callable(fatal) and fatal():
+            self.fatal_error = str(err)
+            log.error("Kafka producer fatal error: %s", err)
+            return
         log.warning("Kafka client error: %s", err)
 
-    def _on_delivery(self, err: Any, msg: Any) -> None:
+    def _on_delivery(self, err: Any, msg: Any, report: DeliveryReport | None = None) -> None:
+        if report is not None:
+            try:
+                report(err)
+            except Exception:
+                log.exception("delivery report callback raised")
         if err is None:
             self.delivered += 1
             return
@@ -99,10 +118,15 @@ class KafkaPublisher:
                 log.exception("on_delivery_failure hook raised")
 
     # ------------------------------------------------------------------ API
-    def publish(self, topic: str, key: str | bytes | None, value: bytes, partition: int | None = None) -> None:
+    def publish(self, topic: str, key: str | bytes | None, value: bytes, partition: int | None = None,
+                on_delivery: DeliveryReport | None = None) -> None:
+        """Queue one message. `on_delivery(err)` is called from `poll`/`flush` with None once the
+        broker has it, or with the error."""
         if self._closed:
             raise PublishError("publisher is closed")
-        kwargs: dict[str, Any] = {"key": _as_bytes(key), "value": value, "on_delivery": self._on_delivery}
+        callback = self._on_delivery if on_delivery is None else (
+            lambda err, msg: self._on_delivery(err, msg, on_delivery))
+        kwargs: dict[str, Any] = {"key": _as_bytes(key), "value": value, "on_delivery": callback}
         if partition is not None:
             kwargs["partition"] = partition
         deadline: float | None = None
@@ -162,12 +186,15 @@ class ListPublisher:
         self.failed = 0
         self._closed = False
 
-    def publish(self, topic: str, key: str | bytes | None, value: bytes, partition: int | None = None) -> None:
+    def publish(self, topic: str, key: str | bytes | None, value: bytes, partition: int | None = None,
+                on_delivery: DeliveryReport | None = None) -> None:
         if self._closed:
             raise PublishError("publisher is closed")
         self.messages.append((topic, _as_bytes(key), value, partition))
         self.produced += 1
         self.delivered += 1
+        if on_delivery is not None:
+            on_delivery(None)
 
     def poll(self, timeout: float = 0) -> int:
         return 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import cached_property
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATA_DIR = Path(".gpuledger")
@@ -23,6 +23,8 @@ class Topics:
         self.node_allocations = f"{prefix}node-allocations"  # internal: lifecycle re-keyed by node
         self.usage = f"{prefix}usage"
         self.dead_letters = f"{prefix}dead-letters"
+        self.late_events = f"{prefix}late-events"  # late input that was still applied, with the reason
+        self.worker_state = f"{prefix}worker-state"  # internal: worker state snapshots (compacted)
 
 
 class Settings(BaseSettings):
@@ -34,6 +36,7 @@ class Settings(BaseSettings):
     kafka_sasl_mechanism: str = Field("PLAIN", description="SASL mechanism when SASL is used")
     kafka_sasl_username: str | None = None
     kafka_sasl_password: SecretStr | None = None
+    kafka_sasl_password_file: Path | None = Field(None, description="file holding the SASL password (e.g. a mounted secret); used when KAFKA_SASL_PASSWORD is unset")
     kafka_ssl_cafile: Path | None = None
     topic_prefix: str = Field("gpuledger.", description="prefix of every topic name")
     replication_factor: int = Field(1, ge=1)
@@ -48,6 +51,7 @@ class Settings(BaseSettings):
     database: str = Field("gpuledger", description="ClickHouse database")
     clickhouse_user: str = "default"
     clickhouse_password: SecretStr = SecretStr("")
+    clickhouse_password_file: Path | None = Field(None, description="file holding the ClickHouse password (e.g. a mounted secret); used when CLICKHOUSE_PASSWORD is unset")
     data_dir: Path = Field(DEFAULT_DATA_DIR, description="embedded broker/warehouse data and worker state")
 
     # --- Accounting
@@ -56,8 +60,35 @@ class Settings(BaseSettings):
     # --- Worker / agent
     worker_app_id: str = Field("gpuledger-worker", description="Faust application id (consumer group)")
     worker_rebalance_timeout_s: float = Field(10.0, gt=0, description="consumer-group rebalance timeout of worker and sink, seconds")
+    worker_snapshot_interval_s: float = Field(2.0, gt=0, description="how often the worker snapshots its state to the worker-state topic and commits its input offsets, seconds")
+    worker_retention_s: float = Field(86400.0, gt=0, description="event time behind the closed horizon for which the worker recognises duplicate allocation changes and accepts late ones, seconds")
+    worker_max_ahead_s: float = Field(604800.0, gt=0, description="input more than this ahead of the lifecycle watermark is rejected as an absurd timestamp, seconds")
+    sink_retry_max_s: float = Field(30.0, gt=0, description="longest pause between the sink's retries of a failed warehouse write, seconds (it retries until it succeeds)")
+    sink_fault_file: Path | None = Field(None, description="testing only: fault-injection control file read by the sink (docs/reliability.md)")
     agent_interval_s: float = Field(5.0, gt=0, description="GPU agent sampling interval, seconds")
     cluster: str = Field("default", description="cluster name the agent reports")
+
+    # --- Agent spool and self-metrics
+    agent_spool_dir: Path | None = Field(None, description="directory of the agent's local disk spool; the agent uses <dir>/<node> (default: DATA_DIR/spool/<node>)")
+    agent_spool_max_bytes: int = Field(256 * 1024 * 1024, ge=0, description="bound of the agent's spool in bytes; when full the oldest ticks are dropped and counted (0: no spool, publish directly)")
+    agent_spool_fsync: str = Field("always", pattern="^(always|interval|never)$", description="when the spool syncs to disk: every tick (always), at most once a second (interval), or left to the OS (never)")
+    agent_metrics_port: int = Field(0, ge=0, le=65535, description="port of the agent's Prometheus /metrics endpoint (0: disabled)")
+    worker_metrics_port: int = Field(0, ge=0, le=65535, description="port of the worker's Prometheus /metrics endpoint (0: disabled)")
+    sink_metrics_port: int = Field(0, ge=0, le=65535, description="port of the sink's Prometheus /metrics endpoint (0: disabled)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secrets_from_files(cls, values):
+        """KAFKA_SASL_PASSWORD / CLICKHOUSE_PASSWORD from their *_FILE when not given directly."""
+        if isinstance(values, dict):
+            for name in ("kafka_sasl_password", "clickhouse_password"):
+                path = values.get(f"{name}_file")
+                if path and not values.get(name):
+                    try:
+                        values = {**values, name: Path(path).read_text(encoding="utf-8").rstrip("\r\n")}
+                    except OSError as exc:
+                        raise ValueError(f"cannot read {name}_file {path}: {exc.strerror}") from None
+        return values
 
     @cached_property
     def topics(self) -> Topics:
@@ -73,6 +104,9 @@ class Settings(BaseSettings):
             t.node_allocations: self.partitions_gpu_samples,  # co-partitioned with gpu-samples
             t.usage: self.partitions_usage,
             t.dead_letters: self.partitions_dead_letters,
+            t.late_events: self.partitions_dead_letters,
+            # one partition per join partition, then one per router (job-events) partition
+            t.worker_state: self.partitions_gpu_samples + self.partitions_job_events,
         }
 
     def kafka_client_config(self) -> dict[str, str]:

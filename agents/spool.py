@@ -1,0 +1,748 @@
+"""The agent's local disk spool: every tick is written here first and deleted once Kafka has it.
+
+Losing metering data is a financial error, so the agent never hands a tick straight to
+Kafka. `Spool` is a bounded, crash-safe, append-only queue on disk; `Forwarder` drains it in
+order through a `KafkaPublisher` and advances the spool's read cursor only on delivery
+acknowledgements. While the broker is unreachable the spool grows on disk (not in
+librdkafka's memory); on reconnect it is replayed in order. A restarted agent finds the spool
+where it left it.
+
+On disk (one directory per agent, locked with flock so two agents never share it):
+
+    00000000000000000001.seg   segment files, named by the sequence number of their first record
+    00000000000000004097.seg
+    cursor                     the read cursor and counters: acked, dropped, corrupt
+    lock
+
+The cursor file holds two 40-byte slots `<acked u64><dropped u64><corrupt u64><generation u64>
+<crc32 u32>` (+ padding), written alternately in place: a torn write can only spoil the slot
+being written, and the other one is still valid. Writing it is one `pwrite` per acknowledged
+batch (no rename, no new inode), so the spool costs little CPU per tick.
+
+A record is `<body_len u32><crc32 u32><seq u64><appended_ms i64><key_len u16>` + key + value;
+the CRC covers everything after itself. Sequence numbers are consecutive across segments and
+restarts. On open every segment is scanned; the first record that is torn (a crash in the
+middle of a write) or fails its CRC ends its segment, which is truncated there, so a torn tail
+costs at most the record being written when the agent died.
+
+Bounded: when an append would take the spool over `max_bytes`, whole segments are deleted,
+oldest first; the unacknowledged records in them are counted in `dropped` (persisted in
+the cursor file, logged). Delivery is at-least-once: the cursor file is written after deliveries
+are acknowledged, so a crash between the two replays a few records. The worker rejects a
+second copy of a tick by (node, ts_ms) — as a "duplicate tick" while the first copy is still
+pending, as a "late tick" once it has been closed — so a replayed duplicate goes to the
+dead-letter topic and is never counted twice.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import fcntl
+import logging
+import os
+import struct
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+log = logging.getLogger(__name__)
+
+FsyncPolicy = Literal["always", "interval", "never"]
+FSYNC_POLICIES = ("always", "interval", "never")
+
+_HEADER = struct.Struct("<IIQqH")  # body_len, crc32, seq, appended_ms, key_len
+_CRC_FROM = 8  # the CRC covers the header from seq on, then the body
+_SEGMENT_SUFFIX = ".seg"
+_CURSOR = "cursor"
+_SLOT = struct.Struct("<QQQQI")
+_SLOT_SIZE = 64
+MAX_KEY_BYTES = 0xFFFF
+_CHUNK = 256 * 1024
+
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+
+
+class SpoolLocked(RuntimeError):
+    """Another process holds this spool directory."""
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    seq: int
+    appended_ms: int
+    key: bytes
+    value: bytes
+
+
+@dataclass(slots=True)
+class _Segment:
+    first_seq: int     # from the file name
+    path: Path
+    size: int = 0      # valid bytes
+    last_seq: int = 0  # last valid record (first_seq - 1 when empty)
+    first_ms: int = 0  # append time of its first record (0 when empty)
+
+    @property
+    def count(self) -> int:
+        return self.last_seq - self.first_seq + 1
+
+
+def _segment_name(first_seq: int) -> str:
+    return f"{first_seq:020d}{_SEGMENT_SUFFIX}"
+
+
+def _encode(seq: int, appended_ms: int, key: bytes, value: bytes) -> bytes:
+    tail = struct.pack("<QqH", seq, appended_ms, len(key)) + key + value
+    return struct.pack("<II", len(key) + len(value), zlib.crc32(tail)) + tail
+
+
+def _parse(buf: bytes | memoryview, pos: int) -> tuple[Record | None, int, str | None]:
+    """One record at buf[pos:]: (record, next position, None), or (None, pos, why) when the
+    bytes there are incomplete ("torn") or fail the checksum ("corrupt")."""
+    end_header = pos + _HEADER.size
+    if end_header > len(buf):
+        return None, pos, "torn"
+    body_len, crc, seq, appended_ms, key_len = _HEADER.unpack_from(buf, pos)
+    end = end_header + body_len
+    if key_len > body_len:
+        return None, pos, "corrupt"
+    if end > len(buf):
+        return None, pos, "torn"
+    if zlib.crc32(buf[pos + _CRC_FROM:end]) != crc:
+        return None, pos, "corrupt"
+    key = bytes(buf[end_header:end_header + key_len])
+    value = bytes(buf[end_header + key_len:end])
+    return Record(seq, appended_ms, key, value), end, None
+
+
+class Spool:
+    """A bounded on-disk FIFO of (key, value) records with a persisted read cursor.
+
+    Thread-safe: the agent appends from its sampling thread while a `Forwarder` reads and
+    acknowledges from its own. `clock` (epoch seconds) stamps records (for the age metric).
+
+    fsync: "always" syncs every append (a tick survives power loss once `append` returns),
+    "interval" at most every `fsync_interval_s`, "never" leaves it to the OS (survives a
+    process crash, not a power cut)."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        segment_bytes: int | None = None,
+        fsync: FsyncPolicy = "always",
+        fsync_interval_s: float = 1.0,
+        clock: Callable[[], float] = time.time,
+        on_drop: Callable[[int], Any] | None = None,
+    ):
+        if fsync not in FSYNC_POLICIES:
+            raise ValueError(f"fsync must be one of {FSYNC_POLICIES}, got {fsync!r}")
+        if max_bytes <= 0:
+            raise ValueError(f"max_bytes must be positive, got {max_bytes}")
+        self.directory = Path(directory)
+        self.max_bytes = max_bytes
+        # Dropping works on whole segments: keep them small against the bound.
+        self.segment_bytes = segment_bytes or max(4096, min(max_bytes // 16, 8 * 1024 * 1024))
+        self.fsync = fsync
+        self.fsync_interval_s = fsync_interval_s
+        self.clock = clock
+        self.on_drop = on_drop
+        self._lock = threading.RLock()
+        self._closed = False
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(self._lock_fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise SpoolLocked(f"spool {self.directory} is in use by another process") from None
+            raise
+        self._generation = 0
+        self._cursor_fd = -1
+        self.acked, self.dropped, self.corrupt = self._load_state()
+        self._cursor_fd = os.open(self.directory / _CURSOR, os.O_RDWR | os.O_CREAT, 0o644)
+        self._segments: list[_Segment] = self._recover()
+        last = self._segments[-1].last_seq if self._segments else 0
+        self._next_seq = max(last, self.acked) + 1
+        self._read_seq = self.acked + 1
+        self._read_at: tuple[int, int] | None = None  # (segment first_seq, byte offset) of _read_seq
+        self._wfd: int | None = None
+        self._rfd: tuple[int, int] | None = None      # (segment first_seq, fd)
+        self._last_sync = 0.0
+        self._oldest: tuple[int, int] | None = None   # (acked, append ms of the record after it)
+        if self._segments and self.depth:
+            log.info("spool %s: %d record(s), %d bytes waiting from an earlier run", self.directory, self.depth, self.bytes)
+
+    # ------------------------------------------------------------------ open / recover
+    def _load_state(self) -> tuple[int, int, int]:
+        path = self.directory / _CURSOR
+        if not path.exists():
+            return 0, 0, 0
+        data = path.read_bytes()
+        best = None
+        for i in range(2):
+            raw = data[i * _SLOT_SIZE:i * _SLOT_SIZE + _SLOT.size]
+            if len(raw) < _SLOT.size:
+                continue
+            acked, dropped, corrupt, generation, crc = _SLOT.unpack(raw)
+            if zlib.crc32(raw[:-4]) == crc and (best is None or generation > best[3]):
+                best = (acked, dropped, corrupt, generation)
+        if best is None:
+            # Replaying everything still on disk is safe (duplicates are rejected downstream).
+            log.error("spool %s: unreadable cursor file; replaying every record on disk", self.directory)
+            return 0, 0, 0
+        self._generation = best[3]
+        return best[0], best[1], best[2]
+
+    def _recover(self) -> list[_Segment]:
+        segments = []
+        for path in sorted(self.directory.glob("*" + _SEGMENT_SUFFIX)):
+            try:
+                first = int(path.name[: -len(_SEGMENT_SUFFIX)])
+            except ValueError:
+                log.warning("spool %s: ignoring stray file %s", self.directory, path.name)
+                continue
+            segments.append(self._scan(_Segment(first, path, last_seq=first - 1)))
+        # records lost inside a segment (corrupt middle) show as a gap before the next one
+        for seg, nxt in zip(segments, segments[1:]):
+            lost = nxt.first_seq - 1 - max(seg.last_seq, self.acked)
+            if lost > 0:
+                self.corrupt += lost
+                log.error("spool %s: %d record(s) lost to corruption before seq %d", self.directory, lost, nxt.first_seq)
+        kept = []
+        for seg in segments:
+            if seg.size == 0 or seg.last_seq <= self.acked:
+                seg.path.unlink(missing_ok=True)  # empty, or everything in it was delivered
+            else:
+                kept.append(seg)
+        self._write_state(sync=True)
+        return kept
+
+    def _scan(self, seg: _Segment) -> _Segment:
+        data = seg.path.read_bytes()
+        pos, expected = 0, seg.first_seq
+        while pos < len(data):
+            record, nxt, why = _parse(data, pos)
+            if record is None or record.seq != expected:
+                why = why or f"sequence {record.seq if record else '?'} where {expected} was expected"
+                log.error("spool %s: %s record at byte %d of %s; truncating %d byte(s)",
+                          self.directory, why, pos, seg.path.name, len(data) - pos)
+                os.truncate(seg.path, pos)
+                break
+            if pos == 0:
+                seg.first_ms = record.appended_ms
+            seg.last_seq, pos, expected = record.seq, nxt, expected + 1
+        seg.size = pos
+        return seg
+
+    # ------------------------------------------------------------------ state file
+    def _write_state(self, sync: bool) -> None:
+        self._generation += 1
+        body = struct.pack("<QQQQ", self.acked, self.dropped, self.corrupt, self._generation)
+        os.pwrite(self._cursor_fd, body + struct.pack("<I", zlib.crc32(body)), (self._generation % 2) * _SLOT_SIZE)
+        if sync:
+            os.fsync(self._cursor_fd)
+
+    # ------------------------------------------------------------------ write side
+    def append(self, value: bytes, key: bytes | str | None = None) -> int:
+        """Write one record; returns its sequence number, or 0 when it was dropped and counted
+        (larger than the whole spool, or the disk refused it). Durable per the fsync policy
+        when it returns."""
+        key_b = key.encode() if isinstance(key, str) else (key or b"")
+        if len(key_b) > MAX_KEY_BYTES:
+            raise ValueError(f"key longer than {MAX_KEY_BYTES} bytes")
+        with self._lock:
+            self._check_open()
+            now_ms = int(self.clock() * 1000)
+            seq = self._next_seq
+            blob = _encode(seq, now_ms, key_b, value)
+            if len(blob) > self.max_bytes:
+                # Cannot ever fit: count it as dropped rather than emptying the whole spool for it.
+                self._count_dropped(1, f"record of {len(blob)} bytes is larger than the spool ({self.max_bytes})")
+                return 0
+            active = self._segments[-1] if self._segments else None
+            try:
+                if active is None or (active.size and active.size + len(blob) > self.segment_bytes):
+                    active = self._roll(seq)
+                elif self._wfd is None:  # reopened: go on writing the last segment
+                    self._wfd = os.open(active.path, os.O_WRONLY | os.O_APPEND)
+                self._make_room(len(blob))
+                written = os.write(self._wfd, blob)  # one write per record: a crash tears at most this one
+                if written != len(blob):
+                    raise OSError(errno.ENOSPC, f"short write ({written} of {len(blob)} bytes)")
+            except OSError as exc:
+                # The disk is full or failing: this tick is lost. Count it, keep the spool consistent.
+                if active is not None and self._wfd is not None:
+                    try:
+                        os.truncate(active.path, active.size)
+                    except OSError:
+                        pass
+                self._count_dropped(1, f"cannot write the spool: {exc}")
+                return 0
+            if active.size == 0:
+                active.first_ms = now_ms
+            active.size += len(blob)
+            active.last_seq = seq
+            self._next_seq = seq + 1
+            self._sync_after_write()
+            return seq
+
+    def _roll(self, first_seq: int) -> _Segment:
+        if self._wfd is not None:
+            if self.fsync != "never":
+                os.fsync(self._wfd)
+            os.close(self._wfd)
+        seg = _Segment(first_seq, self.directory / _segment_name(first_seq), last_seq=first_seq - 1)
+        self._wfd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._segments.append(seg)
+        if self.fsync != "never":
+            self._sync_dir()
+        return seg
+
+    def _make_room(self, need: int) -> None:
+        """Delete the oldest segments (never the active one) until `need` more bytes fit."""
+        total = self.bytes
+        while total + need > self.max_bytes and len(self._segments) > 1:
+            seg = self._segments.pop(0)
+            lost = seg.last_seq - max(seg.first_seq - 1, self.acked)
+            total -= seg.size
+            self._close_reader_if(seg.first_seq)
+            seg.path.unlink(missing_ok=True)
+            if lost > 0:
+                self.acked = max(self.acked, seg.last_seq)  # nothing before the next segment is left to send
+                self._count_dropped(lost, f"spool full ({self.max_bytes} bytes): dropped the oldest segment "
+                                          f"(seq {seg.first_seq}..{seg.last_seq})")
+            if self._read_seq <= seg.last_seq:
+                self._read_seq, self._read_at = seg.last_seq + 1, None
+
+    def _count_dropped(self, n: int, why: str) -> None:
+        self.dropped += n
+        log.error("spool %s: %s; %d record(s) lost, %d in total", self.directory, why, n, self.dropped)
+        try:
+            self._write_state(sync=self.fsync != "never")
+        except OSError as exc:
+            log.error("spool %s: cannot write the cursor file: %s", self.directory, exc)
+        if self.on_drop is not None:
+            self.on_drop(n)
+
+    def _sync_after_write(self) -> None:
+        if self.fsync == "always":
+            os.fsync(self._wfd)
+        elif self.fsync == "interval":
+            now = time.monotonic()
+            if now - self._last_sync >= self.fsync_interval_s:
+                os.fsync(self._wfd)
+                self._last_sync = now
+
+    def _sync_dir(self) -> None:
+        fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # ------------------------------------------------------------------ read side
+    def read(self, max_records: int = 100, max_bytes: int = 1 << 20) -> list[Record]:
+        """The next records after the read position (at least one if any is waiting), in order.
+
+        Reading removes nothing: `ack(seq)` once they are delivered, or `rewind()` to read the
+        unacknowledged ones again."""
+        out: list[Record] = []
+        size = 0
+        with self._lock:
+            self._check_open()
+            while len(out) < max_records and size < max_bytes:
+                seg = self._segment_for(self._read_seq)
+                if seg is None:
+                    break
+                if self._read_at is None or self._read_at[0] != seg.first_seq:
+                    self._read_at = (seg.first_seq, self._offset_of(seg, self._read_seq))
+                off = self._read_at[1]
+                fd = self._reader(seg)
+                chunk = os.pread(fd, min(seg.size - off, max(_CHUNK, max_bytes - size)), off)
+                pos, skipped = 0, False
+                while len(out) < max_records and size < max_bytes and pos < len(chunk):
+                    record, nxt, why = _parse(chunk, pos)
+                    if record is None and why == "torn" and pos == 0 and len(chunk) >= _HEADER.size:
+                        # a single record larger than the chunk: read exactly that record
+                        chunk = os.pread(fd, _HEADER.size + _HEADER.unpack_from(chunk, 0)[0], off)
+                        record, nxt, why = _parse(chunk, 0)
+                    if record is None and why == "torn" and pos > 0:
+                        break  # the chunk ended inside a record: read on from there
+                    if record is None or record.seq != self._read_seq:
+                        self._skip_corrupt(seg)
+                        skipped = True
+                        break
+                    out.append(record)
+                    size += len(record.value)
+                    pos = nxt
+                    self._read_seq = record.seq + 1
+                if not skipped:
+                    self._read_at = (seg.first_seq, off + pos)  # kept at a segment's end: appends go on there
+                    if pos == 0:
+                        break  # no progress (cannot happen with a consistent index; never spin)
+        return out
+
+    def _segment_for(self, seq: int) -> _Segment | None:
+        for seg in self._segments:
+            if seg.last_seq >= seq:
+                if seq < seg.first_seq:
+                    self._read_seq = seg.first_seq  # a gap (dropped or corrupt): go on after it
+                return seg
+        return None
+
+    def _offset_of(self, seg: _Segment, seq: int) -> int:
+        if seq <= seg.first_seq:
+            return 0
+        data = os.pread(self._reader(seg), seg.size, 0)
+        pos = 0
+        while pos < len(data):
+            record, nxt, _ = _parse(data, pos)
+            if record is None or record.seq >= seq:
+                break
+            pos = nxt
+        return pos
+
+    def _reader(self, seg: _Segment) -> int:
+        if self._rfd is None or self._rfd[0] != seg.first_seq:
+            self._close_reader_if(None)
+            self._rfd = (seg.first_seq, os.open(seg.path, os.O_RDONLY))
+        return self._rfd[1]
+
+    def _close_reader_if(self, first_seq: int | None) -> None:
+        if self._rfd is not None and (first_seq is None or self._rfd[0] == first_seq):
+            os.close(self._rfd[1])
+            self._rfd = None
+
+    def _skip_corrupt(self, seg: _Segment) -> None:
+        lost = seg.last_seq - self._read_seq + 1
+        log.error("spool %s: corrupt record at seq %d in %s; skipping %d record(s)",
+                  self.directory, self._read_seq, seg.path.name, lost)
+        self.corrupt += lost
+        self._read_seq, self._read_at = seg.last_seq + 1, None
+        self._write_state(sync=False)
+
+    def ack(self, seq: int) -> None:
+        """Every record up to and including `seq` is delivered: advance and persist the cursor,
+        delete segments with nothing left to send."""
+        with self._lock:
+            self._check_open()
+            if seq <= self.acked:
+                return
+            self.acked = max(self.acked, min(seq, self._next_seq - 1))
+            while len(self._segments) > 1 and self._segments[0].last_seq <= self.acked:
+                seg = self._segments.pop(0)
+                self._close_reader_if(seg.first_seq)
+                seg.path.unlink(missing_ok=True)
+            self._write_state(sync=False)  # a stale cursor after a power cut only means duplicates
+
+    def rewind(self) -> None:
+        """Read again from the first unacknowledged record (after failed deliveries)."""
+        with self._lock:
+            self._read_seq, self._read_at = self.acked + 1, None
+
+    # ------------------------------------------------------------------ state
+    @property
+    def depth(self) -> int:
+        """Records not yet acknowledged."""
+        with self._lock:
+            return sum(max(0, s.last_seq - max(s.first_seq - 1, self.acked)) for s in self._segments)
+
+    @property
+    def bytes(self) -> int:
+        """Bytes on disk in segment files (acknowledged records included until their segment goes)."""
+        with self._lock:
+            return sum(s.size for s in self._segments)
+
+    @property
+    def unread(self) -> int:
+        """Records not yet handed out by `read`."""
+        with self._lock:
+            return sum(max(0, s.last_seq - max(s.first_seq, self._read_seq) + 1) for s in self._segments)
+
+    def oldest_unacked_ms(self) -> int | None:
+        """Append time of the oldest unacknowledged record (None when none is waiting)."""
+        with self._lock:
+            if self._oldest is not None and self._oldest[0] == self.acked:
+                return self._oldest[1]
+            for seg in self._segments:
+                if seg.last_seq > self.acked:
+                    if seg.first_seq > self.acked:
+                        ms = seg.first_ms
+                    else:
+                        off = self._offset_of(seg, self.acked + 1)
+                        record, _, _ = _parse(os.pread(self._reader(seg), _CHUNK, off), 0)
+                        ms = record.appended_ms if record else seg.first_ms
+                    self._oldest = (self.acked, ms)
+                    return ms
+            return None
+
+    @property
+    def next_seq(self) -> int:
+        return self._next_seq
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError("spool is closed")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            if self._wfd is not None:
+                if self.fsync != "never":
+                    os.fsync(self._wfd)
+                os.close(self._wfd)
+                self._wfd = None
+            self._close_reader_if(None)
+            self._write_state(sync=self.fsync != "never")
+            os.close(self._cursor_fd)
+            self._closed = True
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+
+    def __enter__(self) -> Spool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------- the drain
+class Forwarder:
+    """Drains a `Spool` into Kafka, in order, acknowledging records only on delivery.
+
+    At most `window` records are in flight (handed to the producer, not yet acknowledged), so
+    librdkafka's queue stays bounded whatever the outage; the rest waits on disk. Use a producer
+    with `message.timeout.ms=0` (retry forever, `SPOOL_PRODUCER_OVERRIDES`): with a finite
+    timeout a later message can succeed after an earlier one timed out, and re-sending the
+    earlier one would put it behind its successor — the worker would then reject it as late.
+    When a delivery fails anyway (a non-retriable broker error) the forwarder stops sending,
+    waits for everything in flight to resolve, then re-reads from the first unacknowledged
+    record after a backoff (1 s doubling to `max_backoff_s`).
+
+    Single-threaded by design: `pump()` does one non-blocking step; `start()` runs it in a
+    daemon thread that polls the producer while deliveries are outstanding."""
+
+    def __init__(
+        self,
+        spool: Spool,
+        publisher: Any,
+        topic: str,
+        *,
+        window: int = 1000,
+        batch: int = 500,
+        max_backoff_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+        metrics: Any = None,
+        publisher_factory: Callable[[], Any] | None = None,
+    ):
+        self.spool = spool
+        self._publisher_factory = publisher_factory
+        self.publisher = publisher
+        self.topic = topic
+        self.window = window
+        self.batch = batch
+        self.max_backoff_s = max_backoff_s
+        self.clock = clock
+        self.metrics = metrics
+        self._inflight: collections.deque[list[Any]] = collections.deque()  # [seq, None | True | error]
+        self._failing = False
+        self._backoff_s = 0.0
+        self._resume_at = 0.0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.delivered = 0
+        self.failures = 0
+        self.resends = 0
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _delivery(self, entry: list[Any]) -> Callable[[Any], None]:
+        def done(err: Any) -> None:
+            if err is None:
+                entry[1] = True
+                return
+            entry[1] = str(err) or "delivery failed"
+            self.failures += 1
+            if self.metrics is not None:
+                self.metrics.delivery_failed()
+        return done
+
+    def _settle(self) -> None:
+        """Acknowledge the delivered prefix; after a failure, rewind once nothing is in flight."""
+        inflight = self._inflight
+        last_ok, n = None, 0
+        while inflight and inflight[0][1] is True:
+            last_ok = inflight.popleft()[0]
+            n += 1
+        if last_ok is not None:
+            self.spool.ack(last_ok)
+            self.delivered += n
+            if self.metrics is not None:
+                self.metrics.published(n)
+        if not self._failing:
+            failed = next((e for e in inflight if e[1] not in (None, True)), None)
+            if failed is None:
+                if last_ok is not None:
+                    self._backoff_s = 0.0
+                return
+            self._failing = True
+            log.error("spool forwarder: delivery of seq %d failed (%s); pausing", failed[0], failed[1])
+        if all(e[1] is not None for e in inflight):
+            # Everything in flight has resolved: start again from the first unacknowledged record.
+            self.resends += len(inflight)
+            inflight.clear()
+            self.spool.rewind()
+            self._backoff_s = min(self.max_backoff_s, max(1.0, self._backoff_s * 2))
+            self._resume_at = self.clock() + self._backoff_s
+            self._failing = False
+            log.warning("spool forwarder: resending from seq %d in %.0fs", self.spool.acked + 1, self._backoff_s)
+
+    def _replace_fatal_publisher(self) -> None:
+        """A fatal producer error (e.g. the idempotent producer lost its sequence) makes the
+        producer useless: start a new one and resend from the first unacknowledged record."""
+        error = getattr(self.publisher, "fatal_error", None)
+        if error is None or self._publisher_factory is None:
+            return
+        log.error("spool forwarder: fatal producer error (%s); starting a new producer", error)
+        old, self.publisher = self.publisher, None
+        try:
+            old.close(0)
+        except Exception:
+            log.exception("closing the failed producer")
+        self._inflight.clear()
+        self.spool.rewind()
+        self.publisher = self._publisher_factory()
+
+    def pump(self) -> int:
+        """Serve delivery reports, acknowledge, and hand more records to the producer; returns
+        how many were handed over."""
+        self._replace_fatal_publisher()
+        self.publisher.poll(0)
+        self._settle()
+        sent = 0
+        if self._failing or self.clock() < self._resume_at:
+            return 0
+        while len(self._inflight) < self.window:
+            records = self.spool.read(min(self.batch, self.window - len(self._inflight)))
+            if not records:
+                break
+            for rec in records:
+                entry = [rec.seq, None]
+                self._inflight.append(entry)
+                try:
+                    self.publisher.publish(self.topic, rec.key or None, rec.value, on_delivery=self._delivery(entry))
+                except Exception as exc:  # PublishError (queue full, closed), a fatal producer
+                    entry[1] = f"not queued: {exc}"
+                    self._settle()
+                    return sent
+                sent += 1
+        if sent:
+            self.publisher.poll(0)
+            self._settle()
+        return sent
+
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight and nothing left in the spool."""
+        return not self._inflight and self.spool.depth == 0
+
+    # ------------------------------------------------------------------ thread
+    def run(self, poll_s: float = 0.05, idle_s: float = 1.0) -> None:
+        while not self._stop.is_set():
+            try:
+                self.pump()
+            except Exception:
+                log.exception("spool forwarder step failed; retrying")
+                self._stop.wait(1.0)
+                continue
+            if self._inflight:
+                self.publisher.poll(poll_s)  # blocks until a delivery report or poll_s
+            else:
+                wait = idle_s
+                if self._resume_at:
+                    wait = max(0.0, min(idle_s, self._resume_at - self.clock()))
+                self._wake.wait(wait)
+                self._wake.clear()
+
+    def start(self) -> Forwarder:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self.run, name="spool-forwarder", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, flush_s: float = 10.0, close_publisher: bool = False) -> int:
+        """Stop the thread, give outstanding deliveries up to `flush_s`, acknowledge what
+        arrived (and close the publisher if asked); returns the records still waiting in the
+        spool (kept for the next start)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        deadline = time.monotonic() + flush_s
+        while self._inflight and time.monotonic() < deadline:
+            self.publisher.poll(0.05)
+            self._settle()
+            if self._failing or not self._inflight:
+                break
+        self._settle()
+        if close_publisher and self.publisher is not None and hasattr(self.publisher, "close"):
+            try:
+                self.publisher.close(0)  # what is still in flight stays in the spool
+            except Exception:
+                log.exception("closing the producer")
+            self._settle()
+        left = self.spool.depth
+        if left:
+            log.info("spool forwarder stopped: %d tick(s) stay in the spool for the next start", left)
+        return left
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """For tests and shutdown: wait until the spool is drained."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.idle:
+                return True
+            self._wake.set()
+            time.sleep(0.02)
+        return self.idle
+
+
+class SpoolingPublisher:
+    """What `run_agent` publishes into when the spool is on: append to the spool, wake the
+    forwarder. The topic is the forwarder's (the agent has one)."""
+
+    def __init__(self, spool: Spool, forwarder: Forwarder | None = None):
+        self.spool = spool
+        self.forwarder = forwarder
+
+    def publish(self, topic: str, key: str | bytes | None, value: bytes, partition: int | None = None) -> None:
+        if self.forwarder is not None and topic != self.forwarder.topic:
+            raise ValueError(f"spooled agent publishes to {self.forwarder.topic}, not {topic}")
+        self.spool.append(value, key)
+        if self.forwarder is not None:
+            self.forwarder.wake()
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+    def close(self, timeout: float = 10.0) -> int:
+        """Stop the forwarder (up to `timeout` for deliveries in flight), close its producer and
+        the spool; returns the ticks left in the spool."""
+        left = self.forwarder.stop(flush_s=timeout, close_publisher=True) if self.forwarder is not None else self.spool.depth
+        self.spool.close()
+        return left

@@ -1,0 +1,316 @@
+"""The ledger watches itself: Prometheus metrics of agents, worker and sink (prometheus-client).
+
+Every metric is defined here, once, on the default registry, named `gpuledger_*`. Each
+process serves them with `start_metrics_server(port)` (port 0: disabled) on
+`http://<host>:<port>/metrics`, beside prometheus-client's own process_* and python_* metrics.
+
+    agents   AgentMetrics (wired in agents/gpu_agent.py)
+    worker   WorkerMetrics: message_in / message_out / dead_letter / sample_seen / set_lag
+    sink     SinkMetrics:   message_in / dead_letter / InstrumentedWriter (rows, insert failures,
+             insert time) / update_consumer_lag(consumer)
+
+Ages (of the last sample per node, of the oldest spooled tick) are computed when scraped, so
+they keep growing while nothing arrives — which is what an alert on them needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Iterable, Mapping
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+# --------------------------------------------------------------------------- agents
+AGENT_TICKS_SAMPLED = Counter("gpuledger_agent_ticks_sampled", "Node ticks sampled (built from the GPUs)", ["node"])
+AGENT_TICK_FAILURES = Counter("gpuledger_agent_tick_failures", "Ticks that failed to build (device read errors); skipped", ["node"])
+AGENT_TICKS_SKIPPED = Counter("gpuledger_agent_ticks_skipped", "Grid points skipped because the agent fell behind", ["node"])
+AGENT_PUBLISHED = Counter("gpuledger_agent_messages_published", "Ticks the broker acknowledged", ["node"])
+AGENT_DELIVERY_FAILURES = Counter("gpuledger_agent_delivery_failures", "Deliveries the producer reported as failed (resent from the spool)", ["node"])
+AGENT_SPOOL_RECORDS = Gauge("gpuledger_agent_spool_records", "Ticks in the local spool not yet acknowledged by the broker (spool depth)", ["node"])
+AGENT_SPOOL_BYTES = Gauge("gpuledger_agent_spool_bytes", "Bytes of the local spool on disk", ["node"])
+AGENT_SPOOL_MAX_BYTES = Gauge("gpuledger_agent_spool_max_bytes", "Configured bound of the local spool", ["node"])
+AGENT_SPOOL_DROPPED = Counter("gpuledger_agent_spool_dropped", "Ticks dropped (oldest first) because the spool was full, in this process", ["node"])
+AGENT_SPOOL_DROPPED_LIFETIME = Gauge("gpuledger_agent_spool_dropped_lifetime_records", "Ticks ever dropped from this spool (persisted across restarts)", ["node"])
+AGENT_SPOOL_OLDEST_AGE = Gauge("gpuledger_agent_spool_oldest_age_seconds", "Age of the oldest unacknowledged tick in the spool (0 when empty)", ["node"])
+AGENT_INFLIGHT = Gauge("gpuledger_agent_kafka_pending_messages", "Messages handed to the producer and not yet acknowledged", ["node"])
+
+# --------------------------------------------------------------------------- worker / sink
+MESSAGES_IN = Counter("gpuledger_messages_in", "Messages consumed", ["component", "topic"])
+MESSAGES_OUT = Counter("gpuledger_messages_out", "Messages produced", ["component", "topic"])
+DEAD_LETTERS = Counter("gpuledger_dead_letters", "Messages sent to the dead-letter topic, by source topic and kind", ["component", "topic", "kind"])
+DUPLICATES = Counter("gpuledger_duplicates", "Second copies dropped silently (at-least-once delivery), by kind", ["component", "kind"])
+CONSUMER_LAG = Gauge("gpuledger_consumer_lag_messages", "End offset minus the consumer's position", ["component", "topic", "partition"])
+SINK_ROWS = Counter("gpuledger_sink_rows_inserted", "Rows inserted into the warehouse", ["table"])
+SINK_INSERT_FAILURES = Counter("gpuledger_sink_insert_failures", "Failed insert attempts (each retry counts)", ["table"])
+SINK_INSERT_SECONDS = Histogram("gpuledger_sink_insert_seconds", "Time of one insert into the warehouse", ["table"],
+                                buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+SINK_BATCHES = Counter("gpuledger_sink_batches", "Batches flushed and committed")
+SINK_BATCH_ROWS = Histogram("gpuledger_sink_batch_rows", "Rows per flushed batch",
+                            buckets=(1, 10, 100, 1_000, 5_000, 20_000, 100_000))
+
+
+class _LastSample(Collector):
+    """gpuledger_last_sample_age_seconds / _timestamp_seconds {component, node}: event time of
+    the newest sample seen per node, and its age at scrape time."""
+
+    def __init__(self, clock: Callable[[], float] = time.time):
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._seen: dict[tuple[str, str], float] = {}
+
+    def observe(self, component: str, node: str, ts_ms: int) -> None:
+        key, ts = (component, node), ts_ms / 1000.0
+        with self._lock:
+            if ts > self._seen.get(key, float("-inf")):
+                self._seen[key] = ts
+
+    def forget(self, component: str, node: str) -> None:
+        with self._lock:
+            self._seen.pop((component, node), None)
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        now = self.clock()
+        age = GaugeMetricFamily("gpuledger_last_sample_age_seconds",
+                                "Seconds since the event time of the newest GPU sample seen per node",
+                                labels=["component", "node"])
+        stamp = GaugeMetricFamily("gpuledger_last_sample_timestamp_seconds",
+                                  "Event time of the newest GPU sample seen per node (Unix seconds)",
+                                  labels=["component", "node"])
+        with self._lock:
+            items = sorted(self._seen.items())
+        for (component, node), ts in items:
+            age.add_metric([component, node], max(0.0, now - ts))
+            stamp.add_metric([component, node], ts)
+        yield age
+        yield stamp
+
+
+LAST_SAMPLE = _LastSample()
+REGISTRY.register(LAST_SAMPLE)
+
+
+# --------------------------------------------------------------------------- server
+def start_metrics_server(port: int, addr: str = "0.0.0.0") -> Any | None:
+    """Serve /metrics on addr:port in a daemon thread; port 0 disables it (returns None).
+
+    Returns the server (call `.shutdown()` to stop it early)."""
+    if not port:
+        return None
+    from prometheus_client import start_http_server
+
+    started = start_http_server(port, addr=addr)
+    server = started[0] if isinstance(started, tuple) else started  # (server, thread) since 0.17
+    log.info("metrics on http://%s:%d/metrics", addr, port)
+    return server
+
+
+# --------------------------------------------------------------------------- helpers
+def consumer_lag(end_offset: int, position: int) -> int | None:
+    """Messages between a consumer's position (the next offset it will read) and the partition's
+    end offset (high watermark); None when either is unknown (negative: librdkafka's
+    OFFSET_INVALID and friends)."""
+    if end_offset < 0 or position < 0:
+        return None
+    return max(0, end_offset - position)
+
+
+def set_consumer_lag(component: str, topic: str, partition: int, end_offset: int, position: int) -> int | None:
+    lag = consumer_lag(end_offset, position)
+    if lag is not None:
+        CONSUMER_LAG.labels(component, topic, str(partition)).set(lag)
+    return lag
+
+
+def update_consumer_lag(component: str, consumer: Any, *, cached: bool = True, timeout_s: float = 5.0) -> dict[tuple[str, int], int]:
+    """Lag of every partition assigned to a confluent-kafka Consumer.
+
+    `cached=True` uses the end offsets librdkafka learnt from its last fetch responses (no
+    broker round trip, cheap enough for every loop); a partition it knows nothing of yet is
+    asked with `cached=False` once. Returns {(topic, partition): lag}."""
+    out: dict[tuple[str, int], int] = {}
+    try:
+        assignment = consumer.assignment()
+        if not assignment:
+            return out
+        positions = consumer.position(assignment)
+    except Exception as exc:  # e.g. a rebalance in progress: try again next time
+        log.debug("cannot read consumer positions: %s", exc)
+        return out
+    for tp in positions:
+        try:
+            _low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=cached)
+            if high < 0 and cached:
+                _low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
+        except Exception as exc:
+            log.debug("cannot read the end offset of %s[%d]: %s", tp.topic, tp.partition, exc)
+            continue
+        lag = set_consumer_lag(component, tp.topic, tp.partition, high, tp.offset)
+        if lag is not None:
+            out[(tp.topic, tp.partition)] = lag
+    return out
+
+
+def dead_letter_kind(reason: str) -> str:
+    """A small, fixed set of label values for a dead letter's free-text reason.
+
+    'duplicate' and 'late' ticks are what at-least-once delivery (an agent replaying its spool)
+    produces; they are not data errors. Everything else is 'invalid'."""
+    lowered = reason.lower()
+    if lowered.startswith("duplicate"):
+        return "duplicate"
+    if lowered.startswith("late"):
+        return "late"
+    return "invalid"
+
+
+def _safe(read: Callable[[], float]) -> Callable[[], float]:
+    """A gauge callback that never breaks a scrape (e.g. read after the spool was closed)."""
+    def value() -> float:
+        try:
+            return float(read())
+        except Exception:
+            return float("nan")
+    return value
+
+
+# --------------------------------------------------------------------------- per component
+class AgentMetrics:
+    """The GPU agent's metrics for one node. `attach_spool` makes spool depth, bytes, oldest age
+    and lifetime drops read live from the spool at scrape time."""
+
+    def __init__(self, node: str):
+        self.node = node
+        self._sampled = AGENT_TICKS_SAMPLED.labels(node)
+        self._failures = AGENT_TICK_FAILURES.labels(node)
+        self._skipped = AGENT_TICKS_SKIPPED.labels(node)
+        self._published = AGENT_PUBLISHED.labels(node)
+        self._delivery_failures = AGENT_DELIVERY_FAILURES.labels(node)
+        self._dropped = AGENT_SPOOL_DROPPED.labels(node)
+
+    def tick_sampled(self, ts_ms: int) -> None:
+        self._sampled.inc()
+        LAST_SAMPLE.observe("agent", self.node, ts_ms)
+
+    def tick_failed(self) -> None:
+        self._failures.inc()
+
+    def ticks_skipped(self, n: int) -> None:
+        self._skipped.inc(n)
+
+    def published(self, n: int = 1) -> None:
+        self._published.inc(n)
+
+    def delivery_failed(self, n: int = 1) -> None:
+        self._delivery_failures.inc(n)
+
+    def spool_dropped(self, n: int) -> None:
+        self._dropped.inc(n)
+
+    def attach_spool(self, spool: Any, forwarder: Any = None, clock: Callable[[], float] = time.time) -> None:
+        node = self.node
+
+        def oldest_age() -> float:
+            ms = spool.oldest_unacked_ms()
+            return 0.0 if ms is None else max(0.0, clock() - ms / 1000.0)
+
+        AGENT_SPOOL_RECORDS.labels(node).set_function(_safe(lambda: spool.depth))
+        AGENT_SPOOL_BYTES.labels(node).set_function(_safe(lambda: spool.bytes))
+        AGENT_SPOOL_MAX_BYTES.labels(node).set(spool.max_bytes)
+        AGENT_SPOOL_DROPPED_LIFETIME.labels(node).set_function(_safe(lambda: spool.dropped))
+        AGENT_SPOOL_OLDEST_AGE.labels(node).set_function(_safe(oldest_age))
+        if forwarder is not None:
+            AGENT_INFLIGHT.labels(node).set_function(_safe(lambda: forwarder.inflight))
+
+
+class WorkerMetrics:
+    """The Faust worker's metrics (component="worker")."""
+
+    component = "worker"
+
+    def message_in(self, topic: str) -> None:
+        MESSAGES_IN.labels(self.component, topic).inc()
+
+    def message_out(self, topic: str, n: int = 1) -> None:
+        MESSAGES_OUT.labels(self.component, topic).inc(n)
+
+    def dead_letter(self, source_topic: str, reason: str) -> None:
+        DEAD_LETTERS.labels(self.component, source_topic, dead_letter_kind(reason)).inc()
+
+    def sample_seen(self, node: str, ts_ms: int) -> None:
+        LAST_SAMPLE.observe(self.component, node, ts_ms)
+
+    def duplicate(self, kind: str) -> None:
+        """A second copy dropped: kind "tick" or "change"."""
+        DUPLICATES.labels(self.component, kind).inc()
+
+    def set_lag(self, topic: str, partition: int, end_offset: int, position: int) -> int | None:
+        """From Faust: `end_offset = app.consumer.highwater(tp)`, `position = message.offset + 1`."""
+        return set_consumer_lag(self.component, topic, partition, end_offset, position)
+
+
+class SinkMetrics:
+    """The sink's metrics (component="sink")."""
+
+    component = "sink"
+
+    def message_in(self, topic: str) -> None:
+        MESSAGES_IN.labels(self.component, topic).inc()
+
+    def dead_letter(self, source_topic: str, reason: str) -> None:
+        DEAD_LETTERS.labels(self.component, source_topic, dead_letter_kind(reason)).inc()
+        MESSAGES_OUT.labels(self.component, "dead-letters").inc()
+
+    def duplicate(self, n: int = 1) -> None:
+        """Messages whose rows the warehouse already holds (skipped)."""
+        DUPLICATES.labels(self.component, "row").inc(n)
+
+    def batch_flushed(self, written: Mapping[str, int]) -> None:
+        """After a successful flush: `written` is BatchingSink.flush()'s rows per table."""
+        if written:
+            SINK_BATCHES.inc()
+            SINK_BATCH_ROWS.observe(sum(written.values()))
+
+    def update_consumer_lag(self, consumer: Any, **kw: Any) -> dict[tuple[str, int], int]:
+        return update_consumer_lag(self.component, consumer, **kw)
+
+
+class InstrumentedWriter:
+    """Wraps a sink `Writer`: counts rows inserted and failed insert attempts per table, and
+    times each insert. Failures are re-raised unchanged (the sink retries them)."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+
+    def write(self, table: str, rows: list[dict]) -> None:
+        started = time.perf_counter()
+        try:
+            self.inner.write(table, rows)
+        except Exception:
+            SINK_INSERT_FAILURES.labels(table).inc()
+            raise
+        finally:
+            SINK_INSERT_SECONDS.labels(table).observe(time.perf_counter() - started)
+        SINK_ROWS.labels(table).inc(len(rows))
+
+
+_worker = WorkerMetrics()
+_sink = SinkMetrics()
+
+
+def worker_metrics() -> WorkerMetrics:
+    return _worker
+
+
+def sink_metrics() -> SinkMetrics:
+    return _sink
+
+
+def observe_sink_batch(written: Mapping[str, int]) -> None:
+    """Shorthand for `sink_metrics().batch_flushed(written)`."""
+    _sink.batch_flushed(written)

@@ -1,0 +1,172 @@
+"""gpuledger/metrics.py: the /metrics endpoint serves every gpuledger_* metric of agents, worker
+and sink; the helpers compute lag and ages; the agent wires its metrics."""
+
+from __future__ import annotations
+
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuledger import metrics
+from gpuledger.agents.gpu_agent import run_agent
+from gpuledger.agents.publisher import ListPublisher
+from gpuledger.agents.sim_backend import SimBackend
+from gpuledger.agents.spool import Forwarder, Spool, SpoolingPublisher
+from gpuledger.broker import free_port
+
+EXPECTED = {
+    # agents
+    "gpuledger_agent_ticks_sampled", "gpuledger_agent_tick_failures", "gpuledger_agent_ticks_skipped",
+    "gpuledger_agent_messages_published", "gpuledger_agent_delivery_failures",
+    "gpuledger_agent_spool_records", "gpuledger_agent_spool_bytes", "gpuledger_agent_spool_max_bytes",
+    "gpuledger_agent_spool_dropped", "gpuledger_agent_spool_dropped_lifetime_records",
+    "gpuledger_agent_spool_oldest_age_seconds", "gpuledger_agent_kafka_pending_messages",
+    # worker and sink
+    "gpuledger_messages_in", "gpuledger_messages_out", "gpuledger_dead_letters", "gpuledger_duplicates",
+    "gpuledger_consumer_lag_messages", "gpuledger_last_sample_age_seconds", "gpuledger_last_sample_timestamp_seconds",
+    "gpuledger_sink_rows_inserted", "gpuledger_sink_insert_failures", "gpuledger_sink_insert_seconds",
+    "gpuledger_sink_batches", "gpuledger_sink_batch_rows",
+}
+
+
+def scrape(port: int) -> dict[str, list]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {family.name: family.samples for family in text_string_to_metric_families(text)}
+
+
+def sample(families: dict[str, list], name: str, **labels: str) -> float:
+    for family in families.values():
+        for s in family:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    raise KeyError(f"{name} {labels} not scraped")
+
+
+class FakeWriter:
+    def __init__(self, fail: int = 0):
+        self.fail = fail
+
+    def write(self, table: str, rows: list[dict]) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionError("warehouse down")
+
+
+@pytest.fixture(scope="module")
+def port() -> int:
+    p = free_port()
+    server = metrics.start_metrics_server(p, addr="127.0.0.1")
+    yield p
+    server.shutdown()
+
+
+def test_disabled_on_port_zero() -> None:
+    assert metrics.start_metrics_server(0) is None
+
+
+def test_endpoint_serves_every_metric(port: int, tmp_path: Path) -> None:
+    # one of everything, so that the labelled families have samples
+    agent = metrics.AgentMetrics("node-m1")
+    with Spool(tmp_path, fsync="never") as spool:
+        agent.attach_spool(spool, Forwarder(spool, ListPublisher(), "t"))
+        spool.append(b"tick", b"node-m1")
+        agent.tick_sampled(1_700_000_000_000)
+        agent.tick_failed()
+        agent.ticks_skipped(2)
+        agent.published(3)
+        agent.delivery_failed()
+        agent.spool_dropped(4)
+        worker = metrics.worker_metrics()
+        worker.message_in("p.gpu-samples")
+        worker.message_out("p.usage", 2)
+        worker.dead_letter("p.gpu-samples", "duplicate tick: n ts_ms=5")
+        worker.sample_seen("node-m1", 1_700_000_005_000)
+        worker.duplicate("tick")
+        worker.set_lag("p.gpu-samples", 0, 120, 100)
+        sink = metrics.sink_metrics()
+        sink.duplicate()
+        sink.message_in("p.usage")
+        sink.dead_letter("p.usage", "invalid JSON")
+        writer = metrics.InstrumentedWriter(FakeWriter(fail=1))
+        with pytest.raises(ConnectionError):
+            writer.write("usage_raw", [{}])
+        writer.write("usage_raw", [{}, {}])
+        metrics.observe_sink_batch({"usage_raw": 2})
+
+        families = scrape(port)
+        missing = EXPECTED - set(families)
+        assert not missing, f"not served: {sorted(missing)}"
+        assert all(name.startswith("gpuledger_") for name in EXPECTED)
+        assert sample(families, "gpuledger_agent_spool_records", node="node-m1") == 1
+        assert sample(families, "gpuledger_agent_spool_bytes", node="node-m1") > 0
+        assert sample(families, "gpuledger_agent_ticks_sampled_total", node="node-m1") >= 1
+        assert sample(families, "gpuledger_consumer_lag_messages", component="worker", topic="p.gpu-samples", partition="0") == 20
+        assert sample(families, "gpuledger_dead_letters_total", component="worker", kind="duplicate") >= 1
+        assert sample(families, "gpuledger_sink_insert_failures_total", table="usage_raw") >= 1
+        assert sample(families, "gpuledger_sink_rows_inserted_total", table="usage_raw") >= 2
+        assert sample(families, "gpuledger_last_sample_age_seconds", component="worker", node="node-m1") > 0
+        assert sample(families, "gpuledger_last_sample_timestamp_seconds", component="agent", node="node-m1") == 1_700_000_000
+
+
+def test_last_sample_age_grows_at_scrape_time() -> None:
+    now = [1000.0]
+    collector = metrics._LastSample(clock=lambda: now[0])
+    collector.observe("worker", "n1", 990_000)
+    collector.observe("worker", "n1", 980_000)  # older: ignored
+    age = next(iter(collector.collect()))
+    assert [(s.labels["node"], s.value) for s in age.samples] == [("n1", 10.0)]
+    now[0] = 1030.0
+    assert next(iter(collector.collect())).samples[0].value == 40.0
+
+
+def test_consumer_lag_helpers() -> None:
+    assert metrics.consumer_lag(100, 90) == 10
+    assert metrics.consumer_lag(100, 100) == 0
+    assert metrics.consumer_lag(-1, 5) is None and metrics.consumer_lag(10, -1001) is None
+
+    tp = lambda t, p, o=-1: SimpleNamespace(topic=t, partition=p, offset=o)  # noqa: E731
+
+    class Consumer:
+        def assignment(self):
+            return [tp("a", 0), tp("a", 1)]
+
+        def position(self, parts):
+            return [tp("a", 0, 40), tp("a", 1, -1001)]  # partition 1: nothing consumed yet
+
+        def get_watermark_offsets(self, part, timeout=None, cached=False):
+            return (0, -1) if cached else (0, 50)
+
+    assert metrics.update_consumer_lag("sink", Consumer()) == {("a", 0): 10}
+
+
+def test_dead_letter_kinds() -> None:
+    assert metrics.dead_letter_kind("duplicate tick: n ts_ms=1") == "duplicate"
+    assert metrics.dead_letter_kind("late tick: n ts_ms=1 is before ...") == "late"
+    assert metrics.dead_letter_kind("invalid JSON at byte 3") == "invalid"
+
+
+def test_run_agent_counts_ticks(tmp_path: Path) -> None:
+    class Clock:
+        t = 100.0
+
+        def __call__(self):
+            return self.t
+
+        def sleep(self, s):
+            self.t += s
+
+    clock = Clock()
+    agent = metrics.AgentMetrics("node-m2")
+    before = metrics.AGENT_TICKS_SAMPLED.labels("node-m2")._value.get()
+    with Spool(tmp_path, fsync="never") as spool:
+        pub = ListPublisher()
+        fwd = Forwarder(spool, pub, "t", metrics=agent)
+        run_agent(SimBackend(["T4"]), SpoolingPublisher(spool, fwd), "t", cluster="c", node="node-m2",
+                  interval_s=1, clock=clock, sleep=clock.sleep, max_ticks=5, metrics=agent)
+        fwd.pump()
+        assert len(pub.values()) == 5
+    assert metrics.AGENT_TICKS_SAMPLED.labels("node-m2")._value.get() - before == 5
+    assert metrics.AGENT_PUBLISHED.labels("node-m2")._value.get() >= 5
