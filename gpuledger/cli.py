@@ -11,7 +11,9 @@ from pathlib import Path
 
 from gpuledger.config import Settings
 
-REPORT_NAMES = ("bills", "jobs", "queues", "utilization", "capacity")
+TABLE_REPORTS = ("bills", "jobs", "queues", "utilization", "capacity")
+PERIODIC_REPORTS = ("inventory", "monthly", "weekly", "job")  # gpuledger.periodic_reports.REPORT_NAMES
+REPORT_NAMES = TABLE_REPORTS + PERIODIC_REPORTS
 
 
 def _settings(args) -> Settings:
@@ -171,11 +173,15 @@ def _progress_printer():
 
 
 def cmd_report(args) -> int:
+    settings = _settings(args)
+    if args.report in PERIODIC_REPORTS:
+        return _periodic_report(args, settings)
+    if args.format not in ("table", "json", "csv"):
+        raise SystemExit(f"report {args.report} is printed as table, json or csv")
     from gpuledger.reports import fetch, render
     from gpuledger.streams.pricing import load_ledger_config
     from gpuledger.warehouse import connect
 
-    settings = _settings(args)
     filters = {}
     if args.report == "utilization" and args.by:
         filters["by"] = args.by
@@ -190,6 +196,28 @@ def cmd_report(args) -> int:
     finally:
         client.close()
     print(render(rows, args.format), end="")
+    return 0
+
+
+def _periodic_report(args, settings: Settings) -> int:
+    from gpuledger import periodic_reports as pr
+    from gpuledger.warehouse import connect
+
+    if args.format not in ("table", "markdown", "html"):
+        raise SystemExit(f"report {args.report} is printed as table, markdown or html")
+    if args.report == "job" and not args.job_id:
+        raise SystemExit("usage: gpuledger report job JOB_ID")
+    client = connect(settings)
+    try:
+        report = pr.build_report(client, settings.database, args.report, **pr.report_options(args.report, args))
+    finally:
+        client.close()
+    text = pr.render_report(report, args.format)
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        print(text, end="" if text.endswith("\n") else "\n")
     return 0
 
 
@@ -208,7 +236,8 @@ def cmd_schemas(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpuledger", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="gpuledger", description="GPU Ledger: turns GPU-cluster telemetry into an accounting of compute.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -268,15 +297,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("report", cmd_report, "print a report from the ClickHouse tables", warehouse=True)
     p.add_argument("report", choices=REPORT_NAMES)
-    p.add_argument("--format", choices=["table", "json", "csv"], default="table")
+    p.add_argument("job_id", nargs="?", help="report job: the job's id")
+    p.add_argument("--format", choices=["table", "json", "csv", "markdown", "html"], default="table",
+                   help="bills/jobs/queues/utilization/capacity: table|json|csv; inventory/monthly/weekly/job: "
+                        "table|markdown|html (self-contained, with plots)")
+    p.add_argument("--output", help="periodic reports: write to this file")
     p.add_argument("--by", help="utilization: group by any of day,cluster,gpu_model,queue,tenant,job_id (comma-separated)")
     p.add_argument("--idle-redistribution", choices=["none", "even", "usage"],
                    help="bills: share the cluster idle cost among tenants (default: the ledger definition)")
+    from gpuledger.periodic_reports import register_report_cli
+    register_report_cli(p)
 
     p = add("demo", cmd_demo, "run the whole pipeline on the embedded default (Tansu + chDB) and print the reports")
     p.add_argument("--hours", type=float, default=6.0)
     p.add_argument("--nodes", type=int, default=8)
     p.add_argument("--seed", type=int, default=7)
+
+    from gpuledger.superset import register_cli as register_superset_cli
+    register_superset_cli(sub)
 
     p = add("schemas", cmd_schemas, "export the JSON Schema files from the pydantic models")
     p.add_argument("action", choices=["export"])

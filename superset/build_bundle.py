@@ -1,0 +1,358 @@
+"""Write the Superset bundle (superset/bundle/*.yaml) from the definitions below.
+
+    .venv/bin/python superset/build_bundle.py      # rewrites superset/bundle/
+
+The YAML under superset/bundle/ is what is imported (`gpuledger superset import`); this script is
+how it is kept consistent: stable UUIDs (uuid5 of the names), dataset columns read from the
+migrated schema (a throw-away chDB), every chart placed in its dashboard's `position` with
+`meta.chartId`, native filters targeting datasets by UUID. Edit here, re-run, commit both.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+BUNDLE = HERE / "bundle"
+NS = uuid.UUID("5f0c6a52-8d8e-4a53-9a57-0b6c1d3a7e11")
+DATABASE_NAME = "GPU Ledger"
+DATABASE_FILE = "GPU_Ledger"
+#: placeholder URI; `gpuledger superset import` replaces it (and each dataset's schema) from settings
+PLACEHOLDER_URI = "clickhousedb:///gpuledger?interface=chdb&path=/path/to/chdb"
+
+
+def uid(*parts: str) -> str:
+    return str(uuid.uuid5(NS, "/".join(parts)))
+
+
+# --------------------------------------------------------------------------- datasets and metrics
+def m(name: str, expression: str, label: str | None = None, fmt: str | None = None, description: str | None = None) -> dict:
+    return {"metric_name": name, "expression": expression, "verbose_name": label, "d3format": fmt, "description": description}
+
+
+LAYERS = {
+    "scheduling_utilization": "sum(allocated_gpu_ms) / nullIf(sum(capacity_gpu_ms) - sum(down_gpu_ms), 0)",
+    "execution_utilization": "sum(executing_gpu_ms) / nullIf(sum(allocated_gpu_ms), 0)",
+    "hardware_utilization": "sum(util_weighted_gpu_ms) / nullIf(sum(util_gpu_ms), 0) / 100",
+}
+
+#: table -> (description, main time column or None, metrics, tenant-scoped)
+DATASETS: dict[str, tuple[str, str | None, list[dict], bool]] = {
+    "gpu_current": ("Every GPU as of its last usage slice: state, job, tenant, queue", "last_seen", [
+        m("gpus", "count()", "GPUs", ",d"),
+    ], False),
+    "gpu_load_5m": ("Per-GPU load history in 5-minute buckets", "ts", [
+        m("hardware_util_pct", "sum(util_weighted_gpu_ms) / nullIf(sum(util_gpu_ms), 0)", "Hardware utilization %", ".1f"),
+        m("executing_gpus", "sum(executing_gpu_ms) / 300000", "Executing GPUs", ".2f"),
+        m("idle_gpus", "sum(idle_gpu_ms) / 300000", "Allocated idle GPUs", ".2f"),
+        m("unallocated_gpus", "sum(unallocated_gpu_ms) / 300000", "Unallocated GPUs", ".2f"),
+        m("down_gpus", "sum(down_gpu_ms) / 300000", "Down GPUs", ".2f"),
+    ], False),
+    "gpu_health_daily": ("Health record per GPU and day: down time, temperature, Xid errors", "day", [
+        m("down_hours", "sum(down_seconds) / 3600", "Down hours", ".2f"),
+        m("max_temperature", "max(max_temperature_c)", "Max temperature °C", ".1f"),
+        m("xid_error_count", "sum(xid_count)", "Xid errors", ",d"),
+    ], False),
+    "gpu_health_samples": ("GPU health samples (temperature, power, Xid) per tick", "ts", [
+        m("max_temperature", "max(temperature_c)", "Max temperature °C", ".1f"),
+        m("xid_error_count", "sum(xid_count)", "Xid errors", ",d"),
+    ], False),
+    "job_util_histogram": ("Executing GPU-time per job attempt by 10-point utilization bucket", None, [
+        m("gpu_hours", "sum(gpu_seconds) / 3600", "GPU-hours", ".3f"),
+    ], True),
+    "job_gpu_balance": ("Per job attempt and GPU: executing / idle time and utilization", None, [
+        m("util_pct", "sum(util_weighted_gpu_ms) / nullIf(sum(util_gpu_ms), 0)", "Utilization %", ".1f"),
+        m("executing_hours", "sum(executing_gpu_seconds) / 3600", "Executing GPU-hours", ".3f"),
+        m("idle_hours", "sum(idle_gpu_seconds) / 3600", "Idle GPU-hours", ".3f"),
+    ], True),
+    "job_idle_stretches": ("Runs of allocated-but-not-executing time per job attempt and GPU", "stretch_start", [
+        m("stretches", "count()", "Idle stretches", ",d"),
+        m("idle_gpu_hours", "sum(idle_gpu_seconds) / 3600", "Idle GPU-hours", ".3f"),
+    ], True),
+    "job_cost_by_attempt": ("Job cost by attempt, GPU model and bill line", "day", [
+        m("cost_sum", "sum(cost)", "Cost", ",.2f"),
+        m("gpu_hours_sum", "sum(gpu_hours)", "GPU-hours", ",.3f"),
+        m("effective_gpu_hours_sum", "sum(effective_gpu_hours)", "Effective GPU-hours", ",.3f"),
+        m("attempts", "uniqExact(attempt)", "Attempts", ",d"),
+    ], True),
+    "utilization_hourly": ("Ingredients of the three utilization layers per hour, cluster and GPU model", "hour", [
+        *(m(k, v, k.replace("_", " ").capitalize(), ".1%") for k, v in LAYERS.items()),
+        m("effective_gpu_hours", "sum(executing_effective_gpu_ms) / 3600000", "Effective GPU-hours (executing)", ",.1f"),
+        m("cluster_idle_share", "sum(unallocated_gpu_ms) / nullIf(sum(capacity_gpu_ms), 0)", "Cluster idle (share of capacity)", ".1%"),
+    ], False),
+    "tenant_daily_bill": ("Tenant bill per day: compute / idle / failed-retry", "day", [
+        m("compute_cost_sum", "sum(compute_cost)", "Compute", ",.2f"),
+        m("idle_cost_sum", "sum(idle_cost)", "Idle", ",.2f"),
+        m("failed_retry_cost_sum", "sum(failed_retry_cost)", "Failed retry", ",.2f"),
+        m("total_cost_sum", "sum(total_cost)", "Total cost", ",.2f"),
+        m("idle_share", "sum(idle_cost) / nullIf(sum(total_cost), 0)", "Idle share", ".1%"),
+        m("effective_gpu_hours", "sum(total_effective_gpu_hours)", "Effective GPU-hours", ",.1f"),
+    ], True),
+    "idle_waste_daily": ("Allocated-but-idle GPU-time and cost per day, queue and tenant", "day", [
+        m("idle_gpu_hours_sum", "sum(idle_gpu_hours)", "Idle GPU-hours", ",.2f"),
+        m("idle_cost_sum", "sum(idle_cost)", "Idle cost", ",.2f"),
+    ], True),
+    "job_cost": ("Job cost over all attempts and GPUs, with queue waiting", "first_day", [
+        m("cost_sum", "sum(cost)", "Cost", ",.2f"),
+    ], True),
+    "capacity_daily": ("Capacity per day and GPU model: down + unallocated + allocated idle + executing", "day", [
+        m("unallocated_gpu_hours", "sum(unallocated_gpu_seconds) / 3600", "Unallocated GPU-hours", ",.2f"),
+        m("unallocated_cost_sum", "sum(unallocated_cost)", "Unallocated cost", ",.2f"),
+        m("capacity_gpu_hours", "sum(capacity_gpu_seconds) / 3600", "Capacity GPU-hours", ",.1f"),
+    ], False),
+}
+#: datasets of the algorithm view: every tenant sees only its own rows there (row-level security)
+TENANT_SCOPED = [name for name, (_, _, _, scoped) in DATASETS.items() if scoped]
+
+
+# --------------------------------------------------------------------------- charts
+def ts_chart(viz: str, x: str, grain: str, metrics: list[str], groupby=(), fmt=None, **extra) -> dict:
+    params = {"viz_type": viz, "x_axis": x, "time_grain_sqla": grain, "metrics": metrics, "groupby": list(groupby),
+              "adhoc_filters": [], "row_limit": 10000, "show_legend": True, "legendOrientation": "top",
+              "rich_tooltip": True, "x_axis_time_format": "smart_date", "truncateYAxis": False,
+              "order_desc": True, "comparison_type": "values", "annotation_layers": [], "sort_series_type": "sum"}
+    if fmt:
+        params["y_axis_format"] = fmt
+    params.update(extra)
+    return params
+
+
+def bar_chart(x: str, metrics: list[str], groupby=(), stack=False, fmt=None, **extra) -> dict:
+    params = {"viz_type": "echarts_timeseries_bar", "x_axis": x, "metrics": metrics, "groupby": list(groupby),
+              "adhoc_filters": [], "row_limit": 10000, "show_legend": True, "legendOrientation": "top",
+              "rich_tooltip": True, "orientation": "vertical", "x_axis_sort_asc": True, "x_axis_sort_series": "name",
+              "x_axis_sort_series_ascending": True, "order_desc": True, "truncateYAxis": False,
+              "stack": "Stack" if stack else None, "comparison_type": "values", "annotation_layers": []}
+    if fmt:
+        params["y_axis_format"] = fmt
+    params.update(extra)
+    return params
+
+
+def table_raw(columns: list[str], order_by: tuple[str, bool], limit: int) -> dict:
+    return {"viz_type": "table", "query_mode": "raw", "all_columns": columns, "groupby": [], "metrics": [],
+            "percent_metrics": [], "order_by_cols": [f'["{order_by[0]}", {str(order_by[1]).lower()}]'],
+            "adhoc_filters": [], "row_limit": limit, "server_pagination": False, "table_timestamp_format": "smart_date",
+            "include_search": True, "show_cell_bars": True, "color_pn": True}
+
+
+def table_agg(groupby: list[str], metrics: list[str], sort_by: str, limit: int) -> dict:
+    return {"viz_type": "table", "query_mode": "aggregate", "groupby": groupby, "metrics": metrics, "all_columns": [],
+            "percent_metrics": [], "timeseries_limit_metric": sort_by, "order_desc": True, "adhoc_filters": [],
+            "row_limit": limit, "server_pagination": False, "table_timestamp_format": "smart_date",
+            "include_search": False, "show_cell_bars": True, "color_pn": True}
+
+
+def big_number(metric: str, fmt: str, subheader: str) -> dict:
+    return {"viz_type": "big_number_total", "metric": metric, "adhoc_filters": [], "header_font_size": 0.3,
+            "subheader_font_size": 0.125, "y_axis_format": fmt, "time_format": "smart_date", "subheader": subheader}
+
+
+def pie(groupby: list[str], metric: str) -> dict:
+    return {"viz_type": "pie", "groupby": groupby, "metric": metric, "adhoc_filters": [], "row_limit": 100,
+            "sort_by_metric": True, "show_labels": True, "labels_outside": True, "label_type": "key_value",
+            "show_legend": True, "legendOrientation": "top", "donut": True, "number_format": "SMART_NUMBER"}
+
+
+#: dashboard -> (title, slug, description, filters [(column, label, dataset)], rows of (chart key, title, dataset, params, width))
+DASHBOARDS = {
+    "operations": (
+        "GPU Ledger — Operations", "gpuledger-operations",
+        "Every GPU with its current job and tenant, its load history and its health record.",
+        [("node", "Node", "gpu_current"), ("gpu_model", "GPU model", "gpu_current"),
+         ("queue", "Queue", "gpu_current"), ("gpu_uuid", "GPU", "gpu_current")],
+        [
+            [("gpu_states_now", "GPUs by state (now)", "gpu_current", pie(["state"], "gpus"), 4),
+             ("gpus_now", "Every GPU: current job and tenant", "gpu_current",
+              table_raw(["node", "gpu_uuid", "gpu_model", "state", "job_id", "tenant", "queue", "jobs", "util_pct", "last_seen"],
+                        ("node", True), 1000), 8)],
+            [("gpu_load_by_node", "Load history: hardware utilization % by node", "gpu_load_5m",
+              ts_chart("echarts_timeseries_line", "ts", "PT5M", ["hardware_util_pct"], ["node"], ".0f"), 6),
+             ("gpu_states_history", "GPU states over time (GPUs)", "gpu_load_5m",
+              ts_chart("echarts_area", "ts", "PT5M", ["executing_gpus", "idle_gpus", "unallocated_gpus", "down_gpus"],
+                       stack="Stack", y_axis_format=".1f"), 6)],
+            [("gpu_health_record", "Health record per GPU (down time, temperature, Xid)", "gpu_health_daily",
+              table_agg(["node", "gpu_uuid", "gpu_model"], ["down_hours", "max_temperature", "xid_error_count"], "down_hours", 1000), 6),
+             ("gpu_temperature", "Temperature: max by node (°C)", "gpu_health_samples",
+              ts_chart("echarts_timeseries_line", "ts", "PT5M", ["max_temperature"], ["node"], ".0f"), 6)],
+        ],
+    ),
+    "algorithm": (
+        "GPU Ledger — Algorithm (job health)", "gpuledger-algorithm",
+        "Per job: utilization distribution, balance across its GPUs, idle stretches, cost by GPU model and attempt. "
+        "Pick a tenant and a job.",
+        [("tenant", "Tenant", "job_cost_by_attempt"), ("job_id", "Job", "job_cost_by_attempt")],
+        [
+            [("job_list", "Jobs: cost and attempts", "job_cost_by_attempt",
+              table_agg(["tenant", "job_id"], ["cost_sum", "gpu_hours_sum", "attempts"], "cost_sum", 500), 5),
+             ("job_util_distribution", "Utilization distribution (executing GPU-hours by utilization)", "job_util_histogram",
+              bar_chart("util_bucket", ["gpu_hours"], fmt=",.2f"), 7)],
+            [("job_gpu_balance", "Balance across the job's GPUs (utilization % per GPU)", "job_gpu_balance",
+              bar_chart("gpu", ["util_pct"], fmt=".0f", row_limit=64), 6),
+             ("job_gpu_time", "Executing vs idle GPU-hours per GPU", "job_gpu_balance",
+              bar_chart("gpu", ["executing_hours", "idle_hours"], stack=True, fmt=",.2f", row_limit=64), 6)],
+            [("job_idle_stretches", "Idle stretches (longest first)", "job_idle_stretches",
+              table_raw(["job_id", "attempt", "node", "gpu_uuid", "stretch_start", "duration_seconds", "idle_gpu_seconds"],
+                        ("duration_seconds", False), 200), 6),
+             ("job_cost_by_model_attempt", "Cost by attempt and GPU model", "job_cost_by_attempt",
+              bar_chart("attempt_label", ["cost_sum"], ["gpu_model"], stack=True, fmt=",.2f"), 6)],
+            [("job_cost_by_line", "Cost by bill line (compute / idle / failed retry)", "job_cost_by_attempt",
+              pie(["line"], "cost_sum"), 12)],
+        ],
+    ),
+    "cockpit": (
+        "GPU Ledger — Management cockpit", "gpuledger-cockpit",
+        "Effective GPU-hours, the three utilization layers, cost by tenant, idle waste, the costliest jobs, cluster idle.",
+        [("tenant", "Tenant", "tenant_daily_bill")],
+        [
+            [("effective_gpu_hours", "Effective GPU-hours delivered", "utilization_hourly",
+              big_number("effective_gpu_hours", ",.1f", "executing, in baseline-card hours"), 3),
+             ("cluster_idle_share", "Cluster idle", "utilization_hourly",
+              big_number("cluster_idle_share", ".1%", "unallocated share of capacity"), 3),
+             ("total_cost", "Billed cost", "tenant_daily_bill", big_number("total_cost_sum", ",.2f", "compute + idle + failed retry"), 3),
+             ("idle_share", "Idle share of the bill", "tenant_daily_bill", big_number("idle_share", ".1%", "allocated but not executing"), 3)],
+            [("utilization_layers", "Three utilization layers (scheduling, execution, hardware)", "utilization_hourly",
+              ts_chart("echarts_timeseries_line", "hour", "PT1H", list(LAYERS), fmt=".0%", y_axis_bounds=[0, 1]), 12)],
+            [("tenant_cost_split", "Cost by tenant: compute / idle / failed retry", "tenant_daily_bill",
+              bar_chart("tenant", ["compute_cost_sum", "idle_cost_sum", "failed_retry_cost_sum"], stack=True, fmt=",.0f"), 6),
+             ("idle_waste_by_queue", "Idle waste by queue (GPU-hours)", "idle_waste_daily",
+              bar_chart("queue", ["idle_gpu_hours_sum"], ["tenant"], stack=True, fmt=",.1f"), 6)],
+            [("top_costly_jobs", "Top-10 costly jobs", "job_cost",
+              table_raw(["job_id", "tenant", "queue", "attempts", "gpu_hours", "effective_gpu_hours", "idle_gpu_hours", "cost"],
+                        ("cost", False), 10), 7),
+             ("cluster_idle_by_model", "Cluster idle (unallocated GPU-hours) by GPU model", "capacity_daily",
+              bar_chart("gpu_model", ["unallocated_gpu_hours"], fmt=",.1f"), 5)],
+            [("tenant_ranking", "Tenant ranking", "tenant_daily_bill",
+              table_agg(["tenant"], ["total_cost_sum", "compute_cost_sum", "idle_cost_sum", "failed_retry_cost_sum", "idle_share",
+                                     "effective_gpu_hours"], "total_cost_sum", 100), 12)],
+        ],
+    ),
+}
+
+
+# --------------------------------------------------------------------------- writing
+def _ch_type_is_dttm(ch_type: str) -> bool:
+    base = ch_type.replace("Nullable(", "").replace("LowCardinality(", "")
+    return base.startswith(("Date", "DateTime"))
+
+
+def describe_views() -> dict[str, list[tuple[str, str]]]:
+    """Column names and types of every dataset, from a throw-away chDB migrated with the packaged migrations."""
+    sys.path.insert(0, str(HERE.parent))
+    from gpuledger.config import Settings
+    from gpuledger.warehouse import connect, migrate
+
+    tmp = Path(tempfile.mkdtemp(prefix="gpuledger-bundle-"))
+    try:
+        settings = Settings(warehouse=f"chdb:{tmp / 'chdb'}", data_dir=tmp)
+        client = connect(settings)
+        try:
+            migrate(client, settings.database)
+            return {name: [(r[0], r[1]) for r in client.query(f"DESCRIBE TABLE `{name}`").result_rows] for name in DATASETS}
+        finally:
+            client.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def dump(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=120), encoding="utf-8")
+
+
+def build(out: Path = BUNDLE) -> None:
+    columns = describe_views()
+    if out.exists():
+        shutil.rmtree(out)
+    db_uuid = uid("database", DATABASE_NAME)
+    dump(out / "metadata.yaml", {"version": "1.0.0", "type": "assets", "timestamp": "2026-11-30T00:00:00+00:00"})
+    dump(out / "databases" / f"{DATABASE_FILE}.yaml", {
+        "database_name": DATABASE_NAME, "sqlalchemy_uri": PLACEHOLDER_URI, "cache_timeout": None,
+        "expose_in_sqllab": True, "allow_run_async": False, "allow_ctas": False, "allow_cvas": False,
+        "allow_dml": False, "allow_file_upload": False, "extra": {"allows_virtual_table_explore": True},
+        "uuid": db_uuid, "version": "1.0.0",
+    })
+    for name, (description, dttm, metrics, _) in DATASETS.items():
+        clash = {x["metric_name"] for x in metrics} & {c for c, _ in columns[name]}
+        if clash:  # ClickHouse would resolve the column to the metric's alias: nested aggregates
+            raise SystemExit(f"{name}: metric names equal to column names: {sorted(clash)}")
+        dump(out / "datasets" / DATABASE_FILE / f"{name}.yaml", {
+            "table_name": name, "main_dttm_col": dttm, "description": description, "default_endpoint": None,
+            "offset": 0, "cache_timeout": None, "schema": "gpuledger", "sql": None, "params": None,
+            "template_params": None, "filter_select_enabled": True, "fetch_values_predicate": None, "extra": None,
+            "normalize_columns": False, "always_filter_main_dttm": False, "uuid": uid("dataset", name),
+            "metrics": [{"metric_name": x["metric_name"], "verbose_name": x["verbose_name"], "metric_type": None,
+                         "expression": x["expression"], "description": x["description"], "d3format": x["d3format"],
+                         "currency": None, "extra": {}, "warning_text": None} for x in metrics],
+            "columns": [{"column_name": col, "verbose_name": None, "is_dttm": _ch_type_is_dttm(typ), "is_active": True,
+                         "type": typ, "advanced_data_type": None, "groupby": True, "filterable": True,
+                         "expression": None, "description": None, "python_date_format": None, "extra": {}}
+                        for col, typ in columns[name]],
+            "version": "1.0.0", "database_uuid": db_uuid,
+        })
+    for dash_key, (title, slug, description, filters, rows) in DASHBOARDS.items():
+        position: dict = {
+            "DASHBOARD_VERSION_KEY": "v2",
+            "ROOT_ID": {"type": "ROOT", "id": "ROOT_ID", "children": ["GRID_ID"]},
+            "GRID_ID": {"type": "GRID", "id": "GRID_ID", "children": [], "parents": ["ROOT_ID"]},
+            "HEADER_ID": {"type": "HEADER", "id": "HEADER_ID", "meta": {"text": title}},
+        }
+        chart_ids: dict[str, tuple[int, str]] = {}
+        next_id = 1
+        for r, row in enumerate(rows):
+            row_id = f"ROW-{dash_key}-{r}"
+            position["GRID_ID"]["children"].append(row_id)
+            position[row_id] = {"type": "ROW", "id": row_id, "children": [], "parents": ["ROOT_ID", "GRID_ID"],
+                                "meta": {"background": "BACKGROUND_TRANSPARENT"}}
+            for key, chart_title, dataset, params, width in row:
+                chart_uuid = uid("chart", dash_key, key)
+                chart_ids[key] = (next_id, dataset)
+                cid = f"CHART-{dash_key}-{key}"
+                position[row_id]["children"].append(cid)
+                big = params["viz_type"] == "big_number_total"
+                position[cid] = {"type": "CHART", "id": cid, "children": [], "parents": ["ROOT_ID", "GRID_ID", row_id],
+                                 "meta": {"chartId": next_id, "uuid": chart_uuid, "width": width,
+                                          "height": 30 if big else 60, "sliceName": chart_title}}
+                next_id += 1
+                dump(out / "charts" / f"{dash_key}__{key}.yaml", {
+                    "slice_name": chart_title, "description": None, "certified_by": None, "certification_details": None,
+                    "viz_type": params["viz_type"], "params": {**params, "datasource": "", "slice_id": None},
+                    "query_context": None, "cache_timeout": None, "uuid": chart_uuid, "version": "1.0.0",
+                    "dataset_uuid": uid("dataset", dataset),
+                })
+        native = []
+        for column, label, dataset in filters:
+            columns_of = {name: {c for c, _ in columns[name]} for name in DATASETS}
+            excluded = sorted(i for i, ds in chart_ids.values() if column not in columns_of[ds])
+            native.append({
+                "id": f"NATIVE_FILTER-{dash_key}-{column}", "name": label, "filterType": "filter_select",
+                "targets": [{"datasetUuid": uid("dataset", dataset), "column": {"name": column}}],
+                "defaultDataMask": {"extraFormData": {}, "filterState": {}, "ownState": {}},
+                "controlValues": {"enableEmptyFilter": False, "defaultToFirstItem": False, "multiSelect": True,
+                                  "searchAllOptions": False, "inverseSelection": False},
+                "cascadeParentIds": [], "scope": {"rootPath": ["ROOT_ID"], "excluded": excluded},
+                "type": "NATIVE_FILTER", "description": "", "chartsInScope": sorted(
+                    i for i, ds in chart_ids.values() if column in columns_of[ds]),
+            })
+        dump(out / "dashboards" / f"{dash_key}.yaml", {
+            "dashboard_title": title, "description": description, "css": "", "slug": slug,
+            "certified_by": None, "certification_details": None, "published": True,
+            "uuid": uid("dashboard", dash_key), "position": position,
+            "metadata": {"native_filter_configuration": native, "color_scheme": "supersetColors",
+                         "refresh_frequency": 0, "expanded_slices": {}, "label_colors": {},
+                         "timed_refresh_immune_slices": [], "cross_filters_enabled": False,
+                         "default_filters": "{}", "chart_configuration": {}, "global_chart_configuration": {
+                             "scope": {"rootPath": ["ROOT_ID"], "excluded": []}, "chartsInScope": []}},
+            "version": "1.0.0",
+        })
+
+
+if __name__ == "__main__":
+    build()
+    print(f"wrote {BUNDLE}")

@@ -1,0 +1,60 @@
+// Screenshot Superset dashboards in headless Chromium (playwright-core, the system chromium).
+//
+//   NODE_PATH=build/screenshot-node/node_modules node superset/screenshot.js \
+//       http://127.0.0.1:8089 admin admin build/screenshots slug1 slug2 ...
+//
+// Logs in through the login form, opens each dashboard (standalone), waits until every chart has
+// rendered (no spinner left), saves build/screenshots/<slug>.png and prints one JSON line per
+// dashboard: {slug, file, charts, rendered, errors: [...]}.
+const { chromium } = require("playwright-core");
+
+const [base, user, password, outDir, ...slugs] = process.argv.slice(2);
+const executablePath = process.env.CHROMIUM || "/usr/bin/chromium";
+
+(async () => {
+  const browser = await chromium.launch({
+    executablePath,
+    headless: true,
+    args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+           "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"],
+  });
+  try {
+    const page = await browser.newPage({ viewport: { width: 1600, height: 1200 } });
+    await page.goto(`${base}/login/`, { waitUntil: "domcontentloaded" });
+    await page.fill("input[name=username], #username", user);
+    await page.fill("input[name=password], #password", password);
+    await Promise.all([
+      page.waitForURL((u) => !u.pathname.startsWith("/login"), { timeout: 60000 }),
+      page.keyboard.press("Enter"),
+    ]);
+    for (const slug of slugs) {
+      await page.goto(`${base}/superset/dashboard/${slug}/?standalone=1`, { waitUntil: "domcontentloaded" });
+      await page.waitForSelector(".dashboard-component-chart-holder", { timeout: 90000 });
+      // every chart holder has finished loading: no spinner inside any of them
+      await page.waitForFunction(() => {
+        const holders = document.querySelectorAll(".dashboard-component-chart-holder");
+        if (!holders.length) return false;
+        return Array.from(holders).every((h) => !h.querySelector(".loading, [data-test='loading-indicator']")
+          && (h.querySelector("canvas, svg, table, .superset-legacy-chart-big-number, .big_number_total, .header-line")
+              || h.innerText.trim().length > 0));
+      }, null, { timeout: 120000, polling: 500 });
+      await page.waitForTimeout(1500); // let echarts finish its entry animation
+      const info = await page.evaluate(() => {
+        const holders = Array.from(document.querySelectorAll(".dashboard-component-chart-holder"));
+        const errors = holders.flatMap((h) => Array.from(h.querySelectorAll(".alert, [role=alert], .error-message"))
+          .map((e) => e.innerText.trim()).filter(Boolean));
+        const rendered = holders.filter((h) => h.querySelector("canvas, svg, table")
+          || /\d/.test(h.innerText)).length;
+        return { charts: holders.length, rendered, errors };
+      });
+      const file = `${outDir}/${slug}.png`;
+      await page.screenshot({ path: file, fullPage: true });
+      console.log(JSON.stringify({ slug, file, ...info }));
+    }
+  } finally {
+    await browser.close();
+  }
+})().catch((err) => {
+  console.error(err && err.stack ? err.stack : String(err));
+  process.exit(1);
+});

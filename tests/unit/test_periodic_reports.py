@@ -1,0 +1,152 @@
+"""Periodic reports (inventory, monthly, weekly, job health) on a small chDB filled by hand: numbers
+agree with the ledger's own reports (gpuledger.reports.fetch), hints fire where the data says so,
+and the three renderings hold what they should (HTML self-contained, with SVG plots)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+import pytest
+
+from gpuledger import periodic_reports as pr
+from gpuledger import reports, warehouse
+from gpuledger.config import Settings
+from gpuledger.schemas.models import JobEvent, UsageBatch, UsageRecord
+from gpuledger.sink import Source, job_event_row, usage_rows
+
+pytestmark = pytest.mark.integration  # the real engine (chDB)
+
+DB = "ledger_periodic"
+T0 = int(dt.datetime(2026, 11, 2, tzinfo=dt.timezone.utc).timestamp() * 1000)
+MIN = 60_000
+GPUS = {"gpu-A": ("n1", "A100-80GB"), "gpu-B": ("n1", "A100-80GB"), "gpu-C": ("n2", "T4")}
+
+
+def rec(gpu, m0, m1, state, job="", attempt=0, util=None, tenant="", queue="", cost_per_min=1000):
+    node, model = GPUS[gpu]
+    ms = (m1 - m0) * MIN
+    return UsageRecord(
+        record_id=f"{gpu}/{m0}/{job}", cluster="c", node=node, gpu_uuid=gpu, gpu_model=model,
+        start_ms=T0 + m0 * MIN, end_ms=T0 + m1 * MIN, state=state, job_id=job, attempt=attempt,
+        tenant=tenant if job else "", queue=queue if job else "", share_milli=1000, gpu_ms=ms, util_pct=util,
+        energy_j=0.0, coefficient=2.0, coefficient_version="v1", effective_gpu_ms=2 * ms,
+        cost_micros=(m1 - m0) * cost_per_min, definition_version="d1")
+
+
+def ev(n, minute, kind, job, attempt=0, gpus=(), tenant="t1", queue="q1", requested=2.0):
+    return JobEvent(
+        event_id=f"e{n}", ts_ms=T0 + minute * MIN, kind=kind, cluster="c", job_id=job, attempt=attempt,
+        tenant=tenant, queue=queue, priority=0, requested_gpus=requested,
+        gpus=[{"node": GPUS[g][0], "gpu_uuid": g, "share_milli": 1000} for g in gpus])
+
+
+J1 = dict(job="job-1", tenant="t1", queue="q1")
+J2 = dict(job="job-2", tenant="t2", queue="q2")
+USAGE = [
+    # job-1 attempt 0 on gpu-A and gpu-B: 5 min loading, 20 min running, then it fails
+    rec("gpu-A", 0, 5, "allocated_idle", **J1), rec("gpu-B", 0, 5, "allocated_idle", **J1),
+    rec("gpu-A", 5, 25, "executing", util=90.0, **J1), rec("gpu-B", 5, 25, "executing", util=30.0, **J1),
+    # attempt 1 on the same GPUs: 3 min loading, 30 min balanced running
+    rec("gpu-A", 30, 33, "allocated_idle", attempt=1, **J1), rec("gpu-B", 30, 33, "allocated_idle", attempt=1, **J1),
+    rec("gpu-A", 33, 63, "executing", attempt=1, util=80.0, **J1),
+    rec("gpu-B", 33, 63, "executing", attempt=1, util=80.0, **J1),
+    rec("gpu-A", 25, 30, "unallocated"), rec("gpu-B", 25, 30, "unallocated"),
+    # job-2 on gpu-C: 10 min, low utilization; gpu-C then down for 20 min
+    rec("gpu-C", 0, 10, "executing", util=10.0, **J2), rec("gpu-C", 10, 30, "down"),
+    rec("gpu-C", 30, 63, "unallocated"),
+]
+EVENTS = [
+    ev(1, 0, "submitted", "job-1"), ev(2, 0, "allocated", "job-1", gpus=("gpu-A", "gpu-B")),
+    ev(3, 5, "started", "job-1", gpus=("gpu-A", "gpu-B")), ev(4, 25, "failed", "job-1", gpus=("gpu-A", "gpu-B")),
+    ev(5, 28, "retried", "job-1", attempt=1), ev(6, 30, "allocated", "job-1", attempt=1, gpus=("gpu-A", "gpu-B")),
+    ev(7, 33, "started", "job-1", attempt=1, gpus=("gpu-A", "gpu-B")),
+    ev(8, 63, "completed", "job-1", attempt=1, gpus=("gpu-A", "gpu-B")),
+    ev(9, 0, "submitted", "job-2", tenant="t2", queue="q2", requested=1.0),
+    ev(10, 0, "allocated", "job-2", gpus=("gpu-C",), tenant="t2", queue="q2", requested=1.0),
+    ev(11, 0, "started", "job-2", gpus=("gpu-C",), tenant="t2", queue="q2", requested=1.0),
+    ev(12, 10, "completed", "job-2", gpus=("gpu-C",), tenant="t2", queue="q2", requested=1.0),
+]
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    path = tmp_path_factory.mktemp("periodic") / "chdb"
+    c = warehouse.connect(Settings(warehouse=f"chdb:{path}", database=DB))
+    try:
+        warehouse.migrate(c, DB)
+        warehouse.insert_rows(c, "usage_raw", usage_rows(UsageBatch(node="n", records=USAGE), Source("u", 0, 0)),
+                              database=DB)
+        warehouse.insert_rows(c, "job_events", [job_event_row(e, Source("e", 0, i)) for i, e in enumerate(EVENTS)],
+                              database=DB)
+        yield c
+    finally:
+        c.close()  # one chDB directory per process
+
+
+def test_job_report_cost_balance_and_hints(client):
+    r = pr.build_report(client, DB, "job", job_id="job-1")
+    job = reports.fetch(client, DB, "jobs", job_id="job-1")[0]
+    cost = r.section("Cost by attempt").rows
+    assert [c["attempt"] for c in cost] == [0, 1]
+    assert sum(c["total_cost"] for c in cost) == pytest.approx(job["cost"])
+    # attempt 0 failed: its executing time is the failed-retry line, loading is idle
+    assert cost[0]["failed_retry_cost"] == pytest.approx(2 * 20 * 1000 / 1e6)
+    assert cost[0]["idle_cost"] == pytest.approx(2 * 5 * 1000 / 1e6)
+    assert cost[1]["compute_cost"] == pytest.approx(2 * 30 * 1000 / 1e6)
+    scores = {s["attempt"]: s["balance_score"] for s in r.section("Balance score per attempt").rows}
+    assert scores[0] == pytest.approx((90 + 30) / 2 / 90)
+    assert scores[1] == pytest.approx(1.0)
+    hints = r.section("Hints").rows
+    assert {(h["attempt"], h["hint"]) for h in hints} >= {(0, "loading stall"), (1, "loading stall"), (0, "straggler")}
+    assert [h["detail"][:5] for h in hints if h["hint"] == "straggler"] == ["n1/B "]
+    hist = {h["util_bucket"]: h["gpu_hours"] for h in r.section("Utilization distribution").rows}
+    assert hist == pytest.approx({"30-40%": 20 / 60, "80-90%": 60 / 60, "90-100%": 20 / 60})
+
+
+def test_monthly_agrees_with_bills_and_jobs(client):
+    r = pr.build_report(client, DB, "monthly")
+    assert r.period.startswith("2026-11-01")
+    bills = reports.fetch(client, DB, "bills")
+    tenants = {t["tenant"]: t for t in r.section("Tenant cost composition").rows}
+    for b in bills:
+        assert tenants[b["tenant"]]["total_cost"] == pytest.approx(b["total_cost"])
+        assert tenants[b["tenant"]]["failed_retry_cost"] == pytest.approx(b["failed_retry_cost"])
+    assert [j["job_id"] for j in r.section("Top 10 jobs by cost").rows] == ["job-1", "job-2"]
+    trend = r.section("Three utilization layers per day").rows
+    util = reports.fetch(client, DB, "utilization", by="day")
+    assert [t["scheduling_utilization"] for t in trend] == pytest.approx([u["scheduling_utilization"] for u in util])
+
+
+def test_inventory_and_weekly(client):
+    inv = pr.build_report(client, DB, "inventory", days=30)
+    cards = {c["gpu_model"]: c["cards"] for c in inv.section("Cards per GPU model and their utilization").rows}
+    assert cards == {"A100-80GB": 2, "T4": 1}
+    low = inv.section("Cards under 20% utilization").rows
+    assert [c["gpu_uuid"] for c in low] == ["gpu-C"] and low[0]["queues"] == "q2"
+    assert inv.section("Largest 10 jobs by GPU-hours").rows[0]["job_id"] == "job-1"
+    wk = pr.build_report(client, DB, "weekly")
+    kinds = {(a["kind"], a["subject"].split()[-1]) for a in wk.section("Anomalies").rows}
+    assert ("gpu_down", "gpu-C") in kinds and ("failed_attempts", "job-1") in kinds and ("straggler", "job-1") in kinds
+    assert wk.summary["potential_savings"] == pytest.approx(
+        sum(b["idle_cost"] + b["failed_retry_cost"] for b in reports.fetch(client, DB, "bills")))
+
+
+@pytest.mark.parametrize("fmt", pr.FORMATS)
+def test_renderings(client, fmt):
+    r = pr.build_report(client, DB, "job", job_id="job-1")
+    out = pr.render_report(r, fmt)
+    assert "job-1" in out and "Cost by attempt" in out
+    if fmt == "markdown":
+        assert re.search(r"^\| attempt \|", out, re.M)
+    if fmt == "html":
+        assert out.startswith("<!DOCTYPE html>") and out.count("<svg") >= 3
+        # self-contained: no scripts, no external resources
+        assert "<script" not in out and not re.search(r"(src|href)=['\"]?https?:", out)
+
+
+def test_unknown_report_and_job(client):
+    with pytest.raises(ValueError, match="unknown report"):
+        pr.build_report(client, DB, "daily")
+    with pytest.raises(ValueError, match="no job"):
+        pr.build_report(client, DB, "job", job_id="nope")
