@@ -1,0 +1,145 @@
+"""`make bench`: every benchmark, a table, and bench/results.json.
+
+    .venv/bin/python -m bench.run                       # full run (~20 min on 2 cores)
+    GPULEDGER_BENCH_QUICK=1 .venv/bin/python -m bench.run   # smoke run (~4 min), smaller sizes
+    .venv/bin/python -m bench.run --only join,agent     # some stages (core, agent, join, profile, e2e, warehouse)
+
+Sizes can be set one by one with GPULEDGER_BENCH_<NAME> (see bench/common.py: Sizes).
+Scratch data (logs, profiles, chDB directories) goes to GPULEDGER_BENCH_DIR (default
+$TMPDIR/gpuledger-bench); chDB directories are removed after use. docs/performance.md explains
+every figure."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from bench.common import QUICK, SIZES, load_average, say, workdir
+
+RESULTS = Path(__file__).resolve().parent / "results.json"
+STAGES = ("core", "agent", "join", "profile", "e2e", "warehouse")
+
+#: (key, label, unit, format, target as (comparison, value) or None)
+TABLE = [
+    ("join_samples_per_s", "join: 1 Faust worker process", "samples/s", "{:,.0f}", (">=", 100_000)),
+    ("join_baseline_samples_per_s", "join baseline: aiokafka + orjson", "samples/s", "{:,.0f}", None),
+    ("join_ratio", "join / baseline", "ratio", "{:.3f}", (">=", 0.3)),
+    ("join_cpu_ratio", "join / baseline per CPU-second", "ratio", "{:.3f}", None),
+    ("join_worker_cpu_us_per_tick", "worker CPU per 8-GPU tick", "us", "{:,.0f}", None),
+    ("core_samples_per_s", "pure core (no Kafka), per CPU-second", "samples/s", "{:,.0f}", None),
+    ("core_us_per_tick", "pure core CPU per 8-GPU tick", "us", "{:,.0f}", None),
+    ("scaleout_ratio", "2 workers / 1 worker", "ratio", "{:.2f}", None),
+    ("agent_core_share_1hz_8gpu", "agent, 8 GPUs @ 1 s (in process)", "% of a core", "pct", ("<", 0.005)),
+    ("agent_live_core_share_1hz_8gpu", "agent process incl. librdkafka", "% of a core", "pct", ("<", 0.005)),
+    ("nvml_calls_per_tick", "NVML calls per tick (8 GPUs)", "calls", "{:.0f}", None),
+    ("writer_rows_per_s", "writer into chDB (ClickHouseWriter)", "rows/s", "{:,.0f}", None),
+    ("writer_vs_columnar", "writer / columnar insert baseline", "ratio", "{:.2f}", None),
+    ("bill_query_speedup_10m", "month bill: raw / MV at size 1", "x", "{:,.1f}", None),
+    ("bill_query_speedup_100m", "month bill: raw / MV at size 2", "x", "{:,.1f}", None),
+    ("e2e_latency_p50_s", "e2e from sample publication p50", "s", "{:.2f}", None),
+    ("e2e_latency_p99_s", "e2e from sample publication p99", "s", "{:.2f}", None),
+    ("e2e_pipeline_latency_p50_s", "e2e from closing watermark p50", "s", "{:.2f}", None),
+]
+
+
+def _fmt(value, fmt: str) -> str:
+    if value is None:
+        return "-"
+    if fmt == "pct":
+        return f"{100 * value:.3f} %"
+    return fmt.format(value)
+
+
+def table(results: dict) -> str:
+    lines = [f"{'figure':<40} {'value':>14}  {'unit':<12} {'target':<10} met"]
+    for key, label, unit, fmt, target in TABLE:
+        value = results.get(key)
+        met, tgt = "", ""
+        if target is not None:
+            op, bound = target
+            tgt = f"{op} {_fmt(bound, fmt)}"
+            if value is not None:
+                met = "yes" if (value >= bound if op == ">=" else value < bound) else "NO"
+        lines.append(f"{label:<40} {_fmt(value, fmt):>14}  {unit:<12} {tgt:<10} {met}")
+    d = results.get("warehouse_detail", {})
+    for key in ("bill_10m", "bill_100m"):
+        if key in d:
+            b = d[key]
+            lines.append(f"  {key}: {b['raw_rows']:,} raw rows, MV {1000 * b['mv_query_s']:.1f} ms vs raw "
+                         f"{1000 * b['raw_query_s']:,.0f} ms")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="bench.run", description=__doc__.splitlines()[0])
+    p.add_argument("--only", help=f"comma-separated stages of {', '.join(STAGES)}")
+    p.add_argument("--output", default=str(RESULTS))
+    args = p.parse_args(argv)
+    stages = [s.strip() for s in args.only.split(",")] if args.only else list(STAGES)
+    unknown = sorted(set(stages) - set(STAGES))
+    if unknown:
+        p.error(f"unknown stage(s) {unknown}; choose from {STAGES}")
+
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "streams", "schemas", "agents", "gpuledger", "sql"],
+                                    capture_output=True, text=True).stdout.strip())
+    except OSError:
+        rev, dirty = "?", False
+    results: dict = {
+        "meta": {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": QUICK, "sizes": asdict(SIZES),
+                 "cpus": os.cpu_count(), "python": platform.python_version(), "git": rev + ("+dirty" if dirty else ""),
+                 "load_average_before": load_average(), "stage_seconds": {}, "load_average_after_stage": {}},
+    }
+    say(f"{'QUICK' if QUICK else 'full'} run of {', '.join(stages)}; scratch in {workdir()}; load {load_average()}")
+    t_all = time.monotonic()
+
+    def stage(name: str, fn) -> None:
+        if name not in stages:
+            return
+        t0 = time.monotonic()
+        out = fn()
+        results.update(out)
+        results["meta"]["stage_seconds"][name] = round(time.monotonic() - t0, 1)
+        results["meta"]["load_average_after_stage"][name] = load_average()
+
+    from bench import agent, core, e2e, join, warehouse
+
+    stage("core", core.measure)
+    needs_broker = {"agent", "join", "profile", "e2e"} & set(stages)
+    if needs_broker:
+        from gpuledger.broker import EmbeddedBroker
+
+        with EmbeddedBroker(log_path=workdir() / "tansu.log") as broker:
+            stage("agent", lambda: agent.run(broker.bootstrap))
+            stage("join", lambda: join.run(broker.bootstrap, scaleout=True, broker_pid=broker.pid))
+            stage("profile", lambda: {"worker_profile": join.profile_worker(broker.bootstrap)})
+            stage("e2e", lambda: e2e.run(broker.bootstrap))
+    else:
+        stage("agent", lambda: agent.run(None))
+    if "warehouse" in stages:
+        stage("warehouse", warehouse.run)
+        w = results.get("warehouse_detail", {}).get("writer")
+        if w:
+            results["writer_vs_columnar"] = w["writer_vs_columnar"]
+    results["meta"]["total_seconds"] = round(time.monotonic() - t_all, 1)
+
+    out = Path(args.output)
+    out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print()
+    print(table(results))
+    print()
+    print(f"{'QUICK (smoke) sizes' if QUICK else 'full sizes'}; {os.cpu_count()} CPUs; load average before "
+          f"{results['meta']['load_average_before']}; {results['meta']['total_seconds']:.0f} s; written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
