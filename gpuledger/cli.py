@@ -314,7 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=7)
 
     from gpuledger.superset import register_cli as register_superset_cli
+    from gpuledger.traces import register_cli as register_traces_cli
     register_superset_cli(sub)
+    register_traces_cli(sub)
 
     p = add("schemas", cmd_schemas, "export the JSON Schema files from the pydantic models")
     p.add_argument("action", choices=["export"])
