@@ -44,6 +44,8 @@ class Slice:
 def split_integer(total: int, weights: list[int]) -> list[int]:
     """Split `total` in proportion to `weights` so the parts sum to `total` exactly
     (largest remainder; ties go to the earlier part)."""
+    if len(weights) == 1:  # the common case: a GPU in one state for the whole stretch
+        return [total if weights[0] else 0]
     weight_sum = sum(weights)
     if weight_sum == 0 or total == 0:
         return [0] * len(weights)

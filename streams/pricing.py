@@ -38,11 +38,12 @@ class Coefficient:
     model: str
     coefficient: float
     valid_from_ms: int
+    # "MODEL@YYYY-MM-DD", stored on every usage record; computed once (it is on the hot path)
+    version: str = field(init=False)
 
-    @property
-    def version(self) -> str:
+    def __post_init__(self) -> None:
         day = datetime.fromtimestamp(self.valid_from_ms / 1000, tz=timezone.utc).date().isoformat()
-        return f"{self.model}@{day}"
+        object.__setattr__(self, "version", f"{self.model}@{day}")
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ class LedgerConfig:
             entries = self.coefficients.get(name)
             if not entries:
                 continue
-            i = bisect.bisect_right([e.valid_from_ms for e in entries], ts_ms) - 1
+            i = bisect.bisect_right(entries, ts_ms, key=lambda e: e.valid_from_ms) - 1
             if i >= 0:
                 return entries[i]
         raise LedgerConfigError(f"no coefficient valid for model {model!r} at {ts_ms} (and no 'default' entry)")
