@@ -5,7 +5,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test test-unit bench schemas superset-check clean
+.PHONY: help install demo test test-unit chaos bench schemas superset-check clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
@@ -26,6 +26,9 @@ test: $(STAMP) ## install and run every test (unit + integration on Tansu + chDB
 
 test-unit: $(STAMP) ## unit tests of the pure core only
 	$(BIN)/python -m pytest -q -m "not integration and not docker"
+
+chaos: $(STAMP) ## fault-injection suite: kill -9 worker/sink, freeze broker, cut clients off, warehouse outage; bills must equal the fault-free run (~5 min)
+	$(BIN)/python -m pytest -q -s -m chaos tests/chaos
 
 bench: $(STAMP) ## run every benchmark (~20 min; GPULEDGER_BENCH_QUICK=1 for a ~4 min smoke run), print a table, write bench/results.json
 	$(BIN)/python -m bench.run

@@ -69,8 +69,13 @@ class ChildProcess:
         self.stop()
 
 
-def group_lag(settings: Settings, group: str, topics: list[str]) -> int:
-    """Messages not yet committed by `group` on `topics` (sum over partitions)."""
+def group_lag(settings: Settings, group: str, topics: list[str],
+              known_ends: dict[tuple[str, int], int] | None = None) -> int:
+    """Messages not yet committed by `group` on `topics` (sum over partitions).
+
+    A partition's end is its high watermark, or the end the caller knows it delivered there when
+    that is larger (`known_ends`: (topic, partition) -> offset after the last acknowledged
+    message): after faults, Tansu's ListOffsets can report a high watermark behind the log."""
     consumer = Consumer({**settings.kafka_client_config(), "group.id": group, "enable.auto.commit": False})
     try:
         metadata = consumer.list_topics(timeout=10)
@@ -79,6 +84,7 @@ def group_lag(settings: Settings, group: str, topics: list[str]) -> int:
         lag = 0
         for tp in committed:
             _, high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=10)
+            high = max(high, (known_ends or {}).get((tp.topic, tp.partition), 0))
             lag += max(0, high - max(tp.offset, 0))
         return lag
     finally:
@@ -86,14 +92,16 @@ def group_lag(settings: Settings, group: str, topics: list[str]) -> int:
 
 
 def wait_until_caught_up(settings: Settings, group: str, topics: list[str], *, timeout_s: float = 600,
-                         stable_s: float = 3.0, alive: ChildProcess | None = None, progress=None) -> None:
-    """Block until `group` has no lag on `topics` for `stable_s` seconds in a row."""
+                         stable_s: float = 3.0, alive: ChildProcess | None = None, progress=None,
+                         known_ends: dict[tuple[str, int], int] | None = None) -> None:
+    """Block until `group` has no lag on `topics` for `stable_s` seconds in a row (see `group_lag`
+    for `known_ends`)."""
     deadline = time.monotonic() + timeout_s
     zero_since = None
     while time.monotonic() < deadline:
         if alive:
             alive.check_alive()
-        lag = group_lag(settings, group, topics)
+        lag = group_lag(settings, group, topics, known_ends)
         if progress:
             progress(lag)
         if lag == 0:

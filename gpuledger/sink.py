@@ -3,13 +3,23 @@
 Three layers, each replaceable:
 - pure conversion: `process_message(kind, raw, source)` turns one message into rows per table
   (or raises DecodeError) — no Kafka, no ClickHouse;
-- `BatchingSink`: buffers rows per table with the source positions they came from, flushes on
-  size, age or stop through a `Writer` backend, retrying with backoff when the backend fails,
-  and only then reports the offsets that are safe to commit;
-- `ClickHouseWriter`: the backend, one `insert_rows` per table.
+- `BatchingSink`: buffers rows per (topic, partition) and table, cuts each partition's rows into
+  blocks at recorded Kafka offset ranges, and writes them through a `Writer` backend with an
+  insert-deduplication token per block, retrying with backoff until the backend takes them;
+  a `ProgressStore` records each block's range before ("pending") and after ("done") the insert;
+- `ClickHouseWriter` / `ClickHouseProgress`: the backend (one insert per table and block) and the
+  progress table (`sink_progress`, sql/0007).
 
-Delivery is at-least-once: rows are inserted before offsets are committed, and every row keeps
-its message's topic/partition/offset so duplicates can be found (and removed) later.
+Exactly-once effect (docs/reliability.md, "Exactly-once into ClickHouse"):
+- a block is the rows of messages [from, to) of one partition; its token names that range, so a
+  block written again after a crash is dropped by ClickHouse (usage_raw and, with
+  `deduplicate_blocks_in_dependent_materialized_views`, each materialized view's target on its own);
+- after a restart the sink resumes from the progress table: messages below a done range are
+  skipped; a pending range is rebuilt exactly (same messages, same horizons, same token) and
+  written again, so whatever part of it reached ClickHouse is not counted twice;
+- usage records the worker emitted twice (after a worker crash, at new offsets) are dropped before
+  the insert by a per-GPU horizon: the worker emits each GPU's records in time order, so a record
+  starting before the end of the latest record already taken for its GPU is a re-emission.
 Undecodable messages go to the dead-letter topic with the reason and the original bytes; they
 never stop the good data behind them.
 """
@@ -17,9 +27,11 @@ never stop the good data behind them.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Protocol
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -133,9 +145,10 @@ def process_message(kind: str, raw: bytes | None, source: Source) -> dict[str, l
 
 # --------------------------------------------------------------------------- sink abstraction
 class Writer(Protocol):
-    """A sink backend: writes one table's batch, or raises (the batch is then retried)."""
+    """A sink backend: writes one table's block, or raises (the block is then retried). `token`
+    identifies the block: a backend that sees the same token again must not store it twice."""
 
-    def write(self, table: str, rows: list[dict]) -> None: ...
+    def write(self, table: str, rows: list[dict], token: str | None = None) -> None: ...
 
 
 class ClickHouseWriter:
@@ -143,69 +156,296 @@ class ClickHouseWriter:
         self.client = client
         self.database = database
 
-    def write(self, table: str, rows: list[dict]) -> None:
-        from gpuledger.warehouse import insert_rows
+    def write(self, table: str, rows: list[dict], token: str | None = None) -> None:
+        settings = None
+        if token is not None:
+            settings = {"insert_deduplication_token": token, "insert_deduplicate": 1,
+                        "deduplicate_blocks_in_dependent_materialized_views": 1}
+        _insert(self.client, table, rows, self.database, settings)
 
-        insert_rows(self.client, table, rows, database=self.database)
+
+def _insert(client, table: str, rows: list[dict], database: str, settings: dict | None = None) -> None:
+    """One INSERT of rows given as dicts with the same keys (one block: one dedup token)."""
+    if not rows:
+        return
+    names = list(rows[0])
+    client.insert(table, [[row[n] for n in names] for row in rows], column_names=names, database=database,
+                  settings=settings)
+
+
+@dataclass
+class Progress:
+    """What the warehouse holds of one (topic, partition): offsets below `done_to` are in; the range
+    [pending[0], pending[1]) may be partly in (written with its token, not yet confirmed).
+    `horizons` (usage only): per GPU, the end of the latest record taken — as of `done_to`, or, when
+    a range is pending, as of its start."""
+
+    epoch: int = 0
+    done_to: int = 0
+    pending: tuple[int, int] | None = None
+    horizons: dict[str, int] = field(default_factory=dict)
+
+
+class ProgressStore(Protocol):
+    def load(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], Progress]: ...
+
+    def save(self, rows: list[dict]) -> None: ...
+
+
+class MemoryProgress:
+    """A ProgressStore in memory (unit tests)."""
+
+    def __init__(self):
+        self.rows: list[dict] = []
+
+    def save(self, rows: list[dict]) -> None:
+        self.rows.extend(dict(r) for r in rows)
+
+    def load(self, partitions):
+        out = {}
+        for r in sorted(self.rows, key=lambda r: r["seq"]):
+            key = (r["topic"], r["partition"])
+            if key in partitions:
+                out[key] = _progress_from_row(r)
+        return out
+
+
+def _progress_from_row(r: dict) -> Progress:
+    if r["phase"] == "pending":
+        return Progress(r["epoch"], r["from_offset"], (r["from_offset"], r["to_offset"]), dict(r["horizons"]))
+    return Progress(r["epoch"], r["to_offset"], None, dict(r["horizons"]))
+
+
+class ClickHouseProgress:
+    """The `sink_progress` table (sql/0007): the latest row per (consumer, topic, partition) wins."""
+
+    TABLE = "sink_progress"
+
+    def __init__(self, client, database: str, consumer: str):
+        self.client, self.database, self.consumer = client, database, consumer
+
+    def save(self, rows: list[dict]) -> None:
+        _insert(self.client, self.TABLE, [{**r, "consumer": self.consumer} for r in rows], self.database)
+
+    def load(self, partitions):
+        wanted = set(partitions)
+        result = self.client.query(
+            f"SELECT topic, partition, argMax(epoch, seq) AS epoch, argMax(from_offset, seq) AS from_offset, "
+            f"argMax(to_offset, seq) AS to_offset, argMax(phase, seq) AS phase, argMax(horizons, seq) AS horizons, "
+            f"max(seq) AS last_seq FROM `{self.database}`.{self.TABLE} WHERE consumer = {{c:String}} "
+            f"GROUP BY topic, partition", parameters={"c": self.consumer})
+        return {(r["topic"], r["partition"]): _progress_from_row(r)
+                for r in result.named_results() if (r["topic"], r["partition"]) in wanted}
+
+
+class SimulatedOutage(ConnectionError):
+    """Raised by `FaultInjectingWriter` while its control file says the warehouse is down."""
+
+
+class FaultInjectingWriter:
+    """Testing only (GPULEDGER_SINK_FAULT_FILE): reads its control file before every write.
+
+    `down` — the write fails (the warehouse is unavailable); `pause-before-insert` /
+    `pause-after-insert` — the sink writes `<file>.paused` and sleeps, before or after inserting
+    into usage_raw, so that a test can kill it there. Anything else (or no file): pass through."""
+
+    def __init__(self, inner: Writer, control: Path):
+        self.inner, self.control = inner, Path(control)
+
+    def _mode(self) -> str:
+        try:
+            return self.control.read_text().strip()
+        except OSError:
+            return ""
+
+    def _pause(self, where: str) -> None:
+        Path(f"{self.control}.paused").write_text(f"{where} pid {os.getpid()}\n")
+        log.warning("fault injection: paused %s; waiting to be killed", where)
+        while self._mode().startswith("pause"):
+            time.sleep(0.1)
+
+    def write(self, table: str, rows: list[dict], token: str | None = None) -> None:
+        mode = self._mode()
+        if mode == "down":
+            raise SimulatedOutage("fault injection: the warehouse is unavailable")
+        if table == "usage_raw" and mode == "pause-before-insert":
+            self._pause("before inserting into usage_raw")
+        self.inner.write(table, rows, token=token)
+        if table == "usage_raw" and mode == "pause-after-insert":
+            self._pause("after inserting into usage_raw")
+
+
+@dataclass
+class _Buffer:
+    """Rows of one partition not yet written: messages [first, next)."""
+
+    first: int | None = None
+    next: int = 0
+    rows: dict[str, list[dict]] = field(default_factory=dict)
+    running: dict[str, int] = field(default_factory=dict)  # horizons including the buffered rows
+    count: int = 0
 
 
 @dataclass
 class BatchingSink:
-    """Rows buffered per table, plus the next offset per (topic, partition) they account for.
+    """Rows buffered per (topic, partition), written in blocks at recorded offset ranges.
 
-    `flush()` writes every table (retrying failures with backoff, then raising) and returns the
-    offsets now safe to commit. A message with no rows (watermark, dead letter) still advances
-    its partition's offset, so it is committed with the next flush."""
+    `add()` takes one message's rows (or none: watermark, dead letter) and returns False for a
+    message the warehouse already holds (skipped). `flush()` writes every buffered partition —
+    pending progress rows, one insert per table with the block's token, done progress rows,
+    retrying each step until it succeeds — and returns (rows written per table, offsets to commit).
+    Call `assign()` for partitions (re)gained: it loads their progress from the store."""
 
     writer: Writer
+    progress: ProgressStore = field(default_factory=MemoryProgress)
     batch_rows: int = 20_000
     batch_interval_s: float = 1.0
-    retries: int = 3
     backoff_s: float = 0.5
+    backoff_max_s: float = 30.0
+    usage_topic: str | None = None
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
-    _rows: dict[str, list[dict]] = field(default_factory=dict, init=False)
-    _offsets: dict[tuple[str, int], int] = field(default_factory=dict, init=False)
+    should_stop: Callable[[], bool] = lambda: False
+    _state: dict[tuple[str, int], Progress] = field(default_factory=dict, init=False)
+    _buffers: dict[tuple[str, int], _Buffer] = field(default_factory=dict, init=False)
     _since: float | None = field(default=None, init=False)
+    _reported: dict[tuple[str, int], int] = field(default_factory=dict, init=False)
     buffered: int = field(default=0, init=False)
+    skipped_duplicates: int = field(default=0, init=False)
+    dropped_records: int = field(default=0, init=False)
+    retries: int = field(default=0, init=False)
 
-    def add(self, rows_by_table: dict[str, list[dict]], source: Source) -> None:
+    # -- partitions
+    def assign(self, partitions: list[tuple[str, int]]) -> None:
+        """Load the progress of (re)gained partitions; buffered rows of theirs are dropped (the
+        messages come again from the committed offset)."""
+        if not partitions:
+            return
+        loaded = self._retry(lambda: self.progress.load(list(partitions)), "loading sink progress")
+        for key in partitions:
+            self._drop(key)
+            self._state[key] = loaded.get(key, Progress())
+
+    def revoke(self, partitions: list[tuple[str, int]]) -> None:
+        for key in partitions:
+            self._drop(key)
+            self._state.pop(key, None)
+            self._reported.pop(key, None)
+
+    def _drop(self, key) -> None:
+        buf = self._buffers.pop(key, None)
+        if buf:
+            self.buffered -= buf.count
+
+    # -- input
+    def add(self, rows_by_table: dict[str, list[dict]], source: Source) -> bool:
+        key = (source.topic, source.partition)
+        state = self._state.setdefault(key, Progress())
+        buf = self._buffers.get(key)
+        if source.offset < state.done_to or (buf is not None and source.offset < buf.next):
+            self.skipped_duplicates += 1
+            return False
+        if state.pending and buf is not None and source.offset >= state.pending[1]:
+            self.flush_partition(key)  # the replayed range is complete (its end was a gap)
+            buf = None
+        if buf is None:
+            buf = self._buffers[key] = _Buffer(first=source.offset, next=source.offset,
+                                              running=dict(state.horizons))
+        if source.topic == self.usage_topic and "usage_raw" in rows_by_table:
+            rows_by_table = {**rows_by_table, "usage_raw": self._new_usage(rows_by_table["usage_raw"], buf.running)}
         for table, rows in rows_by_table.items():
             if rows:
-                self._rows.setdefault(table, []).extend(rows)
+                buf.rows.setdefault(table, []).extend(rows)
+                buf.count += len(rows)
                 self.buffered += len(rows)
-        key = (source.topic, source.partition)
-        self._offsets[key] = max(self._offsets.get(key, -1), source.offset + 1)
+        buf.next = source.offset + 1
         if self._since is None:
             self._since = self.clock()
+        if state.pending and buf.next >= state.pending[1]:
+            self.flush_partition(key)  # a pending range is written again exactly as it was cut
+        return True
+
+    def _new_usage(self, rows: list[dict], running: dict[str, int]) -> list[dict]:
+        """One message's usage rows minus those of GPUs already taken up to a later time; then
+        advance the running horizons. A message holds whole ticks, so the check is per message."""
+        horizon_before = {gpu: running.get(gpu, 0) for gpu in {r["gpu_uuid"] for r in rows}}
+        kept = [r for r in rows if r["start_ms"] >= horizon_before[r["gpu_uuid"]]]
+        self.dropped_records += len(rows) - len(kept)
+        for r in kept:
+            if r["end_ms"] > running.get(r["gpu_uuid"], 0):
+                running[r["gpu_uuid"]] = r["end_ms"]
+        return kept
 
     def due(self) -> bool:
         if self._since is None:
             return False
         return self.buffered >= self.batch_rows or self.clock() - self._since >= self.batch_interval_s
 
+    # -- output
     def flush(self) -> tuple[dict[str, int], dict[tuple[str, int], int]]:
-        """Write everything buffered; returns (rows written per table, offsets to commit)."""
-        written: dict[str, int] = {}
-        for table in list(self._rows):
-            rows = self._rows[table]
-            self._write_with_retry(table, rows)
-            written[table] = len(rows)
-            del self._rows[table]  # written: a later failure must not write it twice
-            self.buffered -= len(rows)
-        offsets, self._offsets, self._since = self._offsets, {}, None
+        """Write every buffered partition; returns (rows written per table, offsets to commit)."""
+        written = self._write_blocks(sorted(self._buffers))
+        self._since = None
+        # every partition whose progress moved (also by skipping messages the warehouse already held)
+        offsets = {key: st.done_to for key, st in self._state.items()
+                   if st.done_to > 0 and self._reported.get(key) != st.done_to and key not in self._buffers}
+        self._reported.update(offsets)
         return written, offsets
 
-    def _write_with_retry(self, table: str, rows: list[dict]) -> None:
-        for attempt in range(self.retries + 1):
+    def flush_partition(self, key) -> dict[str, int]:
+        return self._write_blocks([key])
+
+    def _write_blocks(self, keys) -> dict[str, int]:
+        written: dict[str, int] = {}
+        plans = []
+        for key in keys:
+            buf = self._buffers.get(key)
+            if buf is None:
+                continue
+            state = self._state[key]
+            start, end = buf.first, buf.next
+            if state.pending and state.pending[0] == start and end < state.pending[1]:
+                end = state.pending[1]  # the rest of a pending range was a gap (no messages)
+            plans.append((key, buf, state, start, end))
+        if not plans:
+            return written
+        seq = time.time_ns()
+        pending_rows = [self._row(key, state.epoch, start, end, "pending", state.horizons, seq)
+                        for key, buf, state, start, end in plans]
+        self._retry(lambda: self.progress.save(pending_rows), "recording a pending block")
+        for key, buf, state, start, end in plans:
+            for table, rows in buf.rows.items():
+                token = f"{key[0]}/{key[1]}/e{state.epoch}/{start}-{end}/{table}"
+                self._retry(lambda t=table, r=rows, tok=token: self.writer.write(t, r, token=tok),
+                            f"writing {len(rows)} rows to {table}")
+                written[table] = written.get(table, 0) + len(rows)
+        done_rows = [self._row(key, state.epoch, start, end, "done", buf.running, seq + 1)
+                     for key, buf, state, start, end in plans]
+        self._retry(lambda: self.progress.save(done_rows), "recording a done block")
+        for key, buf, state, start, end in plans:
+            self._state[key] = Progress(state.epoch, end, None, dict(buf.running))
+            self._drop(key)
+        return written
+
+    @staticmethod
+    def _row(key, epoch, start, end, phase, horizons, seq) -> dict:
+        return {"topic": key[0], "partition": key[1], "epoch": epoch, "from_offset": start, "to_offset": end,
+                "phase": phase, "horizons": dict(horizons), "seq": seq}
+
+    def _retry(self, action, what: str):
+        """Run `action` until it succeeds, with capped exponential backoff (the warehouse may be down
+        for a while; nothing is lost meanwhile: offsets are not committed)."""
+        attempt = 0
+        while True:
             try:
-                self.writer.write(table, rows)
-                return
+                return action()
             except Exception as exc:
-                if attempt == self.retries:
+                if self.should_stop():
                     raise
-                delay = self.backoff_s * 2**attempt
-                log.warning("writing %d rows to %s failed (%s); retrying in %.1fs", len(rows), table, exc, delay)
+                delay = min(self.backoff_max_s, self.backoff_s * 2**attempt)
+                attempt += 1
+                self.retries += 1
+                log.warning("%s failed (%s: %s); retry %d in %.1fs", what, type(exc).__name__, exc, attempt, delay)
                 self.sleep(delay)
 
 
@@ -216,6 +456,7 @@ class SinkStats:
     skipped: int = 0  # decoded, nothing to store (watermarks, empty batches)
     dead_letters: int = 0
     batches: int = 0
+    duplicates: int = 0  # messages the warehouse already held (redelivered after a restart)
     rows: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -225,6 +466,7 @@ class SinkStats:
             "dead_letters": self.dead_letters,
             "skipped": self.skipped,
             "batches": self.batches,
+            "duplicates": self.duplicates,
         }
 
 
@@ -249,19 +491,33 @@ def run_sink(
     topics is committed up to its end offset and nothing arrived for `idle_s`. Without `client`
     it connects to the configured warehouse, applies pending migrations and closes the client
     at the end; a given client is used as is (already migrated) and left open.
-    Returns {"messages", "rows": {table: n}, "dead_letters", "skipped", "batches"}."""
+    Returns {"messages", "rows": {table: n}, "dead_letters", "skipped", "batches", "duplicates"}."""
     from gpuledger.warehouse import connect, migrate
 
+    from gpuledger.metrics import sink_metrics
+
+    _dump_stacks_on_sigusr1()
+    metrics = sink_metrics()
     stop = stop or threading.Event()
     lines = _lines(settings)
     own_client = client is None
     if own_client:
         client = connect(settings)
     kafka = settings.kafka_client_config()
+    group = f"{settings.worker_app_id}-sink"
+    assigned: list[tuple[str, int]] = []
+    revoked: list[tuple[str, int]] = []
+
+    def on_assign(_consumer, partitions):
+        assigned.extend((tp.topic, tp.partition) for tp in partitions)
+
+    def on_revoke(_consumer, partitions):
+        revoked.extend((tp.topic, tp.partition) for tp in partitions)
+
     consumer = Consumer(
         {
             **kafka,
-            "group.id": f"{settings.worker_app_id}-sink",
+            "group.id": group,
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
             "enable.partition.eof": False,
@@ -275,8 +531,13 @@ def run_sink(
         if own_client:
             migrate(client, settings.database)
         partitions = _partitions(consumer, list(lines))
-        sink = BatchingSink(ClickHouseWriter(client, settings.database), batch_rows=batch_rows, batch_interval_s=batch_interval_s)
-        consumer.subscribe(list(lines))
+        writer: Writer = ClickHouseWriter(client, settings.database)
+        if settings.sink_fault_file:
+            writer = FaultInjectingWriter(writer, settings.sink_fault_file)
+        sink = BatchingSink(writer, ClickHouseProgress(client, settings.database, group), batch_rows=batch_rows,
+                            batch_interval_s=batch_interval_s, backoff_max_s=settings.sink_retry_max_s,
+                            usage_topic=settings.topics.usage, should_stop=stop.is_set)
+        consumer.subscribe(list(lines), on_assign=on_assign, on_revoke=on_revoke)
 
         def on_delivery(err, _msg):
             if err is not None:
@@ -287,17 +548,32 @@ def run_sink(
             if producer.flush(30) > 0 or delivery_errors:
                 raise RuntimeError(f"could not deliver dead letters to {settings.topics.dead_letters}: {delivery_errors[:3]}")
             written, offsets = sink.flush()
+            metrics.batch_flushed(written)
             if written:
                 stats.batches += 1
                 for table, n in written.items():
                     stats.rows[table] = stats.rows.get(table, 0) + n
             if offsets:
-                consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False)
+                try:
+                    consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False)
+                except KafkaException as exc:
+                    # harmless: the progress table, not the committed offset, says what the warehouse holds
+                    log.warning("could not commit offsets (%s); the progress table covers them", exc)
+
+        def rebalanced() -> None:
+            if revoked:
+                sink.revoke(list(revoked))
+                revoked.clear()
+            if assigned:
+                gained = list(assigned)
+                assigned.clear()
+                sink.assign(gained)
 
         last_message = time.monotonic()
         last_check = 0.0
         while not stop.is_set():
             messages = consumer.consume(num_messages=500, timeout=0.2)
+            rebalanced()
             for msg in messages:
                 err = msg.error()
                 if err is not None:
@@ -309,18 +585,25 @@ def run_sink(
                     continue
                 last_message = time.monotonic()
                 stats.messages += 1
+                metrics.message_in(msg.topic())
                 source = Source(msg.topic(), msg.partition(), msg.offset())
                 try:
                     rows = process_message(lines[msg.topic()], msg.value(), source)
                 except Exception as exc:  # any failure to turn the message into rows is its own fault
                     reason = str(exc) if isinstance(exc, DecodeError) else f"cannot convert: {type(exc).__name__}: {exc}"
+                    rows = None
+                else:
+                    reason = None
+                if not sink.add(rows or {}, source):
+                    stats.duplicates += 1
+                    metrics.duplicate()
+                    continue
+                if reason is not None:
+                    metrics.dead_letter(msg.topic(), reason)
                     _dead_letter(producer, settings, msg, reason, on_delivery)
                     stats.dead_letters += 1
-                    rows = {}
-                else:
-                    if not any(rows.values()):
-                        stats.skipped += 1
-                sink.add(rows, source)
+                elif not any(rows.values()):
+                    stats.skipped += 1
                 if sink.buffered >= batch_rows:
                     flush_and_commit()
             producer.poll(0)
@@ -339,6 +622,15 @@ def run_sink(
         if own_client:
             client.close()
     return stats.as_dict()
+
+
+def _dump_stacks_on_sigusr1() -> None:
+    """`kill -USR1 <pid>` prints every thread's stack to stderr (diagnosing a stuck sink or worker)."""
+    import faulthandler
+    import signal
+
+    if threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def _group_timeouts(settings: Settings) -> dict:

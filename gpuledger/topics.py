@@ -28,7 +28,9 @@ def create_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, str]
                 raise RuntimeError(f"topic {name} exists with {have} partitions, configuration says {partitions}")
             result[name] = "exists"
         else:
-            to_create.append(NewTopic(name, num_partitions=partitions, replication_factor=settings.replication_factor))
+            config = {"cleanup.policy": "compact"} if name == settings.topics.worker_state else {}
+            to_create.append(NewTopic(name, num_partitions=partitions, replication_factor=settings.replication_factor,
+                                      config=config))
     if to_create:
         for name, future in admin.create_topics(to_create, operation_timeout=timeout_s).items():
             try:

@@ -1,25 +1,36 @@
-"""The Faust worker: moves messages through the pure join (streams/join.py) and nothing more.
+"""The Faust worker: moves messages through the pure worker core (streams/core.py) and nothing more.
 
 Two agents:
 - `route_lifecycle` reads job-events (keyed by job), re-keys each event by node onto the
   internal node-allocations topic, and broadcasts lifecycle watermarks to all its partitions;
 - `join_nodes` reads gpu-samples and node-allocations together (co-partitioned by node), so a
   node's ticks and allocation changes meet in one partition, and emits usage batches.
-Bad messages go to the dead-letter topic with the reason; the agents keep going.
+Bad messages go to the dead-letter topic with the reason; late ones that were still applied
+to the late-events topic; the agents keep going.
+
+Crash safety (docs/reliability.md, "Worker state"): the agents do not let Faust acknowledge
+their input. Every `worker_snapshot_interval_s` a timer (1) waits until every output sent so far
+is acknowledged by the broker, (2) writes a snapshot of each changed partition's state, with the
+input offsets it covers, to the compacted worker-state topic and waits for it, and only then
+(3) acknowledges the input messages it covers, so Faust commits input offsets that never run
+ahead of a durable snapshot. On (re)assignment a partition's state is restored from its latest
+snapshot before its first message; input the snapshot already covers is skipped, input after it
+is processed again and re-emits the same records (same ids), which the sink recognises.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import time
-from collections import Counter
+from collections import defaultdict
 
 import faust
+from confluent_kafka import Consumer, TopicPartition
 
 from gpuledger.config import Settings
-from gpuledger.schemas.models import DeadLetter, JobEvent, LifecycleWatermark, NodeTick, NodeWatermark, UsageBatch
-from gpuledger.schemas.wire import DecodeError, decode, decode_lifecycle, decode_node_allocation, encode
-from gpuledger.streams.join import LifecycleRouter, NodeJoin, WatermarkClock
+from gpuledger.streams.core import JOIN, ROUTER, Out, WorkerCore
 from gpuledger.streams.pricing import LedgerConfig, load_ledger_config
 
 log = logging.getLogger(__name__)
@@ -45,26 +56,35 @@ def faust_broker_credentials(settings: Settings):
     return faust.SSLCredentials(ssl_context)
 
 
-class WorkerState:
-    """The worker's in-memory state, one object so tests and metrics can look at it."""
+def read_last_snapshot(settings: Settings, partition: int, timeout_s: float = 30.0) -> bytes | None:
+    """The latest message of one worker-state partition (None when there is none)."""
+    consumer = Consumer({**settings.kafka_client_config(), "group.id": f"{settings.worker_app_id}-state-reader",
+                         "enable.auto.commit": False})
+    try:
+        tp = TopicPartition(settings.topics.worker_state, partition)
+        low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
+        if high <= low:
+            return None
+        consumer.assign([TopicPartition(settings.topics.worker_state, partition, high - 1)])
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            if msg.error():
+                log.warning("reading worker state: %s", msg.error())
+                continue
+            return msg.value()
+        raise TimeoutError(f"could not read the last snapshot of {tp.topic}[{partition}] within {timeout_s:.0f}s")
+    finally:
+        consumer.close()
 
-    def __init__(self, ledger: LedgerConfig):
-        self.ledger = ledger
-        self.router = LifecycleRouter()
-        self.nodes: dict[str, NodeJoin] = {}
-        self.nodes_by_partition: dict[int, set[str]] = {}
-        self.clocks: dict[int, WatermarkClock] = {}
-        self.counters: Counter[str] = Counter()
 
-    def node(self, name: str, partition: int) -> NodeJoin:
-        join = self.nodes.get(name)
-        if join is None:
-            join = self.nodes[name] = NodeJoin(node=name)
-            self.nodes_by_partition.setdefault(partition, set()).add(name)
-        return join
-
-    def clock(self, partition: int) -> WatermarkClock:
-        return self.clocks.setdefault(partition, WatermarkClock())
+def make_core(settings: Settings, ledger: LedgerConfig) -> WorkerCore:
+    return WorkerCore(settings.topics, partitions_gpu_samples=settings.partitions_gpu_samples,
+                      partitions_job_events=settings.partitions_job_events, ledger=ledger,
+                      retention_ms=int(settings.worker_retention_s * 1000),
+                      max_ahead_ms=int(settings.worker_max_ahead_s * 1000))
 
 
 def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.App:
@@ -82,87 +102,135 @@ def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.
         web_enabled=False,
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
+        producer_max_request_size=16 * 1024 * 1024,  # state snapshots
+        # input is acknowledged only after a snapshot; a rebalance must not wait for it
+        stream_wait_empty=False,
         # A group (re)join waits up to the rebalance timeout for members; Tansu holds the
         # JoinGroup for about half of it even for a lone member, so keep it short.
         broker_rebalance_timeout=settings.worker_rebalance_timeout_s,
         broker_session_timeout=max(10.0, settings.worker_rebalance_timeout_s),
         datadir=str(settings.data_dir / "worker"),
     )
-    state = WorkerState(ledger)
-    app.ledger_state = state  # for tests and metrics
+    core = make_core(settings, ledger)
+    app.ledger_core = core  # for tests and metrics
+    from gpuledger.metrics import worker_metrics
+
+    metrics = worker_metrics()
+    core.on_dead_letter = metrics.dead_letter
+    core.on_duplicate = metrics.duplicate
+    core.on_tick = metrics.sample_seen
 
     raw = dict(value_serializer="raw", key_serializer="raw")
     job_events = app.topic(topics.job_events, partitions=settings.partitions_job_events, **raw)
     node_stream = app.topic(topics.gpu_samples, topics.node_allocations, partitions=settings.partitions_gpu_samples, **raw)
-    node_allocations = app.topic(topics.node_allocations, partitions=settings.partitions_gpu_samples, **raw)
-    usage = app.topic(topics.usage, partitions=settings.partitions_usage, **raw)
-    dead_letters = app.topic(topics.dead_letters, partitions=settings.partitions_dead_letters, **raw)
+    outputs = {
+        name: app.topic(name, partitions=n, **raw)
+        for name, n in settings.partitions().items()
+        if name in (topics.node_allocations, topics.usage, topics.dead_letters, topics.late_events, topics.worker_state)
+    }
 
-    async def reject(event, reason: str) -> None:
+    lock = asyncio.Lock()
+    loaded: set[tuple[str, int]] = set()          # partitions whose state is restored
+    dirty: set[tuple[str, int]] = set()           # ... and changed since their last snapshot
+    to_ack: dict[tuple[str, int], list] = defaultdict(list)  # events a snapshot must cover first
+    in_flight: list = []                          # delivery futures of outputs not yet confirmed
+
+    def part_of(topic: str, partition: int) -> tuple[str, int]:
+        return (ROUTER, partition) if topic == topics.job_events else (JOIN, partition)
+
+    async def ensure_loaded(key: tuple[str, int]) -> None:
+        if key in loaded:
+            return
+        kind, partition = key
+        blob = await asyncio.get_running_loop().run_in_executor(
+            None, read_last_snapshot, settings, core.state_partition(kind, partition))
+        core.restore(kind, partition, blob)
+        to_ack.pop(key, None)
+        loaded.add(key)
+        log.info("restored %s partition %d from %s", kind, partition, "a snapshot" if blob else "nothing (fresh)")
+
+    async def send(outs: list[Out]) -> None:
+        for out in outs:
+            metrics.message_out(out.topic)
+            fut = await outputs[out.topic].send(key=out.key, value=out.value, partition=out.partition)
+            in_flight.append(fut)
+
+    async def handle(event, process) -> None:
         message = event.message
-        state.counters["dead_letters"] += 1
-        log.warning("dead letter from %s[%d]@%d: %s", message.topic, message.partition, message.offset, reason)
-        letter = DeadLetter(source_topic=message.topic, partition=message.partition, offset=message.offset,
-                            reason=reason, original=(event.value or b"").decode("utf-8", "replace"),
-                            seen_ms=int(time.time() * 1000))
-        await dead_letters.send(value=encode(letter))
+        key = part_of(message.topic, message.partition)
+        metrics.message_in(message.topic)
+        async with lock:
+            await ensure_loaded(key)
+            try:
+                outs = process(message)
+            except Exception as exc:  # a bug must not stop the ledger: the message is set aside
+                log.exception("cannot process %s[%d]@%d", message.topic, message.partition, message.offset)
+                outs = [core._dead(message.topic, message.partition, message.offset, event.value,
+                                   f"cannot process: {type(exc).__name__}: {exc}")]
+            await send(outs)
+            to_ack[key].append(event)
+            dirty.add(key)
 
     @app.agent(job_events, name="route_lifecycle")
     async def route_lifecycle(stream):
+        stream.enable_acks = False  # acknowledged by the snapshot timer
         async for event in stream.events():
-            try:
-                message = decode_lifecycle(event.value)
-            except DecodeError as exc:
-                await reject(event, str(exc))
-                continue
-            if isinstance(message, LifecycleWatermark):
-                mark = NodeWatermark(ts_ms=message.ts_ms, source_partition=event.message.partition,
-                                     source_partitions=settings.partitions_job_events)
-                for partition in range(settings.partitions_gpu_samples):
-                    await node_allocations.send(value=encode(mark), partition=partition)
-                continue
-            assert isinstance(message, JobEvent)
-            state.counters["job_events"] += 1
-            for change in state.router.route(message):
-                await node_allocations.send(key=change.node.encode(), value=encode(change))
-
-    async def emit(join: NodeJoin, watermark_ms: int) -> None:
-        records = join.close_until(watermark_ms, state.ledger)
-        if records:
-            state.counters["usage_records"] += len(records)
-            await usage.send(key=join.node.encode(), value=encode(UsageBatch(node=join.node, records=records)))
+            await handle(event, lambda m, e=event: core.on_lifecycle(m.partition, m.offset, e.value))
 
     @app.agent(node_stream, name="join_nodes")
     async def join_nodes(stream):
+        stream.enable_acks = False  # acknowledged by the snapshot timer
         async for event in stream.events():
-            partition = event.message.partition
-            try:
-                if event.message.topic == topics.gpu_samples:
-                    tick = decode(NodeTick, event.value)
-                    join = state.node(tick.node, partition)
-                    problem = join.add_tick(tick)
-                    if problem:
-                        await reject(event, problem)
-                        continue
-                    state.counters["ticks"] += 1
-                    await emit(join, state.clock(partition).value)
-                    continue
-                message = decode_node_allocation(event.value)
-            except DecodeError as exc:
-                await reject(event, str(exc))
-                continue
-            if isinstance(message, NodeWatermark):
-                watermark = state.clock(partition).observe(message)
-                for name in sorted(state.nodes_by_partition.get(partition, ())):
-                    await emit(state.nodes[name], watermark)
-            else:
-                state.node(message.node, partition).add_change(message)
+            await handle(event, lambda m, e=event: core.on_node(m.topic, m.partition, m.offset, e.value))
+
+    @app.timer(settings.worker_snapshot_interval_s, name="snapshot_state")
+    async def snapshot_state() -> None:
+        async with lock:
+            if not dirty:
+                return
+            keys = sorted(dirty & loaded)
+            blobs = [(core.state_partition(kind, p), core.snapshot(kind, p)) for kind, p in keys]
+            events = [e for k in keys for e in to_ack.pop(k, [])]
+            futures = list(in_flight)
+            in_flight.clear()
+            dirty.clear()
+        try:
+            await asyncio.gather(*futures)  # every output the snapshot covers is in Kafka
+            written = [await outputs[topics.worker_state].send(key=str(sp).encode(), value=blob, partition=sp)
+                       for sp, blob in blobs]
+            await asyncio.gather(*written)
+        except BaseException as exc:
+            # Outputs or the snapshot may be lost: never acknowledge the input they cover. Exit, and
+            # let the supervisor restart the worker from the last durable snapshot.
+            log.critical("worker could not confirm its outputs or snapshot (%s); exiting to recover", exc)
+            logging.shutdown()
+            os._exit(75)
+        for event in events:
+            event.ack()
+        core.counters["snapshots"] += len(blobs)
+
+    @app.on_partitions_revoked.connect
+    async def on_revoked(sender, revoked, **kwargs) -> None:
+        # The partitions may go to another worker: forget them, so that if they come back their
+        # state is restored from the (then) latest snapshot, and never acknowledge what we held.
+        for tp in revoked:
+            key = part_of(tp.topic, tp.partition)
+            loaded.discard(key)
+            dirty.discard(key)
+            to_ack.pop(key, None)
 
     return app
 
 
 def run_worker(settings: Settings, loglevel: str = "warn") -> None:
     """Run the worker until SIGINT/SIGTERM (`gpuledger worker`)."""
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: print every stack
+    from gpuledger.metrics import start_metrics_server
+
+    start_metrics_server(settings.worker_metrics_port)
     (settings.data_dir / "worker").mkdir(parents=True, exist_ok=True)
     app = create_app(settings)
     worker = faust.Worker(app, loglevel=loglevel, quiet=True)

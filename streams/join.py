@@ -8,16 +8,30 @@ Event time rules (docs/architecture.md):
 - allocation changes inside a tick split it at the change's timestamp;
 - the energy of a tick is the NVML counter delta since the node's previous contiguous tick
   (the last interval's measurement), power x duration when there is none.
+
+Late, duplicate and out-of-order input (docs/reliability.md, "Late, duplicate and out-of-order data"):
+- a lifecycle event is applied once per node: every node join remembers the event ids it has seen
+  for `retention_ms` of event time behind its closed horizon, so a redelivered or re-emitted change
+  is a silent duplicate;
+- a change older than the closed horizon (the watermark promise was broken) is *late*: it takes
+  effect from the next tick that is still open, and is reported; one older than the horizon by
+  more than `retention_ms` is *too late* and rejected (its duplicate could no longer be recognised);
+- a tick already closed is a silent duplicate; a tick before the horizon that was never seen is
+  late and rejected (its GPU-time would otherwise be counted after newer records of the GPU).
+
+Every piece of state here can be turned into plain JSON-able data (`to_state`) and back
+(`from_state`), which is how the worker snapshots itself (docs/reliability.md, "Worker state").
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from gpuledger.schemas.models import (
     TERMINAL_KINDS,
+    GpuSample,
     AllocationChange,
     GpuAssignment,
     JobEvent,
@@ -49,6 +63,8 @@ class LifecycleRouter:
 
     routes: dict[str, AttemptRoute] = field(default_factory=dict)
     seen_event_ids: dict[str, set[str]] = field(default_factory=dict)
+    #: job -> latest event time seen (for forgetting finished jobs, see `prune`)
+    last_seen_ms: dict[str, int] = field(default_factory=dict)
     duplicates: int = 0
 
     def route(self, event: JobEvent) -> list[AllocationChange]:
@@ -57,6 +73,7 @@ class LifecycleRouter:
             self.duplicates += 1
             return []
         seen.add(event.event_id)
+        self.last_seen_ms[event.job_id] = max(self.last_seen_ms.get(event.job_id, 0), event.ts_ms)
         if event.kind not in GPU_KINDS:
             return []
         route = self.routes.get(event.job_id)
@@ -82,6 +99,34 @@ class LifecycleRouter:
     def forget(self, job_id: str) -> None:
         self.routes.pop(job_id, None)
         self.seen_event_ids.pop(job_id, None)
+        self.last_seen_ms.pop(job_id, None)
+
+    def prune(self, before_ms: int) -> int:
+        """Forget jobs that hold no GPUs and had no event since `before_ms` (event time): keeps
+        the duplicate filter bounded. Returns how many jobs were forgotten."""
+        old = [job for job, ts in self.last_seen_ms.items() if ts < before_ms and job not in self.routes]
+        for job in old:
+            self.forget(job)
+        return len(old)
+
+    def to_state(self) -> dict:
+        return {
+            "routes": {job: {"attempt": r.attempt, "gpus": [g.model_dump(mode="json") for g in r.gpus]}
+                       for job, r in self.routes.items()},
+            "seen": {job: sorted(ids) for job, ids in self.seen_event_ids.items()},
+            "last_seen_ms": dict(self.last_seen_ms),
+            "duplicates": self.duplicates,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict) -> "LifecycleRouter":
+        return cls(
+            routes={job: AttemptRoute(r["attempt"], [GpuAssignment.model_validate(g) for g in r["gpus"]])
+                    for job, r in state["routes"].items()},
+            seen_event_ids={job: set(ids) for job, ids in state["seen"].items()},
+            last_seen_ms=dict(state.get("last_seen_ms", {})),
+            duplicates=state.get("duplicates", 0),
+        )
 
 
 # --------------------------------------------------------------------------- watermarks
@@ -104,8 +149,76 @@ class WatermarkClock:
             return 0
         return min(self.by_source[p] for p in range(self.source_partitions))
 
+    def to_state(self) -> dict:
+        return {"by_source": {str(p): ts for p, ts in self.by_source.items()}, "source_partitions": self.source_partitions}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "WatermarkClock":
+        return cls(by_source={int(p): ts for p, ts in state["by_source"].items()},
+                   source_partitions=state["source_partitions"])
+
+
+# --------------------------------------------------------------------------- input checks
+#: Nothing the ledger meters happened before 2000-01-01T00:00:00Z.
+MIN_EVENT_MS = 946_684_800_000
+DAY_MS = 86_400_000
+
+
+def _time_problem(what: str, ts_ms: int, watermark_ms: int, max_ahead_ms: int) -> str | None:
+    if ts_ms < MIN_EVENT_MS:
+        return f"absurd timestamp: {what} ts_ms={ts_ms} is before 2000-01-01"
+    if watermark_ms and ts_ms > watermark_ms + max_ahead_ms:
+        return (f"absurd timestamp: {what} ts_ms={ts_ms} is {(ts_ms - watermark_ms) / DAY_MS:.1f} days ahead of the "
+                f"lifecycle watermark {watermark_ms} (at most {max_ahead_ms / DAY_MS:g} allowed)")
+    return None
+
+
+def check_tick(tick: NodeTick, watermark_ms: int, max_ahead_ms: int = 7 * DAY_MS) -> str | None:
+    """Semantic checks the schema cannot make; returns the reason a tick is unusable, or None."""
+    problem = _time_problem(f"tick of {tick.node}", tick.ts_ms, watermark_ms, max_ahead_ms)
+    if problem:
+        return problem
+    seen: set[str] = set()
+    for gpu in tick.gpus:
+        if gpu.gpu_uuid in seen:
+            return f"inconsistent tick: {tick.node} ts_ms={tick.ts_ms} lists GPU {gpu.gpu_uuid} twice"
+        seen.add(gpu.gpu_uuid)
+        if gpu.mem_used_bytes is not None and gpu.mem_total_bytes is not None and gpu.mem_used_bytes > gpu.mem_total_bytes:
+            return (f"inconsistent tick: {tick.node} GPU {gpu.gpu_uuid} uses {gpu.mem_used_bytes} bytes of "
+                    f"{gpu.mem_total_bytes}")
+    return None
+
+
+def check_event(event: JobEvent, watermark_ms: int, max_ahead_ms: int = 7 * DAY_MS) -> str | None:
+    """Semantic checks of a lifecycle event; returns the reason it is unusable, or None."""
+    problem = _time_problem(f"event {event.event_id}", event.ts_ms, watermark_ms, max_ahead_ms)
+    if problem:
+        return problem
+    shares: dict[str, int] = {}
+    for gpu in event.gpus:
+        if gpu.gpu_uuid in shares:
+            return f"inconsistent event: {event.event_id} lists GPU {gpu.gpu_uuid} twice"
+        shares[gpu.gpu_uuid] = gpu.share_milli
+    return None
+
 
 # --------------------------------------------------------------------------- node join
+ACCEPTED, DUPLICATE, LATE, REJECTED = "accepted", "duplicate", "late", "rejected"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the node join did with one input: accepted; a silent duplicate; accepted but late
+    (reported); or rejected (dead letter) with the reason."""
+
+    status: str
+    reason: str = ""
+
+
+def _holder_state(h: Holder) -> dict:
+    return asdict(h)
+
+
 @dataclass
 class NodeJoin:
     """One node: who holds each of its GPUs, ticks waiting for the watermark, and the
@@ -119,28 +232,57 @@ class NodeJoin:
     last_energy: dict[str, tuple[int, float]] = field(default_factory=dict)  # gpu -> (tick ts, energy_j)
     closed_until_ms: int = 0
     late_changes: int = 0
+    #: how long (event time, behind the closed horizon) change ids and closed tick ranges are kept
+    retention_ms: int = DAY_MS
+    seen_changes: dict[str, int] = field(default_factory=dict)  # event id -> ts_ms
+    closed_ranges: list[list[int]] = field(default_factory=list)  # merged [start, end) of closed ticks
+    duplicates: int = 0
 
     # -- input
-    def add_tick(self, tick: NodeTick) -> str | None:
-        """Buffer a tick; returns the reason when it cannot be used (duplicate or too late)."""
+    def add_tick(self, tick: NodeTick) -> Verdict:
+        """Buffer a tick. A tick seen before (pending or closed) is a silent duplicate; an unseen tick
+        before the closed horizon is rejected (late)."""
+        end = tick.ts_ms + tick.interval_ms
         if tick.ts_ms < self.closed_until_ms:
-            return f"late tick: {tick.node} ts_ms={tick.ts_ms} is before the closed horizon {self.closed_until_ms}"
+            if any(lo <= tick.ts_ms and end <= hi for lo, hi in self.closed_ranges):
+                self.duplicates += 1
+                return Verdict(DUPLICATE)
+            return Verdict(REJECTED, f"late tick: {tick.node} ts_ms={tick.ts_ms} is before the closed horizon "
+                                     f"{self.closed_until_ms} and was never seen")
         self.cluster = tick.cluster
         keys = [t.ts_ms for t in self.pending_ticks]
         i = bisect.bisect_left(keys, tick.ts_ms)
         if i < len(keys) and keys[i] == tick.ts_ms:
-            return f"duplicate tick: {tick.node} ts_ms={tick.ts_ms}"
+            if self.pending_ticks[i] == tick:
+                self.duplicates += 1
+                return Verdict(DUPLICATE)
+            return Verdict(REJECTED, f"conflicting duplicate tick: {tick.node} ts_ms={tick.ts_ms} differs from the "
+                                     "tick already received for that time (the first one is kept)")
         self.pending_ticks.insert(i, tick)
-        return None
+        return Verdict(ACCEPTED)
 
-    def add_change(self, change: AllocationChange) -> None:
-        if change.ts_ms < self.closed_until_ms:
-            # Too late to split a closed tick: it takes effect from the next tick on.
-            self.late_changes += 1
-            log.warning("late allocation change %s for %s (%d ms behind)", change.event_id, self.node,
-                        self.closed_until_ms - change.ts_ms)
+    def add_change(self, change: AllocationChange) -> Verdict:
+        """Buffer an allocation change once (by event id). Before the closed horizon it is late: it
+        takes effect from the next tick; further back than `retention_ms` it is rejected."""
+        if change.event_id in self.seen_changes:
+            self.duplicates += 1
+            return Verdict(DUPLICATE)
+        behind = self.closed_until_ms - change.ts_ms
+        if behind > self.retention_ms:
+            return Verdict(REJECTED, f"too late: allocation change {change.event_id} for {self.node} is {behind} ms "
+                                     f"behind the closed horizon {self.closed_until_ms} (at most {self.retention_ms} "
+                                     "ms are accepted)")
+        self.seen_changes[change.event_id] = change.ts_ms
         keys = [c.ts_ms for c in self.pending_changes]
         self.pending_changes.insert(bisect.bisect_right(keys, change.ts_ms), change)
+        if behind > 0:
+            # Too late to split a closed tick: it takes effect from the next tick on.
+            self.late_changes += 1
+            log.warning("late allocation change %s for %s (%d ms behind)", change.event_id, self.node, behind)
+            return Verdict(LATE, f"late allocation change: {change.kind} of {change.job_id}/{change.attempt} at "
+                                 f"ts_ms={change.ts_ms} is {behind} ms behind the closed horizon of {self.node}; "
+                                 f"applied from {self.closed_until_ms} on")
+        return Verdict(ACCEPTED)
 
     # -- state
     def _apply(self, change: AllocationChange) -> None:
@@ -162,7 +304,7 @@ class NodeJoin:
                 container_id=gpu.container_id or (previous.container_id if previous else None),
             )
 
-    def _tick_energy(self, tick: NodeTick, gpu) -> float:
+    def _tick_energy(self, tick: NodeTick, gpu: GpuSample) -> float:
         previous = self.last_energy.get(gpu.gpu_uuid)
         if gpu.energy_j is not None:
             self.last_energy[gpu.gpu_uuid] = (tick.ts_ms, gpu.energy_j)
@@ -200,4 +342,55 @@ class NodeJoin:
                         energy_j=energies[gpu.gpu_uuid] * share, ledger=ledger,
                     ))
             self.closed_until_ms = end
+            if self.closed_ranges and self.closed_ranges[-1][1] == start:
+                self.closed_ranges[-1][1] = end
+            else:
+                self.closed_ranges.append([start, end])
+        if records:
+            self._prune()
         return records
+
+    def _prune(self) -> None:
+        horizon = self.closed_until_ms - self.retention_ms
+        if any(ts < horizon for ts in self.seen_changes.values()):
+            self.seen_changes = {k: ts for k, ts in self.seen_changes.items() if ts >= horizon}
+        while self.closed_ranges and self.closed_ranges[0][1] < horizon:
+            self.closed_ranges.pop(0)
+
+    # -- snapshots
+    def to_state(self) -> dict:
+        return {
+            "node": self.node,
+            "cluster": self.cluster,
+            "holders": {gpu: [_holder_state(h) for h in held.values()] for gpu, held in self.holders.items()},
+            "pending_ticks": [t.model_dump(mode="json") for t in self.pending_ticks],
+            "pending_changes": [c.model_dump(mode="json") for c in self.pending_changes],
+            "last_energy": {gpu: list(v) for gpu, v in self.last_energy.items()},
+            "closed_until_ms": self.closed_until_ms,
+            "late_changes": self.late_changes,
+            "retention_ms": self.retention_ms,
+            "seen_changes": dict(self.seen_changes),
+            "closed_ranges": [list(r) for r in self.closed_ranges],
+            "duplicates": self.duplicates,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict) -> "NodeJoin":
+        holders = {}
+        for gpu, held in state["holders"].items():
+            hs = [Holder(**h) for h in held]
+            holders[gpu] = {(h.job_id, h.attempt): h for h in hs}
+        return cls(
+            node=state["node"],
+            cluster=state["cluster"],
+            holders=holders,
+            pending_ticks=[NodeTick.model_validate(t) for t in state["pending_ticks"]],
+            pending_changes=[AllocationChange.model_validate(c) for c in state["pending_changes"]],
+            last_energy={gpu: (int(v[0]), float(v[1])) for gpu, v in state["last_energy"].items()},
+            closed_until_ms=state["closed_until_ms"],
+            late_changes=state["late_changes"],
+            retention_ms=state["retention_ms"],
+            seen_changes=dict(state["seen_changes"]),
+            closed_ranges=[list(r) for r in state["closed_ranges"]],
+            duplicates=state["duplicates"],
+        )

@@ -1,0 +1,241 @@
+"""The worker's logic without Faust: one input message in, the output messages out.
+
+`WorkerCore` holds the worker's state per input partition — a `RouterPartition` per job-events
+partition, a `JoinPartition` per gpu-samples/node-allocations partition (co-partitioned) — and the
+next input offset each has consumed. It is deterministic: the same messages of one partition, in
+offset order, give the same state and the same output records. That is what makes the worker
+crash-safe (docs/reliability.md, "Worker state"): the Faust shell (`streams/app.py`) snapshots a
+partition's state with its input offsets, commits input offsets only up to a durable snapshot, and
+after a restart restores the snapshot and re-reads the input after it; messages the restored state
+has already seen (offset below its next offset) are skipped, and outputs re-emitted for messages
+after the snapshot are identical (same record ids), so downstream drops them.
+
+No Kafka, no Faust here: unit tests drive it directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+
+import orjson
+
+from gpuledger.config import Topics
+from gpuledger.schemas.models import DeadLetter, LifecycleWatermark, NodeTick, NodeWatermark, UsageBatch
+from gpuledger.schemas.wire import DecodeError, decode, decode_lifecycle, decode_node_allocation, encode
+from gpuledger.streams.join import (
+    DAY_MS,
+    DUPLICATE,
+    LATE,
+    REJECTED,
+    LifecycleRouter,
+    NodeJoin,
+    WatermarkClock,
+    check_event,
+    check_tick,
+)
+from gpuledger.streams.pricing import LedgerConfig
+
+log = logging.getLogger(__name__)
+
+ROUTER, JOIN = "router", "join"
+SNAPSHOT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Out:
+    """One message to send: topic, value, and a key or an explicit partition."""
+
+    topic: str
+    value: bytes
+    key: bytes | None = None
+    partition: int | None = None
+
+
+@dataclass
+class RouterPartition:
+    router: LifecycleRouter = field(default_factory=LifecycleRouter)
+    watermark_ms: int = 0
+    next_offset: int = 0
+
+    def to_state(self) -> dict:
+        return {"router": self.router.to_state(), "watermark_ms": self.watermark_ms, "next_offset": self.next_offset}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "RouterPartition":
+        return cls(LifecycleRouter.from_state(state["router"]), state["watermark_ms"], state["next_offset"])
+
+
+@dataclass
+class JoinPartition:
+    nodes: dict[str, NodeJoin] = field(default_factory=dict)
+    clock: WatermarkClock = field(default_factory=WatermarkClock)
+    next_offsets: dict[str, int] = field(default_factory=dict)  # input topic -> next offset
+
+    def to_state(self) -> dict:
+        return {"nodes": [j.to_state() for _, j in sorted(self.nodes.items())], "clock": self.clock.to_state(),
+                "next_offsets": dict(self.next_offsets)}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "JoinPartition":
+        nodes = [NodeJoin.from_state(n) for n in state["nodes"]]
+        return cls({n.node: n for n in nodes}, WatermarkClock.from_state(state["clock"]), dict(state["next_offsets"]))
+
+
+def _letter(topic: str, partition: int, offset: int, raw: bytes | None, reason: str) -> bytes:
+    return encode(DeadLetter(source_topic=topic, partition=partition, offset=offset, reason=reason,
+                             original=(raw or b"").decode("utf-8", "replace"), seen_ms=int(time.time() * 1000)))
+
+
+class WorkerCore:
+    """All of the worker's state and logic; the Faust app only moves bytes in and out."""
+
+    def __init__(self, topics: Topics, *, partitions_gpu_samples: int, partitions_job_events: int,
+                 ledger: LedgerConfig, retention_ms: int = DAY_MS, max_ahead_ms: int = 7 * DAY_MS):
+        self.topics = topics
+        self.partitions_gpu_samples = partitions_gpu_samples
+        self.partitions_job_events = partitions_job_events
+        self.ledger = ledger
+        self.retention_ms = retention_ms
+        self.max_ahead_ms = max_ahead_ms
+        self.routers: dict[int, RouterPartition] = {}
+        self.joins: dict[int, JoinPartition] = {}
+        self.counters: Counter[str] = Counter()
+        #: optional hooks for metrics: on_dead_letter(source_topic, reason), on_duplicate(kind), on_tick(node, ts_ms)
+        self.on_dead_letter = None
+        self.on_duplicate = None
+        self.on_tick = None
+
+    # ------------------------------------------------------------------ helpers
+    def _dead(self, topic: str, partition: int, offset: int, raw: bytes | None, reason: str) -> Out:
+        self.counters["dead_letters"] += 1
+        if self.on_dead_letter:
+            self.on_dead_letter(topic, reason)
+        log.warning("dead letter from %s[%d]@%d: %s", topic, partition, offset, reason)
+        return Out(self.topics.dead_letters, _letter(topic, partition, offset, raw, reason))
+
+    def _late(self, topic: str, partition: int, offset: int, raw: bytes | None, reason: str) -> Out:
+        self.counters["late_events"] += 1
+        return Out(self.topics.late_events, _letter(topic, partition, offset, raw, reason))
+
+    def router_partition(self, partition: int) -> RouterPartition:
+        return self.routers.setdefault(partition, RouterPartition())
+
+    def join_partition(self, partition: int) -> JoinPartition:
+        return self.joins.setdefault(partition, JoinPartition())
+
+    def _node(self, jp: JoinPartition, name: str) -> NodeJoin:
+        join = jp.nodes.get(name)
+        if join is None:
+            join = jp.nodes[name] = NodeJoin(node=name, retention_ms=self.retention_ms)
+        return join
+
+    def _emit(self, join: NodeJoin, watermark_ms: int) -> list[Out]:
+        records = join.close_until(watermark_ms, self.ledger)
+        if not records:
+            return []
+        self.counters["usage_records"] += len(records)
+        return [Out(self.topics.usage, encode(UsageBatch(node=join.node, records=records)), key=join.node.encode())]
+
+    # ------------------------------------------------------------------ input
+    def on_lifecycle(self, partition: int, offset: int, raw: bytes | None) -> list[Out]:
+        """One job-events message: re-keyed allocation changes, broadcast watermarks, or a dead letter."""
+        rp = self.router_partition(partition)
+        if offset < rp.next_offset:
+            self.counters["redelivered"] += 1
+            return []
+        rp.next_offset = offset + 1
+        topic = self.topics.job_events
+        try:
+            message = decode_lifecycle(raw)
+        except DecodeError as exc:
+            return [self._dead(topic, partition, offset, raw, str(exc))]
+        if isinstance(message, LifecycleWatermark):
+            rp.watermark_ms = max(rp.watermark_ms, message.ts_ms)
+            rp.router.prune(rp.watermark_ms - self.retention_ms)
+            mark = encode(NodeWatermark(ts_ms=rp.watermark_ms, source_partition=partition,
+                                        source_partitions=self.partitions_job_events))
+            return [Out(self.topics.node_allocations, mark, partition=p) for p in range(self.partitions_gpu_samples)]
+        problem = check_event(message, rp.watermark_ms, self.max_ahead_ms)
+        if problem:
+            return [self._dead(topic, partition, offset, raw, problem)]
+        self.counters["job_events"] += 1
+        before = rp.router.duplicates
+        changes = rp.router.route(message)
+        if rp.router.duplicates > before:
+            self.counters["duplicate_events"] += 1
+        return [Out(self.topics.node_allocations, encode(c), key=c.node.encode()) for c in changes]
+
+    def on_node(self, topic: str, partition: int, offset: int, raw: bytes | None) -> list[Out]:
+        """One gpu-samples or node-allocations message: usage batches, late reports or a dead letter."""
+        jp = self.join_partition(partition)
+        if offset < jp.next_offsets.get(topic, 0):
+            self.counters["redelivered"] += 1
+            return []
+        jp.next_offsets[topic] = offset + 1
+        try:
+            if topic == self.topics.gpu_samples:
+                tick = decode(NodeTick, raw)
+            else:
+                message = decode_node_allocation(raw)
+        except DecodeError as exc:
+            return [self._dead(topic, partition, offset, raw, str(exc))]
+        if topic == self.topics.gpu_samples:
+            problem = check_tick(tick, jp.clock.value, self.max_ahead_ms)
+            if problem:
+                return [self._dead(topic, partition, offset, raw, problem)]
+            join = self._node(jp, tick.node)
+            verdict = join.add_tick(tick)
+            if verdict.status == DUPLICATE:
+                self.counters["duplicate_ticks"] += 1
+                if self.on_duplicate:
+                    self.on_duplicate("tick")
+                return []
+            if verdict.status == REJECTED:
+                return [self._dead(topic, partition, offset, raw, verdict.reason)]
+            self.counters["ticks"] += 1
+            if self.on_tick:
+                self.on_tick(tick.node, tick.ts_ms)
+            return self._emit(join, jp.clock.value)
+        if isinstance(message, NodeWatermark):
+            watermark = jp.clock.observe(message)
+            return [out for name in sorted(jp.nodes) for out in self._emit(jp.nodes[name], watermark)]
+        verdict = self._node(jp, message.node).add_change(message)
+        if verdict.status == DUPLICATE:
+            self.counters["duplicate_changes"] += 1
+            if self.on_duplicate:
+                self.on_duplicate("change")
+        elif verdict.status == REJECTED:
+            return [self._dead(topic, partition, offset, raw, verdict.reason)]
+        elif verdict.status == LATE:
+            return [self._late(topic, partition, offset, raw, verdict.reason)]
+        return []
+
+    # ------------------------------------------------------------------ snapshots
+    def snapshot(self, kind: str, partition: int) -> bytes:
+        """The state of one partition (with the input offsets it covers), compressed JSON."""
+        part = (self.routers if kind == ROUTER else self.joins).get(partition)
+        state = part.to_state() if part is not None else None
+        doc = {"version": SNAPSHOT_VERSION, "kind": kind, "partition": partition, "state": state}
+        return zlib.compress(orjson.dumps(doc), 1)
+
+    def restore(self, kind: str, partition: int, blob: bytes | None) -> None:
+        """Replace one partition's state by a snapshot (None: start empty)."""
+        target = self.routers if kind == ROUTER else self.joins
+        target.pop(partition, None)
+        if blob is None:
+            return
+        doc = orjson.loads(zlib.decompress(blob))
+        if doc.get("version") != SNAPSHOT_VERSION or doc.get("kind") != kind or doc.get("partition") != partition:
+            raise ValueError(f"snapshot for {kind} partition {partition} does not match: "
+                             f"{ {k: doc.get(k) for k in ('version', 'kind', 'partition')} }")
+        if doc["state"] is not None:
+            cls = RouterPartition if kind == ROUTER else JoinPartition
+            target[partition] = cls.from_state(doc["state"])
+
+    def state_partition(self, kind: str, partition: int) -> int:
+        """Partition of the worker-state topic holding this input partition's snapshots."""
+        return partition if kind == JOIN else self.partitions_gpu_samples + partition

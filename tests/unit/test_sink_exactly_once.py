@@ -1,0 +1,233 @@
+"""The sink's exactly-once effect without Kafka or ClickHouse: BatchingSink over a fake warehouse
+that deduplicates blocks by token (as ClickHouse does with insert_deduplication_token), crashed at
+every possible point and restarted from its progress store and the last committed offsets."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuledger.sink import BatchingSink, MemoryProgress, Source
+
+USAGE = "p.usage"
+EVENTS = "p.job-events"
+
+
+class Crash(BaseException):
+    """The process dies here (not an Exception: nothing in the sink may catch it)."""
+
+
+class FakeWarehouse:
+    """Tables of rows; a block whose token was seen is dropped. `crash_at` = (call number, before|after)."""
+
+    def __init__(self):
+        self.tables: dict[str, list[dict]] = {}
+        self.tokens: set[str] = set()
+        self.calls = 0
+        self.crash_at: tuple[int, str] | None = None
+        self.fail_next = 0
+
+    def write(self, table, rows, token=None):
+        self.calls += 1
+        if self.fail_next:
+            self.fail_next -= 1
+            raise ConnectionError("warehouse down")
+        if self.crash_at == (self.calls, "before"):
+            raise Crash()
+        if token not in self.tokens:
+            self.tokens.add(token)
+            self.tables.setdefault(table, []).extend(rows)
+        if self.crash_at == (self.calls, "after"):
+            raise Crash()
+
+
+class CrashingProgress(MemoryProgress):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+        self.crash_at: int | None = None
+
+    def save(self, rows):
+        self.calls += 1
+        if self.crash_at == self.calls:
+            raise Crash()
+        super().save(rows)
+
+
+def usage_message(gpu: str, ticks: list[int]) -> dict:
+    """One worker message: whole 10 s ticks of one GPU, each split into two shares."""
+    rows = []
+    for k in ticks:
+        start = 10_000 * k
+        for slot, share in enumerate((600, 400)):
+            rows.append({"record_id": f"{gpu}/{start}/{slot}", "gpu_uuid": gpu, "start_ms": start,
+                         "end_ms": start + 10_000, "gpu_ms": 10 * share})
+    return {"usage_raw": rows}
+
+
+def stream_with_reemissions(seed: int) -> list[tuple[int, dict]]:
+    """Usage messages for 2 partitions (GPU a on 0, b on 1); after some messages the 'worker' crashes
+    and re-emits the last ticks again at new offsets, batched differently."""
+    rng = random.Random(seed)
+    out = []
+    for part, gpu in ((0, "a"), (1, "b")):
+        k = 0
+        while k < 30:
+            n = rng.randint(1, 4)
+            out.append((part, usage_message(gpu, list(range(k, k + n)))))
+            if rng.random() < 0.25 and k > 2:  # re-emission of up to 5 earlier ticks plus new ones
+                back = rng.randint(1, min(5, k))
+                out.append((part, usage_message(gpu, list(range(k + n - back, k + n + 1)))))
+                k += 1
+            k += n
+    # interleave the partitions at random, keeping each partition's order
+    queues = {p: [m for m in out if m[0] == p] for p in (0, 1)}
+    mixed = []
+    while any(queues.values()):
+        p = rng.choice([p for p, q in queues.items() if q])
+        mixed.append(queues[p].pop(0))
+    return mixed
+
+
+def offsets_of(messages):
+    counters: dict[int, int] = {}
+    result = []
+    for part, rows in messages:
+        off = counters.get(part, 0)
+        counters[part] = off + 1
+        result.append((Source(USAGE, part, off), rows))
+    return result
+
+
+def expected_rows(messages) -> list[tuple]:
+    seen = {}
+    for _, rows in messages:
+        for r in rows["usage_raw"]:
+            seen[r["record_id"]] = r
+    return sorted(seen)
+
+
+def run(messages, warehouse, progress, *, interleave_seed=0, batch_rows=7, crash=None) -> None:
+    """Feed all messages (from the committed offsets on), restarting after every crash."""
+    committed: dict[tuple[str, int], int] = {}
+    sourced = offsets_of(messages)
+    for _attempt in range(200):
+        sink = BatchingSink(warehouse, progress, batch_rows=batch_rows, usage_topic=USAGE, sleep=lambda s: None)
+        sink.assign([(USAGE, 0), (USAGE, 1)])
+        try:
+            for source, rows in sourced:
+                if source.offset < committed.get((source.topic, source.partition), 0):
+                    continue  # the consumer starts at the committed offset
+                sink.add(rows, source)
+                if sink.buffered >= batch_rows:
+                    committed.update(sink.flush()[1])
+            committed.update(sink.flush()[1])
+            return
+        except Crash:
+            warehouse.crash_at = None
+            progress.crash_at = None
+            if crash:
+                crash()
+    raise AssertionError("never finished")
+
+
+def records(warehouse) -> list[str]:
+    return sorted(r["record_id"] for r in warehouse.tables.get("usage_raw", []))
+
+
+def test_reemitted_records_are_dropped_before_the_insert():
+    messages = stream_with_reemissions(1)
+    warehouse, progress = FakeWarehouse(), MemoryProgress()
+    run(messages, warehouse, progress)
+    assert records(warehouse) == expected_rows(messages)  # each record exactly once
+    # shares of one tick (same start) are all kept: the horizon check is per message
+    assert sum(1 for r in warehouse.tables["usage_raw"] if r["start_ms"] == 0) == 4
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_crash_at_any_insert_counts_every_record_once(when):
+    messages = stream_with_reemissions(2)
+    reference = FakeWarehouse()
+    run(messages, reference, MemoryProgress())
+    total_calls = reference.calls
+    for n in range(1, total_calls + 1):
+        warehouse, progress = FakeWarehouse(), MemoryProgress()
+        warehouse.crash_at = (n, when)
+        run(messages, warehouse, progress)
+        assert records(warehouse) == records(reference), f"crash {when} insert #{n}"
+
+
+def test_crash_while_recording_progress_counts_every_record_once():
+    messages = stream_with_reemissions(3)
+    reference = FakeWarehouse()
+    probe = CrashingProgress()
+    run(messages, reference, probe)
+    for n in range(1, probe.calls + 1):
+        warehouse, progress = FakeWarehouse(), CrashingProgress()
+        progress.crash_at = n
+        run(messages, warehouse, progress)
+        assert records(warehouse) == records(reference), f"crash at progress write #{n}"
+
+
+def test_an_unavailable_warehouse_is_retried_until_it_is_back():
+    messages = stream_with_reemissions(4)
+    warehouse, progress = FakeWarehouse(), MemoryProgress()
+    warehouse.fail_next = 25  # 25 failed attempts in a row
+    sleeps = []
+    sink = BatchingSink(warehouse, progress, usage_topic=USAGE, sleep=sleeps.append, backoff_s=0.5, backoff_max_s=30)
+    sink.assign([(USAGE, 0), (USAGE, 1)])
+    for source, rows in offsets_of(messages):
+        sink.add(rows, source)
+    written, offsets = sink.flush()
+    assert records(warehouse) == expected_rows(messages)
+    assert len(sleeps) == 25 and max(sleeps) == 30 and sleeps[:3] == [0.5, 1.0, 2.0]
+    assert offsets == {(USAGE, 0): sum(1 for p, _ in messages if p == 0), (USAGE, 1): sum(1 for p, _ in messages if p == 1)}
+
+
+def test_redelivered_messages_are_skipped_after_a_restart():
+    messages = stream_with_reemissions(5)
+    warehouse, progress = FakeWarehouse(), MemoryProgress()
+    run(messages, warehouse, progress)
+    before = records(warehouse)
+    # nothing committed in Kafka (e.g. every commit failed): everything comes again
+    sink = BatchingSink(warehouse, progress, usage_topic=USAGE)
+    sink.assign([(USAGE, 0), (USAGE, 1)])
+    assert not any(sink.add(rows, source) for source, rows in offsets_of(messages))
+    assert sink.flush()[0] == {}
+    assert records(warehouse) == before
+
+
+def test_other_lines_are_written_once_per_offset_range():
+    warehouse, progress = FakeWarehouse(), MemoryProgress()
+    events = [(Source(EVENTS, 0, i), {"job_events": [{"event_id": f"e{i}"}]}) for i in range(10)]
+    for crash_call in range(1, 8):
+        warehouse, progress = FakeWarehouse(), MemoryProgress()
+        warehouse.crash_at = (crash_call, "after")
+        committed = 0
+        for _ in range(20):
+            sink = BatchingSink(warehouse, progress, batch_rows=3, usage_topic=USAGE)
+            sink.assign([(EVENTS, 0)])
+            try:
+                for source, rows in events[committed:]:
+                    sink.add(rows, source)
+                    if sink.buffered >= 3:
+                        committed = sink.flush()[1].get((EVENTS, 0), committed)
+                sink.flush()
+                break
+            except Crash:
+                warehouse.crash_at = None
+        assert sorted(r["event_id"] for r in warehouse.tables["job_events"]) == sorted(f"e{i}" for i in range(10))
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), crash_call=st.integers(1, 40), when=st.sampled_from(["before", "after"]),
+       batch_rows=st.integers(1, 30))
+def test_property_any_crash_any_batching_same_records(seed, crash_call, when, batch_rows):
+    messages = stream_with_reemissions(seed)
+    warehouse, progress = FakeWarehouse(), MemoryProgress()
+    warehouse.crash_at = (crash_call, when)
+    run(messages, warehouse, progress, batch_rows=batch_rows)
+    assert records(warehouse) == expected_rows(messages)
