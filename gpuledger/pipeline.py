@@ -47,7 +47,7 @@ def run_embedded(
     from gpuledger.coefficients import sync_library
     from gpuledger.streams.pricing import load_ledger_config
     from gpuledger.replay import publish
-    from gpuledger.sink import run_sink
+    from gpuledger.sink import run_sink, sink_topics
     from gpuledger.topics import create_topics
     from gpuledger.warehouse import connect, migrate
 
@@ -97,7 +97,7 @@ def run_embedded(
                 raise
         log("[pipeline] worker done; waiting for the sink ...")
         try:
-            wait_until_caught_up(s, f"{s.worker_app_id}-sink", [t.usage, t.job_events, t.scheduler_snapshots],
+            wait_until_caught_up(s, f"{s.worker_app_id}-sink", sink_topics(s),
                                  timeout_s=timeout_s)
         finally:
             stop_sink.set()

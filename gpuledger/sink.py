@@ -1,4 +1,4 @@
-"""The warehouse sink: Kafka (usage, job-events, scheduler-snapshots) -> ClickHouse tables.
+"""The warehouse sink: Kafka (usage, job-events, scheduler-snapshots, gpu-samples) -> ClickHouse tables.
 
 Three layers, each replaceable:
 - pure conversion: `process_message(kind, raw, source)` turns one message into rows per table
@@ -37,12 +37,12 @@ from typing import Callable, Protocol
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from gpuledger.config import Settings
-from gpuledger.schemas.models import DeadLetter, JobEvent, LifecycleWatermark, SchedulerSnapshot, UsageBatch
+from gpuledger.schemas.models import DeadLetter, JobEvent, LifecycleWatermark, NodeTick, SchedulerSnapshot, UsageBatch
 from gpuledger.schemas.wire import DecodeError, decode, decode_lifecycle, encode
 
 log = logging.getLogger(__name__)
 
-USAGE, JOB_EVENTS, SNAPSHOTS = "usage", "job_events", "scheduler_snapshots"
+USAGE, JOB_EVENTS, SNAPSHOTS, SAMPLES = "usage", "job_events", "scheduler_snapshots", "gpu_samples"
 
 
 # --------------------------------------------------------------------------- pure conversion
@@ -125,8 +125,29 @@ def snapshot_rows(snapshot: SchedulerSnapshot, source: Source) -> dict[str, list
     return out
 
 
+def health_rows(tick: NodeTick, source: Source) -> list[dict]:
+    """`gpu_health` rows of one tick (line 1), one per GPU: the health record of the operations view."""
+    meta = source.columns()
+    return [{
+        "cluster": tick.cluster, "node": tick.node, "gpu_uuid": g.gpu_uuid, "gpu_model": g.model,
+        "ts_ms": tick.ts_ms, "interval_ms": tick.interval_ms, "health": g.health.value,
+        "down_reason": g.down_reason or "", "temperature_c": g.temperature_c, "power_w": g.power_w,
+        "util_gpu_pct": g.util_gpu_pct, "mem_used_bytes": g.mem_used_bytes, "xid_errors": list(g.xid_errors),
+        "ecc_dbe_total": g.ecc_dbe_total, **meta,
+    } for g in tick.gpus]
+
+
+def inventory_row(tick: NodeTick, source: Source) -> dict:
+    """`node_inventory` row of one tick: the node and the GPUs (uuid, model) it reports."""
+    return {
+        "cluster": tick.cluster, "node": tick.node, "seen_ms": tick.ts_ms, "gpu_count": len(tick.gpus),
+        "gpu_uuids": [g.gpu_uuid for g in tick.gpus], "gpu_models": [g.model for g in tick.gpus],
+        "source": "gpu-samples", **source.columns(),
+    }
+
+
 def process_message(kind: str, raw: bytes | None, source: Source) -> dict[str, list[dict]]:
-    """Rows per table for one message of the given line (USAGE, JOB_EVENTS, SNAPSHOTS).
+    """Rows per table for one message of the given line (USAGE, JOB_EVENTS, SNAPSHOTS, SAMPLES).
 
     Watermarks give no rows (the warehouse does not need them). Raises DecodeError."""
     if raw is None:
@@ -140,6 +161,9 @@ def process_message(kind: str, raw: bytes | None, source: Source) -> dict[str, l
         return {"job_events": [job_event_row(message, source)]}
     if kind == SNAPSHOTS:
         return snapshot_rows(decode(SchedulerSnapshot, raw), source)
+    if kind == SAMPLES:
+        tick = decode(NodeTick, raw)
+        return {"gpu_health": health_rows(tick, source), "node_inventory": [inventory_row(tick, source)]}
     raise ValueError(f"unknown line {kind!r}")
 
 
@@ -472,7 +496,12 @@ class SinkStats:
 
 def _lines(settings: Settings) -> dict[str, str]:
     t = settings.topics
-    return {t.usage: USAGE, t.job_events: JOB_EVENTS, t.scheduler_snapshots: SNAPSHOTS}
+    return {t.usage: USAGE, t.job_events: JOB_EVENTS, t.scheduler_snapshots: SNAPSHOTS, t.gpu_samples: SAMPLES}
+
+
+def sink_topics(settings: Settings) -> list[str]:
+    """The topics the sink consumes (what callers wait on to know the warehouse is complete)."""
+    return list(_lines(settings))
 
 
 def run_sink(
@@ -485,7 +514,7 @@ def run_sink(
     batch_interval_s: float = 1.0,
     client=None,
 ) -> dict:
-    """Consume the usage, job-events and scheduler-snapshots topics into the warehouse.
+    """Consume the usage, job-events, scheduler-snapshots and gpu-samples topics into the warehouse.
 
     Runs until `stop` is set, or with `until_caught_up=True` until every partition of those
     topics is committed up to its end offset and nothing arrived for `idle_s`. Without `client`

@@ -330,19 +330,6 @@ def apply_tenant_access(api: SupersetAPI, grants: Mapping[str, Iterable[str]],
 
 
 # --------------------------------------------------------------------------- health samples
-def health_rows(tick, source: Mapping[str, Any] | None = None) -> list[dict]:
-    """Rows of the `gpu_health` table for one NodeTick (line 1): one per GPU. `source` may carry the
-    Kafka coordinates (kafka_topic, kafka_partition, kafka_offset)."""
-    meta = dict(source or {})
-    return [{
-        "cluster": tick.cluster, "node": tick.node, "gpu_uuid": g.gpu_uuid, "gpu_model": g.model,
-        "ts_ms": tick.ts_ms, "interval_ms": tick.interval_ms, "health": str(g.health.value if hasattr(g.health, "value") else g.health),
-        "down_reason": g.down_reason or "", "temperature_c": g.temperature_c, "power_w": g.power_w,
-        "util_gpu_pct": g.util_gpu_pct, "mem_used_bytes": g.mem_used_bytes, "xid_errors": list(g.xid_errors),
-        "ecc_dbe_total": g.ecc_dbe_total, **meta,
-    } for g in tick.gpus]
-
-
 # --------------------------------------------------------------------------- CLI
 def _parse_grants(values: Iterable[str]) -> dict[str, list[str]]:
     grants: dict[str, list[str]] = {}

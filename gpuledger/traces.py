@@ -50,6 +50,7 @@ from gpuledger.schemas.models import (
     QueueState,
     SchedulerSnapshot,
 )
+from gpuledger.sink import sink_topics
 
 #: Trace time 0 is mapped onto this instant (2023-01-01T00:00:00Z, epoch milliseconds).
 EPOCH_BASE_MS = 1_672_531_200_000
@@ -529,20 +530,6 @@ def queue_snapshots(pods: Sequence[TracePod], queues: Sequence[str], times_ms: S
     return out
 
 
-def node_inventory_rows(tick: NodeTick, source: str) -> dict[str, Any]:
-    """A node_inventory row (sql/0007_node_inventory.sql) from one NodeTick: what a sink reading
-    gpu-samples writes; the replays write the rows of their inventory ticks directly."""
-    return {
-        "cluster": tick.cluster,
-        "node": tick.node,
-        "seen_ms": tick.ts_ms,
-        "gpu_count": len(tick.gpus),
-        "gpu_uuids": [g.gpu_uuid for g in tick.gpus],
-        "gpu_models": [g.model for g in tick.gpus],
-        "source": source,
-    }
-
-
 # =========================================================================== genai: conversion
 @dataclass
 class GenaiReplay:
@@ -878,7 +865,7 @@ class _DrainReporter:
         if "waiting for the worker" in text:
             self._start(("worker", self.settings.worker_app_id, [t.gpu_samples, t.job_events, t.node_allocations]))
         elif "waiting for the sink" in text:
-            self._start(("sink", f"{self.settings.worker_app_id}-sink", [t.usage, t.job_events, t.scheduler_snapshots]))
+            self._start(("sink", f"{self.settings.worker_app_id}-sink", sink_topics(self.settings)))
         elif text.startswith("[pipeline] sink wrote"):
             self.stop()
 
@@ -908,18 +895,6 @@ class _DrainReporter:
             self._thread.join(timeout=30)
 
 
-def _load_inventory(settings, ticks: Sequence[NodeTick]) -> int:
-    from gpuledger.warehouse import connect, insert_rows, migrate
-
-    client = connect(settings)
-    try:
-        migrate(client, settings.database)
-        return insert_rows(client, "node_inventory", [node_inventory_rows(t, "trace-replay") for t in ticks],
-                           database=settings.database)
-    finally:
-        client.close()
-
-
 def _summarize(settings, fn: Callable[[Any, str], dict], cluster: str) -> dict:
     from gpuledger.warehouse import connect
 
@@ -931,7 +906,7 @@ def _summarize(settings, fn: Callable[[Any, str], dict], cluster: str) -> dict:
 
 
 def replay_v2023(settings, pods_path: str | Path, nodes_path: str | Path, *, log: Callable[[str], None] = say) -> dict:
-    """Convert, push through the embedded pipeline, load the node inventory, summarize."""
+    """Convert, push through the embedded pipeline (the sink stores the node inventory), summarize."""
     from gpuledger.pipeline import run_embedded
 
     t0 = time.monotonic()
@@ -945,7 +920,6 @@ def replay_v2023(settings, pods_path: str | Path, nodes_path: str | Path, *, log
         run = run_embedded(settings, replay.emissions, progress=_progress(replay.emissions, "alibaba-v2023", log), log=drain)
     finally:
         drain.stop()
-    _load_inventory(settings, replay.inventory_ticks)
     summary = _summarize(settings, v2023_summary, replay.cluster)
     log(f"[replay-trace] alibaba-v2023: pipeline {run.seconds:.0f}s, total {time.monotonic() - t0:.0f}s")
     return summary
@@ -965,7 +939,6 @@ def replay_genai(settings, duty_path: str | Path, memory_path: str | Path, *, ma
         run = run_embedded(settings, replay.emissions, progress=_progress(replay.emissions, "alibaba-genai", log), log=drain)
     finally:
         drain.stop()
-    _load_inventory(settings, replay.inventory_ticks)
     summary = _summarize(settings, genai_summary, replay.cluster)
     log(f"[replay-trace] alibaba-genai: pipeline {run.seconds:.0f}s, total {time.monotonic() - t0:.0f}s")
     return summary

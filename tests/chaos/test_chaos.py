@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuledger.sink import sink_topics
+
 from gpuledger.agents.simcluster import SimSpec, simulate
 from gpuledger.config import Settings
 from gpuledger.replay import publish
@@ -78,7 +80,7 @@ def wait_done(settings: Settings, ends: dict, timeout_s: float) -> None:
     t = settings.topics
     wait_caught_up(settings, settings.worker_app_id, [t.gpu_samples, t.job_events, t.node_allocations], ends,
                    timeout_s=timeout_s, say=say)
-    wait_caught_up(settings, f"{settings.worker_app_id}-sink", [t.usage, t.job_events, t.scheduler_snapshots], ends,
+    wait_caught_up(settings, f"{settings.worker_app_id}-sink", sink_topics(settings), ends,
                    timeout_s=timeout_s, say=say)
 
 

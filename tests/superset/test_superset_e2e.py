@@ -52,7 +52,7 @@ def ledger():
     from gpuledger.agents.simcluster import SimSpec, simulate
     from gpuledger.config import Settings
     from gpuledger.pipeline import run_embedded
-    from gpuledger.superset import health_rows, read_grants
+    from gpuledger.superset import read_grants
     from gpuledger.warehouse import connect, insert_rows
 
     t0 = time.monotonic()
@@ -65,9 +65,6 @@ def ledger():
     client = connect(settings)
     try:
         db = settings.database
-        # line 1's health fields (the sink does not store gpu-samples): from the same simulation
-        rows = [r for e in simulate(spec) if e.line == "gpu-samples" for r in health_rows(e.message)]
-        insert_rows(client, "gpu_health", rows, database=db)
         tenants = [r[0] for r in client.query(
             f"SELECT tenant FROM `{db}`.job_cost GROUP BY tenant ORDER BY sum(cost) DESC LIMIT 2").result_rows]
         insert_rows(client, "tenant_access", [{"principal": role, "tenant": t}

@@ -22,7 +22,6 @@ from gpuledger.traces import (
     convert_v2023,
     genai_ticks,
     main,
-    node_inventory_rows,
     parse_gpu_spec,
     read_genai_samples,
     read_nodes,
@@ -226,11 +225,16 @@ def test_v2023_releases_before_allocations_at_the_same_instant(tmp_path):
     assert allocs[0] == allocs[1]
 
 
-def test_node_inventory_rows():
+def test_inventory_tick_becomes_a_node_inventory_row_in_the_sink():
+    from gpuledger.sink import SAMPLES, Source, process_message
+    from gpuledger.schemas.wire import encode
+
     tick = convert_v2023([TracePod("p", 0, 0, (), "LS", "Pending", 0, 1, None)], [TraceNode("n", 1, 1, 2, "T4")]).inventory_ticks[0]
-    row = node_inventory_rows(tick, "trace-replay")
+    rows = process_message(SAMPLES, encode(tick), Source("gpu-samples", 0, 7))
+    (row,) = rows["node_inventory"]
     assert row["node"] == "n" and row["gpu_count"] == 2 and row["gpu_models"] == ["T4", "T4"] and row["seen_ms"] == EPOCH_BASE_MS
-    assert len(set(row["gpu_uuids"])) == 2 and row["source"] == "trace-replay"
+    assert len(set(row["gpu_uuids"])) == 2 and row["kafka_offset"] == 7
+    assert [r["gpu_model"] for r in rows["gpu_health"]] == ["T4", "T4"]
 
 
 # --------------------------------------------------------------------------- genai conversion
