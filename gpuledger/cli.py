@@ -116,9 +116,12 @@ def cmd_worker(args) -> int:
 
 
 def cmd_sink(args) -> int:
+    from gpuledger.metrics import start_metrics_server
     from gpuledger.sink import run_sink
 
-    stats = run_sink(_settings(args), until_caught_up=args.until_caught_up)
+    settings = _settings(args)
+    start_metrics_server(settings.sink_metrics_port)  # 0 = off
+    stats = run_sink(settings, until_caught_up=args.until_caught_up)
     print(json.dumps(stats, default=str))
     return 0
 

@@ -287,10 +287,10 @@ class InstrumentedWriter:
     def __init__(self, inner: Any):
         self.inner = inner
 
-    def write(self, table: str, rows: list[dict]) -> None:
+    def write(self, table: str, rows: list[dict], token: str | None = None) -> None:
         started = time.perf_counter()
         try:
-            self.inner.write(table, rows)
+            self.inner.write(table, rows, token=token)  # the token is what makes a retried block exactly-once
         except Exception:
             SINK_INSERT_FAILURES.labels(table).inc()
             raise

@@ -521,9 +521,8 @@ def run_sink(
     it connects to the configured warehouse, applies pending migrations and closes the client
     at the end; a given client is used as is (already migrated) and left open.
     Returns {"messages", "rows": {table: n}, "dead_letters", "skipped", "batches", "duplicates"}."""
+    from gpuledger.metrics import InstrumentedWriter, sink_metrics
     from gpuledger.warehouse import connect, migrate
-
-    from gpuledger.metrics import sink_metrics
 
     _dump_stacks_on_sigusr1()
     metrics = sink_metrics()
@@ -563,6 +562,7 @@ def run_sink(
         writer: Writer = ClickHouseWriter(client, settings.database)
         if settings.sink_fault_file:
             writer = FaultInjectingWriter(writer, settings.sink_fault_file)
+        writer = InstrumentedWriter(writer)  # rows inserted, insert failures and time, per table
         sink = BatchingSink(writer, ClickHouseProgress(client, settings.database, group), batch_rows=batch_rows,
                             batch_interval_s=batch_interval_s, backoff_max_s=settings.sink_retry_max_s,
                             usage_topic=settings.topics.usage, should_stop=stop.is_set)

@@ -48,8 +48,10 @@ def sample(families: dict[str, list], name: str, **labels: str) -> float:
 class FakeWriter:
     def __init__(self, fail: int = 0):
         self.fail = fail
+        self.tokens: list[str | None] = []
 
-    def write(self, table: str, rows: list[dict]) -> None:
+    def write(self, table: str, rows: list[dict], token: str | None = None) -> None:
+        self.tokens.append(token)  # the dedup token must reach the real writer
         if self.fail:
             self.fail -= 1
             raise ConnectionError("warehouse down")
@@ -90,10 +92,12 @@ def test_endpoint_serves_every_metric(port: int, tmp_path: Path) -> None:
         sink.duplicate()
         sink.message_in("p.usage")
         sink.dead_letter("p.usage", "invalid JSON")
-        writer = metrics.InstrumentedWriter(FakeWriter(fail=1))
+        inner = FakeWriter(fail=1)
+        writer = metrics.InstrumentedWriter(inner)
         with pytest.raises(ConnectionError):
-            writer.write("usage_raw", [{}])
-        writer.write("usage_raw", [{}, {}])
+            writer.write("usage_raw", [{}], token="t1")
+        writer.write("usage_raw", [{}, {}], token="t1")
+        assert inner.tokens == ["t1", "t1"]
         metrics.observe_sink_batch({"usage_raw": 2})
 
         families = scrape(port)
