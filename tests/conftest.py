@@ -65,3 +65,18 @@ def docker_available() -> bool:
         return True
     except Exception:
         return False
+
+
+@pytest.fixture
+def assert_conserved():
+    """Checker of the capacity identity on capacity-report rows:
+    capacity = down + unallocated + allocated_idle + executing, row by row."""
+
+    def check(rows: list[dict], abs_tol: float = 1e-6) -> None:
+        assert rows, "no capacity rows"
+        for row in rows:
+            parts = (row["down_gpu_seconds"] + row["unallocated_gpu_seconds"] + row["allocated_idle_gpu_seconds"]
+                     + row["executing_gpu_seconds"])
+            assert row["capacity_gpu_seconds"] == pytest.approx(parts, rel=1e-12, abs=abs_tol), row
+
+    return check

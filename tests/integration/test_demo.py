@@ -27,7 +27,7 @@ def children() -> set[int]:
     return pids
 
 
-def test_demo_conserves_capacity_and_leaves_no_process(tmp_path, capsys):
+def test_demo_conserves_capacity_and_leaves_no_process(tmp_path, capsys, assert_conserved):
     settings = Settings(data_dir=tmp_path / "data", worker_rebalance_timeout_s=4.0, partitions_gpu_samples=2,
                         partitions_job_events=2, partitions_usage=2)
     children_before = children()
@@ -43,10 +43,7 @@ def test_demo_conserves_capacity_and_leaves_no_process(tmp_path, capsys):
         layers = fetch(client, settings.database, "utilization")
     finally:
         client.close()
-    for row in capacity:
-        parts = (row["down_gpu_seconds"] + row["unallocated_gpu_seconds"] + row["allocated_idle_gpu_seconds"]
-                 + row["executing_gpu_seconds"])
-        assert row["capacity_gpu_seconds"] == pytest.approx(parts, abs=1e-6)
+    assert_conserved(capacity)
     assert sum(r["capacity_gpu_seconds"] for r in capacity) == pytest.approx(2 * 8 * 1800)
     assert bills and sum(r["total_cost_micros"] for r in bills) > 0
     for row in layers:
