@@ -1,4 +1,5 @@
-"""The GPU agent: one `NodeTick` per interval, on a grid shared by every node, keyed by node name.
+"""The GPU agent: one `NodeTick` per interval, on a grid shared by every node, keyed by node name
+(sent one at a time, or GPULEDGER_AGENT_TICKS_PER_MESSAGE at a time as a `NodeTickBatch`).
 
 Ticks fall on multiples of the interval since the Unix epoch, so samples from a thousand
 nodes line up and the worker can join them without resampling. A tick that overran (slow
@@ -30,7 +31,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from gpuledger.agents.backend import GpuBackend
 from gpuledger.schemas.models import NodeTick
-from gpuledger.schemas.wire import encode
+from gpuledger.schemas.wire import encode, encode_node_ticks
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +67,13 @@ def run_agent(
     max_ticks: int | None = None,
     stop: threading.Event | None = None,
     metrics: Any = None,
+    ticks_per_message: int = 1,
 ) -> int:
-    """Publish one tick per grid point until `stop` is set or `max_ticks` were published.
+    """Sample one tick per grid point until `stop` is set or `max_ticks` were taken.
 
+    Ticks are published `ticks_per_message` at a time: 1 sends each as a `NodeTick` as soon as it
+    is taken; N sends a `NodeTickBatch` of N consecutive ticks (fewer messages for the brokers
+    and workers, N - 1 intervals more latency); what is held when the agent stops goes out then.
     Returns the number of ticks published (handed to `publisher`: with the spool on, a
     `SpoolingPublisher`). `clock` (epoch seconds) and `sleep` are injectable; with a `stop`
     event and the default sleep, waits end as soon as stop is set. `metrics`: an
@@ -76,12 +81,20 @@ def run_agent(
     interval_ms = round(interval_s * 1000)
     if interval_ms <= 0:
         raise ValueError(f"interval_s must be positive, got {interval_s}")
+    if ticks_per_message < 1:
+        raise ValueError(f"ticks_per_message must be >= 1, got {ticks_per_message}")
+    held: list[NodeTick] = []
+
+    def send(ticks: list[NodeTick]) -> None:
+        publisher.publish(topic, node, encode_node_ticks(node, ticks))
+        publisher.poll(0)
+
     if sleep is time.sleep and stop is not None:
         sleep = stop.wait
     published = 0
     skipped = 0
     due_ms = next_grid_ms(int(clock() * 1000), interval_ms)
-    while (max_ticks is None or published < max_ticks) and not (stop is not None and stop.is_set()):
+    while (max_ticks is None or published + len(held) < max_ticks) and not (stop is not None and stop.is_set()):
         now_ms = int(clock() * 1000)
         if now_ms < due_ms:
             sleep((due_ms - now_ms) / 1000.0)
@@ -105,9 +118,14 @@ def run_agent(
             continue
         if metrics is not None:
             metrics.tick_sampled(tick_ms)
-        publisher.publish(topic, node, encode(tick))
-        publisher.poll(0)
-        published += 1
+        held.append(tick)
+        if len(held) >= ticks_per_message:
+            send(held)
+            published += len(held)
+            held = []
+    if held:  # stopping: what was sampled goes out (into the spool) rather than being lost
+        send(held)
+        published += len(held)
     return published
 
 
@@ -215,6 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--cluster", default=settings.cluster)
     p.add_argument("--node", default=socket.gethostname())
     p.add_argument("--interval", type=float, default=settings.agent_interval_s, help="seconds between ticks (default %(default)s)")
+    p.add_argument("--ticks-per-message", type=int, default=settings.agent_ticks_per_message,
+                   help="ticks sent per message (a NodeTickBatch when > 1; default GPULEDGER_AGENT_TICKS_PER_MESSAGE=%(default)s)")
     p.add_argument("--once", action="store_true", help="take one tick now and exit")
     p.add_argument("--print", dest="print_", action="store_true", help="write ticks to stdout as JSON instead of Kafka")
     p.add_argument("--bench", type=int, metavar="N", help="time N back-to-back ticks, print a JSON summary, exit")
@@ -229,6 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--bench needs at least 1 tick")
     if args.interval <= 0:
         p.error("--interval must be positive")
+    if args.ticks_per_message < 1:
+        p.error("--ticks-per-message must be at least 1")
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -279,7 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, lambda *_: stop.set())  # docker stop / systemd: finish cleanly
         try:
             run_agent(backend, publisher, settings.topics.gpu_samples, cluster=args.cluster, node=args.node,
-                      interval_s=args.interval, stop=stop, metrics=metrics)
+                      interval_s=args.interval, stop=stop, metrics=metrics,
+                      ticks_per_message=args.ticks_per_message)
         except KeyboardInterrupt:
             stop.set()
         finally:

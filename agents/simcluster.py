@@ -24,7 +24,7 @@ import heapq
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from pydantic import BaseModel
 
@@ -36,6 +36,7 @@ from gpuledger.schemas.models import (
     JobEventKind,
     LifecycleWatermark,
     NodeTick,
+    NodeTickBatch,
     PendingByPriority,
     PreemptionFired,
     ProcessSample,
@@ -850,3 +851,25 @@ def simulate(spec: SimSpec | None = None) -> Iterator[Emission]:
     LifecycleWatermark, key None: to be broadcast to every partition), "scheduler-snapshots"
     (SchedulerSnapshot, key cluster). A watermark T follows every job event with ts_ms < T."""
     return _Sim(spec or SimSpec()).run()
+
+
+def batch_ticks(emissions: Iterable[Emission], ticks_per_message: int) -> Iterator[Emission]:
+    """The same emissions with each node's ticks sent `ticks_per_message` at a time, as an agent
+    with GPULEDGER_AGENT_TICKS_PER_MESSAGE does: a node's `NodeTickBatch` goes out where its last
+    tick would have (a node's leftover ticks at the end); other lines are unchanged."""
+    if ticks_per_message < 1:
+        raise ValueError(f"ticks_per_message must be >= 1, got {ticks_per_message}")
+    if ticks_per_message == 1:
+        yield from emissions
+        return
+    held: dict[str, list[NodeTick]] = {}
+    for emission in emissions:
+        if emission.line != LINE_SAMPLES:
+            yield emission
+            continue
+        ticks = held.setdefault(emission.key, [])
+        ticks.append(emission.message)
+        if len(ticks) == ticks_per_message:
+            yield Emission(LINE_SAMPLES, emission.key, NodeTickBatch(node=emission.key, ticks=held.pop(emission.key)))
+    for node, ticks in held.items():
+        yield Emission(LINE_SAMPLES, node, ticks[0] if len(ticks) == 1 else NodeTickBatch(node=node, ticks=ticks))

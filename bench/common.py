@@ -31,13 +31,16 @@ def knob(name: str, full, quick):
 
 @dataclass(frozen=True)
 class Sizes:
-    # join throughput / scale-out: simulated 8-GPU nodes x hours of event time at 10 s ticks
+    # join throughput / scale-out: simulated 8-GPU nodes x hours of event time, sampled every
+    # join_interval_ms, each node's ticks sent join_ticks_per_message at a time (NodeTickBatch)
     join_nodes: int = knob("join_nodes", 48, 32)
-    join_hours: float = knob("join_hours", 1.0, 0.35)
+    join_hours: float = knob("join_hours", 0.25, 0.1)
+    join_interval_ms: int = knob("join_interval_ms", 1000, 1000)
+    join_ticks_per_message: int = knob("join_ticks_per_message", 10, 10)
     join_repeats: int = knob("join_repeats", 2, 1)             # interleaved 1-worker / 2-worker passes
     profile_nodes: int = knob("profile_nodes", 32, 16)          # worker pass under cProfile
     profile_hours: float = knob("profile_hours", 0.35, 0.25)
-    core_ticks_hours: float = knob("core_hours", 0.5, 0.2)      # pure-core profile (16 nodes)
+    core_ticks_hours: float = knob("core_hours", 0.1, 0.05)     # pure-core profile (16 nodes, join interval)
     agent_ticks: int = knob("agent_ticks", 2000, 300)            # in-process agent ticks
     agent_live_s: float = knob("agent_live_s", 20.0, 6.0)        # live agent process, 1 s interval
     writer_rows: int = knob("writer_rows", 400_000, 100_000)

@@ -15,19 +15,24 @@ import pstats
 import time
 from collections import defaultdict
 
-from gpuledger.agents.simcluster import LINE_JOB_EVENTS, LINE_SAMPLES, SimSpec, simulate
-from gpuledger.schemas.models import LifecycleWatermark, NodeTick, NodeWatermark, UsageBatch
-from gpuledger.schemas.wire import decode, decode_lifecycle, decode_node_allocation, encode
+import orjson
+
+from gpuledger.agents.simcluster import LINE_JOB_EVENTS, LINE_SAMPLES, SimSpec, batch_ticks, simulate
+from gpuledger.schemas.models import LifecycleWatermark, NodeWatermark
+from gpuledger.schemas.wire import decode_lifecycle, decode_metered_ticks, decode_node_allocation, encode
 from gpuledger.streams.join import LifecycleRouter, NodeJoin, WatermarkClock
 from gpuledger.streams.pricing import load_ledger_config
 
 from bench.common import SIZES, say
 
 
-def workload(nodes: int = 16, hours: float = 0.5) -> list[tuple[str, bytes]]:
-    """(line, wire bytes) of a simulated cluster, event-time ordered (snapshots left out)."""
-    spec = SimSpec(nodes=nodes, hours=hours)
-    return [(e.line, encode(e.message)) for e in simulate(spec) if e.line in (LINE_SAMPLES, LINE_JOB_EVENTS)]
+def workload(nodes: int = 16, hours: float = 0.5, interval_ms: int | None = None,
+             ticks_per_message: int | None = None) -> list[tuple[str, bytes]]:
+    """(line, wire bytes) of a simulated cluster, event-time ordered (snapshots left out); by
+    default at the join benchmark's sampling interval and ticks per message."""
+    spec = SimSpec(nodes=nodes, hours=hours, sample_interval_ms=interval_ms or SIZES.join_interval_ms)
+    emissions = batch_ticks(simulate(spec), ticks_per_message or SIZES.join_ticks_per_message)
+    return [(e.line, encode(e.message)) for e in emissions if e.line in (LINE_SAMPLES, LINE_JOB_EVENTS)]
 
 
 class _Stages:
@@ -57,18 +62,20 @@ def run_core(messages: list[tuple[str, bytes]], ledger, stages: _Stages | None =
     def emit(join: NodeJoin, watermark: int) -> None:
         records = st.timed("join+attribution (close_until)", join.close_until, watermark, ledger)
         if records:
-            raw = st.timed("encode UsageBatch", lambda: encode(UsageBatch(node=join.node, records=records)))
+            raw = st.timed("encode UsageBatch",
+                           lambda: orjson.dumps({"schema_version": 1, "node": join.node, "records": records}))
             counts["records"] += len(records)
             counts["usage_messages"] += 1
             counts["usage_bytes"] += len(raw)
 
     for line, raw in messages:
         if line == LINE_SAMPLES:
-            tick = st.timed("decode NodeTick", decode, NodeTick, raw)
-            join = join_for(tick.node)
-            st.timed("add_tick", join.add_tick, tick)
-            counts["ticks"] += 1
-            counts["samples"] += len(tick.gpus)
+            ticks = st.timed("decode MeteredTick(s)", decode_metered_ticks, raw)
+            join = join_for(ticks[0].node)
+            for tick in ticks:
+                st.timed("add_tick", join.add_tick, tick)
+                counts["ticks"] += 1
+                counts["samples"] += len(tick.gpus)
             emit(join, clock.value)
             continue
         message = st.timed("route lifecycle", decode_lifecycle, raw)
@@ -114,7 +121,7 @@ def run_worker_core(messages: list[tuple[str, bytes]], ledger) -> tuple[dict, ob
 
     for line, raw in messages:
         if line == LINE_SAMPLES:
-            counts["ticks"] += 1
+            counts["ticks"] += max(1, raw.count(b'"interval_ms"'))
             counts["samples"] += raw.count(b'"gpu_uuid"')
             node(topics.gpu_samples, raw)
         else:

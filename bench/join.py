@@ -5,14 +5,15 @@ Method (per pass, fresh topics and consumer group):
 1. the worker(s) start and join the group; a warm-up (one tick of 32 warm-up nodes, spread over
    every partition, and a lifecycle watermark that closes it) goes through, and we wait until
    the group has no lag and every worker logged its partition assignment;
-2. the workers are paused (SIGSTOP), the measured batch (simulated 8-GPU nodes: ticks, lifecycle
-   events, watermarks every 10 s of event time, later than the warm-up) is published, the workers
-   resume (SIGCONT) at t0;
+2. the workers are paused (SIGSTOP), the measured batch (simulated 8-GPU nodes sampled every
+   `join_interval_ms`, each node's ticks `join_ticks_per_message` to a message as an agent with
+   GPULEDGER_AGENT_TICKS_PER_MESSAGE sends them; lifecycle events; watermarks every 10 s of event
+   time, later than the warm-up) is published, the workers resume (SIGCONT) at t0;
 3. the end is the CreateTime of the last usage message of the batch (read back after the group's
    lag is 0, checked complete by conservation: the batch's usage gpu_ms = ticks x GPUs x interval).
    Throughput = batch GPU samples / (end - t0). Startup and group join are outside the window.
 The baseline reads the same topic (warm-up + batch) by assignment, from the first message it
-receives to the last, decoding every value with orjson.
+receives to the last, decoding every value with orjson (and counting its GPU samples).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import orjson
 from confluent_kafka import Consumer, TopicPartition
 
 from gpuledger.agents.publisher import KafkaPublisher
-from gpuledger.agents.simcluster import DEFAULT_START_MS, LINE_JOB_EVENTS, LINE_SAMPLES, SimSpec, simulate
+from gpuledger.agents.simcluster import DEFAULT_START_MS, LINE_JOB_EVENTS, LINE_SAMPLES, SimSpec, batch_ticks, simulate
 from gpuledger.config import Settings
 from gpuledger.processes import ChildProcess, group_lag, settings_env
 from gpuledger.schemas.models import GpuSample, LifecycleWatermark, NodeTick
@@ -40,7 +41,7 @@ from gpuledger.topics import create_topics
 
 from bench.common import SIZES, bench_settings, median, say, workdir
 
-INTERVAL_MS = 10_000
+INTERVAL_MS = SIZES.join_interval_ms
 WARM_NODES = 32
 
 
@@ -60,10 +61,12 @@ class Batch:
 
 def make_batch(nodes: int, hours: float, job_partitions: int = 4, start_ms: int = DEFAULT_START_MS) -> Batch:
     messages, ticks, samples = [], 0, 0
-    for e in simulate(SimSpec(nodes=nodes, hours=hours, start_ms=start_ms, sample_interval_ms=INTERVAL_MS)):
+    spec = SimSpec(nodes=nodes, hours=hours, start_ms=start_ms, sample_interval_ms=INTERVAL_MS)
+    for e in batch_ticks(simulate(spec), SIZES.join_ticks_per_message):
         if e.line == LINE_SAMPLES:
-            ticks += 1
-            samples += len(e.message.gpus)
+            node_ticks = getattr(e.message, "ticks", [e.message])
+            ticks += len(node_ticks)
+            samples += sum(len(t.gpus) for t in node_ticks)
             messages.append((e.line, e.key.encode(), encode(e.message), None))
         elif e.line == LINE_JOB_EVENTS:
             value = encode(e.message)
@@ -292,7 +295,8 @@ async def _aiokafka_read(bootstrap: str, topic: str, expected: int) -> tuple[flo
                 if first is None:
                     first, cpu0 = time.perf_counter(), time.process_time()
                 for r in records:
-                    gpus += len(orjson.loads(r.value)["gpus"])
+                    message = orjson.loads(r.value)
+                    gpus += sum(len(t["gpus"]) for t in message["ticks"]) if "ticks" in message else len(message["gpus"])
                     n += 1
         return time.perf_counter() - first, time.process_time() - cpu0, n, gpus
     finally:
@@ -301,7 +305,7 @@ async def _aiokafka_read(bootstrap: str, topic: str, expected: int) -> tuple[flo
 
 def baseline(settings: Settings, batch: Batch) -> dict:
     """Raw aiokafka + orjson over the pass's gpu-samples topic (warm-up and batch)."""
-    expected = batch.ticks + WARM_NODES
+    expected = batch.counts[LINE_SAMPLES] + WARM_NODES  # messages
     seconds, cpu, n, gpus = asyncio.run(_aiokafka_read(settings.kafka_bootstrap, settings.topics.gpu_samples, expected))
     return {"messages": n, "samples": gpus, "seconds": seconds, "samples_per_s": gpus / seconds,
             "messages_per_s": n / seconds, "cpu_s": cpu, "samples_per_cpu_s": gpus / cpu if cpu else float("nan")}
@@ -310,7 +314,8 @@ def baseline(settings: Settings, batch: Batch) -> dict:
 def run(bootstrap: str, scaleout: bool = True, broker_pid: int | None = None) -> dict:
     """1-worker passes (and 2-worker passes, interleaved 1,2,1,2,... so that drifting load on a
     shared machine hits both alike), each with its own baseline read of the same topic."""
-    say(f"join: simulating {SIZES.join_nodes} nodes x 8 GPUs x {SIZES.join_hours} h at 10 s ticks ...")
+    say(f"join: simulating {SIZES.join_nodes} nodes x 8 GPUs x {SIZES.join_hours} h at {INTERVAL_MS} ms ticks, "
+        f"{SIZES.join_ticks_per_message} ticks per message ...")
     batch = make_batch(SIZES.join_nodes, SIZES.join_hours)
     avg_bytes = sum(len(v) for line, _, v, _ in batch.messages if line == LINE_SAMPLES) / batch.ticks
     say(f"join: batch = {batch.ticks} ticks ({batch.samples} GPU samples, {avg_bytes:.0f} B/tick), {dict(batch.counts)}")
@@ -342,7 +347,9 @@ def run(bootstrap: str, scaleout: bool = True, broker_pid: int | None = None) ->
         "join_cpu_ratio": median([o["samples_per_cpu_s"] / b["samples_per_cpu_s"] for o, b in zip(ones, bases)]),
         "join_worker_cpu_us_per_tick": med(ones, "worker_cpu_us_per_tick"),
         "join_detail": {"one_worker_passes": ones, "baseline_passes": bases, "tick_bytes": avg_bytes,
-                        "gpus_per_tick": 8, "ticks": batch.ticks, "samples": batch.samples, "cpus": os.cpu_count()},
+                        "gpus_per_tick": 8, "ticks": batch.ticks, "samples": batch.samples, "cpus": os.cpu_count(),
+                        "interval_ms": INTERVAL_MS, "ticks_per_message": SIZES.join_ticks_per_message,
+                        "messages": dict(batch.counts)},
     }
     if scaleout:
         out["scaleout_samples_per_s_1"] = out["join_samples_per_s"]

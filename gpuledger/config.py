@@ -60,7 +60,9 @@ class Settings(BaseSettings):
     # --- Worker / agent
     worker_app_id: str = Field("gpuledger-worker", description="Faust application id (consumer group)")
     worker_rebalance_timeout_s: float = Field(10.0, gt=0, description="consumer-group rebalance timeout of worker and sink, seconds")
+    kafka_fetch_max_wait_ms: int = Field(100, ge=1, le=30_000, description="longest a consumer's fetch waits at the broker for data, milliseconds (worker and sink); brokers that answer a waiting fetch only when the wait ends (Tansu) add up to this much to every hop through a topic")
     worker_snapshot_interval_s: float = Field(2.0, gt=0, description="how often the worker snapshots its state to the worker-state topic and commits its input offsets, seconds")
+    worker_watermark_flush_s: float = Field(0.1, gt=0, description="how long the worker may hold lifecycle watermarks back to send only the latest of a burst on to the join (fewer messages while it works through a backlog), seconds")
     worker_retention_s: float = Field(86400.0, gt=0, description="event time behind the closed horizon for which the worker recognises duplicate allocation changes and accepts late ones, seconds")
     worker_max_ahead_s: float = Field(604800.0, gt=0, description="input more than this ahead of the lifecycle watermark is rejected as an absurd timestamp, seconds")
     sink_retry_max_s: float = Field(30.0, gt=0, description="longest pause between the sink's retries of a failed warehouse write, seconds (it retries until it succeeds)")
@@ -69,6 +71,7 @@ class Settings(BaseSettings):
     cluster: str = Field("default", description="cluster name the agent reports")
 
     # --- Agent spool and self-metrics
+    agent_ticks_per_message: int = Field(1, ge=1, le=10_000, description="ticks the GPU agent sends per message: 1 sends each tick at once; N sends a NodeTickBatch every N ticks (fewer messages for brokers and workers, N - 1 intervals more latency)")
     agent_spool_dir: Path | None = Field(None, description="directory of the agent's local disk spool; the agent uses <dir>/<node> (default: DATA_DIR/spool/<node>)")
     agent_spool_max_bytes: int = Field(256 * 1024 * 1024, ge=0, description="bound of the agent's spool in bytes; when full the oldest ticks are dropped and counted (0: no spool, publish directly)")
     agent_spool_fsync: str = Field("always", pattern="^(always|interval|never)$", description="when the spool syncs to disk: every tick (always), at most once a second (interval), or left to the OS (never)")

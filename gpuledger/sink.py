@@ -38,7 +38,7 @@ from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException
 
 from gpuledger.config import Settings
 from gpuledger.schemas.models import DeadLetter, JobEvent, LifecycleWatermark, NodeTick, SchedulerSnapshot, UsageBatch
-from gpuledger.schemas.wire import DecodeError, decode, decode_lifecycle, encode
+from gpuledger.schemas.wire import DecodeError, decode, decode_lifecycle, decode_node_ticks, encode
 
 log = logging.getLogger(__name__)
 
@@ -162,8 +162,9 @@ def process_message(kind: str, raw: bytes | None, source: Source) -> dict[str, l
     if kind == SNAPSHOTS:
         return snapshot_rows(decode(SchedulerSnapshot, raw), source)
     if kind == SAMPLES:
-        tick = decode(NodeTick, raw)
-        return {"gpu_health": health_rows(tick, source), "node_inventory": [inventory_row(tick, source)]}
+        ticks = decode_node_ticks(raw)  # one NodeTick or a node's NodeTickBatch
+        return {"gpu_health": [row for tick in ticks for row in health_rows(tick, source)],
+                "node_inventory": [inventory_row(tick, source) for tick in ticks]}
     raise ValueError(f"unknown line {kind!r}")
 
 
@@ -549,6 +550,7 @@ def run_sink(
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
             "enable.partition.eof": False,
+            "fetch.wait.max.ms": settings.kafka_fetch_max_wait_ms,  # see the setting: a hop's worst case
             **_group_timeouts(settings),
         }
     )

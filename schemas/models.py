@@ -16,7 +16,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 SCHEMA_VERSION = 1
 
@@ -26,7 +26,8 @@ ShareMilli = Annotated[int, Field(ge=1, le=1000, description="share of one GPU i
 
 
 class _Wire(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # inf and NaN are not numbers a meter can report (JSON has neither; 1e999 parses to inf)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------- line 1
@@ -83,6 +84,55 @@ class NodeTick(_Wire):
     ts_ms: EpochMs = Field(description="sample time, Unix epoch milliseconds; the tick covers [ts_ms, ts_ms + interval_ms)")
     interval_ms: int = Field(gt=0, le=3_600_000, description="sampling interval, milliseconds (default 5000)")
     gpus: list[GpuSample] = Field(description="every GPU on the node")
+
+
+class NodeTickBatch(_Wire):
+    """Line 1, batched — several consecutive ticks of one node in one message.
+
+    Same topic and key as `NodeTick` (the node name); a reader accepts either. An agent sending
+    one message every N ticks (`GPULEDGER_AGENT_TICKS_PER_MESSAGE`) costs the brokers and workers
+    one message instead of N: per-message overhead, not bytes, limits a stream worker."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    type: Literal["tick_batch"] = "tick_batch"
+    node: str = Field(min_length=1, description="node (host) name; every tick must be of this node")
+    ticks: list[NodeTick] = Field(min_length=1, max_length=10_000, description="the node's ticks, oldest first")
+
+
+# --------------------------------------------------------------------------- line 1, as metered
+# The worker's view of line 1: the fields the accounting uses, with exactly the constraints of
+# the full models above (taken from them, not restated), other per-GPU and per-process fields
+# ignored. The worker validates what it meters; the sink validates whole NodeTicks for the
+# health record (gpu_health) and sets aside the ones that break the schema there.
+def _same_fields(model: type[BaseModel], *names: str) -> dict:
+    return {name: (model.model_fields[name].annotation, model.model_fields[name]) for name in names}
+
+
+_METERED = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
+
+MeteredProcess = create_model(
+    "MeteredProcess", __config__=_METERED, __module__=__name__,
+    __doc__="A process of line 1 as the worker reads it: its container and measured use.",
+    **_same_fields(ProcessSample, "container_id", "sm_util_pct", "mem_used_bytes"))
+
+MeteredGpu = create_model(
+    "MeteredGpu", __config__=_METERED, __module__=__name__,
+    __doc__="A GpuSample as the worker reads it: identity, health, utilization, memory, power, energy.",
+    **_same_fields(GpuSample, "gpu_uuid", "model", "health", "util_gpu_pct", "sm_active_pct", "mem_used_bytes",
+                   "mem_total_bytes", "power_w", "energy_j"),
+    processes=(list[MeteredProcess], Field(default_factory=list)))
+
+MeteredTick = create_model(
+    "MeteredTick", __config__=ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False), __module__=__name__,
+    __doc__="A NodeTick as the worker reads it (every tick-level field; GPUs as MeteredGpu).",
+    **_same_fields(NodeTick, "schema_version", "cluster", "node", "ts_ms", "interval_ms"),
+    gpus=(list[MeteredGpu], NodeTick.model_fields["gpus"]))
+
+MeteredTickBatch = create_model(
+    "MeteredTickBatch", __config__=ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False), __module__=__name__,
+    __doc__="A NodeTickBatch as the worker reads it.",
+    **_same_fields(NodeTickBatch, "schema_version", "type", "node"),
+    ticks=(list[MeteredTick], NodeTickBatch.model_fields["ticks"]))
 
 
 # --------------------------------------------------------------------------- line 2
@@ -221,7 +271,7 @@ class UsageRecord(_Wire):
 
 
 class UsageBatch(_Wire):
-    """What the worker emits for one node tick. Kafka key: node. Topic: `<prefix>usage`."""
+    """What the worker emits for one node when it closes ticks (one or more). Kafka key: node. Topic: `<prefix>usage`."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
     node: str
@@ -275,6 +325,7 @@ NodeAllocationMessage = Annotated[Union[AllocationChange, NodeWatermark], Field(
 #: Every model exported as a JSON Schema file (schemas/json/<name>.json).
 EXPORTED_MODELS: dict[str, type[BaseModel]] = {
     "node_tick": NodeTick,
+    "node_tick_batch": NodeTickBatch,
     "job_event": JobEvent,
     "lifecycle_watermark": LifecycleWatermark,
     "scheduler_snapshot": SchedulerSnapshot,

@@ -10,7 +10,15 @@ from typing import TypeVar
 import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from gpuledger.schemas.models import SCHEMA_VERSION, LifecycleMessage, NodeAllocationMessage
+from gpuledger.schemas.models import (
+    SCHEMA_VERSION,
+    LifecycleMessage,
+    MeteredTick,
+    MeteredTickBatch,
+    NodeAllocationMessage,
+    NodeTick,
+    NodeTickBatch,
+)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -65,3 +73,44 @@ def decode_lifecycle(raw: bytes):
 def decode_node_allocation(raw: bytes):
     """An internal node-allocations message: an AllocationChange or a NodeWatermark."""
     return _validate(_node_allocation.validate_python, _load(raw), "node-allocation message")
+
+
+def _decode_ticks(raw: bytes, tick_model: type[BaseModel], batch_model: type[BaseModel]) -> list:
+    if raw is None:
+        raise DecodeError("empty message (no value)")
+    # A well-formed message is validated straight from its bytes by pydantic's JSON parser (a
+    # third cheaper than orjson + model_validate); one that fails goes through the general path,
+    # which gives the usual reasons (malformed JSON, unknown schema_version, first violation).
+    fast = batch_model if b'"tick_batch"' in raw else tick_model
+    try:
+        message = fast.model_validate_json(raw)
+    except (ValidationError, TypeError):
+        obj = _load(raw)
+        if obj.get("type") == "tick_batch" or "ticks" in obj:
+            message = _validate(batch_model.model_validate, obj, "NodeTickBatch")
+        else:
+            message = _validate(tick_model.model_validate, obj, "NodeTick")
+    if isinstance(message, tick_model):
+        return [message]
+    for tick in message.ticks:
+        if tick.node != message.node:
+            raise DecodeError(f"NodeTickBatch of {message.node!r} holds a tick of node {tick.node!r}")
+    return message.ticks
+
+
+def decode_node_ticks(raw: bytes) -> list[NodeTick]:
+    """A gpu-samples message (one `NodeTick` or a `NodeTickBatch`) as the list of its ticks, whole."""
+    return _decode_ticks(raw, NodeTick, NodeTickBatch)
+
+
+def decode_metered_ticks(raw: bytes) -> list[MeteredTick]:
+    """The same, as the worker reads it: `MeteredTick`s (what the accounting uses, validated with
+    the full schema's constraints; health-only fields are the sink's to check)."""
+    return _decode_ticks(raw, MeteredTick, MeteredTickBatch)
+
+
+def encode_node_ticks(node: str, ticks: list[NodeTick]) -> bytes:
+    """One gpu-samples message for a node's ticks: a plain `NodeTick` for one, else a batch."""
+    if len(ticks) == 1:
+        return encode(ticks[0])
+    return encode(NodeTickBatch(node=node, ticks=ticks))

@@ -13,7 +13,9 @@ their input. Every `worker_snapshot_interval_s` a timer (1) waits until every ou
 is acknowledged by the broker, (2) writes a snapshot of each changed partition's state, with the
 input offsets it covers, to the compacted worker-state topic and waits for it, and only then
 (3) acknowledges the input messages it covers, so Faust commits input offsets that never run
-ahead of a durable snapshot. On (re)assignment a partition's state is restored from its latest
+ahead of a durable snapshot. (A snapshot leaves out ticks still waiting for their watermark, so
+it covers gpu-samples only up to the first message holding one; later messages wait for a later
+snapshot.) On (re)assignment a partition's state is restored from its latest
 snapshot before its first message; input the snapshot already covers is skipped, input after it
 is processed again and re-emits the same records (same ids), which the sink recognises.
 """
@@ -21,12 +23,14 @@ is processed again and re-emits the same records (same ids), which the sink reco
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import time
 from collections import defaultdict
 
 import faust
+from faust.transport.drivers import aiokafka as aiokafka_driver
 from confluent_kafka import Consumer, TopicPartition
 
 from gpuledger.config import Settings
@@ -84,13 +88,44 @@ def make_core(settings: Settings, ledger: LedgerConfig) -> WorkerCore:
     return WorkerCore(settings.topics, partitions_gpu_samples=settings.partitions_gpu_samples,
                       partitions_job_events=settings.partitions_job_events, ledger=ledger,
                       retention_ms=int(settings.worker_retention_s * 1000),
-                      max_ahead_ms=int(settings.worker_max_ahead_s * 1000))
+                      max_ahead_ms=int(settings.worker_max_ahead_s * 1000), defer_watermarks=True)
+
+
+class _ShortPollConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
+    """Faust's consumer, with the broker's long-poll wait bounded by `kafka_fetch_max_wait_ms`
+    (Faust fixes it at 1.5 s). A broker that answers a waiting fetch only when the wait ends
+    (Tansu does) otherwise adds up to 1.5 s to every hop through a topic — the router's
+    allocation changes and watermarks make one on their way to the join."""
+
+    fetch_max_wait_ms = 100
+
+    def _create_worker_consumer(self, transport):
+        consumer = super()._create_worker_consumer(transport)
+        consumer._fetch_max_wait_ms = self.fetch_max_wait_ms  # read when the consumer starts its fetcher
+        return consumer
+
+
+class _ShortPollConsumer(aiokafka_driver.Consumer):
+    def _new_consumer_thread(self):
+        return _ShortPollConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+
+class _LedgerTransport(aiokafka_driver.Transport):
+    Consumer = _ShortPollConsumer
+
+
+class LedgerApp(faust.App):
+    """faust.App on the aiokafka driver with a bounded fetch wait (see _ShortPollConsumerThread)."""
+
+    def _new_transport(self):
+        return _LedgerTransport(self.conf.broker_consumer, self)
 
 
 def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.App:
     ledger = ledger or load_ledger_config(settings.ledger_config)
     topics = settings.topics
-    app = faust.App(
+    _ShortPollConsumerThread.fetch_max_wait_ms = settings.kafka_fetch_max_wait_ms
+    app = LedgerApp(
         settings.worker_app_id,
         broker=[f"kafka://{host}" for host in settings.kafka_bootstrap.split(",")],
         broker_credentials=faust_broker_credentials(settings),
@@ -183,14 +218,27 @@ def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.
         async for event in stream.events():
             await handle(event, lambda m, e=event: core.on_node(m.topic, m.partition, m.offset, e.value))
 
+    @app.timer(settings.worker_watermark_flush_s, name="flush_watermarks")
+    async def flush_watermarks() -> None:
+        async with lock:
+            await send(core.flush_watermarks())
+
     @app.timer(settings.worker_snapshot_interval_s, name="snapshot_state")
     async def snapshot_state() -> None:
         async with lock:
+            await send(core.flush_watermarks())  # a snapshot never holds a watermark back
             if not dirty:
                 return
             keys = sorted(dirty & loaded)
             blobs = [(core.state_partition(kind, p), core.snapshot(kind, p)) for kind, p in keys]
-            events = [e for k in keys for e in to_ack.pop(k, [])]
+            events = []
+            for key in keys:  # acknowledge what the snapshot covers; keep the rest for a later one
+                covered = core.covered_offsets(*key)
+                held = to_ack.pop(key, [])
+                done = [e for e in held if e.message.offset < covered.get(e.message.topic, 0)]
+                events.extend(done)
+                if len(done) < len(held):
+                    to_ack[key] = [e for e in held if e.message.offset >= covered.get(e.message.topic, 0)]
             futures = list(in_flight)
             in_flight.clear()
             dirty.clear()
@@ -233,5 +281,10 @@ def run_worker(settings: Settings, loglevel: str = "warn") -> None:
     start_metrics_server(settings.worker_metrics_port)
     (settings.data_dir / "worker").mkdir(parents=True, exist_ok=True)
     app = create_app(settings)
+    # Everything loaded so far lives as long as the process: keep it out of the collector's
+    # scans, and collect the young generation less often (the hot path allocates many short-lived
+    # objects; measured ~5 % of the core's CPU in bench/core.py).
+    gc.freeze()
+    gc.set_threshold(10_000, 20, 20)
     worker = faust.Worker(app, loglevel=loglevel, quiet=True)
     worker.execute_from_commandline()

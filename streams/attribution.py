@@ -1,22 +1,14 @@
-"""Attribution: one GPU, one stretch of time, who held it -> usage records. Pure.
-
-Every GPU-millisecond of the stretch lands in exactly one record (down, unallocated,
-allocated_idle or executing-for-a-job), and the stretch's cost is split over the records
-so that the parts add up to the whole (largest-remainder rounding in integer micros).
-
-A GPU held whole by one attempt is split by time only: executing or allocated_idle.
-A *shared* GPU (several holders, or a fractional share) is split, under the default
-definition, by each container's measured use (SM and memory, weights configurable);
-what no holder used of the held part is idle. See docs/accounting.md."""
-
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from gpuledger.schemas.models import GpuHealth, GpuSample, UsageRecord, UsageState
+from gpuledger.schemas.models import GpuHealth, GpuSample, MeteredGpu, UsageState
 from gpuledger.streams.pricing import Definitions, LedgerConfig
 
 UNIT = 1_000_000  # weights of one GPU in millionths
+DOWN, UNALLOCATED = UsageState.down.value, UsageState.unallocated.value
+ALLOCATED_IDLE, EXECUTING = UsageState.allocated_idle.value, UsageState.executing.value
 
 
 @dataclass(frozen=True, order=True)
@@ -32,9 +24,8 @@ class Holder:
     container_id: str | None = None
 
 
-@dataclass(frozen=True)
-class Slice:
-    state: UsageState
+class Slice(NamedTuple):
+    state: str                  # a UsageState value
     holder: Holder | None
     weight: int                 # millionths of the GPU
     util_pct: float | None
@@ -65,9 +56,13 @@ def normalise_shares(holders: list[Holder]) -> list[int]:
     return shares
 
 
-def measured_use(gpu: GpuSample, holder: Holder) -> tuple[float | None, int | None]:
+#: What attribution reads of a GPU's sample: the worker's MeteredGpu, or a whole GpuSample.
+Gpu = MeteredGpu | GpuSample
+
+
+def measured_use(gpu: Gpu, holder: Holder) -> tuple[float | None, int | None]:
     """SM share (percent of the GPU) and memory of one holder's container, if NVML saw it."""
-    if not holder.container_id:
+    if not holder.container_id or not gpu.processes:
         return None, None
     procs = [p for p in gpu.processes if p.container_id == holder.container_id]
     utils = [p.sm_util_pct for p in procs if p.sm_util_pct is not None]
@@ -75,24 +70,24 @@ def measured_use(gpu: GpuSample, holder: Holder) -> tuple[float | None, int | No
     return (min(100.0, sum(utils)) if utils else None), (sum(mems) if mems else None)
 
 
-def _whole_gpu_util(gpu: GpuSample) -> float | None:
+def whole_gpu_util(gpu: Gpu) -> float | None:
+    """The GPU's own utilization: SM activity where measured, else GPU busy."""
     return gpu.sm_active_pct if gpu.sm_active_pct is not None else gpu.util_gpu_pct
 
 
-def _time_split(gpu: GpuSample, holders: list[Holder], shares: list[int]) -> list[Slice]:
+def _time_split(gpu: Gpu, holders: list[Holder], shares: list[int]) -> list[Slice]:
     """Each holder gets its allocated share, executing or idle by its state."""
     alone = len(holders) == 1
     slices = []
     for holder, share in zip(holders, shares):
         util, mem = measured_use(gpu, holder)
         if util is None and alone:
-            util, mem = _whole_gpu_util(gpu), gpu.mem_used_bytes
-        state = UsageState.executing if holder.running else UsageState.allocated_idle
-        slices.append(Slice(state, holder, share * 1000, util, mem))
+            util, mem = whole_gpu_util(gpu), gpu.mem_used_bytes
+        slices.append(Slice(EXECUTING if holder.running else ALLOCATED_IDLE, holder, share * 1000, util, mem))
     return slices
 
 
-def _use_weight(gpu: GpuSample, holder: Holder, share: int, d: Definitions) -> tuple[int, float | None, int | None]:
+def _use_weight(gpu: Gpu, holder: Holder, share: int, d: Definitions) -> tuple[int, float | None, int | None]:
     """Measured use of one running holder in millionths of the GPU (its share when unmeasured)."""
     util, mem = measured_use(gpu, holder)
     if util is None and mem is None:
@@ -108,7 +103,7 @@ def _use_weight(gpu: GpuSample, holder: Holder, share: int, d: Definitions) -> t
     return round(min(1.0, used) * UNIT), util, mem
 
 
-def _measured_split(gpu: GpuSample, holders: list[Holder], shares: list[int], d: Definitions) -> list[Slice]:
+def _measured_split(gpu: Gpu, holders: list[Holder], shares: list[int], d: Definitions) -> list[Slice]:
     """Executing slices by measured use; the unused rest of the held part is idle."""
     held = sum(shares) * 1000
     uses = [(_use_weight(gpu, h, s, d) if h.running else (0, None, None)) for h, s in zip(holders, shares)]
@@ -117,85 +112,144 @@ def _measured_split(gpu: GpuSample, holders: list[Holder], shares: list[int], d:
         scaled = split_integer(held, [u[0] for u in uses])
         uses = [(w, u[1], u[2]) for w, u in zip(scaled, uses)]
         total_use = held
-    slices = [Slice(UsageState.executing, h, w, util, mem) for h, (w, util, mem) in zip(holders, uses) if w > 0]
+    slices = [Slice(EXECUTING, h, w, util, mem) for h, (w, util, mem) in zip(holders, uses) if w > 0]
     unused = held - total_use
     if unused > 0:
         if d.shared_unused == "holders":
             for h, w in zip(holders, split_integer(unused, shares)):
                 if w > 0:
-                    slices.append(Slice(UsageState.allocated_idle, h, w, None, None))
+                    slices.append(Slice(ALLOCATED_IDLE, h, w, None, None))
         else:
-            slices.append(Slice(UsageState.unallocated, None, unused, None, None))
+            slices.append(Slice(UNALLOCATED, None, unused, None, None))
     return slices
+
+
+def _whole(gpu: Gpu, holders: list[Holder]) -> tuple[str, Holder | None, float | None, int | None] | None:
+    """The common cases, where the whole GPU is in one state: down, free, or held whole by one
+    attempt. (state, holder, util, memory); None when the GPU is shared."""
+    if gpu.health is GpuHealth.down:
+        return DOWN, None, None, None
+    if not holders:
+        return UNALLOCATED, None, whole_gpu_util(gpu), gpu.mem_used_bytes
+    if len(holders) == 1 and holders[0].share_milli == 1000:
+        holder = holders[0]
+        util, mem = measured_use(gpu, holder)
+        if util is None:
+            util, mem = whole_gpu_util(gpu), gpu.mem_used_bytes
+        return (EXECUTING if holder.running else ALLOCATED_IDLE), holder, util, mem
+    return None
+
+
+def _shared_slices(gpu: Gpu, holders: list[Holder], d: Definitions) -> list[Slice]:
+    """How a shared GPU's whole (UNIT) splits into states and holders; the weights add up to UNIT."""
+    holders = sorted(holders)
+    shares = normalise_shares(holders)
+    if d.shared_split == "measured":
+        slices = _measured_split(gpu, holders, shares, d)
+    else:
+        slices = _time_split(gpu, holders, shares)
+    rest = UNIT - sum(s.weight for s in slices)
+    if rest > 0:
+        unallocated = [i for i, s in enumerate(slices) if s.state == UNALLOCATED]
+        if unallocated:  # the shared GPU's unused part already went to the platform: one record
+            slices[unallocated[0]] = slices[unallocated[0]]._replace(weight=slices[unallocated[0]].weight + rest)
+        else:
+            slices.append(Slice(UNALLOCATED, None, rest, None, None))
+    return slices
+
+
+class RecordMaker:
+    """Usage records of one node's GPUs. What every record of a GPU shares (cluster, node, model,
+    coefficient entry, definition version) goes into a template made once per GPU and coefficient
+    entry; a record is a copy of it with the slice's own values filled in. The worker's hot path:
+    one maker per close of a node's ticks."""
+
+    def __init__(self, ledger: LedgerConfig, cluster: str, node: str):
+        self.ledger = ledger
+        self.cluster = cluster
+        self.node = node
+        self.metric = ledger.definitions.utilization_metric
+        self._templates: dict[tuple[str, str], dict] = {}
+
+    def _template(self, gpu: Gpu, coef) -> dict:
+        key = (gpu.gpu_uuid, coef.version)
+        template = self._templates.get(key)
+        if template is None:
+            # every key of the record, in the model's order, so that copies need no resizing
+            template = self._templates[key] = {
+                "schema_version": 1, "record_id": "", "cluster": self.cluster, "node": self.node,
+                "gpu_uuid": gpu.gpu_uuid, "gpu_model": gpu.model, "start_ms": 0, "end_ms": 0, "state": "",
+                "job_id": "", "attempt": 0, "tenant": "", "queue": "", "share_milli": 0, "gpu_ms": 0,
+                "energy_j": 0.0, "coefficient": coef.coefficient, "coefficient_version": coef.version,
+                "effective_gpu_ms": 0, "cost_micros": 0, "definition_version": self.ledger.definition_version,
+            }
+        return template
+
+    def records(self, gpu: Gpu, holders: list[Holder], start_ms: int, end_ms: int, energy_j: float) -> list[dict]:
+        """Usage records of one GPU over [start_ms, end_ms) given the attempts holding it."""
+        duration = end_ms - start_ms
+        if duration <= 0:
+            return []
+        ledger = self.ledger
+        cost = ledger.interval_cost_micros(gpu.model, duration, energy_j)
+        coef = ledger.coefficient_at(gpu.model, start_ms)
+        template = self._template(gpu, coef)
+        energy_j = float(energy_j)
+        whole = _whole(gpu, holders)
+        if whole is not None:
+            state, holder, util, mem = whole
+            return [self._fill(template, gpu, start_ms, end_ms, 0, state, holder, 1000, util, mem, duration,
+                               energy_j * duration / duration, cost, coef.coefficient)]
+        slices = _shared_slices(gpu, holders, ledger.definitions)
+        gpu_ms = split_integer(duration, [s.weight for s in slices])
+        costs = split_integer(cost, gpu_ms)
+        return [self._fill(template, gpu, start_ms, end_ms, slot, piece.state, piece.holder,
+                           round(piece.weight / 1000), piece.util_pct, piece.mem_used_bytes, g_ms,
+                           energy_j * g_ms / duration, piece_cost, coef.coefficient)
+                for slot, (piece, g_ms, piece_cost) in enumerate(zip(slices, gpu_ms, costs))]
+
+    def _fill(self, template: dict, gpu: Gpu, start_ms: int, end_ms: int, slot: int, state: str,
+              holder: Holder | None, share_milli: int, util: float | None, mem: int | None, gpu_ms: int,
+              energy_j: float, cost_micros: int, coefficient: float) -> dict:
+        """One UsageRecord in its wire form (None fields left out)."""
+        record = template.copy()
+        record["record_id"] = f"{gpu.gpu_uuid}/{start_ms}/{slot}"
+        record["start_ms"] = start_ms
+        record["end_ms"] = end_ms
+        record["state"] = state
+        if holder is not None:
+            record["job_id"] = holder.job_id
+            record["attempt"] = holder.attempt
+            record["tenant"] = holder.tenant
+            record["queue"] = holder.queue
+        record["share_milli"] = share_milli
+        record["gpu_ms"] = gpu_ms
+        record["energy_j"] = energy_j
+        record["effective_gpu_ms"] = round(gpu_ms * coefficient)
+        record["cost_micros"] = cost_micros
+        if util is not None:
+            record["util_pct"] = util
+            record["util_metric_pct"] = self.metric(util)
+        if mem is not None:
+            record["mem_used_bytes"] = mem
+        return record
 
 
 def attribute(
     *,
     cluster: str,
     node: str,
-    gpu: GpuSample,
+    gpu: Gpu,
     holders: list[Holder],
     start_ms: int,
     end_ms: int,
     energy_j: float,
     ledger: LedgerConfig,
-) -> list[UsageRecord]:
-    """Usage records of one GPU over [start_ms, end_ms) given the attempts holding it."""
-    duration = end_ms - start_ms
-    if duration <= 0:
-        return []
-    d = ledger.definitions
-    holders = sorted(holders)
-    if gpu.health == GpuHealth.down:
-        slices = [Slice(UsageState.down, None, UNIT, None, None)]
-    else:
-        shares = normalise_shares(holders)
-        shared = len(holders) > 1 or any(s < 1000 for s in shares)
-        if shared and d.shared_split == "measured":
-            slices = _measured_split(gpu, holders, shares, d)
-        else:
-            slices = _time_split(gpu, holders, shares)
-        rest = UNIT - sum(s.weight for s in slices)
-        if rest > 0:
-            free = not holders
-            unallocated = [s for s in slices if s.state == UsageState.unallocated]
-            if unallocated:  # the shared GPU's unused part already went to the platform: one record
-                slices[slices.index(unallocated[0])] = Slice(UsageState.unallocated, None, unallocated[0].weight + rest, None, None)
-            else:
-                slices.append(Slice(UsageState.unallocated, None, rest,
-                                    _whole_gpu_util(gpu) if free else None, gpu.mem_used_bytes if free else None))
+) -> list[dict]:
+    """Usage records of one GPU over [start_ms, end_ms) given the attempts holding it.
 
-    gpu_ms = split_integer(duration, [s.weight for s in slices])
-    total_cost = ledger.interval_cost_micros(gpu.model, duration, energy_j)
-    costs = split_integer(total_cost, gpu_ms)
-    coef = ledger.coefficient_at(gpu.model, start_ms)
-
-    records = []
-    for slot, (piece, g_ms, cost) in enumerate(zip(slices, gpu_ms, costs)):
-        holder = piece.holder
-        records.append(UsageRecord(
-            record_id=f"{gpu.gpu_uuid}/{start_ms}/{slot}",
-            cluster=cluster,
-            node=node,
-            gpu_uuid=gpu.gpu_uuid,
-            gpu_model=gpu.model,
-            start_ms=start_ms,
-            end_ms=end_ms,
-            state=piece.state,
-            job_id=holder.job_id if holder else "",
-            attempt=holder.attempt if holder else 0,
-            tenant=holder.tenant if holder else "",
-            queue=holder.queue if holder else "",
-            share_milli=round(piece.weight / 1000),
-            gpu_ms=g_ms,
-            util_pct=piece.util_pct,
-            util_metric_pct=d.utilization_metric(piece.util_pct),
-            mem_used_bytes=piece.mem_used_bytes,
-            energy_j=energy_j * g_ms / duration,
-            coefficient=coef.coefficient,
-            coefficient_version=coef.version,
-            effective_gpu_ms=round(g_ms * coef.coefficient),
-            cost_micros=cost,
-            definition_version=ledger.definition_version,
-        ))
-    return records
+    Records are plain dicts in the wire form of `UsageRecord` (what `encode` would give: enums as
+    strings, None fields left out), built without a model per record because this is the hot path
+    of the worker; tests check them against the `UsageRecord` schema. (The worker uses one
+    `RecordMaker` per node instead of this one-off form.)"""
+    return RecordMaker(ledger, cluster, node).records(gpu, holders, start_ms, end_ms, energy_j)

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 import orjson
 
 from gpuledger.config import Topics
-from gpuledger.schemas.models import DeadLetter, LifecycleWatermark, NodeTick, NodeWatermark, UsageBatch
-from gpuledger.schemas.wire import DecodeError, decode, decode_lifecycle, decode_node_allocation, encode
+from gpuledger.schemas.models import SCHEMA_VERSION, DeadLetter, LifecycleWatermark, NodeWatermark
+from gpuledger.schemas.wire import DecodeError, decode_lifecycle, decode_metered_ticks, decode_node_allocation, encode
 from gpuledger.streams.join import (
     DAY_MS,
     DUPLICATE,
@@ -60,13 +60,17 @@ class RouterPartition:
     router: LifecycleRouter = field(default_factory=LifecycleRouter)
     watermark_ms: int = 0
     next_offset: int = 0
+    #: the watermark last sent on to the join partitions (behind watermark_ms while deferred)
+    forwarded_ms: int = 0
 
     def to_state(self) -> dict:
-        return {"router": self.router.to_state(), "watermark_ms": self.watermark_ms, "next_offset": self.next_offset}
+        return {"router": self.router.to_state(), "watermark_ms": self.watermark_ms, "next_offset": self.next_offset,
+                "forwarded_ms": self.forwarded_ms}
 
     @classmethod
     def from_state(cls, state: dict) -> "RouterPartition":
-        return cls(LifecycleRouter.from_state(state["router"]), state["watermark_ms"], state["next_offset"])
+        return cls(LifecycleRouter.from_state(state["router"]), state["watermark_ms"], state["next_offset"],
+                   state.get("forwarded_ms", state["watermark_ms"]))
 
 
 @dataclass
@@ -94,13 +98,18 @@ class WorkerCore:
     """All of the worker's state and logic; the Faust app only moves bytes in and out."""
 
     def __init__(self, topics: Topics, *, partitions_gpu_samples: int, partitions_job_events: int,
-                 ledger: LedgerConfig, retention_ms: int = DAY_MS, max_ahead_ms: int = 7 * DAY_MS):
+                 ledger: LedgerConfig, retention_ms: int = DAY_MS, max_ahead_ms: int = 7 * DAY_MS,
+                 defer_watermarks: bool = False):
         self.topics = topics
         self.partitions_gpu_samples = partitions_gpu_samples
         self.partitions_job_events = partitions_job_events
         self.ledger = ledger
         self.retention_ms = retention_ms
         self.max_ahead_ms = max_ahead_ms
+        #: hold lifecycle watermarks back until `flush_watermarks()` (the Faust app calls it every
+        #: `worker_watermark_flush_s` and before each snapshot): a backlog of job-events then sends
+        #: one watermark per burst instead of one per message to every join partition
+        self.defer_watermarks = defer_watermarks
         self.routers: dict[int, RouterPartition] = {}
         self.joins: dict[int, JoinPartition] = {}
         self.counters: Counter[str] = Counter()
@@ -138,7 +147,9 @@ class WorkerCore:
         if not records:
             return []
         self.counters["usage_records"] += len(records)
-        return [Out(self.topics.usage, encode(UsageBatch(node=join.node, records=records)), key=join.node.encode())]
+        # a UsageBatch in its wire form; the records are UsageRecord wire dicts already (attribution.py)
+        batch = {"schema_version": SCHEMA_VERSION, "node": join.node, "records": records}
+        return [Out(self.topics.usage, orjson.dumps(batch), key=join.node.encode())]
 
     # ------------------------------------------------------------------ input
     def on_lifecycle(self, partition: int, offset: int, raw: bytes | None) -> list[Out]:
@@ -156,9 +167,7 @@ class WorkerCore:
         if isinstance(message, LifecycleWatermark):
             rp.watermark_ms = max(rp.watermark_ms, message.ts_ms)
             rp.router.prune(rp.watermark_ms - self.retention_ms)
-            mark = encode(NodeWatermark(ts_ms=rp.watermark_ms, source_partition=partition,
-                                        source_partitions=self.partitions_job_events))
-            return [Out(self.topics.node_allocations, mark, partition=p) for p in range(self.partitions_gpu_samples)]
+            return [] if self.defer_watermarks else self._forward_watermark(partition, rp)
         problem = check_event(message, rp.watermark_ms, self.max_ahead_ms)
         if problem:
             return [self._dead(topic, partition, offset, raw, problem)]
@@ -169,6 +178,20 @@ class WorkerCore:
             self.counters["duplicate_events"] += 1
         return [Out(self.topics.node_allocations, encode(c), key=c.node.encode()) for c in changes]
 
+    def _forward_watermark(self, partition: int, rp: RouterPartition) -> list[Out]:
+        """The partition's watermark to every join partition (nothing when it has not advanced)."""
+        if rp.watermark_ms <= rp.forwarded_ms:
+            return []
+        rp.forwarded_ms = rp.watermark_ms
+        mark = encode(NodeWatermark(ts_ms=rp.watermark_ms, source_partition=partition,
+                                    source_partitions=self.partitions_job_events))
+        return [Out(self.topics.node_allocations, mark, partition=p) for p in range(self.partitions_gpu_samples)]
+
+    def flush_watermarks(self) -> list[Out]:
+        """The watermarks held back (`defer_watermarks`), latest per job-events partition. They
+        follow every allocation change already returned, so the promise they carry holds."""
+        return [out for p in sorted(self.routers) for out in self._forward_watermark(p, self.routers[p])]
+
     def on_node(self, topic: str, partition: int, offset: int, raw: bytes | None) -> list[Out]:
         """One gpu-samples or node-allocations message: usage batches, late reports or a dead letter."""
         jp = self.join_partition(partition)
@@ -178,28 +201,13 @@ class WorkerCore:
         jp.next_offsets[topic] = offset + 1
         try:
             if topic == self.topics.gpu_samples:
-                tick = decode(NodeTick, raw)
+                ticks = decode_metered_ticks(raw)
             else:
                 message = decode_node_allocation(raw)
         except DecodeError as exc:
             return [self._dead(topic, partition, offset, raw, str(exc))]
         if topic == self.topics.gpu_samples:
-            problem = check_tick(tick, jp.clock.value, self.max_ahead_ms)
-            if problem:
-                return [self._dead(topic, partition, offset, raw, problem)]
-            join = self._node(jp, tick.node)
-            verdict = join.add_tick(tick)
-            if verdict.status == DUPLICATE:
-                self.counters["duplicate_ticks"] += 1
-                if self.on_duplicate:
-                    self.on_duplicate("tick")
-                return []
-            if verdict.status == REJECTED:
-                return [self._dead(topic, partition, offset, raw, verdict.reason)]
-            self.counters["ticks"] += 1
-            if self.on_tick:
-                self.on_tick(tick.node, tick.ts_ms)
-            return self._emit(join, jp.clock.value)
+            return self._on_ticks(jp, topic, partition, offset, raw, ticks)
         if isinstance(message, NodeWatermark):
             watermark = jp.clock.observe(message)
             return [out for name in sorted(jp.nodes) for out in self._emit(jp.nodes[name], watermark)]
@@ -214,11 +222,59 @@ class WorkerCore:
             return [self._late(topic, partition, offset, raw, verdict.reason)]
         return []
 
+    def _on_ticks(self, jp: JoinPartition, topic: str, partition: int, offset: int, raw: bytes, ticks) -> list[Out]:
+        """The ticks of one gpu-samples message (one, or a node's batch): each is checked and
+        buffered on its own — a bad one gets a dead letter (the whole message as original, the
+        reason naming the tick), the others count — then the node closes what the watermark
+        allows, in one usage batch."""
+        outs: list[Out] = []
+        join = None
+        for tick in ticks:
+            problem = check_tick(tick, jp.clock.value, self.max_ahead_ms)
+            if problem:
+                outs.append(self._dead(topic, partition, offset, raw, problem))
+                continue
+            join = self._node(jp, tick.node)
+            verdict = join.add_tick(tick, offset)
+            if verdict.status == DUPLICATE:
+                self.counters["duplicate_ticks"] += 1
+                if self.on_duplicate:
+                    self.on_duplicate("tick")
+                continue
+            if verdict.status == REJECTED:
+                outs.append(self._dead(topic, partition, offset, raw, verdict.reason))
+                continue
+            self.counters["ticks"] += 1
+            if self.on_tick:
+                self.on_tick(tick.node, tick.ts_ms)
+        if join is not None:
+            outs.extend(self._emit(join, jp.clock.value))
+        return outs
+
     # ------------------------------------------------------------------ snapshots
+    def covered_offsets(self, kind: str, partition: int) -> dict[str, int]:
+        """Input topic -> the offset below which a snapshot taken now covers every message: what the
+        worker may acknowledge once the snapshot is durable. For gpu-samples that stops at the first
+        message with a tick still waiting for its watermark (snapshots leave those out: see
+        `NodeJoin.to_state`; they are read again after a restore)."""
+        if kind == ROUTER:
+            part = self.routers.get(partition)
+            return {self.topics.job_events: part.next_offset if part else 0}
+        part = self.joins.get(partition)
+        if part is None:
+            return {}
+        covered = dict(part.next_offsets)
+        resume = min((o for j in part.nodes.values() if (o := j.resume_offset()) is not None), default=None)
+        if resume is not None:
+            covered[self.topics.gpu_samples] = min(resume, covered.get(self.topics.gpu_samples, resume))
+        return covered
+
     def snapshot(self, kind: str, partition: int) -> bytes:
         """The state of one partition (with the input offsets it covers), compressed JSON."""
         part = (self.routers if kind == ROUTER else self.joins).get(partition)
         state = part.to_state() if part is not None else None
+        if kind == JOIN and state is not None:
+            state["next_offsets"] = self.covered_offsets(kind, partition)
         doc = {"version": SNAPSHOT_VERSION, "kind": kind, "partition": partition, "state": state}
         return zlib.compress(orjson.dumps(doc), 1)
 

@@ -31,16 +31,16 @@ from dataclasses import asdict, dataclass, field
 
 from gpuledger.schemas.models import (
     TERMINAL_KINDS,
-    GpuSample,
     AllocationChange,
     GpuAssignment,
     JobEvent,
     JobEventKind,
+    MeteredGpu,
+    MeteredTick,
     NodeTick,
     NodeWatermark,
-    UsageRecord,
 )
-from gpuledger.streams.attribution import Holder, attribute
+from gpuledger.streams.attribution import Holder, RecordMaker
 from gpuledger.streams.pricing import LedgerConfig
 
 log = logging.getLogger(__name__)
@@ -173,7 +173,7 @@ def _time_problem(what: str, ts_ms: int, watermark_ms: int, max_ahead_ms: int) -
     return None
 
 
-def check_tick(tick: NodeTick, watermark_ms: int, max_ahead_ms: int = 7 * DAY_MS) -> str | None:
+def check_tick(tick: MeteredTick | NodeTick, watermark_ms: int, max_ahead_ms: int = 7 * DAY_MS) -> str | None:
     """Semantic checks the schema cannot make; returns the reason a tick is unusable, or None."""
     problem = _time_problem(f"tick of {tick.node}", tick.ts_ms, watermark_ms, max_ahead_ms)
     if problem:
@@ -219,6 +219,29 @@ def _holder_state(h: Holder) -> dict:
     return asdict(h)
 
 
+def _tick_state(tick: MeteredTick) -> list:
+    """A pending tick as plain data for a snapshot (cheaper than model_dump, and smaller)."""
+    return [tick.cluster, tick.node, tick.ts_ms, tick.interval_ms, [
+        [g.gpu_uuid, g.model, g.health.value, g.util_gpu_pct, g.sm_active_pct, g.mem_used_bytes, g.mem_total_bytes,
+         g.power_w, g.energy_j, [[p.container_id, p.sm_util_pct, p.mem_used_bytes] for p in g.processes]]
+        for g in tick.gpus]]
+
+
+_GPU_STATE = ("gpu_uuid", "model", "health", "util_gpu_pct", "sm_active_pct", "mem_used_bytes", "mem_total_bytes",
+              "power_w", "energy_j")
+
+
+def _tick_from_state(state: list | dict) -> MeteredTick:
+    if isinstance(state, dict):  # a snapshot written before ticks were kept metered: a whole NodeTick
+        return MeteredTick.model_validate(state)
+    cluster, node, ts_ms, interval_ms, gpus = state
+    return MeteredTick.model_validate({
+        "cluster": cluster, "node": node, "ts_ms": ts_ms, "interval_ms": interval_ms,
+        "gpus": [{**dict(zip(_GPU_STATE, g[:-1])),
+                  "processes": [dict(zip(("container_id", "sm_util_pct", "mem_used_bytes"), p)) for p in g[-1]]}
+                 for g in gpus]})
+
+
 @dataclass
 class NodeJoin:
     """One node: who holds each of its GPUs, ticks waiting for the watermark, and the
@@ -227,7 +250,10 @@ class NodeJoin:
     node: str
     cluster: str = ""
     holders: dict[str, dict[tuple[str, int], Holder]] = field(default_factory=dict)
-    pending_ticks: list[NodeTick] = field(default_factory=list)
+    pending_ticks: list[MeteredTick] = field(default_factory=list)
+    #: input offset of each pending tick's message (None: unknown), for snapshots that leave
+    #: pending ticks out and have them re-read from the input instead (`to_state`)
+    pending_offsets: list[int | None] = field(default_factory=list)
     pending_changes: list[AllocationChange] = field(default_factory=list)
     last_energy: dict[str, tuple[int, float]] = field(default_factory=dict)  # gpu -> (tick ts, energy_j)
     closed_until_ms: int = 0
@@ -239,26 +265,34 @@ class NodeJoin:
     duplicates: int = 0
 
     # -- input
-    def add_tick(self, tick: NodeTick) -> Verdict:
-        """Buffer a tick. A tick seen before (pending or closed) is a silent duplicate; an unseen tick
-        before the closed horizon is rejected (late)."""
+    def add_tick(self, tick: MeteredTick | NodeTick, offset: int | None = None) -> Verdict:
+        """Buffer a tick (read at input `offset`, if known). A tick seen before (pending or closed)
+        is a silent duplicate; an unseen tick before the closed horizon is rejected (late)."""
+        if isinstance(tick, NodeTick):  # the whole tick (tests, tools): keep what the worker would
+            tick = MeteredTick.model_validate(tick.model_dump())
         end = tick.ts_ms + tick.interval_ms
         if tick.ts_ms < self.closed_until_ms:
             if any(lo <= tick.ts_ms and end <= hi for lo, hi in self.closed_ranges):
                 self.duplicates += 1
                 return Verdict(DUPLICATE)
-            return Verdict(REJECTED, f"late tick: {tick.node} ts_ms={tick.ts_ms} is before the closed horizon "
+            return Verdict(REJECTED, f"late tick: {self.node} ts_ms={tick.ts_ms} is before the closed horizon "
                                      f"{self.closed_until_ms} and was never seen")
         self.cluster = tick.cluster
-        keys = [t.ts_ms for t in self.pending_ticks]
-        i = bisect.bisect_left(keys, tick.ts_ms)
-        if i < len(keys) and keys[i] == tick.ts_ms:
-            if self.pending_ticks[i] == tick:
+        pending = self.pending_ticks
+        if not pending or pending[-1].ts_ms < tick.ts_ms:  # the usual case: the next tick in order
+            pending.append(tick)
+            self.pending_offsets.append(offset)
+            return Verdict(ACCEPTED)
+        i = bisect.bisect_left(pending, tick.ts_ms, key=lambda t: t.ts_ms)
+        if i < len(pending) and pending[i].ts_ms == tick.ts_ms:
+            if pending[i] == tick:
                 self.duplicates += 1
                 return Verdict(DUPLICATE)
-            return Verdict(REJECTED, f"conflicting duplicate tick: {tick.node} ts_ms={tick.ts_ms} differs from the "
-                                     "tick already received for that time (the first one is kept)")
-        self.pending_ticks.insert(i, tick)
+            return Verdict(REJECTED, f"conflicting duplicate tick: {self.node} ts_ms={tick.ts_ms} differs from the "
+                                     "tick already received for that time in what the ledger meters (the first one "
+                                     "is kept)")
+        pending.insert(i, tick)
+        self.pending_offsets.insert(i, offset)
         return Verdict(ACCEPTED)
 
     def add_change(self, change: AllocationChange) -> Verdict:
@@ -304,7 +338,7 @@ class NodeJoin:
                 container_id=gpu.container_id or (previous.container_id if previous else None),
             )
 
-    def _tick_energy(self, tick: NodeTick, gpu: GpuSample) -> float:
+    def _tick_energy(self, tick: MeteredTick, gpu: MeteredGpu) -> float:
         previous = self.last_energy.get(gpu.gpu_uuid)
         if gpu.energy_j is not None:
             self.last_energy[gpu.gpu_uuid] = (tick.ts_ms, gpu.energy_j)
@@ -313,11 +347,19 @@ class NodeJoin:
         return (gpu.power_w or 0.0) * tick.interval_ms / 1000.0
 
     # -- output
-    def close_until(self, watermark_ms: int, ledger: LedgerConfig) -> list[UsageRecord]:
-        """Turn every tick that ends at or before the watermark into usage records."""
-        records: list[UsageRecord] = []
-        while self.pending_ticks and self.pending_ticks[0].ts_ms + self.pending_ticks[0].interval_ms <= watermark_ms:
-            tick = self.pending_ticks.pop(0)
+    def close_until(self, watermark_ms: int, ledger: LedgerConfig) -> list[dict]:
+        """Turn every tick that ends at or before the watermark into usage records (wire dicts)."""
+        pending = self.pending_ticks
+        n = 0
+        while n < len(pending) and pending[n].ts_ms + pending[n].interval_ms <= watermark_ms:
+            n += 1
+        if not n:
+            return []
+        closing, self.pending_ticks = pending[:n], pending[n:]
+        del self.pending_offsets[:n]
+        records: list[dict] = []
+        maker = None
+        for tick in closing:
             start, end = tick.ts_ms, tick.ts_ms + tick.interval_ms
             while self.pending_changes and self.pending_changes[0].ts_ms <= start:
                 self._apply(self.pending_changes.pop(0))
@@ -329,25 +371,22 @@ class NodeJoin:
                 if change.ts_ms != cuts[-1]:
                     cuts.append(change.ts_ms)
             cuts.append(end)
-            energies = {gpu.gpu_uuid: self._tick_energy(tick, gpu) for gpu in tick.gpus}
+            energies = [self._tick_energy(tick, gpu) for gpu in tick.gpus]
             for seg_start, seg_end in zip(cuts, cuts[1:]):
                 while inside and inside[0].ts_ms <= seg_start:
                     self._apply(inside.pop(0))
                 share = (seg_end - seg_start) / tick.interval_ms
-                for gpu in tick.gpus:
-                    records.extend(attribute(
-                        cluster=tick.cluster, node=tick.node, gpu=gpu,
-                        holders=list(self.holders.get(gpu.gpu_uuid, {}).values()),
-                        start_ms=seg_start, end_ms=seg_end,
-                        energy_j=energies[gpu.gpu_uuid] * share, ledger=ledger,
-                    ))
+                if maker is None or maker.cluster != tick.cluster:
+                    maker = RecordMaker(ledger, tick.cluster, self.node)
+                for gpu, energy in zip(tick.gpus, energies):
+                    held = self.holders.get(gpu.gpu_uuid)
+                    records += maker.records(gpu, list(held.values()) if held else [], seg_start, seg_end, energy * share)
             self.closed_until_ms = end
             if self.closed_ranges and self.closed_ranges[-1][1] == start:
                 self.closed_ranges[-1][1] = end
             else:
                 self.closed_ranges.append([start, end])
-        if records:
-            self._prune()
+        self._prune()
         return records
 
     def _prune(self) -> None:
@@ -358,12 +397,20 @@ class NodeJoin:
             self.closed_ranges.pop(0)
 
     # -- snapshots
+    def resume_offset(self) -> int | None:
+        """The first input offset holding a pending tick that `to_state` leaves out (None: none)."""
+        return min((o for o in self.pending_offsets if o is not None), default=None)
+
     def to_state(self) -> dict:
+        """Everything but the pending ticks whose input offset is known: those are not snapshotted
+        (a backlog of them would make every snapshot grow) but re-read from the input, from
+        `resume_offset()` on; ticks closed meanwhile are then recognised as duplicates."""
+        kept = [_tick_state(t) for t, o in zip(self.pending_ticks, self.pending_offsets) if o is None]
         return {
             "node": self.node,
             "cluster": self.cluster,
             "holders": {gpu: [_holder_state(h) for h in held.values()] for gpu, held in self.holders.items()},
-            "pending_ticks": [t.model_dump(mode="json") for t in self.pending_ticks],
+            "pending_ticks": kept,
             "pending_changes": [c.model_dump(mode="json") for c in self.pending_changes],
             "last_energy": {gpu: list(v) for gpu, v in self.last_energy.items()},
             "closed_until_ms": self.closed_until_ms,
@@ -384,7 +431,8 @@ class NodeJoin:
             node=state["node"],
             cluster=state["cluster"],
             holders=holders,
-            pending_ticks=[NodeTick.model_validate(t) for t in state["pending_ticks"]],
+            pending_ticks=[_tick_from_state(t) for t in state["pending_ticks"]],
+            pending_offsets=[None] * len(state["pending_ticks"]),
             pending_changes=[AllocationChange.model_validate(c) for c in state["pending_changes"]],
             last_energy={gpu: (int(v[0]), float(v[1])) for gpu, v in state["last_energy"].items()},
             closed_until_ms=state["closed_until_ms"],

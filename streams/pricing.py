@@ -11,6 +11,7 @@ import json
 import importlib.resources
 import tomllib
 from dataclasses import dataclass, field
+from functools import cached_property
 from datetime import date, datetime, timezone
 from pathlib import Path
 
@@ -127,6 +128,8 @@ class LedgerConfig:
             entries = self.coefficients.get(name)
             if not entries:
                 continue
+            if ts_ms >= entries[-1].valid_from_ms:  # the usual case: the latest entry (hot path)
+                return entries[-1]
             i = bisect.bisect_right(entries, ts_ms, key=lambda e: e.valid_from_ms) - 1
             if i >= 0:
                 return entries[i]
@@ -134,14 +137,24 @@ class LedgerConfig:
 
     def interval_cost_micros(self, model: str, duration_ms: int, energy_j: float) -> int:
         """Whole-GPU cost of one interval: fixed hourly parts + measured energy x price x PUE."""
+        terms = self._cost_terms.get(model) or self._cost_terms.setdefault(model, self._terms_of(model))
+        per_hour, include_power, cooling = terms
+        fixed = per_hour * duration_ms / MS_PER_HOUR
+        power = 0.0
+        if include_power:
+            power = energy_j / JOULES_PER_KWH * self.electricity_price_per_kwh * cooling
+        return round((fixed + power) * 1_000_000)
+
+    @cached_property
+    def _cost_terms(self) -> dict[str, tuple[float, bool, float]]:
+        """model -> (fixed cost per hour, power included, cooling factor): filled on first use (hot path)."""
+        return {}
+
+    def _terms_of(self, model: str) -> tuple[float, bool, float]:
         price, d = self.price(model), self.definitions
         per_hour = (price.depreciation_per_hour if d.include_depreciation else 0.0) + \
                    (price.maintenance_per_hour if d.include_maintenance else 0.0)
-        fixed = per_hour * duration_ms / MS_PER_HOUR
-        power = 0.0
-        if d.include_power:
-            power = energy_j / JOULES_PER_KWH * self.electricity_price_per_kwh * (self.pue if d.include_cooling else 1.0)
-        return round((fixed + power) * 1_000_000)
+        return per_hour, d.include_power, (self.pue if d.include_cooling else 1.0)
 
     def reference_cost_per_gpu_hour(self) -> float:
         """Opportunity cost of one waiting GPU for one hour: the reference card's fixed hourly cost."""

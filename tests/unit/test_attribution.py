@@ -1,10 +1,13 @@
 """Attribution of one GPU stretch: conservation of time and cost, shares, states."""
 
+import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuledger.schemas.models import GpuSample, ProcessSample
-from gpuledger.streams.attribution import Holder, attribute, split_integer
+from gpuledger.schemas.models import GpuSample, ProcessSample, UsageRecord
+from gpuledger.schemas.wire import encode
+from gpuledger.streams.attribution import Holder, split_integer
+from gpuledger.streams.attribution import attribute as attribute_dicts
 from gpuledger.streams.pricing import load_ledger_config
 
 LEDGER = load_ledger_config()
@@ -14,6 +17,16 @@ def gpu(**kw) -> GpuSample:
     base = dict(gpu_uuid="GPU-1", index=0, model="A100-80GB", util_gpu_pct=50.0, power_w=200.0)
     base.update(kw)
     return GpuSample(**base)
+
+
+def attribute(**kw) -> list[UsageRecord]:
+    """The records as models: each wire dict must be a valid UsageRecord, and exactly its wire form."""
+    records = []
+    for d in attribute_dicts(**kw):
+        record = UsageRecord.model_validate(d)
+        assert orjson.loads(encode(record)) == d
+        records.append(record)
+    return records
 
 
 T0 = 1_793_577_600_000  # 2026-11-02
@@ -128,3 +141,28 @@ def test_unknown_model_uses_default_price_and_coefficient():
     (r,) = run(gpu(model="Mystery-9000"), [])
     assert r.coefficient_version == "default@2020-01-01"
     assert r.cost_micros == LEDGER.interval_cost_micros("default", 10_000, 2000.0)
+
+
+processes = st.lists(st.builds(ProcessSample, pid=st.integers(0, 99), container_id=st.sampled_from([None, "ca", "cb"]),
+                               sm_util_pct=st.one_of(st.none(), st.floats(0, 100)),
+                               mem_used_bytes=st.one_of(st.none(), st.integers(0, 10**9))), max_size=3)
+holders = st.lists(st.builds(Holder, job_id=st.sampled_from(["a", "b", "c"]), attempt=st.integers(0, 1), tenant=st.just("t"),
+                             queue=st.just("q"), share_milli=st.sampled_from([250, 500, 1000]), running=st.booleans(),
+                             container_id=st.sampled_from([None, "ca", "cb"])), max_size=3, unique_by=lambda h: (h.job_id, h.attempt))
+
+
+@given(util=st.one_of(st.none(), st.floats(0, 100)), sm=st.one_of(st.none(), st.floats(0, 100)), down=st.booleans(),
+       mem_total=st.one_of(st.none(), st.integers(1, 10**10)), procs=processes, held=holders,
+       energy=st.floats(0, 10**6), duration=st.integers(1, 60_000))
+def test_the_workers_metered_view_attributes_exactly_like_the_whole_sample(util, sm, down, mem_total, procs, held,
+                                                                           energy, duration):
+    from gpuledger.schemas.models import MeteredGpu
+
+    whole = gpu(util_gpu_pct=util, sm_active_pct=sm, health="down" if down else "ok", mem_total_bytes=mem_total,
+                temperature_c=40.0, processes=procs)
+    metered = MeteredGpu.model_validate_json(encode(whole))
+    kw = dict(cluster="c", node="n", holders=held, start_ms=T0, end_ms=T0 + duration, energy_j=energy, ledger=LEDGER)
+    records = attribute(gpu=whole, **kw)
+    assert attribute(gpu=metered, **kw) == records
+    assert sum(r.gpu_ms for r in records) == duration  # conservation, whatever the split
+    assert sum(r.cost_micros for r in records) == LEDGER.interval_cost_micros("A100-80GB", duration, energy)

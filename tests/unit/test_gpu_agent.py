@@ -17,7 +17,7 @@ from gpuledger.agents.publisher import KafkaPublisher, ListPublisher, PublishErr
 from gpuledger.agents.sim_backend import SimBackend, SimProcess, parse_sim_models
 from gpuledger.config import Settings
 from gpuledger.schemas.models import GpuHealth, NodeTick
-from gpuledger.schemas.wire import decode, encode
+from gpuledger.schemas.wire import decode, decode_node_ticks, encode
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "agent_tick.json"
 CID_1 = "1" * 64
@@ -141,6 +141,20 @@ def test_on_the_grid_publishes_at_once_and_interval_is_configurable() -> None:
               clock=clock, sleep=clock.sleep, max_ticks=2)
     assert [decode(NodeTick, v).ts_ms for v in pub.values()] == [60_000, 70_000]
     assert next_grid_ms(60_001, 10_000) == 70_000 and next_grid_ms(60_000, 10_000) == 60_000
+
+
+def test_ticks_per_message_sends_batches_and_the_rest_on_stop() -> None:
+    clock = FakeClock(60.0)
+    pub = ListPublisher()
+    n = run_agent(SimBackend(["T4", "T4"]), pub, "t", cluster="c", node="n", interval_s=1,
+                  clock=clock, sleep=clock.sleep, max_ticks=7, ticks_per_message=3)
+    assert n == 7
+    messages = [decode_node_ticks(v) for v in pub.values()]
+    assert [len(m) for m in messages] == [3, 3, 1]  # the last, partial one goes out when the agent stops
+    assert [t.ts_ms for m in messages for t in m] == [60_000 + 1000 * i for i in range(7)]
+    assert b'"tick_batch"' in pub.values()[0] and b'"tick_batch"' not in pub.values()[2]  # one tick: a NodeTick
+    with pytest.raises(ValueError, match="ticks_per_message"):
+        run_agent(SimBackend(["T4"]), pub, "t", cluster="c", node="n", ticks_per_message=0, max_ticks=1)
 
 
 class SlowBackend:

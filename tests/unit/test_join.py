@@ -54,8 +54,8 @@ SCENARIO = [event("allocated", 10, 1, gpus=TWO_NODES), event("started", 25, 2), 
 def summarise(records):
     out = {}
     for r in records:
-        key = (r.state.value, r.job_id)
-        out[key] = out.get(key, 0) + r.gpu_ms
+        key = (r["state"], r["job_id"])
+        out[key] = out.get(key, 0) + r["gpu_ms"]
     return out
 
 
@@ -68,7 +68,7 @@ def test_node_join_splits_ticks_at_changes_and_waits_for_watermark():
     assert join.close_until(T0 + 25 * S, LEDGER) and join.closed_until_ms == T0 + 20 * S
     rest = join.close_until(T0 + 60 * S, LEDGER)
     assert join.pending_ticks == [] and join.closed_until_ms == T0 + 60 * S
-    assert rest[-1].end_ms == T0 + 60 * S
+    assert rest[-1]["end_ms"] == T0 + 60 * S
     assert join.add_tick(tick(3)).status == "duplicate"  # closed already: a silent duplicate
 
 
@@ -103,7 +103,7 @@ def test_energy_from_counter_deltas_with_power_fallback():
         t = tick(k)
         t = t.model_copy(update={"gpus": [t.gpus[0].model_copy(update={"energy_j": energy})]})
         join.add_tick(t)
-    energies = [r.energy_j for r in join.close_until(T0 + 30 * S, LEDGER)]
+    energies = [r["energy_j"] for r in join.close_until(T0 + 30 * S, LEDGER)]
     assert energies == [100.0 * 10, 600.0, 900.0]  # first: power x 10 s; then counter deltas
 
 
@@ -152,7 +152,8 @@ class Feed:
         self.out.extend(self.core.on_node(topic, 0, self._take(topic), raw))
 
     def records(self):
-        return [r for o in self.out if o.topic == TOPICS.usage for r in decode(UsageBatch, o.value).records]
+        return [r.model_dump(mode="json") for o in self.out if o.topic == TOPICS.usage
+                for r in decode(UsageBatch, o.value).records]
 
     def letters(self, topic):
         return [decode(DeadLetter, o.value) for o in self.out if o.topic == topic]
@@ -200,7 +201,7 @@ def test_event_behind_the_closed_horizon_applies_from_the_next_tick_and_is_repor
     got = summarise(f.records())
     # [10, 40) stays allocated (already closed); completed takes effect at 40 s, the next open tick
     assert got == {("unallocated", ""): 10_000 + 20_000, ("allocated_idle", "j1"): 30_000}
-    assert sum(r.gpu_ms for r in f.records()) == 60_000  # conservation holds
+    assert sum(r["gpu_ms"] for r in f.records()) == 60_000  # conservation holds
     (late,) = f.letters(TOPICS.late_events)
     assert "late allocation change" in late.reason and "15000 ms behind" in late.reason
     assert f.core.counters["late_events"] == 1
@@ -255,10 +256,10 @@ def test_node_clock_skew_shifts_boundaries_within_the_tick_and_conserves_time():
             f.tick(t.model_copy(update={"ts_ms": t.ts_ms + skew_ms}))
         f.mark(70)
         records = f.records()
-        assert sum(r.gpu_ms for r in records) == 60_000  # six 10 s ticks, whatever the skew
+        assert sum(r["gpu_ms"] for r in records) == 60_000  # six 10 s ticks, whatever the skew
         got = summarise(records)
         assert got[("allocated_idle", "j1")] == 15_000 and got[("executing", "j1")] == 25_000
-        starts = sorted({r.start_ms for r in records})
+        starts = sorted({r["start_ms"] for r in records})
         assert all(s_ - T0 - skew_ms in (0, 10_000, 20_000, 30_000, 40_000, 50_000) or (s_ - T0) in (10_000, 25_000, 50_000)
                    for s_ in starts)
 

@@ -1,10 +1,21 @@
 """The wire: JSON Schema files match the models; decoding errors are clear."""
 
+import orjson
 import pytest
 
 from gpuledger.schemas.export import JSON_DIR, render_all
-from gpuledger.schemas.models import JobEvent, NodeTick
-from gpuledger.schemas.wire import DecodeError, decode, decode_lifecycle, encode
+from gpuledger.schemas.models import GpuSample, JobEvent, NodeTick
+from gpuledger.schemas.wire import (
+    DecodeError,
+    decode,
+    decode_lifecycle,
+    decode_metered_ticks,
+    decode_node_ticks,
+    encode,
+    encode_node_ticks,
+)
+
+T = 1_793_577_600_000
 
 
 def test_exported_json_schemas_match_models():
@@ -59,3 +70,50 @@ def test_lifecycle_union_dispatches_on_type():
     assert decode_lifecycle(encode(event)) == event
     with pytest.raises(DecodeError, match="lifecycle"):
         decode_lifecycle(b'{"type": "nope"}')
+
+
+# --------------------------------------------------------------------------- line 1: batches, metered view
+def _tick(ts_ms: int, node: str = "n1", **gpu) -> NodeTick:
+    return NodeTick(cluster="c", node=node, ts_ms=ts_ms, interval_ms=1000,
+                    gpus=[GpuSample(gpu_uuid="G1", index=0, model="A100-80GB", temperature_c=40.0, **gpu)])
+
+
+def test_a_gpu_samples_message_is_one_tick_or_a_batch_of_one_node():
+    ticks = [_tick(T + 1000 * i) for i in range(3)]
+    assert decode_node_ticks(encode(ticks[0])) == ticks[:1]
+    assert decode_node_ticks(encode_node_ticks("n1", ticks)) == ticks
+    assert [t.ts_ms for t in decode_metered_ticks(encode_node_ticks("n1", ticks))] == [t.ts_ms for t in ticks]
+    # field order on the wire does not matter (the fast path guesses the kind from the bytes)
+    reordered = orjson.dumps({"ticks": [t.model_dump(mode="json") for t in ticks], "node": "n1", "type": "tick_batch"})
+    assert decode_node_ticks(reordered) == ticks
+    with pytest.raises(DecodeError, match="holds a tick of node 'n2'"):
+        decode_node_ticks(encode_node_ticks("n1", [ticks[0], _tick(T + 5000, node="n2")]))
+    with pytest.raises(DecodeError, match="NodeTickBatch: schema violation at ticks"):
+        decode_node_ticks(b'{"type": "tick_batch", "node": "n1", "ticks": []}')
+    with pytest.raises(DecodeError, match="malformed JSON"):
+        decode_metered_ticks(b'{"type": "tick_batch", "node"')
+    with pytest.raises(DecodeError, match="unknown schema_version 2"):
+        decode_metered_ticks(orjson.dumps({**ticks[0].model_dump(mode="json"), "schema_version": 2}))
+    with pytest.raises(DecodeError, match="empty message"):
+        decode_metered_ticks(None)
+
+
+def test_the_worker_validates_what_it_meters_with_the_schema_constraints():
+    good = orjson.loads(encode(_tick(T, util_gpu_pct=50.0)))
+    for field, value in [("util_gpu_pct", 150.0), ("power_w", -1.0), ("energy_j", -2.0), ("mem_used_bytes", -5),
+                         ("gpu_uuid", ""), ("health", "melted")]:
+        bad = {**good, "gpus": [{**good["gpus"][0], field: value}]}
+        with pytest.raises(DecodeError, match=f"schema violation at gpus.0.{field}"):
+            decode_metered_ticks(orjson.dumps(bad))
+        with pytest.raises(DecodeError):
+            decode_node_ticks(orjson.dumps(bad))  # the whole tick is wrong too
+    infinite = encode(_tick(T, energy_j=5.0)).replace(b'"energy_j":5.0', b'"energy_j":1e999')
+    with pytest.raises(DecodeError, match="infinity"):  # not a measurement
+        decode_metered_ticks(infinite)
+    with pytest.raises(DecodeError, match="surprise"):
+        decode_metered_ticks(orjson.dumps({**good, "surprise": 1}))  # the tick level is checked whole
+    # a health-only field out of range is the sink's to reject (the health record); the worker meters the tick
+    hot = {**good, "gpus": [{**good["gpus"][0], "temperature_c": 999.0}]}
+    assert decode_metered_ticks(orjson.dumps(hot))[0].gpus[0].util_gpu_pct == 50.0
+    with pytest.raises(DecodeError, match="temperature_c"):
+        decode_node_ticks(orjson.dumps(hot))

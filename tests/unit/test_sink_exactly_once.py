@@ -231,3 +231,21 @@ def test_property_any_crash_any_batching_same_records(seed, crash_call, when, ba
     warehouse.crash_at = (crash_call, when)
     run(messages, warehouse, progress, batch_rows=batch_rows)
     assert records(warehouse) == expected_rows(messages)
+
+
+def test_a_batch_of_ticks_gives_health_and_inventory_rows_for_each_tick():
+    from gpuledger.schemas.models import GpuSample, NodeTick
+    from gpuledger.schemas.wire import DecodeError, encode_node_ticks
+    from gpuledger.sink import SAMPLES, process_message
+
+    ticks = [NodeTick(cluster="c", node="n", ts_ms=1_793_577_600_000 + 1000 * i, interval_ms=1000,
+                      gpus=[GpuSample(gpu_uuid=f"G{g}", index=g, model="T4", temperature_c=40.0 + i) for g in range(2)])
+             for i in range(3)]
+    rows = process_message(SAMPLES, encode_node_ticks("n", ticks), Source("gpu-samples", 0, 9))
+    assert [(r["ts_ms"], r["gpu_uuid"], r["temperature_c"]) for r in rows["gpu_health"]] == [
+        (t.ts_ms, g.gpu_uuid, g.temperature_c) for t in ticks for g in t.gpus]
+    assert [r["seen_ms"] for r in rows["node_inventory"]] == [t.ts_ms for t in ticks]
+    # the health record checks every field: a tick the worker could meter may still be set aside here
+    hot = ticks[0].model_copy(update={"gpus": [ticks[0].gpus[0].model_copy(update={"temperature_c": 999.0})]})
+    with pytest.raises(DecodeError, match="temperature_c"):
+        process_message(SAMPLES, encode_node_ticks("n", [hot]), Source("gpu-samples", 0, 10))
