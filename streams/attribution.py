@@ -62,12 +62,17 @@ Gpu = MeteredGpu | GpuSample
 
 def measured_use(gpu: Gpu, holder: Holder) -> tuple[float | None, int | None]:
     """SM share (percent of the GPU) and memory of one holder's container, if NVML saw it."""
-    if not holder.container_id or not gpu.processes:
+    container = holder.container_id
+    if not container or not gpu.processes:
         return None, None
-    procs = [p for p in gpu.processes if p.container_id == holder.container_id]
-    utils = [p.sm_util_pct for p in procs if p.sm_util_pct is not None]
-    mems = [p.mem_used_bytes for p in procs if p.mem_used_bytes is not None]
-    return (min(100.0, sum(utils)) if utils else None), (sum(mems) if mems else None)
+    util = mem = None
+    for p in gpu.processes:  # one pass: this is on the hot path for every held GPU
+        if p.container_id == container:
+            if p.sm_util_pct is not None:
+                util = p.sm_util_pct if util is None else util + p.sm_util_pct
+            if p.mem_used_bytes is not None:
+                mem = p.mem_used_bytes if mem is None else mem + p.mem_used_bytes
+    return (None if util is None else min(100.0, util)), mem
 
 
 def whole_gpu_util(gpu: Gpu) -> float | None:
