@@ -30,7 +30,7 @@ test-unit: $(STAMP) ## unit tests of the pure core only
 chaos: $(STAMP) ## fault-injection suite: kill -9 worker/sink, freeze broker, cut clients off, warehouse outage; bills must equal the fault-free run (~5 min)
 	$(BIN)/python -m pytest -q -s -m chaos tests/chaos
 
-bench: $(STAMP) ## run every benchmark (~20 min; GPULEDGER_BENCH_QUICK=1 for a ~4 min smoke run), print a table, write bench/results.json
+bench: $(STAMP) ## run every benchmark (~11 min; GPULEDGER_BENCH_QUICK=1 for a ~4 min smoke run), print a table, write bench/results.json
 	$(BIN)/python -m bench.run
 
 superset-check: $(STAMP) ## Superset end to end: import the dashboards, compare chart numbers with the reports, screenshots

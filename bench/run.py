@@ -1,6 +1,6 @@
 """`make bench`: every benchmark, a table, and bench/results.json.
 
-    .venv/bin/python -m bench.run                       # full run (~20 min on 2 cores)
+    .venv/bin/python -m bench.run                       # full run (~11 min on 2 cores)
     GPULEDGER_BENCH_QUICK=1 .venv/bin/python -m bench.run   # smoke run (~4 min), smaller sizes
     .venv/bin/python -m bench.run --only join,agent     # some stages (core, agent, join, profile, e2e, warehouse)
 
@@ -68,6 +68,10 @@ def table(results: dict) -> str:
             if value is not None:
                 met = "yes" if (value >= bound if op == ">=" else value < bound) else "NO"
         lines.append(f"{label:<40} {_fmt(value, fmt):>14}  {unit:<12} {tgt:<10} {met}")
+    j = results.get("join_detail", {})
+    if j:
+        lines.append(f"  join workload: {j['ticks']:,} ticks of 8-GPU nodes at {j['interval_ms']} ms, "
+                     f"{j['ticks_per_message']} ticks per message ({j['tick_bytes']:,.0f} B per tick)")
     d = results.get("warehouse_detail", {})
     for key in ("bill_10m", "bill_100m"):
         if key in d:
