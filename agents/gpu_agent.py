@@ -36,6 +36,9 @@ from gpuledger.schemas.wire import encode, encode_node_ticks
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 5.0
+#: A batch larger than this is sent as several messages: Kafka's default limit is 1 MB per message
+#: (an 8-GPU tick is ~5.6 KB, so ~160 ticks fit).
+MAX_MESSAGE_BYTES = 900_000
 
 
 class Publisher(Protocol):
@@ -86,7 +89,13 @@ def run_agent(
     held: list[NodeTick] = []
 
     def send(ticks: list[NodeTick]) -> None:
-        publisher.publish(topic, node, encode_node_ticks(node, ticks))
+        value = encode_node_ticks(node, ticks)
+        if len(value) > MAX_MESSAGE_BYTES and len(ticks) > 1:  # stay under the brokers' message size limit
+            half = len(ticks) // 2
+            send(ticks[:half])
+            send(ticks[half:])
+            return
+        publisher.publish(topic, node, value)
         publisher.poll(0)
 
     if sleep is time.sleep and stop is not None:

@@ -24,7 +24,8 @@ const executablePath = process.env.CHROMIUM || "/usr/bin/chromium";
     await page.fill("input[name=username], #username", user);
     await page.fill("input[name=password], #password", password);
     await Promise.all([
-      page.waitForURL((u) => !u.pathname.startsWith("/login"), { timeout: 60000 }),
+      // the first page after login is Superset's slowest on a cold start (seen > 60 s on 2 busy cores)
+      page.waitForURL((u) => !u.pathname.startsWith("/login"), { timeout: 180000 }),
       page.keyboard.press("Enter"),
     ]);
     for (const slug of slugs) {

@@ -143,7 +143,7 @@ def test_on_the_grid_publishes_at_once_and_interval_is_configurable() -> None:
     assert next_grid_ms(60_001, 10_000) == 70_000 and next_grid_ms(60_000, 10_000) == 60_000
 
 
-def test_ticks_per_message_sends_batches_and_the_rest_on_stop() -> None:
+def test_ticks_per_message_sends_batches_and_the_rest_on_stop(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeClock(60.0)
     pub = ListPublisher()
     n = run_agent(SimBackend(["T4", "T4"]), pub, "t", cluster="c", node="n", interval_s=1,
@@ -153,6 +153,17 @@ def test_ticks_per_message_sends_batches_and_the_rest_on_stop() -> None:
     assert [len(m) for m in messages] == [3, 3, 1]  # the last, partial one goes out when the agent stops
     assert [t.ts_ms for m in messages for t in m] == [60_000 + 1000 * i for i in range(7)]
     assert b'"tick_batch"' in pub.values()[0] and b'"tick_batch"' not in pub.values()[2]  # one tick: a NodeTick
+    # a batch over the message size limit goes out as several messages, every tick in order
+    from gpuledger.agents import gpu_agent
+
+    monkeypatch.setattr(gpu_agent, "MAX_MESSAGE_BYTES", len(pub.values()[0]) // 2)
+    pub = ListPublisher()
+    assert run_agent(SimBackend(["T4", "T4"]), pub, "t", cluster="c", node="n", interval_s=1, clock=clock,
+                     sleep=clock.sleep, max_ticks=6, ticks_per_message=6) == 6
+    sizes = [len(decode_node_ticks(v)) for v in pub.values()]
+    assert len(sizes) > 1 and sum(sizes) == 6 and all(len(v) <= gpu_agent.MAX_MESSAGE_BYTES for v in pub.values()[:-1])
+    stamps = [t.ts_ms for v in pub.values() for t in decode_node_ticks(v)]
+    assert stamps == [stamps[0] + 1000 * i for i in range(6)]
     with pytest.raises(ValueError, match="ticks_per_message"):
         run_agent(SimBackend(["T4"]), pub, "t", cluster="c", node="n", ticks_per_message=0, max_ticks=1)
 
