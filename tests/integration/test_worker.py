@@ -17,7 +17,7 @@ from gpuledger.schemas.models import (
     NodeTick,
     UsageBatch,
 )
-from gpuledger.schemas.wire import decode, encode
+from gpuledger.schemas.wire import decode, encode, encode_node_ticks
 from gpuledger.reports import fetch
 from gpuledger.sink import run_sink
 from gpuledger.topics import create_topics
@@ -57,13 +57,17 @@ def read_usage(settings) -> list:
     return [r for _, value in read_topic(settings, settings.topics.usage) for r in decode(UsageBatch, value).records]
 
 
-def test_pipeline_attributes_every_gpu_second_and_bills_it(settings, tmp_path):
+@pytest.mark.parametrize("ticks_per_message", [1, 4])
+def test_pipeline_attributes_every_gpu_second_and_bills_it(settings, tmp_path, ticks_per_message):
+    """The same bill whether the agent sends each tick or batches of them (NodeTickBatch: 4 + 2)."""
     create_topics(settings)
     t = settings.topics
     events = [job("submitted", 0, 0), job("allocated", 10, 1), job("started", 25, 2), job("completed", 50, 3),
               job("completed", 50, 3)]  # the duplicate must be ignored
     messages = [(t.job_events, b"j1", encode(e), None) for e in events]
-    messages += [(t.gpu_samples, b"n1", encode(tick(k, g1_down=k >= 3)), None) for k in range(6)]
+    ticks = [tick(k, g1_down=k >= 3) for k in range(6)]
+    messages += [(t.gpu_samples, b"n1", encode_node_ticks("n1", ticks[i:i + ticks_per_message]), None)
+                 for i in range(0, len(ticks), ticks_per_message)]
     messages.append((t.gpu_samples, b"n1", b"{not json", None))  # goes to dead letters
     mark = encode(LifecycleWatermark(cluster="c", ts_ms=T0 + 70 * S))
     messages += [(t.job_events, None, mark, p) for p in range(settings.partitions_job_events)]
@@ -105,6 +109,7 @@ def test_pipeline_attributes_every_gpu_second_and_bills_it(settings, tmp_path):
     client.close()
     stats = run_sink(settings, until_caught_up=True)
     assert stats["rows"]["usage_raw"] == len(records)
+    assert stats["rows"]["gpu_health"] == 2 * 6  # every GPU of every tick, batched or not
     client = connect(settings)
     try:
         (bill,) = fetch(client, settings.database, "bills")
