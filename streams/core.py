@@ -224,15 +224,15 @@ class WorkerCore:
 
     def _on_ticks(self, jp: JoinPartition, topic: str, partition: int, offset: int, raw: bytes, ticks) -> list[Out]:
         """The ticks of one gpu-samples message (one, or a node's batch): each is checked and
-        buffered on its own — a bad one gets a dead letter (the whole message as original, the
-        reason naming the tick), the others count — then the node closes what the watermark
-        allows, in one usage batch."""
-        outs: list[Out] = []
+        buffered on its own, so a bad tick does not cost the good ones of its batch; the message
+        gets one dead letter naming every tick it rejected. Then the node closes what the
+        watermark allows, in one usage batch."""
+        problems: list[str] = []
         join = None
         for tick in ticks:
             problem = check_tick(tick, jp.clock.value, self.max_ahead_ms)
             if problem:
-                outs.append(self._dead(topic, partition, offset, raw, problem))
+                problems.append(problem)
                 continue
             join = self._node(jp, tick.node)
             verdict = join.add_tick(tick, offset)
@@ -240,13 +240,18 @@ class WorkerCore:
                 self.counters["duplicate_ticks"] += 1
                 if self.on_duplicate:
                     self.on_duplicate("tick")
-                continue
-            if verdict.status == REJECTED:
-                outs.append(self._dead(topic, partition, offset, raw, verdict.reason))
-                continue
-            self.counters["ticks"] += 1
-            if self.on_tick:
-                self.on_tick(tick.node, tick.ts_ms)
+            elif verdict.status == REJECTED:
+                problems.append(verdict.reason)
+            else:
+                self.counters["ticks"] += 1
+                if self.on_tick:
+                    self.on_tick(tick.node, tick.ts_ms)
+        outs = []
+        if problems:
+            reason = "; ".join(problems[:3])  # starts with the first problem: its first word is the metric's kind
+            if len(ticks) > 1:
+                reason += f" ({len(problems)} of the batch's {len(ticks)} ticks rejected; the others counted)"
+            outs.append(self._dead(topic, partition, offset, raw, reason))
         if join is not None:
             outs.extend(self._emit(join, jp.clock.value))
         return outs

@@ -252,3 +252,26 @@ def test_deferred_watermarks_go_out_latest_only_and_once():
     assert len(outs) == P_SAMPLES and {o.partition for o in outs} == set(range(P_SAMPLES))
     assert {decode(NodeWatermark, o.value).ts_ms for o in outs} == {1_793_577_630_000}
     assert core.flush_watermarks() == []
+
+
+def test_a_bad_tick_in_a_batch_costs_only_itself_and_gives_one_dead_letter():
+    from gpuledger.schemas.models import DeadLetter, GpuSample, NodeTick
+    from gpuledger.schemas.wire import encode_node_ticks
+
+    def tick(k, **gpu):
+        return NodeTick(cluster="c", node="n", ts_ms=1_793_577_600_000 + 1000 * k, interval_ms=1000,
+                        gpus=[GpuSample(gpu_uuid="G", index=0, model="T4", **gpu)])
+
+    core = Cluster.new_core()
+    for source in range(P_EVENTS):  # every job-events partition has promised up to 10 s
+        mark = NodeWatermark(ts_ms=1_793_577_610_000, source_partition=source, source_partitions=P_EVENTS)
+        core.on_node(TOPICS.node_allocations, 0, source, encode(mark))
+    bad = tick(3, mem_used_bytes=10, mem_total_bytes=5)  # uses more memory than it has
+    batch = [tick(0), tick(1), tick(2), bad, tick(4)]
+    outs = core.on_node(TOPICS.gpu_samples, 0, 0, encode_node_ticks("n", batch))
+    letters = [decode(DeadLetter, o.value) for o in outs if o.topic == TOPICS.dead_letters]
+    assert len(letters) == 1
+    assert letters[0].reason.startswith("inconsistent tick: n GPU G uses 10 bytes of 5")
+    assert "(1 of the batch's 5 ticks rejected; the others counted)" in letters[0].reason
+    records = [r for o in outs if o.topic == TOPICS.usage for r in decode(UsageBatch, o.value).records]
+    assert sorted(r.start_ms - 1_793_577_600_000 for r in records) == [0, 1000, 2000, 4000]
