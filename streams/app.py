@@ -97,11 +97,9 @@ class _ShortPollConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
     (Tansu does) otherwise adds up to 1.5 s to every hop through a topic — the router's
     allocation changes and watermarks make one on their way to the join."""
 
-    fetch_max_wait_ms = 100
-
     def _create_worker_consumer(self, transport):
         consumer = super()._create_worker_consumer(transport)
-        consumer._fetch_max_wait_ms = self.fetch_max_wait_ms  # read when the consumer starts its fetcher
+        consumer._fetch_max_wait_ms = self.app.fetch_max_wait_ms  # read when the consumer starts its fetcher
         return consumer
 
 
@@ -117,6 +115,8 @@ class _LedgerTransport(aiokafka_driver.Transport):
 class LedgerApp(faust.App):
     """faust.App on the aiokafka driver with a bounded fetch wait (see _ShortPollConsumerThread)."""
 
+    fetch_max_wait_ms = 100  # set from the settings in create_app
+
     def _new_transport(self):
         return _LedgerTransport(self.conf.broker_consumer, self)
 
@@ -124,7 +124,6 @@ class LedgerApp(faust.App):
 def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.App:
     ledger = ledger or load_ledger_config(settings.ledger_config)
     topics = settings.topics
-    _ShortPollConsumerThread.fetch_max_wait_ms = settings.kafka_fetch_max_wait_ms
     app = LedgerApp(
         settings.worker_app_id,
         broker=[f"kafka://{host}" for host in settings.kafka_bootstrap.split(",")],
@@ -146,6 +145,7 @@ def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.
         broker_session_timeout=max(10.0, settings.worker_rebalance_timeout_s),
         datadir=str(settings.data_dir / "worker"),
     )
+    app.fetch_max_wait_ms = settings.kafka_fetch_max_wait_ms
     core = make_core(settings, ledger)
     app.ledger_core = core  # for tests and metrics
     from gpuledger.metrics import worker_metrics
@@ -234,11 +234,11 @@ def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.
             events = []
             for key in keys:  # acknowledge what the snapshot covers; keep the rest for a later one
                 covered = core.covered_offsets(*key)
-                held = to_ack.pop(key, [])
-                done = [e for e in held if e.message.offset < covered.get(e.message.topic, 0)]
-                events.extend(done)
-                if len(done) < len(held):
-                    to_ack[key] = [e for e in held if e.message.offset >= covered.get(e.message.topic, 0)]
+                kept = []
+                for event in to_ack.pop(key, []):
+                    (events if event.message.offset < covered.get(event.message.topic, 0) else kept).append(event)
+                if kept:
+                    to_ack[key] = kept
             futures = list(in_flight)
             in_flight.clear()
             dirty.clear()

@@ -219,16 +219,17 @@ def _holder_state(h: Holder) -> dict:
     return asdict(h)
 
 
+#: A pending tick's GPU in a snapshot: these fields, then its processes as _PROCESS_STATE lists.
+_GPU_STATE = ("gpu_uuid", "model", "health", "util_gpu_pct", "sm_active_pct", "mem_used_bytes", "mem_total_bytes",
+              "power_w", "energy_j")
+_PROCESS_STATE = ("container_id", "sm_util_pct", "mem_used_bytes")
+
+
 def _tick_state(tick: MeteredTick) -> list:
     """A pending tick as plain data for a snapshot (cheaper than model_dump, and smaller)."""
     return [tick.cluster, tick.node, tick.ts_ms, tick.interval_ms, [
-        [g.gpu_uuid, g.model, g.health.value, g.util_gpu_pct, g.sm_active_pct, g.mem_used_bytes, g.mem_total_bytes,
-         g.power_w, g.energy_j, [[p.container_id, p.sm_util_pct, p.mem_used_bytes] for p in g.processes]]
+        [*(getattr(g, f) for f in _GPU_STATE), [[getattr(p, f) for f in _PROCESS_STATE] for p in g.processes]]
         for g in tick.gpus]]
-
-
-_GPU_STATE = ("gpu_uuid", "model", "health", "util_gpu_pct", "sm_active_pct", "mem_used_bytes", "mem_total_bytes",
-              "power_w", "energy_j")
 
 
 def _tick_from_state(state: list | dict) -> MeteredTick:
@@ -238,7 +239,7 @@ def _tick_from_state(state: list | dict) -> MeteredTick:
     return MeteredTick.model_validate({
         "cluster": cluster, "node": node, "ts_ms": ts_ms, "interval_ms": interval_ms,
         "gpus": [{**dict(zip(_GPU_STATE, g[:-1])),
-                  "processes": [dict(zip(("container_id", "sm_util_pct", "mem_used_bytes"), p)) for p in g[-1]]}
+                  "processes": [dict(zip(_PROCESS_STATE, p)) for p in g[-1]]}
                  for g in gpus]})
 
 
