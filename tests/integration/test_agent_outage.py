@@ -10,6 +10,7 @@ run in real time."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -213,7 +214,12 @@ def test_agent_killed_mid_outage_loses_nothing(agent_settings, proxy, broker):
         spooled = [decode(NodeTick, r.value).ts_ms for r in spool.read(100_000)]
     assert len(spooled) >= 5, "the outage should have left ticks in the spool"
 
-    second = subprocess.Popen(argv, env=env, stderr=subprocess.DEVNULL)
+    # the second process logs warnings: a grid point it skips because it fell behind (by design,
+    # on a busy machine) is reported there, and only such points may be missing from its run
+    second_log = Path(agent_settings.data_dir) / "second-agent.log"
+    second_log.parent.mkdir(parents=True, exist_ok=True)
+    with open(second_log, "wb") as log_file:
+        second = subprocess.Popen([*argv[:-2], "--log-level", "WARNING"], env=env, stderr=log_file)
     try:
         time.sleep(2.0)
         proxy.start()
@@ -236,4 +242,7 @@ def test_agent_killed_mid_outage_loses_nothing(agent_settings, proxy, broker):
     assert left == []  # a clean stop with the broker reachable delivers everything
     # each process sampled every grid point while it ran (no gap inside a run)
     second_run = [t for t in got if t > max(spooled)]
-    assert second_run == list(range(second_run[0], second_run[-1] + 1, 200))
+    grid = list(range(second_run[0], second_run[-1] + 1, 200))
+    skipped = sum(int(n) for n in re.findall(rb"skipping (\d+) tick", second_log.read_bytes()))
+    assert set(second_run) <= set(grid) and len(grid) - len(second_run) <= skipped, \
+        f"{len(grid) - len(second_run)} grid points missing, {skipped} skipped as reported"
