@@ -350,6 +350,7 @@ class BatchingSink:
         for key in partitions:
             self._drop(key)
             self._state[key] = loaded.get(key, Progress())
+            self._reported.pop(key, None)  # what the group has committed for it is not known any more
 
     def revoke(self, partitions: list[tuple[str, int]]) -> None:
         for key in partitions:
@@ -416,6 +417,13 @@ class BatchingSink:
                    if st.done_to > 0 and self._reported.get(key) != st.done_to and key not in self._buffers}
         self._reported.update(offsets)
         return written, offsets
+
+    def commit_failed(self, offsets: dict[tuple[str, int], int]) -> None:
+        """The offsets `flush` returned could not be committed: report them again next time (else a
+        partition with nothing new to read would show that lag for ever)."""
+        for key, offset in offsets.items():
+            if self._reported.get(key) == offset:
+                del self._reported[key]
 
     def flush_partition(self, key) -> dict[str, int]:
         return self._write_blocks([key])
@@ -590,6 +598,7 @@ def run_sink(
                 except KafkaException as exc:
                     # harmless: the progress table, not the committed offset, says what the warehouse holds
                     log.warning("could not commit offsets (%s); the progress table covers them", exc)
+                    sink.commit_failed(offsets)
 
         def rebalanced() -> None:
             if revoked:

@@ -249,3 +249,21 @@ def test_a_batch_of_ticks_gives_health_and_inventory_rows_for_each_tick():
     hot = ticks[0].model_copy(update={"gpus": [ticks[0].gpus[0].model_copy(update={"temperature_c": 999.0})]})
     with pytest.raises(DecodeError, match="temperature_c"):
         process_message(SAMPLES, encode_node_ticks("n", [hot]), Source("gpu-samples", 0, 10))
+
+
+def test_offsets_whose_commit_failed_are_reported_again():
+    """The chaos suite saw a sink whose commit failed while it was out of its group (the warehouse
+    was down longer than max.poll.interval): with nothing new to read, it never committed again
+    and showed a lag for ever. A failed commit, or a partition (re)assigned, is reported again."""
+    messages = stream_with_reemissions(3)
+    warehouse, progress = FakeWarehouse(), MemoryProgress()
+    sink = BatchingSink(warehouse, progress, usage_topic=USAGE)
+    sink.assign([(USAGE, 0), (USAGE, 1)])
+    for source, rows in offsets_of(messages):
+        sink.add(rows, source)
+    _, offsets = sink.flush()
+    assert offsets and sink.flush()[1] == {}  # reported once
+    sink.commit_failed(offsets)
+    assert sink.flush()[1] == offsets  # the commit failed: again
+    sink.assign([(USAGE, 0)])  # rejoined the group: what it committed is not known
+    assert sink.flush()[1] == {(USAGE, 0): offsets[(USAGE, 0)]}
