@@ -126,14 +126,23 @@ def cmd_sink(args) -> int:
     return 0
 
 
-def cmd_agent(args) -> int:
-    import os
+#: `gpuledger agent KIND ...` runs `main(argv)` of this module of gpuledger.agents.
+AGENT_MODULES = {
+    "gpu": "gpu_agent",              # NVML (or simulated) GPU samples
+    "slurm": "slurm_agent",          # Slurm controller -> lifecycle events, snapshots, watermarks
+    "kubernetes": "kubernetes_agent",  # Kubernetes pods + PodResources + Kueue -> the same
+    "dcgm": "dcgm_agent",            # a dcgm-exporter /metrics endpoint -> GPU samples
+}
 
-    from gpuledger.agents.gpu_agent import main as gpu_agent_main
+
+def cmd_agent(args) -> int:
+    import importlib
+    import os
 
     if args.bootstrap:
         os.environ["GPULEDGER_KAFKA_BOOTSTRAP"] = args.bootstrap
-    return gpu_agent_main(args.agent_args)
+    module = importlib.import_module(f"gpuledger.agents.{AGENT_MODULES[args.kind]}")
+    return module.main(args.agent_args)
 
 
 def cmd_simulate(args) -> int:
@@ -280,11 +289,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("sink", cmd_sink, "move ledger output and lifecycle data from Kafka into ClickHouse", kafka=True, warehouse=True)
     p.add_argument("--until-caught-up", action="store_true", help="exit once every partition is consumed")
 
-    p = add("agent", cmd_agent, "run an agent; 'gpu' samples GPUs with NVML (or the simulated backend)", kafka=True)
-    p.add_argument("kind", choices=["gpu"])
+    p = add("agent", cmd_agent, "run an agent: 'gpu' samples GPUs with NVML (or the simulated backend); 'slurm' and "
+                                "'kubernetes' read a scheduler; 'dcgm' reads a dcgm-exporter endpoint", kafka=True)
+    p.add_argument("kind", choices=sorted(AGENT_MODULES))
     p.add_argument("agent_args", nargs=argparse.REMAINDER,
-                   help="options of the GPU agent: --backend nvml|sim, --interval S, --node, --once, --print, ... "
-                        "(see `python -m gpuledger.agents.gpu_agent --help`)")
+                   help="the agent's own options (`gpuledger agent KIND --help`)")
 
     p = add("simulate", cmd_simulate, "run the simulated cluster: publish its three data lines, or write a dump", kafka=True)
     p.add_argument("--hours", type=float, default=6.0)

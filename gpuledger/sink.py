@@ -78,7 +78,7 @@ def job_event_row(event: JobEvent, source: Source) -> dict:
         "priority": event.priority,
         "requested_gpus": event.requested_gpus,
         "gpu_nodes": [g.node for g in event.gpus],
-        "gpu_uuids": [g.gpu_uuid for g in event.gpus],
+        "gpu_uuids": [g.ref for g in event.gpus],  # a UUID, or node#index until resolved
         "gpu_share_milli": [g.share_milli for g in event.gpus],
         "gpu_container_ids": [g.container_id or "" for g in event.gpus],
         "aliases": dict(event.aliases),

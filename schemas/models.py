@@ -16,7 +16,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 SCHEMA_VERSION = 1
 
@@ -45,6 +45,15 @@ class GpuHealth(StrEnum):
     down = "down"
 
 
+class MigDevice(_Wire):
+    """A MIG (Multi-Instance GPU) instance carved out of a GPU. Schedulers hand out MIG UUIDs; the
+    ledger meters the parent GPU, so an allocation naming a MIG UUID holds `share_milli` of it."""
+
+    uuid: str = Field(min_length=1, description="MIG device UUID (MIG-...), as schedulers and device plugins name it")
+    profile: str = Field(min_length=1, description="MIG profile, e.g. 3g.40gb")
+    share_milli: ShareMilli = Field(description="share of the parent GPU: the profile's compute slices / the GPU's (7 on A100/H100), thousandths")
+
+
 class GpuSample(_Wire):
     """One GPU's measurements at one tick."""
 
@@ -71,6 +80,7 @@ class GpuSample(_Wire):
     ecc_dbe_total: int | None = Field(None, ge=0, description="uncorrected (double-bit) ECC errors, volatile count")
     xid_errors: list[int] = Field(default_factory=list, description="Xid error codes seen since the previous tick")
     processes: list[ProcessSample] = Field(default_factory=list, description="processes/containers using the GPU")
+    mig_devices: list[MigDevice] = Field(default_factory=list, description="MIG instances of this GPU (empty when MIG is off)")
 
 
 class NodeTick(_Wire):
@@ -118,8 +128,8 @@ MeteredProcess = create_model(
 MeteredGpu = create_model(
     "MeteredGpu", __config__=_METERED, __module__=__name__,
     __doc__="A GpuSample as the worker reads it: identity, health, utilization, memory, power, energy.",
-    **_same_fields(GpuSample, "gpu_uuid", "model", "health", "util_gpu_pct", "sm_active_pct", "mem_used_bytes",
-                   "mem_total_bytes", "power_w", "energy_j"),
+    **_same_fields(GpuSample, "gpu_uuid", "index", "model", "health", "util_gpu_pct", "sm_active_pct", "mem_used_bytes",
+                   "mem_total_bytes", "power_w", "energy_j", "mig_devices"),
     processes=(list[MeteredProcess], Field(default_factory=list)))
 
 MeteredTick = create_model(
@@ -156,10 +166,27 @@ TERMINAL_KINDS = frozenset({JobEventKind.preempted, JobEventKind.failed, JobEven
 
 
 class GpuAssignment(_Wire):
+    """One GPU (or a share of it) given to an attempt. Name it by UUID (a GPU's, or a MIG instance's),
+    or by its device index on the node when the scheduler knows only that (Slurm's `IDX:0-3`): the
+    worker maps an index to the UUID the node's GPU agent reports at that index."""
+
     node: str = Field(min_length=1, description="node holding the GPU")
-    gpu_uuid: str = Field(min_length=1, description="GPU UUID")
+    gpu_uuid: str | None = Field(None, min_length=1, description="GPU UUID, or a MIG instance's UUID (then the share is at most the instance's)")
+    gpu_index: int | None = Field(None, ge=0, description="device index on the node (NVML index), when the UUID is not known to the scheduler")
     share_milli: ShareMilli = 1000
-    container_id: str | None = Field(None, description="the job's container on this GPU, to match per-process samples")
+    container_id: str | None = Field(None, description="the job's container on this GPU, to match per-process samples "
+                                                        "(Slurm jobs: 'slurm-job-<id>', as the GPU agent reads it from the cgroup path)")
+
+    @model_validator(mode="after")
+    def _named(self) -> "GpuAssignment":
+        if self.gpu_uuid is None and self.gpu_index is None:
+            raise ValueError("a GPU assignment needs gpu_uuid or gpu_index")
+        return self
+
+    @property
+    def ref(self) -> str:
+        """How the assignment names its GPU before the worker resolves it: the UUID, or '<node>#<index>'."""
+        return self.gpu_uuid if self.gpu_uuid is not None else f"{self.node}#{self.gpu_index}"
 
 
 class JobEvent(_Wire):

@@ -196,9 +196,9 @@ def check_event(event: JobEvent, watermark_ms: int, max_ahead_ms: int = 7 * DAY_
         return problem
     shares: dict[str, int] = {}
     for gpu in event.gpus:
-        if gpu.gpu_uuid in shares:
-            return f"inconsistent event: {event.event_id} lists GPU {gpu.gpu_uuid} twice"
-        shares[gpu.gpu_uuid] = gpu.share_milli
+        if gpu.ref in shares:
+            return f"inconsistent event: {event.event_id} lists GPU {gpu.ref} twice"
+        shares[gpu.ref] = gpu.share_milli
     return None
 
 
@@ -331,7 +331,7 @@ class NodeJoin:
                 held.pop(key, None)
         running = change.kind in RUNNING_KINDS
         for gpu in change.gpus:
-            held = self.holders.setdefault(gpu.gpu_uuid, {})
+            held = self.holders.setdefault(gpu.ref, {})
             previous = held.get(key)
             held[key] = Holder(
                 job_id=change.job_id, attempt=change.attempt, tenant=change.tenant, queue=change.queue,
