@@ -44,6 +44,11 @@ AGENT_INFLIGHT = Gauge("gpuledger_agent_kafka_pending_messages", "Messages hande
 MESSAGES_IN = Counter("gpuledger_messages_in", "Messages consumed", ["component", "topic"])
 MESSAGES_OUT = Counter("gpuledger_messages_out", "Messages produced", ["component", "topic"])
 DEAD_LETTERS = Counter("gpuledger_dead_letters", "Messages sent to the dead-letter topic, by source topic and kind", ["component", "topic", "kind"])
+UNMATCHED = Counter("gpuledger_unmatched", "What the worker could not match, by kind: allocation_gpu_not_reporting (an "
+                    "allocated GPU the node does not report), unknown_node_changes (changes for a node that never sent a "
+                    "sample), busy_unallocated_gpu_seconds (GPU time with processes or use but no allocation), "
+                    "mig_assignments (MIG instances resolved to their parent GPU; matched, counted for visibility)",
+                    ["component", "kind"])
 DUPLICATES = Counter("gpuledger_duplicates", "Second copies dropped silently (at-least-once delivery), by kind", ["component", "kind"])
 CONSUMER_LAG = Gauge("gpuledger_consumer_lag_messages", "End offset minus the consumer's position", ["component", "topic", "partition"])
 SINK_ROWS = Counter("gpuledger_sink_rows_inserted", "Rows inserted into the warehouse", ["table"])
@@ -248,6 +253,10 @@ class WorkerMetrics:
     def duplicate(self, kind: str) -> None:
         """A second copy dropped: kind "tick" or "change"."""
         DUPLICATES.labels(self.component, kind).inc()
+
+    def unmatched(self, kind: str, amount: float) -> None:
+        """Something the join could not match (streams/join.py `NodeJoin.unmatched`)."""
+        UNMATCHED.labels(self.component, kind).inc(amount)
 
     def set_lag(self, topic: str, partition: int, end_offset: int, position: int) -> int | None:
         """From Faust: `end_offset = app.consumer.highwater(tp)`, `position = message.offset + 1`."""

@@ -128,8 +128,11 @@ MeteredProcess = create_model(
 MeteredGpu = create_model(
     "MeteredGpu", __config__=_METERED, __module__=__name__,
     __doc__="A GpuSample as the worker reads it: identity, health, utilization, memory, power, energy.",
-    **_same_fields(GpuSample, "gpu_uuid", "index", "model", "health", "util_gpu_pct", "sm_active_pct", "mem_used_bytes",
+    **_same_fields(GpuSample, "gpu_uuid", "model", "health", "util_gpu_pct", "sm_active_pct", "mem_used_bytes",
                    "mem_total_bytes", "power_w", "energy_j", "mig_devices"),
+    # the index maps a scheduler's device index to the UUID; optional only for worker snapshots
+    # written before it was metered
+    index=(int | None, Field(None, ge=0)),
     processes=(list[MeteredProcess], Field(default_factory=list)))
 
 MeteredTick = create_model(

@@ -154,6 +154,7 @@ def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.
     core.on_dead_letter = metrics.dead_letter
     core.on_duplicate = metrics.duplicate
     core.on_tick = metrics.sample_seen
+    core.on_unmatched = metrics.unmatched
 
     raw = dict(value_serializer="raw", key_serializer="raw")
     job_events = app.topic(topics.job_events, partitions=settings.partitions_job_events, **raw)

@@ -42,6 +42,9 @@ from gpuledger.streams.pricing import LedgerConfig
 log = logging.getLogger(__name__)
 
 ROUTER, JOIN = "router", "join"
+#: A node that has sent no sample this long (event time) after an allocation change names it is
+#: reported as unknown (counted once per change; the changes are kept for ticks that come late).
+UNKNOWN_NODE_GRACE_MS = 10 * 60_000
 SNAPSHOT_VERSION = 1
 
 
@@ -113,10 +116,12 @@ class WorkerCore:
         self.routers: dict[int, RouterPartition] = {}
         self.joins: dict[int, JoinPartition] = {}
         self.counters: Counter[str] = Counter()
-        #: optional hooks for metrics: on_dead_letter(source_topic, reason), on_duplicate(kind), on_tick(node, ts_ms)
+        #: optional hooks for metrics: on_dead_letter(source_topic, reason), on_duplicate(kind), on_tick(node, ts_ms),
+        #: on_unmatched(kind, amount)
         self.on_dead_letter = None
         self.on_duplicate = None
         self.on_tick = None
+        self.on_unmatched = None
 
     # ------------------------------------------------------------------ helpers
     def _dead(self, topic: str, partition: int, offset: int, raw: bytes | None, reason: str) -> Out:
@@ -142,8 +147,16 @@ class WorkerCore:
             join = jp.nodes[name] = NodeJoin(node=name, retention_ms=self.retention_ms)
         return join
 
+    def _take_unmatched(self, join: NodeJoin) -> None:
+        for kind, amount in join.take_unmatched().items():
+            self.counters[f"unmatched_{kind}"] += amount
+            if self.on_unmatched:
+                self.on_unmatched(kind, amount)
+
     def _emit(self, join: NodeJoin, watermark_ms: int) -> list[Out]:
         records = join.close_until(watermark_ms, self.ledger)
+        if join.unmatched:
+            self._take_unmatched(join)
         if not records:
             return []
         self.counters["usage_records"] += len(records)
@@ -210,6 +223,9 @@ class WorkerCore:
             return self._on_ticks(jp, topic, partition, offset, raw, ticks)
         if isinstance(message, NodeWatermark):
             watermark = jp.clock.observe(message)
+            for join in jp.nodes.values():
+                if join.report_unknown_node(watermark, UNKNOWN_NODE_GRACE_MS):
+                    self._take_unmatched(join)
             return [out for name in sorted(jp.nodes) for out in self._emit(jp.nodes[name], watermark)]
         verdict = self._node(jp, message.node).add_change(message)
         if verdict.status == DUPLICATE:

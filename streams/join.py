@@ -33,6 +33,7 @@ from gpuledger.schemas.models import (
     TERMINAL_KINDS,
     AllocationChange,
     GpuAssignment,
+    GpuHealth,
     JobEvent,
     JobEventKind,
     MeteredGpu,
@@ -40,7 +41,8 @@ from gpuledger.schemas.models import (
     NodeTick,
     NodeWatermark,
 )
-from gpuledger.streams.attribution import Holder, RecordMaker
+from gpuledger.streams.attribution import Holder, RecordMaker, whole_gpu_util
+from gpuledger.streams.execution import ExecutionJudge
 from gpuledger.streams.pricing import LedgerConfig
 
 log = logging.getLogger(__name__)
@@ -203,6 +205,12 @@ def check_event(event: JobEvent, watermark_ms: int, max_ahead_ms: int = 7 * DAY_
 
 
 # --------------------------------------------------------------------------- node join
+def _busy(gpu: MeteredGpu, floor_pct: float) -> bool:
+    """A GPU that no attempt holds but that works: processes on it, or use above the floor."""
+    util = whole_gpu_util(gpu)
+    return bool(gpu.processes) or (util is not None and util > floor_pct)
+
+
 ACCEPTED, DUPLICATE, LATE, REJECTED = "accepted", "duplicate", "late", "rejected"
 
 
@@ -221,14 +229,15 @@ def _holder_state(h: Holder) -> dict:
 
 #: A pending tick's GPU in a snapshot: these fields, then its processes as _PROCESS_STATE lists.
 _GPU_STATE = ("gpu_uuid", "model", "health", "util_gpu_pct", "sm_active_pct", "mem_used_bytes", "mem_total_bytes",
-              "power_w", "energy_j")
+              "power_w", "energy_j", "index", "mig_devices")
 _PROCESS_STATE = ("container_id", "sm_util_pct", "mem_used_bytes")
 
 
 def _tick_state(tick: MeteredTick) -> list:
     """A pending tick as plain data for a snapshot (cheaper than model_dump, and smaller)."""
     return [tick.cluster, tick.node, tick.ts_ms, tick.interval_ms, [
-        [*(getattr(g, f) for f in _GPU_STATE), [[getattr(p, f) for f in _PROCESS_STATE] for p in g.processes]]
+        [*(getattr(g, f) for f in _GPU_STATE[:-1]), [m.model_dump() for m in g.mig_devices],
+         [[getattr(p, f) for f in _PROCESS_STATE] for p in g.processes]]
         for g in tick.gpus]]
 
 
@@ -264,6 +273,13 @@ class NodeJoin:
     seen_changes: dict[str, int] = field(default_factory=dict)  # event id -> ts_ms
     closed_ranges: list[list[int]] = field(default_factory=list)  # merged [start, end) of closed ticks
     duplicates: int = 0
+    #: executing or idle, measured (streams/execution.py)
+    judge: ExecutionJudge = field(default_factory=ExecutionJudge)
+    #: what could not be matched since the last `take_unmatched()` (metrics; not part of the state):
+    #: kind -> amount (docs/reliability.md, "Nothing unmatched in silence")
+    unmatched: dict[str, float] = field(default_factory=dict, compare=False)
+    #: changes of a node that never sent a tick are reported once, up to this event time
+    unknown_reported_ms: int = 0
 
     # -- input
     def add_tick(self, tick: MeteredTick | NodeTick, offset: int | None = None) -> Verdict:
@@ -320,7 +336,34 @@ class NodeJoin:
         return Verdict(ACCEPTED)
 
     # -- state
-    def _apply(self, change: AllocationChange) -> None:
+    def _count(self, kind: str, amount: float = 1) -> None:
+        self.unmatched[kind] = self.unmatched.get(kind, 0) + amount
+
+    def take_unmatched(self) -> dict[str, float]:
+        """What went unmatched since the last call (for the worker's metrics)."""
+        taken, self.unmatched = self.unmatched, {}
+        return taken
+
+    def _resolve(self, gpu: GpuAssignment, tick: MeteredTick) -> tuple[str, int] | None:
+        """The metered GPU (UUID) an assignment holds and its share, through the node's GPU
+        inventory in the tick: a GPU's UUID, a MIG instance's UUID (its parent GPU, the instance's
+        share), or a device index. None: no GPU of this node's tick answers to it."""
+        if gpu.gpu_uuid is not None:
+            for g in tick.gpus:
+                if g.gpu_uuid == gpu.gpu_uuid:
+                    return g.gpu_uuid, gpu.share_milli
+            for g in tick.gpus:
+                for mig in g.mig_devices:
+                    if mig.uuid == gpu.gpu_uuid:
+                        self._count("mig_assignments")
+                        return g.gpu_uuid, max(1, mig.share_milli * gpu.share_milli // 1000)
+        if gpu.gpu_index is not None:
+            for g in tick.gpus:
+                if g.index == gpu.gpu_index:
+                    return g.gpu_uuid, gpu.share_milli
+        return None
+
+    def _apply(self, change: AllocationChange, tick: MeteredTick) -> None:
         key = (change.job_id, change.attempt)
         if change.kind in TERMINAL_KINDS:
             for held in self.holders.values():
@@ -331,13 +374,34 @@ class NodeJoin:
                 held.pop(key, None)
         running = change.kind in RUNNING_KINDS
         for gpu in change.gpus:
-            held = self.holders.setdefault(gpu.ref, {})
+            resolved = self._resolve(gpu, tick)
+            if resolved is None:
+                # Billed to no GPU: counted, logged, listed by `gpuledger report unmatched`.
+                self._count("allocation_gpu_not_reporting")
+                log.warning("%s of %s/%s names GPU %s, which node %s does not report", change.kind, change.job_id,
+                            change.attempt, gpu.ref, self.node)
+                continue
+            uuid, share = resolved
+            held = self.holders.setdefault(uuid, {})
             previous = held.get(key)
             held[key] = Holder(
                 job_id=change.job_id, attempt=change.attempt, tenant=change.tenant, queue=change.queue,
-                share_milli=gpu.share_milli, running=running if change.kind != JobEventKind.allocated else False,
+                share_milli=share, running=running if change.kind != JobEventKind.allocated else False,
                 container_id=gpu.container_id or (previous.container_id if previous else None),
             )
+
+    def report_unknown_node(self, watermark_ms: int, grace_ms: int) -> int:
+        """Allocation changes for this node older than watermark - grace while the node has never
+        sent a tick: counted once each (the node is unknown to the ledger, or its agent is down).
+        They are kept: ticks that arrive later are still billed with them."""
+        if self.cluster or self.pending_ticks or self.closed_until_ms:
+            return 0
+        until = watermark_ms - grace_ms
+        n = sum(1 for c in self.pending_changes if self.unknown_reported_ms < c.ts_ms <= until)
+        if n:
+            self._count("unknown_node_changes", n)
+        self.unknown_reported_ms = max(self.unknown_reported_ms, until)
+        return n
 
     def _tick_energy(self, tick: MeteredTick, gpu: MeteredGpu) -> float:
         previous = self.last_energy.get(gpu.gpu_uuid)
@@ -360,10 +424,11 @@ class NodeJoin:
         del self.pending_offsets[:n]
         records: list[dict] = []
         maker = None
+        definitions = ledger.definitions
         for tick in closing:
             start, end = tick.ts_ms, tick.ts_ms + tick.interval_ms
             while self.pending_changes and self.pending_changes[0].ts_ms <= start:
-                self._apply(self.pending_changes.pop(0))
+                self._apply(self.pending_changes.pop(0), tick)
             cuts = [start]
             inside: list[AllocationChange] = []
             while self.pending_changes and self.pending_changes[0].ts_ms < end:
@@ -375,13 +440,18 @@ class NodeJoin:
             energies = [self._tick_energy(tick, gpu) for gpu in tick.gpus]
             for seg_start, seg_end in zip(cuts, cuts[1:]):
                 while inside and inside[0].ts_ms <= seg_start:
-                    self._apply(inside.pop(0))
+                    self._apply(inside.pop(0), tick)
                 share = (seg_end - seg_start) / tick.interval_ms
                 if maker is None or maker.cluster != tick.cluster:
                     maker = RecordMaker(ledger, tick.cluster, self.node)
                 for gpu, energy in zip(tick.gpus, energies):
                     held = self.holders.get(gpu.gpu_uuid)
-                    records += maker.records(gpu, list(held.values()) if held else [], seg_start, seg_end, energy * share)
+                    holders = list(held.values()) if held else []
+                    if holders:
+                        holders = self.judge.judge(gpu, holders, seg_start, definitions)
+                    elif gpu.health is GpuHealth.ok and _busy(gpu, definitions.execution_util_floor_pct):
+                        self._count("busy_unallocated_gpu_seconds", (seg_end - seg_start) / 1000)
+                    records += maker.records(gpu, holders, seg_start, seg_end, energy * share)
             self.closed_until_ms = end
             if self.closed_ranges and self.closed_ranges[-1][1] == start:
                 self.closed_ranges[-1][1] = end
@@ -420,6 +490,8 @@ class NodeJoin:
             "seen_changes": dict(self.seen_changes),
             "closed_ranges": [list(r) for r in self.closed_ranges],
             "duplicates": self.duplicates,
+            "quiet_since": self.judge.to_state(),
+            "unknown_reported_ms": self.unknown_reported_ms,
         }
 
     @classmethod
@@ -442,4 +514,6 @@ class NodeJoin:
             seen_changes=dict(state["seen_changes"]),
             closed_ranges=[list(r) for r in state["closed_ranges"]],
             duplicates=state["duplicates"],
+            judge=ExecutionJudge.from_state(state.get("quiet_since")),
+            unknown_reported_ms=state.get("unknown_reported_ms", 0),
         )

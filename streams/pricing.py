@@ -62,6 +62,13 @@ class Definitions:
     shared_memory_weight: float = 0.5
     shared_unused: str = "holders"               # holders | platform
     idle_redistribution: str = "none"            # none | even | usage
+    #: when an allocated GPU counts as executing (docs/accounting.md, "Executing, measured"):
+    #: "events" = from the job's `started` to its end; "measured" = when its use is measured above
+    #: the floor (events decide only where nothing is measured); "both" = events say running and the
+    #: measurement does not contradict them
+    execution_source: str = "both"               # events | measured | both
+    execution_util_floor_pct: float = 1.0        # at or below this the holder is quiet
+    execution_min_idle_s: float = 300.0          # a quiet stretch counts as idle from this long on
 
     def utilization_metric(self, util_pct: float | None) -> float | None:
         """A slice's utilization under the agreed aggregation (averaged over GPU-time in reports)."""
@@ -75,11 +82,12 @@ _CHOICES = {
     "shared_split": ("measured", "allocation"),
     "shared_unused": ("holders", "platform"),
     "idle_redistribution": ("none", "even", "usage"),
+    "execution_source": ("events", "measured", "both"),
 }
 
 
 def parse_definitions(doc: dict, source: str) -> Definitions:
-    cost, util, shared, idle = (doc.get(k, {}) for k in ("cost", "utilization", "shared_gpu", "idle"))
+    cost, util, shared, idle, execution = (doc.get(k, {}) for k in ("cost", "utilization", "shared_gpu", "idle", "execution"))
     values = dict(
         include_depreciation=bool(cost.get("include_depreciation", True)),
         include_maintenance=bool(cost.get("include_maintenance", True)),
@@ -92,6 +100,9 @@ def parse_definitions(doc: dict, source: str) -> Definitions:
         shared_memory_weight=float(shared.get("memory_weight", 0.5)),
         shared_unused=str(shared.get("unused", "holders")),
         idle_redistribution=str(idle.get("redistribution", "none")),
+        execution_source=str(execution.get("source", "both")),
+        execution_util_floor_pct=float(execution.get("util_floor_pct", 1.0)),
+        execution_min_idle_s=float(execution.get("min_idle_s", 300.0)),
     )
     for key, allowed in _CHOICES.items():
         if values[key] not in allowed:
@@ -101,6 +112,10 @@ def parse_definitions(doc: dict, source: str) -> Definitions:
         raise LedgerConfigError(f"{source}: shared_gpu weights must be >= 0 and not both 0")
     if not 0 <= values["utilization_threshold_pct"] <= 100:
         raise LedgerConfigError(f"{source}: utilization.threshold_pct must be within 0..100")
+    if not 0 <= values["execution_util_floor_pct"] < 100:
+        raise LedgerConfigError(f"{source}: execution.util_floor_pct must be within 0..100 (100 excluded)")
+    if values["execution_min_idle_s"] < 0:
+        raise LedgerConfigError(f"{source}: execution.min_idle_s must be >= 0")
     return Definitions(**values)
 
 

@@ -63,7 +63,7 @@ def test_a_changed_definition_needs_a_new_version(config, tmp_path):
         config.write_text(config.read_text().replace("pue = 1.4", "pue = 1.2"))
         with pytest.raises(LedgerConfigError, match="bump definition_version"):
             sync_library(client, "gpuledger", load_ledger_config(config))
-        config.write_text(config.read_text().replace('definition_version = "defaults-2026.1"',
+        config.write_text(config.read_text().replace('definition_version = "defaults-2026.2"',
                                                      'definition_version = "defaults-2026.2"'))
         assert sync_library(client, "gpuledger", load_ledger_config(config))["definition_recorded"]
     finally:
