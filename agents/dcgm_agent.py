@@ -1,0 +1,192 @@
+"""`gpuledger agent dcgm`: GPU samples from a dcgm-exporter `/metrics` endpoint instead of NVML.
+
+The scraper is a `GpuBackend` (`DcgmBackend`), so the GPU agent's loop does the rest: the same
+interval grid, spool, batching (GPULEDGER_AGENT_TICKS_PER_MESSAGE) and agent metrics.
+
+    gpuledger agent dcgm --url http://localhost:9400/metrics --once --print   # one tick as JSON
+    gpuledger agent dcgm --url http://localhost:9400/metrics --cluster prod   # publish forever
+
+A scrape that fails (endpoint down, HTTP error, malformed text, not this node's rows) reports
+nothing for that tick: the tick is skipped, logged and counted (`scrapes_failed` here, the
+agent's tick-failure metric), never filled in. Mapping and limits: docs/dcgm.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+import threading
+import time
+import urllib.request
+from typing import Any, Callable, NoReturn, Sequence
+
+from gpuledger.agents.dcgm import (DcgmState, ExpositionError, Row, exposition_hostnames, gpu_samples,
+                                  parse_exposition)
+from gpuledger.schemas.models import GpuSample
+
+log = logging.getLogger(__name__)
+
+DEFAULT_URL = "http://localhost:9400/metrics"
+#: Largest /metrics body read; a big node with every field and pod labels is ~1 MB.
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+class ScrapeFailed(RuntimeError):
+    """The endpoint gave no usable exposition this tick."""
+
+
+def fetch_text(url: str, timeout_s: float) -> str:
+    """GET the exposition (Prometheus text format)."""
+    request = urllib.request.Request(url, headers={"Accept": "text/plain"})
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        body = response.read(MAX_BODY_BYTES + 1)
+    if len(body) > MAX_BODY_BYTES:
+        raise ValueError(f"body larger than {MAX_BODY_BYTES} bytes")
+    return body.decode("utf-8")
+
+
+class DcgmBackend:
+    """A dcgm-exporter endpoint as a GpuBackend. `node`: the Hostname label to keep when the
+    endpoint serves several hosts (ignored when it serves one). `fetch(url, timeout_s)` is
+    injectable for tests."""
+
+    def __init__(self, url: str, *, node: str | None = None, timeout_s: float = 5.0,
+                 fetch: Callable[[str, float], str] = fetch_text):
+        self.url = url
+        self.node = node
+        self.timeout_s = timeout_s
+        self._fetch = fetch
+        self._state = DcgmState()
+        self.calls_last_tick = 0
+        self.scrapes = 0
+        self.scrapes_failed = 0
+
+    def scrape(self) -> list[Row]:
+        """The exposition's DCGM rows now; ScrapeFailed (logged, counted) when there are none to use."""
+        self.calls_last_tick = 1
+        self.scrapes += 1
+        try:
+            return parse_exposition(self._fetch(self.url, self.timeout_s))
+        except (OSError, ValueError, ExpositionError) as exc:  # URLError, HTTPError, timeouts are OSError
+            self._failed(exc)
+
+    def sample(self, now_ms: int) -> list[GpuSample]:
+        rows = self.scrape()
+        try:
+            samples, self._state = gpu_samples(rows, self._state, hostname=self.node)
+        except ExpositionError as exc:
+            self._failed(exc)
+        if not samples:
+            self._failed(ExpositionError("no GPU rows (is dcgm-exporter collecting? does it watch GPUs?)"))
+        return samples
+
+    def _failed(self, exc: Exception) -> NoReturn:
+        self.scrapes_failed += 1
+        log.error("scrape of %s failed (%d of %d so far): %s", self.url, self.scrapes_failed, self.scrapes, exc)
+        raise ScrapeFailed(f"{self.url}: {exc}") from None
+
+    def close(self) -> None:
+        """Nothing to release: each scrape opens and closes its own connection."""
+
+
+def default_node(backend: DcgmBackend) -> str:
+    """The node name when --node is not given: the exposition's Hostname label when it names one
+    host, else this machine's host name."""
+    try:
+        hosts = exposition_hostnames(backend.scrape())
+    except ScrapeFailed:
+        hosts = []
+    return hosts[0] if len(hosts) == 1 else socket.gethostname()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from gpuledger.agents.gpu_agent import _StdoutPublisher, build_tick, open_spooled_publisher, run_agent
+    from gpuledger.config import load_settings
+    from gpuledger.schemas.wire import encode
+
+    settings = load_settings()
+    p = argparse.ArgumentParser(prog="gpuledger agent dcgm",
+                                description="GPU samples (NodeTicks) from a dcgm-exporter /metrics endpoint.")
+    p.add_argument("--url", default=DEFAULT_URL, help="dcgm-exporter metrics URL (default %(default)s)")
+    p.add_argument("--cluster", default=settings.cluster)
+    p.add_argument("--node", default=None,
+                   help="node name (default: the exposition's Hostname label if it names one host, else this host's "
+                        "name); when the endpoint serves several hosts only this one's rows are taken")
+    p.add_argument("--interval", type=float, default=settings.agent_interval_s, help="seconds between ticks (default %(default)s)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="scrape timeout, seconds (default: the interval, at most 10)")
+    p.add_argument("--ticks-per-message", type=int, default=settings.agent_ticks_per_message,
+                   help="ticks sent per message (a NodeTickBatch when > 1; default GPULEDGER_AGENT_TICKS_PER_MESSAGE=%(default)s)")
+    p.add_argument("--once", action="store_true", help="take one tick now and exit")
+    p.add_argument("--print", dest="print_", action="store_true", help="write ticks to stdout as JSON instead of Kafka")
+    p.add_argument("--metrics-port", type=int, default=settings.agent_metrics_port,
+                   help="serve Prometheus /metrics on this port (0: off; default GPULEDGER_AGENT_METRICS_PORT)")
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    if args.interval <= 0:
+        p.error("--interval must be positive")
+    if args.ticks_per_message < 1:
+        p.error("--ticks-per-message must be at least 1")
+    if args.timeout is not None and args.timeout <= 0:
+        p.error("--timeout must be positive")
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    backend = DcgmBackend(args.url, node=args.node, timeout_s=args.timeout or min(args.interval, 10.0))
+    node = backend.node = args.node or default_node(backend)
+    interval_ms = round(args.interval * 1000)
+    if args.once:
+        now_ms = int(time.time() * 1000)
+        try:
+            tick = build_tick(backend, cluster=args.cluster, node=node,
+                              now_ms=now_ms // interval_ms * interval_ms, interval_ms=interval_ms)
+        except ScrapeFailed as exc:
+            print(f"dcgm agent: {exc}", file=sys.stderr)
+            return 1
+        if args.print_:
+            sys.stdout.write(encode(tick).decode() + "\n")
+            return 0
+        from gpuledger.agents.publisher import KafkaPublisher
+        with KafkaPublisher(settings) as pub:
+            pub.publish(settings.topics.gpu_samples, node, encode(tick))
+            return 1 if pub.flush() else 0
+
+    stop = threading.Event()
+    metrics = None
+    publisher: Any
+    if args.print_:
+        publisher = _StdoutPublisher()
+    else:
+        from gpuledger.metrics import AgentMetrics, start_metrics_server
+
+        metrics = AgentMetrics(node)
+        start_metrics_server(args.metrics_port)
+        if settings.agent_spool_max_bytes > 0:
+            from gpuledger.agents.spool import SpoolLocked
+            try:
+                publisher = open_spooled_publisher(settings, node, metrics=metrics)
+            except SpoolLocked as exc:
+                print(f"dcgm agent: {exc} (is another agent running for node {node}?)", file=sys.stderr)
+                return 2
+        else:
+            from gpuledger.agents.publisher import KafkaPublisher
+            publisher = KafkaPublisher(settings)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())  # docker stop / systemd: finish cleanly
+    log.info("scraping %s every %.3g s as node %s of cluster %s", args.url, args.interval, node, args.cluster)
+    try:
+        run_agent(backend, publisher, settings.topics.gpu_samples, cluster=args.cluster, node=node,
+                  interval_s=args.interval, stop=stop, metrics=metrics, ticks_per_message=args.ticks_per_message)
+    except KeyboardInterrupt:
+        stop.set()
+    finally:
+        if hasattr(publisher, "close"):
+            publisher.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,362 @@
+"""dcgm-exporter /metrics -> GPU samples (agents/dcgm.py) and the dcgm agent (agents/dcgm_agent.py).
+
+Fixtures under tests/fixtures/dcgm/ are real exporter output (tests/fixtures/dcgm/SOURCES.md).
+Where a case is not in them (Xid changes, ECC, hpc_job, per-pod values) the test derives its text
+from a real fixture's lines by changing values or labels, and says so."""
+
+from __future__ import annotations
+
+import http.server
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import orjson
+import pytest
+
+from gpuledger.agents.backend import xid_down_reason
+from gpuledger.agents.dcgm import (
+    MIB, DcgmState, ExpositionError, gpu_samples, holder_container_id, is_blank, mig_share_milli, parse_exposition,
+)
+from gpuledger.agents.dcgm_agent import DcgmBackend, ScrapeFailed, main
+from gpuledger.agents.gpu_agent import build_tick, run_agent
+from gpuledger.agents.publisher import ListPublisher
+from gpuledger.schemas.models import GpuHealth, NodeTick
+from gpuledger.schemas.wire import decode_node_ticks
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm"
+H100 = "h100_k8s_aicr.prom"
+A100_MIG = "a100_mig_cloud_native_docs.prom"
+A30_MIG = "a30_mig_issue317.prom"
+QUADRO = "quadro_k8s_dcgm_issue303.prom"
+
+
+def fixture(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+def samples(text: str, state: DcgmState | None = None, hostname: str | None = None):
+    out, _ = gpu_samples(parse_exposition(text), state or DcgmState(), hostname=hostname)
+    return out
+
+
+def by_index(text: str) -> dict:
+    return {g.index: g for g in samples(text)}
+
+
+# A real row's labels (A100 of NVIDIA's docs) to derive cases the fixtures do not hold.
+A100_LABELS = 'gpu="0",UUID="GPU-34319582-d595-d1c7-d1d2-179bcfa61660",device="nvidia0",Hostname="ub20-a100-k8s"'
+A100_UUID = "GPU-34319582-d595-d1c7-d1d2-179bcfa61660"
+
+
+def derived(*metrics: tuple[str, str], labels: str = A100_LABELS) -> str:
+    return "".join(f"{m}{{{labels}}} {v}\n" for m, v in metrics)
+
+
+# --------------------------------------------------------------------------- real fixtures
+def test_h100_node_with_a_kubernetes_pod():
+    gpus = by_index(fixture(H100))
+    assert sorted(gpus) == list(range(8))
+    g0 = gpus[0]
+    assert g0.gpu_uuid == "GPU-c4529c8d-69c4-b61d-e0bc-7b2460096005"
+    assert g0.model == "H100-80GB"  # "NVIDIA H100 80GB HBM3", through the NVML backend's normaliser
+    assert (g0.temperature_c, g0.power_w, g0.util_gpu_pct) == (30, 113.611, 0)
+    assert [(p.pid, p.container_id) for p in g0.processes] == [
+        (0, "k8s://dynamo-workload/vllm-agg-0-vllmdecodeworker-s65j5/main")]
+    assert g0.processes[0].sm_util_pct is None  # the pod row repeats the GPU's value: not a per-pod part
+    g7 = gpus[7]
+    assert (g7.gpu_uuid, g7.temperature_c, g7.power_w, g7.processes) == (
+        "GPU-04d228d3-3b5a-3534-f5cf-969706647d56", 26, 66.997, [])
+    assert all(g.health == GpuHealth.ok and g.xid_errors == [] and g.mig_devices == [] for g in gpus.values())
+    NodeTick(cluster="c", node="gpu-node-1", ts_ms=0, interval_ms=5000, gpus=list(gpus.values()))
+
+
+def test_a100_with_a_mig_instance_from_nvidias_docs():
+    [gpu] = samples(fixture(A100_MIG))
+    assert gpu.gpu_uuid == A100_UUID and gpu.index == 0
+    assert gpu.model == "unknown"  # that exporter version wrote no modelName label
+    assert gpu.power_w == 409.692
+    assert gpu.energy_j == pytest.approx(319159.391)  # mJ -> J
+    assert gpu.temperature_c == 61
+    assert (gpu.sm_clock_mhz, gpu.mem_clock_mhz) == (1215, 1215)
+    assert gpu.mem_used_bytes == 4845 * MIB
+    assert gpu.mem_total_bytes == (4845 + 35690) * MIB  # no FB_TOTAL: used + free
+    assert (gpu.pcie_tx_bytes_per_s, gpu.pcie_rx_bytes_per_s) == (33011804, 97863601)
+    assert gpu.sm_active_pct is None  # SM_ACTIVE not collected there (GR_ENGINE_ACTIVE is not SM activity)
+    assert [m.model_dump() for m in gpu.mig_devices] == [
+        {"uuid": f"{A100_UUID}/gi/13", "profile": "1g.5gb", "share_milli": 142}]  # 1 of 7 slices
+    assert gpu.xid_errors == [] and gpu.health == GpuHealth.ok
+
+
+def test_a30_seen_only_through_its_mig_instances():
+    g0, g1 = samples(fixture(A30_MIG))
+    assert (g0.index, g0.model, g1.index) == (0, "A30", 1)
+    assert [(m.profile, m.share_milli) for m in g0.mig_devices] == [("1g.6gb", 250)] * 4  # A30: 4 slices
+    assert [m.uuid for m in g1.mig_devices] == [
+        "GPU-2d20791a-b4a6-ba59-97f1-e95b99fe5b49/gi/3", "GPU-2d20791a-b4a6-ba59-97f1-e95b99fe5b49/gi/4"]
+    assert g0.sm_active_pct == 0.0 and g0.sm_clock_mhz == 1440
+    assert g0.util_gpu_pct is None  # GPU_UTIL is not defined for MIG instances
+
+
+def test_instance_only_sm_activity_is_weighted_by_share():
+    # derived from the A30 fixture: two of its instances busy at 0.5 and 1.0
+    text = fixture(A30_MIG).replace('GPU_I_ID="3",Hostname="yg-data-k8s-gpu-a30-node-test-test0003.mt"} 0.000000',
+                                    'GPU_I_ID="3",Hostname="yg-data-k8s-gpu-a30-node-test-test0003.mt"} 0.5')
+    text = text.replace('GPU_I_ID="4",Hostname="yg-data-k8s-gpu-a30-node-test-test0003.mt"} 0.000000',
+                        'GPU_I_ID="4",Hostname="yg-data-k8s-gpu-a30-node-test-test0003.mt"} 1.0')
+    g0, g1 = samples(text)
+    assert g0.sm_active_pct == pytest.approx((50 + 100) * 0.25)
+    assert g1.sm_active_pct == pytest.approx((50 + 100) * 0.25)  # its other two instances are not exported
+
+
+def test_quadro_node_two_gpus_held_by_one_pod():
+    gpus = by_index(fixture(QUADRO))
+    assert sorted(gpus) == [2, 3]
+    assert gpus[3].model == "Quadro-RTX-5000" and gpus[3].util_gpu_pct == 100
+    assert {p.container_id for g in gpus.values() for p in g.processes} == {
+        "k8s://default/gpu-busy-test-all-gpus/gpu-workload"}
+
+
+def test_readme_outputs_and_dcgm_blank_values():
+    for name in ("readme_quickstart.prom", "readme_kubernetes.prom"):
+        [gpu] = samples(fixture(name))
+        assert (gpu.sm_clock_mhz, gpu.mem_clock_mhz, gpu.processes) == (139, 405, [])  # empty pod labels: no holder
+    # the README's MEMORY_TEMP value is DCGM's int64 "not supported" sentinel
+    assert is_blank(9223372036854775794) and is_blank(2147483632) and is_blank(2.0**47)
+    assert not is_blank(319159391) and not is_blank(0)
+    [gpu] = samples(derived(("DCGM_FI_DEV_GPU_TEMP", "9223372036854775794"), ("DCGM_FI_DEV_SM_CLOCK", "2147483634")))
+    assert gpu.temperature_c is None and gpu.sm_clock_mhz is None
+
+
+# --------------------------------------------------------------------------- every mapped field
+def test_every_mapped_field_and_unit():
+    [gpu] = samples(derived(
+        ("DCGM_FI_DEV_GPU_UTIL", "87"), ("DCGM_FI_PROF_SM_ACTIVE", "0.625"),
+        ("DCGM_FI_DEV_FB_USED", "1024"), ("DCGM_FI_DEV_FB_FREE", "3000"), ("DCGM_FI_DEV_FB_TOTAL", "81559"),
+        ("DCGM_FI_DEV_GPU_TEMP", "64"), ("DCGM_FI_DEV_POWER_USAGE", "245.5"),
+        ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "251885217371"),
+        ("DCGM_FI_DEV_SM_CLOCK", "1980"), ("DCGM_FI_DEV_MEM_CLOCK", "2619"),
+        ("DCGM_FI_PROF_PCIE_TX_BYTES", "33011804"), ("DCGM_FI_PROF_PCIE_RX_BYTES", "97863601"),
+        ("DCGM_FI_PROF_NVLINK_TX_BYTES", "1000000"), ("DCGM_FI_PROF_NVLINK_RX_BYTES", "2000000"),
+        ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "4"), ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "5"),
+        ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "1"), ("DCGM_FI_DEV_XID_ERRORS", "0"),
+    ))
+    assert gpu.util_gpu_pct == 87 and gpu.sm_active_pct == 62.5
+    assert gpu.mem_used_bytes == 1024 * MIB and gpu.mem_total_bytes == 81559 * MIB  # FB_TOTAL wins over used+free
+    assert (gpu.temperature_c, gpu.power_w) == (64, 245.5)
+    assert gpu.energy_j == pytest.approx(251885217.371)
+    assert (gpu.sm_clock_mhz, gpu.mem_clock_mhz) == (1980, 2619)
+    assert (gpu.pcie_tx_bytes_per_s, gpu.pcie_rx_bytes_per_s) == (33011804, 97863601)
+    assert (gpu.nvlink_tx_bytes_per_s, gpu.nvlink_rx_bytes_per_s) == (1e6, 2e6)
+    assert gpu.throttle_reasons == 4
+    assert (gpu.ecc_sbe_total, gpu.ecc_dbe_total) == (5, 1)
+    assert isinstance(gpu.ecc_sbe_total, int) and isinstance(gpu.mem_used_bytes, int)
+
+
+def test_memory_total_adds_reserved_and_counter_suffix_is_accepted():
+    [gpu] = samples(derived(("DCGM_FI_DEV_FB_USED", "4845"), ("DCGM_FI_DEV_FB_FREE", "35690"),
+                            ("DCGM_FI_DEV_FB_RESERVED", "425"),
+                            ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION_total", "1000")))
+    assert gpu.mem_total_bytes == (4845 + 35690 + 425) * MIB
+    assert gpu.energy_j == 1.0
+
+
+def test_a_reading_outside_the_schema_is_dropped_not_the_tick():
+    [gpu] = samples(derived(("DCGM_FI_DEV_GPU_TEMP", "300"), ("DCGM_FI_DEV_POWER_USAGE", "100"),
+                            ("DCGM_FI_DEV_GPU_UTIL", "-1")))
+    assert gpu.temperature_c is None and gpu.util_gpu_pct is None and gpu.power_w == 100
+
+
+def test_unknown_metrics_and_rows_without_a_gpu_are_ignored():
+    text = fixture(A100_MIG) + (
+        "# TYPE node_cpu_seconds_total counter\nnode_cpu_seconds_total{cpu=\"0\",mode=\"idle\"} 12345.67\n"
+        "DCGM_FI_DEV_NVSWITCH_TEMPERATURE_CURRENT{nvswitch=\"0\"} 40\n"
+        "DCGM_FI_DEV_GPU_TEMP{cpu=\"0\"} 40\n")
+    assert samples(text) == samples(fixture(A100_MIG))
+    assert {r.metric for r in parse_exposition(text)} >= {"DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_XID_ERRORS"}
+    assert "DCGM_FI_PROF_GR_ENGINE_ACTIVE" not in {r.metric for r in parse_exposition(text)}
+
+
+# --------------------------------------------------------------------------- holders
+def test_holder_container_ids():
+    assert holder_container_id({"pod": "p", "namespace": "ns", "container": "c"}) == "k8s://ns/p/c"
+    assert holder_container_id({"pod_name": "p", "pod_namespace": "ns", "container_name": "c"}) == "k8s://ns/p/c"
+    assert holder_container_id({"pod": "", "namespace": "", "container": ""}) is None
+    assert holder_container_id({"hpc_job": "4242"}) == "slurm-job-4242"
+    assert holder_container_id({"hpc_job": ""}) is None and holder_container_id({}) is None
+
+
+def test_hpc_jobs_sharing_a_gpu_are_its_holders_and_values_are_not_summed():
+    # derived: the exporter repeats each row once per job in the HPC mapping file of the GPU
+    text = derived(("DCGM_FI_DEV_POWER_USAGE", "409.692000"), labels=A100_LABELS + ',hpc_job="1234"')
+    text += derived(("DCGM_FI_DEV_POWER_USAGE", "409.692000"), labels=A100_LABELS + ',hpc_job="5678"')
+    [gpu] = samples(text)
+    assert gpu.power_w == 409.692
+    assert [(p.pid, p.container_id) for p in gpu.processes] == [(0, "slurm-job-1234"), (0, "slurm-job-5678")]
+
+
+def test_per_pod_parts_in_the_exporters_per_process_mode():
+    # derived: its shared-GPU mode keeps the GPU's own row next to one row per pod for GPU_UTIL/FB_USED
+    pod = A100_LABELS + ',container="c",namespace="ns",pod="{}",pod_uid="u"'
+    text = (derived(("DCGM_FI_DEV_GPU_UTIL", "70"), ("DCGM_FI_DEV_FB_USED", "3000"), ("DCGM_FI_DEV_POWER_USAGE", "300"))
+            + derived(("DCGM_FI_DEV_GPU_UTIL", "50"), ("DCGM_FI_DEV_FB_USED", "2000"), ("DCGM_FI_DEV_POWER_USAGE", "300"),
+                      labels=pod.format("a"))
+            + derived(("DCGM_FI_DEV_GPU_UTIL", "20"), ("DCGM_FI_DEV_FB_USED", "1000"), ("DCGM_FI_DEV_POWER_USAGE", "300"),
+                      labels=pod.format("b")))
+    [gpu] = samples(text)
+    assert (gpu.util_gpu_pct, gpu.mem_used_bytes, gpu.power_w) == (70, 3000 * MIB, 300)
+    assert [(p.container_id, p.sm_util_pct, p.mem_used_bytes) for p in gpu.processes] == [
+        ("k8s://ns/a/c", 50, 2000 * MIB), ("k8s://ns/b/c", 20, 1000 * MIB)]
+
+
+def test_mig_instance_uuid_from_dra_labels_and_profile_shares():
+    text = derived(("DCGM_FI_PROF_SM_ACTIVE", "0.5"),
+                   labels=A100_LABELS + ',GPU_I_PROFILE="3g.40gb",GPU_I_ID="2",'
+                                        'dra_mig_device_uuid="MIG-2ce7a541-c516-5dbc-a76e-26cc100d9b55"')
+    [gpu] = samples(text)
+    assert [m.model_dump() for m in gpu.mig_devices] == [
+        {"uuid": "MIG-2ce7a541-c516-5dbc-a76e-26cc100d9b55", "profile": "3g.40gb", "share_milli": 428}]
+    assert gpu.sm_active_pct == pytest.approx(50 * 0.428)
+    assert mig_share_milli("7g.80gb", "A100-80GB") == 1000 and mig_share_milli("2g.12gb", "A30") == 500
+    assert mig_share_milli("", "A100-80GB") is None
+
+
+# --------------------------------------------------------------------------- Xid
+def xid_text(value: str) -> str:
+    return derived(("DCGM_FI_DEV_XID_ERRORS", value), ("DCGM_FI_DEV_POWER_USAGE", "100"))
+
+
+def test_xid_is_reported_when_the_last_xid_gauge_changes():
+    state = DcgmState()
+    seen = []
+    for value in ("0", "13", "13", "31", "31"):
+        [gpu], state = gpu_samples(parse_exposition(xid_text(value)), state)
+        seen.append((gpu.xid_errors, gpu.health))
+    assert seen == [([], "ok"), ([13], "ok"), ([], "ok"), ([31], "ok"), ([], "ok")]  # 13, 31: a job's fault
+
+
+def test_fatal_xid_takes_the_gpu_down_until_the_agent_restarts():
+    state = DcgmState()
+    out = []
+    for value in ("0", "79", "79", "0"):
+        [gpu], state = gpu_samples(parse_exposition(xid_text(value)), state)
+        out.append((gpu.xid_errors, gpu.health, gpu.down_reason))
+    down = (GpuHealth.down, xid_down_reason(79))
+    assert out == [([], GpuHealth.ok, None), ([79], *down), ([], *down), ([], *down)]
+    assert out[1][2] == "xid 79: GPU fell off the bus"
+
+
+def test_fatal_xid_already_in_the_gauge_at_the_first_scrape_is_down_but_not_a_new_xid():
+    [gpu], _ = gpu_samples(parse_exposition(xid_text("48")), DcgmState())
+    assert (gpu.xid_errors, gpu.health, gpu.down_reason) == ([], GpuHealth.down, xid_down_reason(48))
+
+
+# --------------------------------------------------------------------------- malformed, hosts
+@pytest.mark.parametrize("text", [
+    fixture(A100_MIG)[:-40],                                     # cut mid-line (a truncated response)
+    'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-a" 87\n',            # unclosed labels
+    "<html><body>502 Bad Gateway</body></html>\n",               # a proxy's error page
+    "# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n...\n",                  # the README's elision
+])
+def test_malformed_exposition_is_an_error_with_a_reason(text):
+    with pytest.raises(ExpositionError, match="malformed exposition"):
+        parse_exposition(text)
+
+
+def test_an_endpoint_serving_several_hosts_gives_only_the_nodes_rows():
+    text = fixture(H100) + fixture(QUADRO)
+    assert {g.index for g in samples(text, hostname="phx8-2fa")} == {2, 3}
+    assert len(samples(text, hostname="gpu-node-1")) == 8
+    with pytest.raises(ExpositionError, match="none is 'other'"):
+        samples(text, hostname="other")
+    with pytest.raises(ExpositionError, match="several hosts"):
+        samples(text)
+    # one host: its rows whatever the node is called (in Kubernetes the label is the exporter pod's name)
+    assert len(samples(fixture(H100), hostname="ip-10-0-0-1")) == 8
+
+
+# --------------------------------------------------------------------------- backend and agent
+def test_backend_counts_failed_scrapes_and_the_agent_skips_those_ticks():
+    bodies = [fixture(H100), OSError("connection refused"), "<html>oops", fixture(H100)]
+
+    def fetch(url: str, timeout_s: float) -> str:
+        body = bodies.pop(0)
+        if isinstance(body, Exception):
+            raise body
+        return body
+
+    backend = DcgmBackend("http://dcgm:9400/metrics", fetch=fetch)
+    clock = iter(range(0, 10_000_000, 1000))
+    pub = ListPublisher()
+    published = run_agent(backend, pub, "gpu-samples", cluster="c", node="gpu-node-1", interval_s=1.0,
+                          clock=lambda: next(clock) / 1000.0 + 0.0005, sleep=lambda s: None, max_ticks=2)
+    assert published == 2
+    assert (backend.scrapes, backend.scrapes_failed) == (4, 2)
+    ticks = [t for _, _, value, _ in pub.messages for t in decode_node_ticks(value)]
+    assert [len(t.gpus) for t in ticks] == [8, 8]
+    with pytest.raises(ScrapeFailed):
+        DcgmBackend("http://x", fetch=lambda u, t: "").sample(0)  # nothing exported: nothing invented
+
+
+class _Exporter(http.server.BaseHTTPRequestHandler):
+    body = b""
+    status = 200
+
+    def do_GET(self):  # noqa: N802
+        self.send_response(self.status)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def exporter():
+    """A local HTTP server standing in for dcgm-exporter; set `.body` / `.status` on the handler."""
+    handler = type("Handler", (_Exporter,), {"body": fixture(H100).encode(), "status": 200})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield handler, f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_agent_once_print_over_http_gives_a_valid_node_tick(exporter, capsys):
+    _, url = exporter
+    assert main(["--url", url, "--once", "--print", "--cluster", "lab", "--interval", "5"]) == 0
+    tick = NodeTick.model_validate_json(capsys.readouterr().out)
+    assert (tick.cluster, tick.node, tick.interval_ms, len(tick.gpus)) == ("lab", "gpu-node-1", 5000, 8)
+    assert tick.ts_ms % 5000 == 0
+    assert tick.gpus[0].processes[0].container_id == "k8s://dynamo-workload/vllm-agg-0-vllmdecodeworker-s65j5/main"
+
+
+def test_agent_once_fails_cleanly_when_the_endpoint_errors(exporter, capsys):
+    handler, url = exporter
+    handler.status, handler.body = 500, b"DCGM not ready"
+    assert main(["--url", url, "--once", "--print", "--node", "n1"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and "HTTP Error 500" in captured.err
+
+
+def test_gpuledger_agent_dcgm_command_line(exporter):
+    _, url = exporter
+    done = subprocess.run([sys.executable, "-m", "gpuledger.cli", "agent", "dcgm", "--url", url, "--once", "--print",
+                           "--node", "n7"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    tick = NodeTick.model_validate(orjson.loads(done.stdout))
+    assert tick.node == "n7" and [g.index for g in tick.gpus] == list(range(8))
+    assert re.fullmatch(r"GPU-[0-9a-f-]{36}", tick.gpus[0].gpu_uuid)
+
+
+def test_build_tick_with_the_backend_is_a_node_tick():
+    backend = DcgmBackend("http://x", fetch=lambda u, t: fixture(A100_MIG))
+    tick = build_tick(backend, cluster="c", node="ub20-a100-k8s", now_ms=10_000, interval_ms=5000)
+    assert NodeTick.model_validate_json(tick.model_dump_json()) == tick
+    assert backend.calls_last_tick == 1
