@@ -1,0 +1,611 @@
+"""Slurm → ledger: the pure core of the Slurm agent (no subprocess, no Kafka, no clock reads).
+
+Input: the parsed output of `squeue --json --states=all` and `sinfo --json` (Slurm 22.05,
+openapi v0.0.38), optionally `sacct -P` rows for jobs that left squeue, and the agent's state
+from the previous poll. Output: `JobEvent`s, one `LifecycleWatermark`, a `SchedulerSnapshot`
+and the next state. `agents/slurm_agent.py` does the I/O around it.
+
+Rules (docs/slurm.md explains each):
+- Event time is Slurm's own (submit_time, start_time, end_time; epoch seconds → ms), never the
+  poll time, so the ledger's allocated GPU-seconds equal sacct's `gres/gpu × Elapsed`.
+- Canonical job id: the Slurm job id, or `<array_job_id>_<array_task_id>` for an array task.
+- Attempt: Slurm's restart count. A requeue (by an admin or by preemption) ends the attempt at the
+  requeue time (Slurm resets submit_time to it) with `preempted`, then `retried` opens the next.
+- Event ids are deterministic (`slurm:<cluster>:<job>:<attempt>:<kind>`): a restarted agent that
+  emits an event again produces a duplicate the ledger drops.
+- Watermark: the second the poll started (Slurm stamps events with the controller's clock when it
+  handles them, so anything not yet visible will carry a later time), less a clock-skew margin,
+  and never past the end_time of a job still COMPLETING (its outcome, stamped end_time, comes later).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from gpuledger.schemas.models import (
+    GpuAssignment,
+    JobEvent,
+    JobEventKind,
+    LifecycleWatermark,
+    PendingByPriority,
+    PreemptionFired,
+    QueueState,
+    SchedulerSnapshot,
+)
+
+STATE_VERSION = 1
+#: The ledger stores priority as Int32; Slurm's is uint32 (priority/basic hands out ~4.29e9).
+PRIORITY_MAX = 2**31 - 1
+#: Slurm's "no array task" marker (NO_VAL) where a number is given instead of null.
+NO_VAL = 4294967294
+
+PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT", "RESV_DEL_HOLD"})
+#: Holding GPUs: RUNNING, and the flag-states Slurm reports instead of RUNNING while a job is
+#: being set up, suspended, or stopping (COMPLETING: ended, outcome not known yet).
+HOLDING_STATES = frozenset({"RUNNING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESIZING",
+                            "COMPLETING"})
+#: Final states: the ledger's kind and reason for each (reason None: taken from the exit code).
+FINAL_STATES: dict[str, tuple[JobEventKind, str | None]] = {
+    "COMPLETED": (JobEventKind.completed, None),
+    "FAILED": (JobEventKind.failed, None),
+    "CANCELLED": (JobEventKind.cancelled, None),
+    "TIMEOUT": (JobEventKind.failed, "timeout"),
+    "NODE_FAIL": (JobEventKind.failed, "node_fail"),
+    "BOOT_FAIL": (JobEventKind.failed, "boot_fail"),
+    "OUT_OF_MEMORY": (JobEventKind.failed, "out_of_memory"),
+    "DEADLINE": (JobEventKind.failed, "deadline"),
+    "PREEMPTED": (JobEventKind.preempted, "preempted"),  # PreemptMode=CANCEL: the job ends here
+}
+
+
+class SlurmInputError(ValueError):
+    """squeue/sinfo/sacct output the agent cannot use; the message says what and where."""
+
+
+# --------------------------------------------------------------------------- small parsers
+def expand_hostlist(expr: str) -> list[str]:
+    """Slurm hostlist → names, as `scontrol show hostnames`: 'gpu[01-03,07],cpu1' →
+    ['gpu01', 'gpu02', 'gpu03', 'gpu07', 'cpu1']; zero padding kept; several bracket groups
+    ('r[1-2]n[01-02]') give the cross product."""
+    expr = (expr or "").strip()
+    if not expr or expr in ("(null)", "None"):
+        return []
+    names: list[str] = []
+    for part in _split_top_level(expr):
+        names.extend(_expand_one(part))
+    return names
+
+
+def _split_top_level(expr: str) -> list[str]:
+    parts, depth, cur = [], 0, []
+    for ch in expr:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise SlurmInputError(f"unbalanced ']' in hostlist {expr!r}")
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    if depth != 0:
+        raise SlurmInputError(f"unbalanced '[' in hostlist {expr!r}")
+    parts.append("".join(cur))
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _expand_one(part: str) -> list[str]:
+    m = re.search(r"\[([^\]]*)\]", part)
+    if m is None:
+        return [part]
+    head, tail = part[:m.start()], part[m.end():]
+    out: list[str] = []
+    for item in m.group(1).split(","):
+        item = item.strip()
+        if "-" in item:
+            lo, hi = item.split("-", 1)
+            if not (lo.isdigit() and hi.isdigit()) or int(hi) < int(lo):
+                raise SlurmInputError(f"bad range {item!r} in hostlist {part!r}")
+            width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
+            values = [str(i).zfill(width) for i in range(int(lo), int(hi) + 1)]
+        elif item:
+            values = [item]
+        else:
+            raise SlurmInputError(f"empty item in hostlist {part!r}")
+        for v in values:
+            out.extend(_expand_one(head + v + tail))
+    return out
+
+
+def expand_index_list(text: str) -> list[int]:
+    """'0-2,5' → [0, 1, 2, 5] (GPU indices in Slurm's IDX notation)."""
+    out: list[int] = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        lo, _, hi = item.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise SlurmInputError(f"bad GPU index {item!r} in {text!r}")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+_GRES_DETAIL = re.compile(r"gpu(?::[^:(]+)?:(\d+)\(IDX:([^)]*)\)")
+
+
+def gpu_indices(gres_detail_entry: str) -> list[int]:
+    """GPU indices in one node's gres_detail entry: 'gpu:a100:3(IDX:0-2)' → [0, 1, 2];
+    several GRES on a node ('gpu:a100:1(IDX:0),gpu:v100:1(IDX:4)') are all read; non-GPU GRES
+    and 'IDX:N/A' are ignored."""
+    out: list[int] = []
+    for m in _GRES_DETAIL.finditer(gres_detail_entry or ""):
+        if m.group(2) and m.group(2) != "N/A":
+            out.extend(expand_index_list(m.group(2)))
+    return out
+
+
+def gpu_count(gres: str) -> int:
+    """GPUs in a node's `gres` string: 'gpu:a100:8' → 8; 'gpu:4,gpu:t4:2(S:0)' → 6; 'gpu' → 1."""
+    total = 0
+    for item in _split_top_level(gres or ""):
+        item = re.sub(r"\(.*\)$", "", item.strip())
+        fields = item.split(":")
+        if fields[0] != "gpu":
+            continue
+        total += int(fields[-1]) if len(fields) > 1 and fields[-1].isdigit() else 1
+    return total
+
+
+def tres_gpus(tres: str) -> float:
+    """GPUs in a TRES string: 'cpu=4,node=2,gres/gpu=4' → 4.0 (typed 'gres/gpu:a100=4' counted
+    only when no untyped total is given)."""
+    total, typed = None, 0.0
+    for item in (tres or "").split(","):
+        name, _, value = item.partition("=")
+        try:
+            n = float(value)
+        except ValueError:
+            continue
+        if name == "gres/gpu":
+            total = n
+        elif name.startswith("gres/gpu:"):
+            typed += n
+    return total if total is not None else typed
+
+
+def decode_exit_code(raw: int | None) -> tuple[int | None, int | None]:
+    """squeue's exit_code is a raw wait status: (exit status, signal). 768 → (3, None); 15 → (None, 15)."""
+    if raw is None or raw < 0:
+        return None, None
+    signal = raw & 0x7F
+    if signal:
+        return None, signal
+    return (raw >> 8) & 0xFF, None
+
+
+def describe_exit(raw: int | None) -> str | None:
+    code, signal = decode_exit_code(raw)
+    if signal is not None:
+        return f"signal {signal}"
+    if code is not None:
+        return f"exit {code}"
+    return None
+
+
+def parse_partition_lines(text: str) -> dict[str, dict[str, str]]:
+    """`scontrol show partition --oneliner` → {partition: {key: value}} (PriorityTier, Nodes, ...)."""
+    out: dict[str, dict[str, str]] = {}
+    for line in text.splitlines():
+        pairs = dict(re.findall(r"(\w+)=(\S*)", line))
+        if "PartitionName" in pairs:
+            out[pairs["PartitionName"]] = pairs
+    return out
+
+
+def partition_tiers(text: str) -> dict[str, int]:
+    """`scontrol show partition --oneliner` → {partition: PriorityTier}."""
+    tiers = {}
+    for name, kv in parse_partition_lines(text).items():
+        try:
+            tiers[name] = int(kv.get("PriorityTier", "0"))
+        except ValueError:
+            tiers[name] = 0
+    return tiers
+
+
+@dataclass(frozen=True)
+class SacctRow:
+    """One allocation line of `sacct -P --duplicates -X -o JobID,JobIDRaw,State,Start,End,ExitCode,...`
+    (epoch seconds already converted by the caller; None: Unknown)."""
+
+    job_id: str          # canonical (sacct prints array tasks as 3_1, like the ledger)
+    raw_id: str
+    state: str           # first word: 'CANCELLED by 0' → 'CANCELLED'
+    start_s: int | None
+    end_s: int | None
+    exit_code: str       # 'code:signal'
+    account: str = ""
+    partition: str = ""
+
+
+# --------------------------------------------------------------------------- state
+@dataclass
+class JobState:
+    """What the agent has already published about one job (by canonical id)."""
+
+    raw_id: int
+    submitted: bool = False
+    attempt: int = 0                 # the attempt the events below refer to
+    allocated: bool = False          # allocated + started emitted for `attempt`
+    alloc_start_ms: int = 0
+    nodes: list[str] = field(default_factory=list)   # of the allocated attempt
+    ended: bool = False              # the attempt's end emitted
+    finished: bool = False           # the job's final outcome emitted
+    queue: str = ""
+    tenant: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> JobState:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+@dataclass
+class AgentState:
+    """Persisted between polls (and agent restarts): per-job progress, the last watermark, and
+    preemptions seen since the last snapshot."""
+
+    jobs: dict[str, JobState] = field(default_factory=dict)
+    watermark_ms: int = 0
+    preemptions: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": STATE_VERSION, "watermark_ms": self.watermark_ms, "preemptions": self.preemptions,
+                "jobs": {k: v.to_json() for k, v in sorted(self.jobs.items())}}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> AgentState:
+        if d.get("version") != STATE_VERSION:
+            raise SlurmInputError(f"state file version {d.get('version')!r}, expected {STATE_VERSION}")
+        return cls(jobs={k: JobState.from_json(v) for k, v in d.get("jobs", {}).items()},
+                   watermark_ms=int(d.get("watermark_ms", 0)), preemptions=list(d.get("preemptions", [])))
+
+
+@dataclass
+class PollResult:
+    events: list[JobEvent]
+    watermark: LifecycleWatermark
+    state: AgentState
+    #: canonical ids of unfinished jobs that left squeue: ask sacct and call `close_vanished`
+    vanished: list[str]
+    warnings: list[str]
+
+
+# --------------------------------------------------------------------------- the job view
+@dataclass(frozen=True)
+class SlurmJob:
+    """The fields of one squeue job record the agent uses, validated."""
+
+    job_id: str
+    raw_id: int
+    array_job_id: int | None
+    array_task_id: int | None
+    state: str
+    reason: str
+    tenant: str
+    queue: str
+    priority: int
+    requested_gpus: float
+    attempt: int
+    submit_ms: int
+    start_ms: int
+    end_ms: int
+    nodes: list[str]
+    gres_detail: list[str]
+    exit_code: int | None
+    raw_priority: int = 0
+
+    @property
+    def aliases(self) -> dict[str, str]:
+        a = {"slurm_job_id": str(self.raw_id), "container_id": f"slurm-job-{self.raw_id}"}
+        if self.raw_priority != self.priority:
+            a["slurm_priority"] = str(self.raw_priority)
+        if self.array_task_id is not None:
+            a["slurm_array_job_id"] = str(self.array_job_id)
+            a["slurm_array_task_id"] = str(self.array_task_id)
+        return a
+
+
+def _int(job: Mapping[str, Any], key: str, default: int | None = 0) -> int | None:
+    v = job.get(key, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise SlurmInputError(f"job {job.get('job_id')!r}: {key} is {v!r}, expected a number")
+    return int(v)
+
+
+def parse_job(job: Mapping[str, Any]) -> SlurmJob | None:
+    """One squeue job record → SlurmJob; None for the pending remainder of an array
+    ('3_[2-9]', not a task yet). Raises SlurmInputError for a record it cannot read."""
+    if not isinstance(job, Mapping):
+        raise SlurmInputError(f"a job record is {type(job).__name__}, expected an object")
+    raw = _int(job, "job_id", None)
+    if raw is None:
+        raise SlurmInputError("a job record has no job_id")
+    array_job = _int(job, "array_job_id", 0) or None
+    array_task = _int(job, "array_task_id", None)
+    if array_task == NO_VAL:
+        array_task = None
+    if array_task is None and array_job and job.get("array_task_string"):
+        return None
+    state = str(job.get("job_state") or "").upper()
+    if not state:
+        raise SlurmInputError(f"job {raw}: no job_state")
+    gres_detail = job.get("gres_detail") or []
+    if not isinstance(gres_detail, list):
+        raise SlurmInputError(f"job {raw}: gres_detail is {gres_detail!r}, expected a list")
+    priority = _int(job, "priority", 0) or 0
+    requested = tres_gpus(str(job.get("tres_req_str") or "")) or tres_gpus(str(job.get("tres_alloc_str") or ""))
+    return SlurmJob(
+        job_id=f"{array_job}_{array_task}" if array_task is not None and array_job else str(raw),
+        raw_id=raw, array_job_id=array_job, array_task_id=array_task, state=state,
+        reason=str(job.get("state_reason") or "None"),
+        tenant=str(job.get("account") or "") or "unknown",
+        queue=str(job.get("partition") or "") or "unknown",
+        priority=min(priority, PRIORITY_MAX), raw_priority=priority,
+        requested_gpus=requested,
+        attempt=_int(job, "restart_cnt", 0) or 0,
+        submit_ms=(_int(job, "submit_time") or 0) * 1000,
+        start_ms=(_int(job, "start_time") or 0) * 1000,
+        end_ms=(_int(job, "end_time") or 0) * 1000,
+        nodes=expand_hostlist(str(job.get("nodes") or "")),
+        gres_detail=[str(g) for g in gres_detail],
+        exit_code=_int(job, "exit_code", None),
+    )
+
+
+def parse_jobs(squeue: Any) -> tuple[list[SlurmJob], list[str]]:
+    """squeue JSON → jobs, and a warning for each record skipped (a bad record never stops the rest)."""
+    if not isinstance(squeue, Mapping) or not isinstance(squeue.get("jobs"), list):
+        raise SlurmInputError("squeue output has no 'jobs' list (is this `squeue --json` of Slurm 22.05+?)")
+    if squeue.get("errors"):
+        raise SlurmInputError(f"squeue reported errors: {squeue['errors']!r}")
+    jobs, warnings = [], []
+    for record in squeue["jobs"]:
+        try:
+            job = parse_job(record)
+        except SlurmInputError as exc:
+            warnings.append(f"skipped a job record: {exc}")
+            continue
+        if job is not None:
+            jobs.append(job)
+    return jobs, warnings
+
+
+def job_gpus(job: SlurmJob) -> list[GpuAssignment]:
+    """The GPUs a running job holds: gres_detail has one entry per node of the node list, in order."""
+    container = f"slurm-job-{job.raw_id}"
+    out = []
+    for node, detail in zip(job.nodes, job.gres_detail):
+        for index in gpu_indices(detail):
+            out.append(GpuAssignment(node=node, gpu_index=index, share_milli=1000, container_id=container))
+    return out
+
+
+# --------------------------------------------------------------------------- translation
+class _Emitter:
+    def __init__(self, cluster: str, state: AgentState):
+        self.cluster = cluster
+        self.state = state
+        self.events: list[JobEvent] = []
+        self.warnings: list[str] = []
+
+    def emit(self, job: SlurmJob, kind: JobEventKind, ts_ms: int, *, attempt: int | None = None,
+             gpus: list[GpuAssignment] | None = None, reason: str | None = None, suffix: str = "") -> None:
+        attempt = job.attempt if attempt is None else attempt
+        self.events.append(JobEvent(
+            event_id=f"slurm:{self.cluster}:{job.job_id}:{attempt}:{kind.value}{suffix}",
+            ts_ms=max(0, ts_ms), kind=kind, cluster=self.cluster, job_id=job.job_id, attempt=attempt,
+            tenant=job.tenant, queue=job.queue, priority=job.priority, requested_gpus=job.requested_gpus,
+            gpus=gpus or [], aliases=job.aliases, reason=reason))
+
+
+def _preemptor(job: SlurmJob, js: JobState, at_ms: int, jobs: list[SlurmJob], tiers: Mapping[str, int]) -> SlurmJob | None:
+    """The job that took `job`'s GPUs at `at_ms`: started within a second of it on one of its
+    nodes, in a partition of higher PriorityTier (partition_prio preemption). None: an admin
+    requeue, or unknown."""
+    tier = tiers.get(js.queue or job.queue, 0)
+    for other in jobs:
+        if other.job_id == job.job_id or not other.nodes or abs(other.start_ms - at_ms) > 1000:
+            continue
+        if tiers.get(other.queue, 0) > tier and set(other.nodes) & set(js.nodes):
+            return other
+    return None
+
+
+def translate(
+    squeue: Any,
+    state: AgentState,
+    *,
+    cluster: str,
+    poll_started_ms: int,
+    tiers: Mapping[str, int] | None = None,
+    margin_ms: int = 1000,
+) -> PollResult:
+    """One poll: squeue JSON + the previous state → events, the watermark, the next state.
+
+    `poll_started_ms`: agent clock when squeue was started. `tiers`: PriorityTier by partition
+    (to name the preempting job). Raises SlurmInputError only when the whole output is unusable;
+    a bad job record is skipped with a warning."""
+    tiers = tiers or {}
+    state = copy.deepcopy(state)
+    promised_ms = state.watermark_ms
+    jobs, warnings = parse_jobs(squeue)
+    out = _Emitter(cluster, state)
+    out.warnings.extend(warnings)
+    seen: set[str] = set()
+    hold_ms: list[int] = []   # end times of jobs still completing: the watermark stays below them
+    for job in sorted(jobs, key=lambda j: (j.submit_ms, j.raw_id)):
+        seen.add(job.job_id)
+        try:
+            _translate_job(job, state, out, jobs, tiers, hold_ms)
+        except SlurmInputError as exc:
+            out.warnings.append(f"job {job.job_id}: {exc}")
+    vanished = sorted(k for k, js in state.jobs.items() if k not in seen and not js.finished)
+    # finished jobs that left squeue are forgotten: re-emitting one would only give duplicates
+    for k in [k for k, js in state.jobs.items() if k not in seen and js.finished]:
+        del state.jobs[k]
+    mark = (poll_started_ms // 1000) * 1000 - margin_ms
+    if hold_ms:
+        mark = min(mark, min(hold_ms))
+    if mark < state.watermark_ms:
+        mark = state.watermark_ms  # a watermark never goes back
+    state.watermark_ms = max(0, mark)
+    late = [e for e in out.events if e.ts_ms < promised_ms]
+    if late:
+        out.warnings.append(f"{len(late)} event(s) older than the watermark (agent restart or a slow poll): "
+                            "the worker applies them as late events")
+    return PollResult(out.events, LifecycleWatermark(cluster=cluster, ts_ms=state.watermark_ms), state,
+                      vanished, out.warnings)
+
+
+def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[SlurmJob],
+                   tiers: Mapping[str, int], hold_ms: list[int]) -> None:
+    js = state.jobs.get(job.job_id)
+    if js is None:
+        js = state.jobs[job.job_id] = JobState(raw_id=job.raw_id, attempt=job.attempt, queue=job.queue,
+                                               tenant=job.tenant)
+    if js.finished:
+        return
+    if not js.submitted:
+        out.emit(job, JobEventKind.submitted, job.submit_ms)
+        if job.state in PENDING_STATES:
+            out.emit(job, JobEventKind.queued, job.submit_ms, reason=job.reason)
+        js.submitted = True
+
+    if job.attempt > js.attempt:
+        # Requeued since the last poll (Slurm sets submit_time to the requeue time).
+        requeued_ms = max(job.submit_ms, js.alloc_start_ms)
+        if js.allocated and not js.ended:
+            by = _preemptor(job, js, requeued_ms, jobs, tiers)
+            reason = f"requeued to reclaim resources for job {by.job_id}" if by else "requeued"
+            out.emit(job, JobEventKind.preempted, requeued_ms, attempt=js.attempt, reason=reason)
+            state.preemptions.append(PreemptionFired(
+                job_id=job.job_id, by_job_id=by.job_id if by else None, queue=js.queue or job.queue,
+                rule="partition_prio/requeue" if by else "requeue").model_dump(mode="json"))
+        for attempt in range(js.attempt + 1, job.attempt + 1):
+            out.emit(job, JobEventKind.retried, job.submit_ms, attempt=attempt, reason="requeued by Slurm")
+        js.attempt, js.allocated, js.ended, js.nodes, js.alloc_start_ms = job.attempt, False, False, [], 0
+
+    ran = bool(job.nodes) and job.start_ms > 0
+    if job.state in HOLDING_STATES or (job.state in FINAL_STATES and ran):
+        if not js.allocated:
+            gpus = job_gpus(job) if job.state in HOLDING_STATES else []
+            if job.state in HOLDING_STATES and not gpus and job.requested_gpus:
+                out.warnings.append(f"job {job.job_id} is {job.state} without GPU indices in gres_detail")
+            note = None if gpus or not job.requested_gpus else "GPU indices not seen (the job ran between polls)"
+            out.emit(job, JobEventKind.allocated, job.start_ms, gpus=gpus, reason=note)
+            out.emit(job, JobEventKind.started, job.start_ms)
+            js.allocated, js.alloc_start_ms, js.nodes, js.queue = True, job.start_ms, job.nodes, job.queue
+        if job.state == "COMPLETING":
+            hold_ms.append(job.end_ms)
+            return
+    if job.state in FINAL_STATES:
+        kind, reason = FINAL_STATES[job.state]
+        exit_text = describe_exit(job.exit_code)
+        if reason is None:
+            reason = exit_text if job.state != "COMPLETED" else None
+        elif exit_text and job.state != "PREEMPTED":
+            reason = f"{reason} ({exit_text})"
+        end_ms = max(job.end_ms, js.alloc_start_ms) if ran else job.end_ms
+        out.emit(job, kind, end_ms, reason=reason)
+        if kind == JobEventKind.preempted:
+            state.preemptions.append(PreemptionFired(job_id=job.job_id, queue=job.queue,
+                                                     rule="partition_prio/cancel").model_dump(mode="json"))
+        js.ended = js.finished = True
+
+
+def close_vanished(job_ids: Iterable[str], state: AgentState, accounting: Mapping[str, list[SacctRow]], *,
+                   cluster: str, lost_at_ms: int) -> tuple[list[JobEvent], AgentState, list[str]]:
+    """End jobs that left squeue unfinished (the agent was down longer than MinJobAge): from
+    sacct's rows when it has them, else `failed` at `lost_at_ms` with a reason that says so.
+    Returns the events, the next state and warnings."""
+    state = copy.deepcopy(state)
+    out = _Emitter(cluster, state)
+    for job_id in job_ids:
+        js = state.jobs.get(job_id)
+        if js is None or js.finished:
+            continue
+        rows = accounting.get(job_id) or []
+        last = rows[-1] if rows else None
+        job = SlurmJob(job_id=job_id, raw_id=js.raw_id, array_job_id=None, array_task_id=None, state="",
+                       reason="", tenant=js.tenant or "unknown", queue=js.queue or "unknown", priority=0, requested_gpus=0.0,
+                       attempt=js.attempt, submit_ms=0, start_ms=js.alloc_start_ms, end_ms=0, nodes=js.nodes,
+                       gres_detail=[], exit_code=None)
+        if "_" in job_id:
+            a, t = job_id.split("_", 1)
+            if a.isdigit() and t.isdigit():
+                job = _with(job, array_job_id=int(a), array_task_id=int(t))
+        if last is not None and last.state in FINAL_STATES and last.end_s:
+            kind, reason = FINAL_STATES[last.state]
+            code = last.exit_code.split(":")[0]
+            if reason is None and last.state != "COMPLETED":
+                reason = f"exit {code}"
+            out.emit(job, kind, max(last.end_s * 1000, js.alloc_start_ms),
+                     reason=(reason or "") + " (from sacct: the job left squeue while the agent was down)")
+        else:
+            out.warnings.append(f"job {job_id} left squeue unfinished and sacct has no end for it: closed as failed")
+            out.emit(job, JobEventKind.failed, max(lost_at_ms, js.alloc_start_ms),
+                     reason="lost: left squeue while the agent was down, no accounting record")
+        js.ended = js.finished = True
+    return out.events, state, out.warnings
+
+
+def _with(job: SlurmJob, **changes: Any) -> SlurmJob:
+    return SlurmJob(**{**job.__dict__, **changes})
+
+
+# --------------------------------------------------------------------------- snapshots
+def build_snapshot(squeue: Any, sinfo: Any, *, cluster: str, ts_ms: int, tiers: Mapping[str, int] | None = None,
+                   preemptions: Iterable[Mapping[str, Any]] = ()) -> SchedulerSnapshot:
+    """Partitions as queues: quota = GPUs of the partition's nodes (partitions sharing nodes share
+    them), allocated = GPUs of its running jobs, pending jobs and GPUs by priority."""
+    tiers = tiers or {}
+    if not isinstance(sinfo, Mapping) or not isinstance(sinfo.get("nodes"), list):
+        raise SlurmInputError("sinfo output has no 'nodes' list (is this `sinfo --json` of Slurm 22.05+?)")
+    quota: dict[str, float] = {}
+    for node in sinfo["nodes"]:
+        if not isinstance(node, Mapping):
+            continue
+        n = gpu_count(str(node.get("gres") or ""))
+        for part in node.get("partitions") or []:
+            quota[str(part)] = quota.get(str(part), 0.0) + n
+    jobs, _ = parse_jobs(squeue)
+    allocated: dict[str, float] = {}
+    pending: dict[str, dict[int, list[float]]] = {}
+    for job in jobs:
+        if job.state in HOLDING_STATES:
+            allocated[job.queue] = allocated.get(job.queue, 0.0) + sum(
+                len(gpu_indices(d)) for d in job.gres_detail)
+        elif job.state in PENDING_STATES:
+            # a job submitted to several partitions ('batch,prod') waits in the first
+            q = job.queue.split(",")[0]
+            slot = pending.setdefault(q, {}).setdefault(job.priority, [0, 0.0])
+            slot[0] += 1
+            slot[1] += job.requested_gpus
+    queues = []
+    for q in sorted(set(quota) | set(allocated) | set(pending)):
+        by_prio = pending.get(q, {})
+        queues.append(QueueState(
+            queue=q, priority=tiers.get(q, 0), quota_gpus=quota.get(q, 0.0), allocated_gpus=allocated.get(q, 0.0),
+            pending_jobs=sum(int(v[0]) for v in by_prio.values()), pending_gpus=sum(v[1] for v in by_prio.values()),
+            pending_by_priority=[PendingByPriority(priority=p, jobs=int(v[0]), gpus=v[1])
+                                 for p, v in sorted(by_prio.items(), reverse=True)]))
+    return SchedulerSnapshot(cluster=cluster, ts_ms=ts_ms, queues=queues,
+                             preemptions=[PreemptionFired.model_validate(p) for p in preemptions])

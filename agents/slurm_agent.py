@@ -1,0 +1,329 @@
+"""`gpuledger agent slurm`: poll a Slurm controller, publish the ledger's lifecycle line and
+scheduler snapshots.
+
+Every poll runs `squeue --json --states=all`, `sinfo --json` and `scontrol show partition
+--oneliner` (each under a timeout: client commands hang while slurmctld is down), hands the
+output to the pure core (agents/slurm.py), and publishes its JobEvents (key: canonical job id),
+a LifecycleWatermark on every partition of the job-events topic, and a SchedulerSnapshot (key:
+cluster). Jobs that left squeue unfinished (the agent was down longer than MinJobAge) are
+closed from `sacct`.
+
+Durability: every message goes into a local disk spool (agents/spool.py) before the state file
+is written, and the spool is drained to Kafka in order; so a Kafka outage or an agent crash
+loses nothing, and a crash between the two re-emits events with the same ids (the ledger drops
+the duplicates).
+
+    gpuledger agent slurm --once --print        # one poll, JSON lines (a `gpuledger replay` dump) on stdout
+    gpuledger agent slurm --interval 10         # publish forever
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from gpuledger.agents.slurm import (
+    AgentState,
+    SacctRow,
+    SlurmInputError,
+    build_snapshot,
+    close_vanished,
+    partition_tiers,
+    translate,
+)
+from gpuledger.schemas.wire import encode
+
+log = logging.getLogger("gpuledger.agents.slurm")
+
+#: Routing of a spooled message: "<line>\x1f<partition>\x1f<key>" (the spool holds one key per record).
+_SEP = "\x1f"
+LINE_EVENTS, LINE_SNAPSHOTS = "job-events", "scheduler-snapshots"
+
+
+class CommandFailed(RuntimeError):
+    pass
+
+
+def run_command(argv: Sequence[str], timeout_s: float, env: dict[str, str] | None = None) -> str:
+    """stdout of a Slurm client command; CommandFailed (with the reason) on a timeout or an error."""
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        raise CommandFailed(f"{argv[0]} timed out after {timeout_s:.0f}s (is slurmctld up?)") from None
+    except OSError as exc:
+        raise CommandFailed(f"{argv[0]}: {exc}") from None
+    if done.returncode != 0:
+        raise CommandFailed(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.strip()[:500]}")
+    return done.stdout
+
+
+def load_json(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise SlurmInputError(f"{what} printed malformed JSON: {exc}") from None
+
+
+def parse_sacct(text: str) -> dict[str, list[SacctRow]]:
+    """`sacct -P -n --duplicates -X -o JobID,JobIDRaw,State,Start,End,ExitCode,Account,Partition`
+    with SLURM_TIME_FORMAT=%s → rows by canonical job id, oldest attempt first."""
+    rows: dict[str, list[SacctRow]] = {}
+    for line in text.splitlines():
+        f = line.split("|")
+        if len(f) < 8:
+            continue
+
+        def epoch(v: str) -> int | None:
+            return int(v) if v.isdigit() else None
+
+        row = SacctRow(job_id=f[0], raw_id=f[1], state=(f[2].split() or [""])[0], start_s=epoch(f[3]),
+                       end_s=epoch(f[4]), exit_code=f[5], account=f[6], partition=f[7])
+        rows.setdefault(row.job_id, []).append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------- state file
+def load_state(path: Path) -> AgentState:
+    if not path.exists():
+        return AgentState()
+    try:
+        return AgentState.from_json(json.loads(path.read_text()))
+    except (ValueError, SlurmInputError) as exc:
+        # A state file we cannot read must not silently restart from nothing: that would re-emit
+        # history (harmless, ids are deterministic) but also hide a real problem. Stop loudly.
+        raise SystemExit(f"slurm agent: cannot read state file {path}: {exc}; move it away to start afresh")
+
+
+def save_state(path: Path, state: AgentState) -> None:
+    """Atomic: write a temporary file, fsync, rename over the old one, fsync the directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(state.to_json(), f, separators=(",", ":"))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- publishing
+class RoutingPublisher:
+    """Between the spool's forwarder and Kafka: the spool stores one key per record, so the
+    record's key carries its line, partition and Kafka key; this unpacks them."""
+
+    def __init__(self, inner: Any, topics: dict[str, str]):
+        self.inner = inner
+        self.topics = topics
+
+    def publish(self, topic: str, key: str | bytes | None, value: bytes, partition: int | None = None,
+                on_delivery: Any = None) -> None:
+        raw = key.decode() if isinstance(key, bytes) else (key or "")
+        line, part, real_key = raw.split(_SEP, 2)
+        self.inner.publish(self.topics[line], real_key or None, value,
+                           partition=int(part) if part else None, on_delivery=on_delivery)
+
+    def __getattr__(self, name: str) -> Any:  # poll, flush, close, pending, fatal_error
+        return getattr(self.inner, name)
+
+
+class SpoolSink:
+    """Where a poll's messages go: the disk spool (drained to Kafka by a forwarder thread)."""
+
+    def __init__(self, settings: Any, cluster: str):
+        from gpuledger.agents.gpu_agent import spool_dir
+        from gpuledger.agents.publisher import SPOOL_PRODUCER_OVERRIDES, KafkaPublisher
+        from gpuledger.agents.spool import Forwarder, Spool
+
+        topics = {LINE_EVENTS: settings.topics.job_events, LINE_SNAPSHOTS: settings.topics.scheduler_snapshots}
+
+        def factory() -> Any:
+            return RoutingPublisher(KafkaPublisher(settings, **SPOOL_PRODUCER_OVERRIDES), topics)
+
+        self.spool = Spool(spool_dir(settings, f"slurm-agent-{cluster}"), max_bytes=max(settings.agent_spool_max_bytes, 1 << 20),
+                           fsync=settings.agent_spool_fsync)
+        try:
+            self.forwarder = Forwarder(self.spool, factory(), settings.topics.job_events,
+                                       publisher_factory=factory).start()
+        except Exception:
+            self.spool.close()
+            raise
+
+    def put(self, line: str, key: str | None, value: bytes, partition: int | None = None) -> None:
+        self.spool.append(value, f"{line}{_SEP}{'' if partition is None else partition}{_SEP}{key or ''}")
+        self.forwarder.wake()
+
+    def close(self, timeout: float = 10.0) -> int:
+        left = self.forwarder.stop(flush_s=timeout, close_publisher=True)
+        self.spool.close()
+        return left
+
+
+class PrintSink:
+    """--print: one `gpuledger replay` dump line per message (a watermark once, key null)."""
+
+    def __init__(self, out: Any = None):
+        self.out = out or sys.stdout
+
+    def put(self, line: str, key: str | None, value: bytes, partition: int | None = None) -> None:
+        if partition not in (None, 0):
+            return  # a broadcast watermark: printed once
+        self.out.write('{"topic":%s,"key":%s,"value":%s}\n' % (json.dumps(line), json.dumps(key), value.decode()))
+        self.out.flush()
+
+    def close(self, timeout: float = 0) -> int:
+        return 0
+
+
+# --------------------------------------------------------------------------- one poll
+class SlurmAgent:
+    """Reads Slurm, keeps the state file, hands messages to a sink. `run` is injectable for tests."""
+
+    def __init__(self, *, cluster: str, state_file: Path, sink: Any, partitions: int, command_timeout_s: float = 20.0,
+                 margin_ms: int = 1000, run: Callable[..., str] = run_command,
+                 clock: Callable[[], float] = time.time):
+        self.cluster = cluster
+        self.state_file = state_file
+        self.sink = sink
+        self.partitions = partitions
+        self.command_timeout_s = command_timeout_s
+        self.margin_ms = margin_ms
+        self.run = run  # run(argv, timeout_s, env=None) -> stdout, raises CommandFailed
+        self.clock = clock
+        self.state = load_state(state_file)
+        self.failures = 0
+        self.polls = 0
+
+    def poll_once(self) -> bool:
+        """One poll; False (logged, counted) when Slurm could not be read or its output used."""
+        started_ms = int(self.clock() * 1000)
+        try:
+            squeue = load_json(self.run(["squeue", "--json", "--states=all"], self.command_timeout_s), "squeue")
+            sinfo = load_json(self.run(["sinfo", "--json"], self.command_timeout_s), "sinfo")
+            try:
+                tiers = partition_tiers(self.run(["scontrol", "show", "partition", "--oneliner"], self.command_timeout_s))
+            except CommandFailed as exc:
+                log.warning("partition tiers unknown this poll: %s", exc)
+                tiers = {}
+            result = translate(squeue, self.state, cluster=self.cluster, poll_started_ms=started_ms, tiers=tiers,
+                               margin_ms=self.margin_ms)
+            events, state = result.events, result.state
+            warnings = list(result.warnings)
+            if result.vanished:
+                more, state, w = close_vanished(result.vanished, state, self._sacct(result.vanished, state),
+                                                cluster=self.cluster, lost_at_ms=started_ms)
+                events += more
+                warnings += w
+            snapshot = build_snapshot(squeue, sinfo, cluster=self.cluster, ts_ms=(started_ms // 1000) * 1000,
+                                      tiers=tiers, preemptions=state.preemptions)
+        except (CommandFailed, SlurmInputError) as exc:
+            self.failures += 1
+            log.warning("poll failed (%d so far): %s", self.failures, exc)
+            return False
+        for w in warnings:
+            log.warning("%s", w)
+        for event in events:
+            self.sink.put(LINE_EVENTS, event.job_id, encode(event))
+        watermark = encode(result.watermark)
+        for p in range(self.partitions):
+            self.sink.put(LINE_EVENTS, None, watermark, partition=p)
+        self.sink.put(LINE_SNAPSHOTS, self.cluster, encode(snapshot))
+        state.preemptions = []
+        # The messages are in the spool (on disk) before the state that says they were sent.
+        save_state(self.state_file, state)
+        self.state = state
+        self.polls += 1
+        log.info("poll %d: %d event(s), watermark %d, %d job(s) tracked", self.polls, len(events),
+                 result.watermark.ts_ms, len(state.jobs))
+        return True
+
+    def _sacct(self, job_ids: list[str], state: AgentState) -> dict[str, list[SacctRow]]:
+        raw = sorted({str(state.jobs[j].raw_id) for j in job_ids if j in state.jobs})
+        if not raw:
+            return {}
+        try:
+            text = self.run(["sacct", "-P", "-n", "--duplicates", "-X", "-j", ",".join(raw), "-o",
+                             "JobID,JobIDRaw,State,Start,End,ExitCode,Account,Partition"], self.command_timeout_s,
+                            env={**os.environ, "SLURM_TIME_FORMAT": "%s"})  # epoch seconds, no time zone guessing
+        except CommandFailed as exc:
+            log.warning("sacct for vanished jobs %s failed: %s", raw, exc)
+            return {}
+        return parse_sacct(text)
+
+
+def run_forever(agent: SlurmAgent, interval_s: float, stop: threading.Event) -> None:
+    while not stop.is_set():
+        t0 = time.monotonic()
+        try:
+            agent.poll_once()
+        except Exception:  # never let one bad poll end the agent
+            agent.failures += 1
+            log.exception("poll crashed; carrying on")
+        stop.wait(max(0.0, interval_s - (time.monotonic() - t0)))
+
+
+def default_state_file(settings: Any, cluster: str) -> Path:
+    return Path(settings.slurm_agent_state_file or Path(settings.data_dir) / f"slurm-agent-{re.sub(r'[^A-Za-z0-9._-]', '_', cluster)}.json")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from gpuledger.config import load_settings
+
+    settings = load_settings()
+    p = argparse.ArgumentParser(prog="gpuledger agent slurm",
+                                description="Publish a Slurm cluster's job lifecycle and queue snapshots to the ledger.")
+    p.add_argument("--cluster", default=settings.cluster, help="cluster name in the ledger (default %(default)s)")
+    p.add_argument("--interval", type=float, default=settings.slurm_agent_interval_s, help="seconds between polls (default %(default)s)")
+    p.add_argument("--state-file", type=Path, default=None, help="the agent's state (default DATA_DIR/slurm-agent-<cluster>.json)")
+    p.add_argument("--command-timeout", type=float, default=settings.slurm_agent_command_timeout_s,
+                   help="seconds a Slurm client command may take (default %(default)s)")
+    p.add_argument("--once", action="store_true", help="poll once and exit")
+    p.add_argument("--print", dest="print_", action="store_true", help="write messages to stdout (replay dump lines), not Kafka")
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    if args.interval <= 0 or args.command_timeout <= 0:
+        p.error("--interval and --command-timeout must be positive")
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    state_file = args.state_file or default_state_file(settings, args.cluster)
+    if args.print_:
+        sink: Any = PrintSink()
+    else:
+        from gpuledger.agents.spool import SpoolLocked
+        try:
+            sink = SpoolSink(settings, args.cluster)
+        except SpoolLocked as exc:
+            print(f"slurm agent: {exc} (is another slurm agent running for cluster {args.cluster}?)", file=sys.stderr)
+            return 2
+    agent = SlurmAgent(cluster=args.cluster, state_file=state_file, sink=sink,
+                       partitions=settings.partitions_job_events, command_timeout_s=args.command_timeout,
+                       margin_ms=round(settings.slurm_agent_watermark_margin_s * 1000))
+    try:
+        if args.once:
+            ok = agent.poll_once()
+            left = sink.close(timeout=30)
+            return 0 if ok and not left else 1
+        stop = threading.Event()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        try:
+            run_forever(agent, args.interval, stop)
+        except KeyboardInterrupt:
+            pass
+        return 0
+    finally:
+        if not args.once:
+            sink.close()

@@ -1,0 +1,212 @@
+#!/usr/bin/env bash
+# A real Slurm 22.05 cluster on this one host, for `make slurm-check` and for recording fixtures:
+# munge, MariaDB + slurmdbd (sacct with GPU TRES), slurmctld, and 4 fake 8-GPU nodes gpu[01-04]
+# (one slurmd each, dummy /dev/nvidia* character devices made with mknod c 195 N).
+# Two partitions: batch (PriorityTier 1, preemptable with REQUEUE) and prod (PriorityTier 10).
+#
+#   scripts/slurm/cluster.sh start  [DIR]   # default DIR: build/slurm; prints the env to source
+#   scripts/slurm/cluster.sh stop   [DIR]
+#   scripts/slurm/cluster.sh status [DIR]
+#   scripts/slurm/cluster.sh env    [DIR]   # `eval "$(scripts/slurm/cluster.sh env)"` sets SLURM_CONF
+#   scripts/slurm/cluster.sh restart-ctld [DIR]   # kill and restart slurmctld (state kept)
+#
+# Every daemon runs as root in the background under setsid, its pid in DIR/run/*.pid; nothing
+# outside DIR is written except the packages (installed when missing). No systemd needed.
+# Ports: slurmctld 16817, slurmdbd 16819, MariaDB 13306 (127.0.0.1 only), slurmd 26818-26821.
+set -euo pipefail
+
+CMD="${1:-status}"
+DIR="$(mkdir -p "${2:-build/slurm}" && cd "${2:-build/slurm}" && pwd)"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+HOST="$(hostname -s)"
+NODES=(gpu01 gpu02 gpu03 gpu04)
+CTLD_PORT=16817 DBD_PORT=16819 DB_PORT=13306
+MUNGE_SOCKET="$DIR/munge/run/munge.socket.2"
+export SLURM_CONF="$DIR/etc/slurm.conf"
+T=10  # seconds any client command may take (they hang while a daemon is down)
+
+log() { echo "[slurm-cluster] $*" >&2; }
+
+install_packages() {
+  local missing=()
+  command -v slurmctld >/dev/null || missing+=(slurm-wlm)
+  command -v munged >/dev/null || missing+=(munge)
+  command -v slurmdbd >/dev/null || missing+=(slurmdbd)
+  command -v mariadbd >/dev/null || command -v mysqld >/dev/null || missing+=(mariadb-server)
+  if ((${#missing[@]})); then
+    log "installing ${missing[*]} (apt)"
+    export DEBIAN_FRONTEND=noninteractive
+    timeout 600 apt-get update -q >/dev/null
+    timeout 900 apt-get install -y -q slurm-wlm munge slurmdbd mariadb-server >/dev/null
+  fi
+}
+
+alive() { [[ -f "$DIR/run/$1.pid" ]] && kill -0 "$(cat "$DIR/run/$1.pid")" 2>/dev/null; }
+
+# wait_for CMD...: retry up to ~20 s (bounded), quietly
+wait_for() {
+  local i
+  for i in $(seq 1 80); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    sleep 0.25
+  done
+  log "timed out waiting for: $*"; return 1
+}
+
+render() {  # render TEMPLATE OUT: substitute @VARS@
+  sed -e "s|@DIR@|$DIR|g" -e "s|@HOST@|$HOST|g" -e "s|@MUNGE_SOCKET@|$MUNGE_SOCKET|g" \
+      -e "s|@CTLD_PORT@|$CTLD_PORT|g" -e "s|@DBD_PORT@|$DBD_PORT|g" -e "s|@DB_PORT@|$DB_PORT|g" "$1" >"$2"
+}
+
+start_munge() {
+  alive munged && return 0
+  mkdir -p "$DIR/munge/etc" "$DIR/munge/run" "$DIR/munge/lib" "$DIR/log"
+  chmod 0700 "$DIR/munge/etc"; chmod 0755 "$DIR/munge/run"  # socket dir must be world-executable
+  if [[ ! -s "$DIR/munge/etc/munge.key" ]]; then
+    dd if=/dev/urandom of="$DIR/munge/etc/munge.key" bs=1024 count=1 status=none
+  fi
+  chmod 0400 "$DIR/munge/etc/munge.key"
+  # munged forks itself; --force: the build directory's parents may be group-writable
+  munged --force --key-file="$DIR/munge/etc/munge.key" --socket="$MUNGE_SOCKET" \
+    --pid-file="$DIR/run/munged.pid" --log-file="$DIR/log/munged.log" --seed-file="$DIR/munge/lib/munged.seed"
+  wait_for test -S "$MUNGE_SOCKET"
+}
+
+start_mariadb() {
+  alive mariadbd && return 0
+  local first=0
+  if [[ ! -d "$DIR/mysql/data/mysql" ]]; then
+    first=1
+    mkdir -p "$DIR/mysql/data"
+    timeout 120 mariadb-install-db --no-defaults --user=root --datadir="$DIR/mysql/data" \
+      --auth-root-authentication-method=socket >"$DIR/log/mariadb-install.log" 2>&1
+  fi
+  setsid mariadbd --no-defaults --user=root --datadir="$DIR/mysql/data" --socket="$DIR/mysql/mysqld.sock" \
+    --bind-address=127.0.0.1 --port=$DB_PORT --pid-file="$DIR/run/mariadbd.pid" \
+    --log-error="$DIR/log/mariadbd.log" --innodb-buffer-pool-size=64M --skip-log-bin \
+    </dev/null >/dev/null 2>&1 &
+  echo $! >"$DIR/run/mariadbd.pid"
+  wait_for mariadb --no-defaults --socket="$DIR/mysql/mysqld.sock" -u root -e "SELECT 1"
+  if ((first)); then
+    mariadb --no-defaults --socket="$DIR/mysql/mysqld.sock" -u root -e "
+      CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurm';
+      CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY 'slurm';
+      GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';
+      GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';"
+  fi
+}
+
+start_slurmdbd() {
+  alive slurmdbd && return 0
+  setsid slurmdbd -D </dev/null >>"$DIR/log/slurmdbd.out" 2>&1 &
+  echo $! >"$DIR/run/slurmdbd.pid"
+  wait_for bash -c "exec 3<>/dev/tcp/127.0.0.1/$DBD_PORT"
+  # slurmdbd reads slurmdbd.conf beside $SLURM_CONF
+  # the cluster and the test accounts (accounts are lower-cased by Slurm anyway)
+  timeout $T sacctmgr -i add cluster gpuledger >/dev/null 2>&1 || true
+  timeout $T sacctmgr -i add account teama,teamb,teamc cluster=gpuledger >/dev/null 2>&1 || true
+  timeout $T sacctmgr -i add user root account=teama,teamb,teamc >/dev/null 2>&1 || true
+}
+
+start_slurmctld() {
+  alive slurmctld && return 0
+  setsid slurmctld -D -f "$SLURM_CONF" </dev/null >>"$DIR/log/slurmctld.out" 2>&1 &
+  echo $! >"$DIR/run/slurmctld.pid"
+  wait_for timeout 3 scontrol ping
+}
+
+start_slurmd() {
+  local n=$1
+  alive "slurmd-$n" && return 0
+  mkdir -p "$DIR/spool/$n"
+  setsid slurmd -D -N "$n" -f "$SLURM_CONF" </dev/null >>"$DIR/log/slurmd-$n.out" 2>&1 &
+  echo $! >"$DIR/run/slurmd-$n.pid"
+}
+
+make_devices() {
+  local n i minor=0
+  for n in "${NODES[@]}"; do
+    mkdir -p "$DIR/dev/$n"
+    for i in 0 1 2 3 4 5 6 7; do
+      # dummy NVIDIA character devices (major 195): Slurm only needs them to exist
+      [[ -e "$DIR/dev/$n/nvidia$i" ]] || mknod "$DIR/dev/$n/nvidia$i" c 195 $((minor % 256))
+      minor=$((minor + 1))
+    done
+  done
+}
+
+cmd_start() {
+  install_packages
+  mkdir -p "$DIR"/{etc,run,log,state,spool}
+  make_devices
+  render "$HERE/slurm.conf.in" "$DIR/etc/slurm.conf"
+  render "$HERE/gres.conf.in" "$DIR/etc/gres.conf"
+  render "$HERE/slurmdbd.conf.in" "$DIR/etc/slurmdbd.conf"
+  render "$HERE/cgroup.conf.in" "$DIR/etc/cgroup.conf"
+  chmod 0600 "$DIR/etc/slurmdbd.conf"
+  start_munge
+  start_mariadb
+  start_slurmdbd
+  start_slurmctld
+  local n
+  for n in "${NODES[@]}"; do start_slurmd "$n"; done
+  # all four nodes idle (bounded wait); `scontrol reconfigure` hurries re-registration
+  if ! wait_for bash -c "[[ \$(timeout 3 sinfo -h -N -t idle,mix,alloc -o %N | sort -u | wc -l) -ge ${#NODES[@]} ]]"; then
+    timeout $T scontrol reconfigure || true
+    wait_for bash -c "[[ \$(timeout 3 sinfo -h -N -t idle,mix,alloc -o %N | sort -u | wc -l) -ge ${#NODES[@]} ]]"
+  fi
+  log "up: $(timeout $T sinfo -h -o '%P %D %T %N' | tr '\n' ';')"
+  echo "export SLURM_CONF=$SLURM_CONF"
+}
+
+stop_pid() {  # stop_pid NAME: SIGTERM, bounded wait, then SIGKILL
+  local name=$1 pid i
+  [[ -f "$DIR/run/$name.pid" ]] || return 0
+  pid=$(cat "$DIR/run/$name.pid")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for i in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "$DIR/run/$name.pid"
+}
+
+cmd_stop() {
+  local n
+  # jobs' processes first (children of slurmstepd, in their own sessions): cancel, then stop daemons
+  if alive slurmctld; then timeout 5 scancel --user=root >/dev/null 2>&1 || true; fi
+  for n in "${NODES[@]}"; do stop_pid "slurmd-$n"; done
+  stop_pid slurmctld
+  stop_pid slurmdbd
+  stop_pid mariadbd
+  if alive munged; then munged --stop --socket="$MUNGE_SOCKET" >/dev/null 2>&1 || stop_pid munged; fi
+  rm -f "$DIR/run/munged.pid"
+  # job steps left over by a killed slurmd (slurmstepd has its own session): by their recorded pids only
+  local pid
+  for pid in $(cat "$DIR"/spool/*/*.pid 2>/dev/null || true); do kill -KILL "$pid" 2>/dev/null || true; done
+  log "stopped"
+}
+
+cmd_status() {
+  local name rc=0
+  for name in munged mariadbd slurmdbd slurmctld "${NODES[@]/#/slurmd-}"; do
+    if alive "$name"; then echo "$name running (pid $(cat "$DIR/run/$name.pid"))"; else echo "$name stopped"; rc=1; fi
+  done
+  alive slurmctld && timeout $T sinfo -N -o '%N %P %T %G' || true
+  return $rc
+}
+
+cmd_restart_ctld() {
+  stop_pid slurmctld
+  start_slurmctld
+  timeout $T scontrol reconfigure >/dev/null 2>&1 || true
+}
+
+case "$CMD" in
+  start) cmd_start ;;
+  stop) cmd_stop ;;
+  status) cmd_status ;;
+  env) echo "export SLURM_CONF=$SLURM_CONF" ;;
+  restart-ctld) cmd_restart_ctld ;;
+  *) echo "usage: $0 start|stop|status|env|restart-ctld [DIR]" >&2; exit 2 ;;
+esac
