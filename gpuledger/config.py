@@ -69,6 +69,10 @@ class Settings(BaseSettings):
     sink_fault_file: Path | None = Field(None, description="testing only: fault-injection control file read by the sink (docs/reliability.md)")
     agent_interval_s: float = Field(5.0, gt=0, description="GPU agent sampling interval, seconds")
     cluster: str = Field("default", description="cluster name the agent reports")
+    slurm_agent_interval_s: float = Field(10.0, gt=0, description="Slurm agent: seconds between polls of squeue/sinfo")
+    slurm_agent_command_timeout_s: float = Field(20.0, gt=0, description="Slurm agent: seconds a Slurm client command may take (they hang while slurmctld is down)")
+    slurm_agent_watermark_margin_s: float = Field(1.0, ge=0, description="Slurm agent: the lifecycle watermark stays this far behind the poll's start (clock skew between the agent's host and slurmctld), seconds")
+    slurm_agent_state_file: Path | None = Field(None, description="Slurm agent: its state file (default DATA_DIR/slurm-agent-<cluster>.json)")
 
     # --- Agent spool and self-metrics
     agent_ticks_per_message: int = Field(1, ge=1, le=10_000, description="ticks the GPU agent sends per message: 1 sends each tick at once; N sends a NodeTickBatch every N ticks (fewer messages for brokers and workers, N - 1 intervals more latency)")
