@@ -88,6 +88,10 @@ def ledger_model_name(nvml_name: str) -> str:
 #: (systemd cgroup driver: docker-<id>.scope, cri-containerd-<id>.scope, crio-<id>.scope, ...).
 _RUNTIME_PREFIXES = ("docker-", "cri-containerd-", "crio-", "libpod-", "containerd-", "nerdctl-", "cri-dockerd-")
 _CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
+#: A Slurm job's cgroup segment (`job_12345`), under a path naming Slurm (`/slurm/uid_0/job_12345/step_0`,
+#: `/system.slice/slurmstepd.scope/job_12345/step_batch`): the job's GPUs' processes are metered as
+#: container `slurm-job-<id>`, the container id the Slurm agent puts in its GPU assignments.
+_SLURM_JOB = re.compile(r"job_(\d+)")
 
 
 def parse_container_id(cgroup_text: str) -> str | None:
@@ -96,14 +100,19 @@ def parse_container_id(cgroup_text: str) -> str | None:
     Handles cgroup v1 and v2 with the cgroupfs and systemd drivers, e.g.
     `12:memory:/docker/<id>`, `0::/system.slice/docker-<id>.scope`,
     `0::/kubepods/burstable/pod<uid>/<id>`,
-    `0::/kubepods.slice/.../cri-containerd-<id>.scope`, `crio-<id>.scope`, `libpod-<id>.scope/container`.
+    `0::/kubepods.slice/.../cri-containerd-<id>.scope`, `crio-<id>.scope`, `libpod-<id>.scope/container`;
+    and Slurm jobs (cgroup v1 and v2, with or without systemd): `4:memory:/slurm/uid_1000/job_12345/step_0`,
+    `0::/system.slice/slurmstepd.scope/job_12345/step_batch/user/task_0` → `slurm-job-12345`.
     None for a process outside any container."""
     for line in cgroup_text.splitlines():
         parts = line.split(":", 2)
         if len(parts) != 3:
             continue
+        in_slurm = "slurm" in parts[2]
         # Deepest segment first: the container a process is in is the innermost one.
         for segment in reversed(parts[2].split("/")):
+            if in_slurm and (job := _SLURM_JOB.fullmatch(segment)):
+                return f"slurm-job-{job.group(1)}"
             segment = segment.removesuffix(".scope")
             if segment.startswith("crio-conmon-"):  # CRI-O's monitor process, not a container
                 continue

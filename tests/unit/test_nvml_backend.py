@@ -456,5 +456,24 @@ def test_parse_container_id(text: str, cid: str | None) -> None:
     assert parse_container_id(text) == cid
 
 
+@pytest.mark.parametrize("text, cid", [
+    # cgroup v1, proctrack/cgroup: every controller names the job
+    ("12:memory:/slurm/uid_1000/job_12345/step_0/task_0\n4:cpuset:/slurm/uid_1000/job_12345/step_0\n", "slurm-job-12345"),
+    ("7:freezer:/slurm/uid_0/job_7/step_batch\n", "slurm-job-7"),
+    ("3:devices:/slurm/uid_1000/job_42/step_extern\n", "slurm-job-42"),
+    # cgroup v2, without and with systemd (slurmstepd.scope)
+    ("0::/slurm/uid_1000/job_12345/step_0\n", "slurm-job-12345"),
+    ("0::/system.slice/slurmstepd.scope/job_12345/step_batch/user/task_0\n", "slurm-job-12345"),
+    ("0::/system.slice/node01_slurmstepd.scope/job_99/step_0/user/task_1\n", "slurm-job-99"),
+    # a container started inside a job: the innermost wins
+    (f"0::/system.slice/slurmstepd.scope/job_5/step_0/docker-{CID_A}.scope\n", CID_A),
+    # slurmstepd's own cgroup, no job: nothing; 'job_' outside any Slurm path is not a Slurm job
+    ("0::/system.slice/slurmstepd.scope/system\n", None),
+    ("0::/user.slice/job_12345\n", None),
+])
+def test_parse_container_id_slurm_jobs(text: str, cid: str | None) -> None:
+    assert parse_container_id(text) == cid
+
+
 def test_container_id_of_missing_pid(tmp_path: Path) -> None:
     assert container_id_of(99999, tmp_path) is None
