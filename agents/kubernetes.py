@@ -1,0 +1,671 @@
+"""Kubernetes -> the ledger's lifecycle line and scheduler snapshots, pure (no I/O, no clock).
+
+`KubernetesLedger` is fed API objects as plain dicts (exactly what the API server sends: pods,
+Kueue Workloads, ClusterQueues, LocalQueues) and returns `JobEvent`s, `SchedulerSnapshot`s and
+`LifecycleWatermark`s. The agent (agents/kubernetes_agent.py) owns the watches, the kubelet
+PodResources lookups, the clock and the publisher; docs/kubernetes.md has the mapping tables.
+
+The model, in short:
+- a *job* is the pod's controlling owner (Job, JobSet, Kueue pod group, ...) or the pod itself;
+- an *attempt* is the set of the job's pods that live together. The ledger keeps one GPU set per
+  (job, attempt), so every change of that set (a pod gets its devices, a pod ends while others run)
+  is sent as a new `allocated` with the whole set (then `started` again if the attempt runs);
+- a pod of a job whose previous attempt ended starts the next attempt (`retried` first when the
+  previous one failed or was preempted);
+- event times are Kubernetes' own (creationTimestamp, conditions' lastTransitionTime, containers'
+  startedAt / finishedAt), never earlier than the job's previous event or the watermark already
+  promised, so a watermark is never broken and a job's events stay in order;
+- event ids are `k8s/<cluster>/<job>/<attempt>/<n>/<kind>`, n counting the job's events: an agent
+  that re-derives events from the same saved state gives the same ids, and the worker drops the copies.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, Callable, Iterable
+
+from gpuledger.schemas.models import (
+    GpuAssignment,
+    JobEvent,
+    JobEventKind,
+    LifecycleWatermark,
+    PendingByPriority,
+    PreemptionFired,
+    QueueState,
+    SchedulerSnapshot,
+)
+
+log = logging.getLogger(__name__)
+
+K = JobEventKind
+STATE_VERSION = 1
+#: The device plugin marks time-slicing replicas of one GPU as '<uuid>::<replica>'.
+REPLICA_SEPARATOR = "::"
+#: Compute slices of a MIG-capable GPU (A100, H100): a 'mig-3g.40gb' resource is 3/7 of one GPU.
+MIG_SLICES = 7
+#: An ended job with no pod left is forgotten this long (event time) after its last event.
+JOB_RETENTION_MS = 7 * 24 * 3_600_000
+#: Worst outcome of an attempt's pods wins: one failed pod fails the attempt.
+OUTCOME_RANK = {K.completed: 0, K.cancelled: 1, K.preempted: 2, K.failed: 3}
+JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
+POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
+
+#: devices_for(node, namespace, pod_name, host_ip) -> {container name: [device id, ...]} for the
+#: pod's GPU resources, or None when the node has not (yet) reported the pod.
+DeviceLookup = Callable[[str, str, str, "str | None"], "dict[str, list[str]] | None"]
+
+
+class MalformedObject(ValueError):
+    """An API object the agent cannot use; the message says why. The agent logs it and skips it."""
+
+
+# --------------------------------------------------------------------------- configuration
+@dataclass(frozen=True)
+class KubernetesMapping:
+    """How Kubernetes objects become ledger jobs, tenants and queues (docs/kubernetes.md)."""
+
+    cluster: str
+    tenant_label: str = "gpuledger.io/tenant"        # tenant = this label of the pod, else its namespace
+    queue_label: str = "kueue.x-k8s.io/queue-name"    # LocalQueue name; resolved to its ClusterQueue
+    default_queue: str = "default"                    # queue of pods without the label
+    gpu_resource: str = "nvidia.com/gpu"              # also '<it>.shared' and '<vendor>/mig-*'
+    time_slicing_replicas: int = 1                    # the device plugin's timeSlicing replicas
+    allowed_lateness_ms: int = 30_000                 # watermark = observed time - this
+    device_wait_ms: int = 120_000                     # how long a scheduled pod waits for its device ids
+    devices_expected: bool = True                     # False: no PodResources; allocations carry no GPUs
+
+    def is_gpu_resource(self, name: str) -> bool:
+        vendor = self.gpu_resource.split("/", 1)[0]
+        return (name == self.gpu_resource or name.startswith(self.gpu_resource + ".")
+                or name.startswith(f"{vendor}/mig-"))
+
+    def gpus_per_unit(self, name: str) -> float:
+        """GPUs one unit of an extended resource stands for (requested_gpus)."""
+        vendor = self.gpu_resource.split("/", 1)[0]
+        if name.startswith(f"{vendor}/mig-"):
+            profile = name[len(vendor) + 5:]          # e.g. '3g.40gb'
+            slices = profile.split("g", 1)[0]
+            return int(slices) / MIG_SLICES if slices.isdigit() else 1.0
+        if name != self.gpu_resource:                  # a renamed shared resource ('nvidia.com/gpu.shared')
+            return 1.0 / max(1, self.time_slicing_replicas)
+        return 1.0 / max(1, self.time_slicing_replicas) if self.time_slicing_replicas > 1 else 1.0
+
+
+# --------------------------------------------------------------------------- small readers
+def parse_time_ms(value: Any) -> int | None:
+    """RFC 3339 (Kubernetes Time / MicroTime) -> epoch ms; None when absent."""
+    if value in (None, ""):
+        return None
+    if not isinstance(value, str):
+        raise MalformedObject(f"timestamp {value!r} is not a string")
+    try:
+        return int(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1000)
+    except ValueError:
+        raise MalformedObject(f"timestamp {value!r} is not RFC 3339") from None
+
+
+def quantity(value: Any) -> Decimal:
+    """A Kubernetes resource quantity ('2', 2, '500m', '36Gi')."""
+    from kubernetes.utils.quantity import parse_quantity  # a pure parser
+
+    try:
+        return parse_quantity(value)
+    except (ValueError, TypeError):
+        raise MalformedObject(f"bad resource quantity {value!r}") from None
+
+
+def _dict(obj: Any, where: str) -> dict:
+    if obj is None:
+        return {}
+    if not isinstance(obj, dict):
+        raise MalformedObject(f"{where} is a {type(obj).__name__}, not an object")
+    return obj
+
+
+def _list(obj: Any, where: str) -> list:
+    if obj is None:
+        return []
+    if not isinstance(obj, list):
+        raise MalformedObject(f"{where} is a {type(obj).__name__}, not a list")
+    return obj
+
+
+def metadata(obj: Any) -> tuple[dict, str, str, str]:
+    """(metadata, uid, namespace, name) of an API object; MalformedObject when one is missing."""
+    if not isinstance(obj, dict):
+        raise MalformedObject(f"object is a {type(obj).__name__}, not a JSON object")
+    meta = _dict(obj.get("metadata"), "metadata")
+    name, uid = meta.get("name"), meta.get("uid")
+    if not isinstance(name, str) or not name:
+        raise MalformedObject("metadata.name is missing")
+    if not isinstance(uid, str) or not uid:
+        raise MalformedObject(f"{name}: metadata.uid is missing")
+    namespace = meta.get("namespace") or ""
+    return meta, uid, namespace, name
+
+
+def conditions(status: dict) -> dict[str, dict]:
+    return {c.get("type"): c for c in _list(status.get("conditions"), "status.conditions") if isinstance(c, dict)}
+
+
+def requested_gpus(pod_spec: dict, mapping: KubernetesMapping) -> float:
+    """GPUs the pod asks for: its containers' GPU limits (requests when no limit; extended
+    resources must have equal requests and limits anyway)."""
+    total = 0.0
+    for c in _list(pod_spec.get("containers"), "spec.containers"):
+        res = _dict(_dict(c, "container").get("resources"), "resources")
+        asked = {**_dict(res.get("requests"), "requests"), **_dict(res.get("limits"), "limits")}
+        for name, value in asked.items():
+            if mapping.is_gpu_resource(name):
+                total += float(quantity(value)) * mapping.gpus_per_unit(name)
+    return round(total, 6)
+
+
+def strip_runtime(container_id: str | None) -> str | None:
+    """'containerd://abc' -> 'abc' (the id the GPU agent reads from the process's cgroup)."""
+    if not container_id:
+        return None
+    return container_id.split("://", 1)[1] if "://" in container_id else container_id
+
+
+def job_identity(obj: dict, namespace: str, name: str) -> str:
+    """Canonical job id: the JobSet / Kueue pod group (labels), else the controlling owner
+    (Job, Workload, ...), else the object itself; '<namespace>/<kind>/<name>' or '<namespace>/<name>'."""
+    meta = _dict(obj.get("metadata"), "metadata")
+    labels = _dict(meta.get("labels"), "metadata.labels")
+    if labels.get(JOBSET_LABEL):
+        return f"{namespace}/jobset/{labels[JOBSET_LABEL]}"
+    if labels.get(POD_GROUP_LABEL):
+        return f"{namespace}/podgroup/{labels[POD_GROUP_LABEL]}"
+    owners = [o for o in _list(meta.get("ownerReferences"), "ownerReferences") if isinstance(o, dict)]
+    owner = next((o for o in owners if o.get("controller")), owners[0] if owners else None)
+    if owner and owner.get("kind") and owner.get("name"):
+        return f"{namespace}/{str(owner['kind']).lower()}/{owner['name']}"
+    return f"{namespace}/{name}"
+
+
+def parse_device_id(device_id: str, mapping: KubernetesMapping) -> tuple[str | None, int | None, int]:
+    """(gpu_uuid, gpu_index, share_milli) of one device id from the NVIDIA device plugin:
+    'GPU-<uuid>' (whole GPU), 'MIG-<uuid>' (a MIG instance: the worker finds its parent and share),
+    '<uuid>::<n>' (time-slicing replica n: 1/replicas of the GPU), or a bare index ('0') when the
+    plugin runs with DEVICE_ID_STRATEGY=index."""
+    base, replica = device_id, False
+    if REPLICA_SEPARATOR in device_id:
+        base, replica = device_id.split(REPLICA_SEPARATOR, 1)[0], True
+    share = 1000 // max(1, mapping.time_slicing_replicas) if replica else 1000
+    if base.isdigit():
+        return None, int(base), share
+    return base, None, share
+
+
+# --------------------------------------------------------------------------- state
+@dataclass
+class PodTrack:
+    uid: str
+    namespace: str
+    name: str
+    job_id: str
+    attempt: int
+    node: str | None = None
+    scheduled_ms: int | None = None
+    allocated: bool = False
+    started: bool = False
+    ended: bool = False
+    waiting_since_ms: int | None = None      # agent time when it started waiting for device ids
+    gpus: list[list] = field(default_factory=list)  # [node, uuid, index, share, container name, container id]
+
+
+@dataclass
+class JobTrack:
+    job_id: str
+    tenant: str
+    queue: str
+    priority: int = 0
+    requested_gpus: float = 0.0
+    attempt: int = 0
+    attempt_ended: bool = False
+    last_outcome: str | None = None
+    outcome: list | None = None                # [kind, reason] worst so far of the open attempt
+    live: list[str] = field(default_factory=list)   # pod uids of the open attempt
+    running: bool = False
+    emitted_gpus: list | None = None           # the GPU set last sent for the open attempt
+    queued_attempt: int = -1
+    evicted: list | None = None                # [attempt, reason]: Kueue evicted the workload
+    last_ts: int = 0
+    seq: int = 0
+
+
+@dataclass
+class WorkloadInfo:
+    job_id: str
+    local_queue: str
+    cluster_queue: str | None
+    admitted: bool
+    finished: bool
+    gpus: float
+    priority: int
+
+
+@dataclass
+class ClusterQueueInfo:
+    quota_gpus: float
+    usage_gpus: float | None
+    pending_workloads: int
+
+
+def _gpu_key(g: list) -> tuple:
+    return tuple("" if v is None else v for v in g)
+
+
+# --------------------------------------------------------------------------- the core
+class KubernetesLedger:
+    """Pure translation of Kubernetes objects into ledger messages, with its state (`to_state`)."""
+
+    def __init__(self, mapping: KubernetesMapping, state: dict | None = None):
+        self.mapping = mapping
+        self.pods: dict[str, PodTrack] = {}
+        self.jobs: dict[str, JobTrack] = {}
+        self.workloads: dict[str, WorkloadInfo] = {}
+        self.cluster_queues: dict[str, ClusterQueueInfo] = {}
+        self.local_queues: dict[str, str] = {}          # '<ns>/<name>' -> ClusterQueue
+        self.watermark_ms = 0
+        self.preemptions: list[PreemptionFired] = []
+        self.clamped = 0                                 # events moved later to keep order / the watermark
+        self._waiting: dict[str, dict] = {}              # uid -> latest object of a pod waiting for devices
+        if state:
+            self._load(state)
+
+    # ------------------------------------------------------------------ state
+    def to_state(self) -> dict:
+        return {
+            "version": STATE_VERSION,
+            "watermark_ms": self.watermark_ms,
+            "pods": {uid: asdict(p) for uid, p in self.pods.items()},
+            "jobs": {jid: asdict(j) for jid, j in self.jobs.items()},
+            "local_queues": dict(self.local_queues),
+        }
+
+    def _load(self, state: dict) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"unknown state version {state.get('version')!r}")
+        self.watermark_ms = int(state["watermark_ms"])
+        self.pods = {uid: PodTrack(**p) for uid, p in state["pods"].items()}
+        self.jobs = {jid: JobTrack(**j) for jid, j in state["jobs"].items()}
+        self.local_queues = dict(state.get("local_queues", {}))
+
+    # ------------------------------------------------------------------ events
+    def _emit(self, out: list[JobEvent], job: JobTrack, kind: K, ts_ms: int, *, gpus: list | None = None,
+              reason: str | None = None, aliases: dict[str, str] | None = None) -> None:
+        ts = max(ts_ms, job.last_ts, self.watermark_ms)
+        if ts != ts_ms:
+            self.clamped += 1
+        job.last_ts = ts
+        job.seq += 1
+        out.append(JobEvent(
+            event_id=f"k8s/{self.mapping.cluster}/{job.job_id}/{job.attempt}/{job.seq}/{kind.value}",
+            ts_ms=ts, kind=kind, cluster=self.mapping.cluster, job_id=job.job_id, attempt=job.attempt,
+            tenant=job.tenant, queue=job.queue, priority=job.priority, requested_gpus=job.requested_gpus,
+            gpus=[GpuAssignment(node=g[0], gpu_uuid=g[1], gpu_index=g[2], share_milli=g[3], container_id=g[5])
+                  for g in gpus or []],
+            aliases=aliases or {}, reason=reason))
+
+    def _queue_of(self, namespace: str, local_queue: str | None) -> str:
+        if not local_queue:
+            return self.mapping.default_queue
+        return self.local_queues.get(f"{namespace}/{local_queue}", local_queue)
+
+    def _job(self, out: list[JobEvent], job_id: str, *, tenant: str, queue: str, priority: int, requested: float,
+             created_ms: int, aliases: dict[str, str]) -> JobTrack:
+        job = self.jobs.get(job_id)
+        if job is None:
+            job = self.jobs[job_id] = JobTrack(job_id=job_id, tenant=tenant, queue=queue, priority=priority,
+                                               requested_gpus=requested)
+            self._emit(out, job, K.submitted, created_ms, aliases=aliases)
+        return job
+
+    def _open_next_attempt(self, out: list[JobEvent], job: JobTrack, ts_ms: int) -> None:
+        """The previous attempt ended: the job is being run again."""
+        if not job.attempt_ended:
+            return
+        job.attempt += 1
+        job.attempt_ended = False
+        job.outcome, job.running, job.emitted_gpus, job.live = None, False, None, []
+        if job.last_outcome in (K.failed.value, K.preempted.value):
+            self._emit(out, job, K.retried, ts_ms)
+
+    # ------------------------------------------------------------------ pods
+    def observe_pod(self, pod: dict, now_ms: int, devices_for: DeviceLookup) -> list[JobEvent]:
+        """A pod as listed or watched (ADDED / MODIFIED). Pods asking for no GPU are ignored."""
+        return self._pod(pod, now_ms, devices_for, deleted=False)
+
+    def pod_deleted(self, pod: dict, now_ms: int, devices_for: DeviceLookup) -> list[JobEvent]:
+        """A pod is gone (DELETED, or missing from a relist): its attempt ends if it had not."""
+        out = self._pod(pod, now_ms, devices_for, deleted=True)
+        _, uid, _, _ = metadata(pod)
+        self.pods.pop(uid, None)
+        self._waiting.pop(uid, None)
+        return out
+
+    def waiting_pods(self) -> list[dict]:
+        """Latest objects of the pods held back for their device ids (retry them every cycle)."""
+        return list(self._waiting.values())
+
+    def _pod(self, pod: dict, now_ms: int, devices_for: DeviceLookup, *, deleted: bool) -> list[JobEvent]:
+        meta, uid, namespace, name = metadata(pod)
+        spec = _dict(pod.get("spec"), "spec")
+        status = _dict(pod.get("status"), "status")
+        created = parse_time_ms(meta.get("creationTimestamp"))
+        if created is None:
+            raise MalformedObject(f"pod {namespace}/{name}: metadata.creationTimestamp is missing")
+        out: list[JobEvent] = []
+        track = self.pods.get(uid)
+        if track is None:
+            requested = requested_gpus(spec, self.mapping)
+            if requested <= 0 or deleted:
+                return out
+            labels = _dict(meta.get("labels"), "metadata.labels")
+            job_id = job_identity(pod, namespace, name)
+            aliases = {"k8s_pod": f"{namespace}/{name}", "k8s_pod_uid": uid}
+            job = self._job(out, job_id, tenant=labels.get(self.mapping.tenant_label) or namespace,
+                            queue=self._queue_of(namespace, labels.get(self.mapping.queue_label)),
+                            priority=int(spec.get("priority") or 0), requested=requested,
+                            created_ms=created, aliases=aliases)
+            if not job.live:
+                self._open_next_attempt(out, job, created)
+            track = self.pods[uid] = PodTrack(uid=uid, namespace=namespace, name=name, job_id=job_id,
+                                              attempt=job.attempt)
+            job.live.append(uid)
+        if track.ended:
+            return out
+        job = self.jobs[track.job_id]
+        self._advance(out, track, job, pod, meta, spec, status, created, now_ms, devices_for, deleted)
+        return out
+
+    def _advance(self, out, track: PodTrack, job: JobTrack, pod: dict, meta: dict, spec: dict, status: dict,
+                 created: int, now_ms: int, devices_for: DeviceLookup, deleted: bool) -> None:
+        conds = conditions(status)
+        scheduled = conds.get("PodScheduled", {})
+        phase = status.get("phase")
+        terminal = deleted or phase in ("Succeeded", "Failed")
+        # queued: the scheduler could not place it (once per attempt)
+        if (not track.allocated and scheduled.get("status") == "False" and job.queued_attempt != track.attempt):
+            job.queued_attempt = track.attempt
+            why = ": ".join(str(x) for x in (scheduled.get("reason"), scheduled.get("message")) if x)
+            self._emit(out, job, K.queued, parse_time_ms(scheduled.get("lastTransitionTime")) or created,
+                       reason=why or None)
+        node = spec.get("nodeName")
+        statuses = [s for s in _list(status.get("containerStatuses"), "status.containerStatuses")
+                    if isinstance(s, dict)]
+        if not track.allocated and node:
+            track.node = node
+            track.scheduled_ms = (parse_time_ms(scheduled.get("lastTransitionTime"))
+                                  if scheduled.get("status") == "True" else None) \
+                or parse_time_ms(status.get("startTime")) or created
+            gpus: list[list] | None = []
+            if self.mapping.devices_expected:
+                devices = devices_for(node, track.namespace, track.name, status.get("hostIP"))
+                if devices is None:
+                    waited = now_ms - (track.waiting_since_ms if track.waiting_since_ms is not None else now_ms)
+                    if not terminal and waited < self.mapping.device_wait_ms:
+                        if track.waiting_since_ms is None:
+                            track.waiting_since_ms = now_ms
+                        self._waiting[track.uid] = pod
+                        return  # held: the watermark stays at scheduled_ms until it resolves
+                    log.warning("no device ids for pod %s/%s on %s%s: its allocation cannot be billed to GPUs",
+                                track.namespace, track.name, node,
+                                " (it ended first)" if terminal else f" after {waited / 1000:.0f} s")
+                    gpus = []
+                else:
+                    gpus = self._assignments(node, devices, statuses)
+            track.allocated, track.waiting_since_ms, track.gpus = True, None, gpus
+            self._waiting.pop(track.uid, None)
+            self._reallocate(out, job, track.scheduled_ms)
+        if not track.allocated:
+            if terminal:
+                self._end_pod(out, track, job, pod, meta, status, conds, statuses, now_ms, deleted)
+            return
+        # container ids appear once the runtime has created the containers
+        started_at = [t for t in (parse_time_ms(_dict(_dict(s.get("state"), "state").get(k), k).get("startedAt"))
+                                  for s in statuses for k in ("running", "terminated")) if t is not None]
+        ids = {s.get("name"): strip_runtime(s.get("containerID")) for s in statuses}
+        refreshed = [g[:5] + [ids.get(g[4]) or g[5]] for g in track.gpus]
+        if refreshed != track.gpus:
+            track.gpus = refreshed
+            self._reallocate(out, job, min(started_at) if started_at else track.scheduled_ms or created)
+        if not track.started and started_at:
+            track.started = True
+            if not job.running:
+                job.running = True
+                self._emit(out, job, K.started, min(started_at))
+        if terminal:
+            self._end_pod(out, track, job, pod, meta, status, conds, statuses, now_ms, deleted)
+
+    def _assignments(self, node: str, devices: dict[str, list[str]], statuses: list[dict]) -> list[list]:
+        ids = {s.get("name"): strip_runtime(s.get("containerID")) for s in statuses}
+        merged: dict[tuple, int] = {}
+        for container, device_ids in sorted(devices.items()):
+            for device_id in device_ids:
+                uuid, index, share = parse_device_id(device_id, self.mapping)
+                key = (uuid, index, container)
+                merged[key] = min(1000, merged.get(key, 0) + share)  # two replicas of one GPU: twice the share
+        return [[node, uuid, index, share, container, ids.get(container)]
+                for (uuid, index, container), share in sorted(merged.items(), key=lambda kv: _gpu_key(list(kv[0])))]
+
+    def _reallocate(self, out: list[JobEvent], job: JobTrack, ts_ms: int) -> None:
+        """Send the attempt's GPU set again when it changed (and `started` again if it runs)."""
+        gpus = sorted((g for uid in job.live for p in [self.pods.get(uid)] if p and p.allocated and not p.ended
+                       for g in p.gpus), key=_gpu_key)
+        if gpus == job.emitted_gpus:
+            return
+        job.emitted_gpus = gpus
+        pods = [self.pods[uid] for uid in job.live if uid in self.pods and self.pods[uid].allocated]
+        aliases = {"k8s_pods": ",".join(f"{p.namespace}/{p.name}" for p in pods),
+                   "k8s_pod_uids": ",".join(p.uid for p in pods)} if pods else {}
+        self._emit(out, job, K.allocated, ts_ms, gpus=gpus, aliases=aliases)
+        if job.running:
+            self._emit(out, job, K.started, ts_ms)
+
+    def _end_pod(self, out, track: PodTrack, job: JobTrack, pod: dict, meta: dict, status: dict, conds: dict,
+                 statuses: list[dict], now_ms: int, deleted: bool) -> None:
+        kind, ts, reason = self._outcome(track, job, meta, status, conds, statuses, now_ms, deleted)
+        track.ended = True
+        self._waiting.pop(track.uid, None)
+        if track.uid in job.live:
+            job.live.remove(track.uid)
+        if job.outcome is None or OUTCOME_RANK[kind] > OUTCOME_RANK[K(job.outcome[0])]:
+            job.outcome = [kind.value, reason]
+        if job.live:
+            self._reallocate(out, job, ts)   # the others run on: only this pod's GPUs are released
+            return
+        final, why = K(job.outcome[0]), job.outcome[1]
+        self._emit(out, job, final, ts, reason=why)
+        job.attempt_ended, job.last_outcome, job.running, job.emitted_gpus = True, final.value, False, None
+
+    def _outcome(self, track: PodTrack, job: JobTrack, meta: dict, status: dict, conds: dict,
+                 statuses: list[dict], now_ms: int, deleted: bool) -> tuple[K, int, str | None]:
+        finished = [t for t in (parse_time_ms(_dict(_dict(s.get("state"), "state").get("terminated"),
+                                                     "terminated").get("finishedAt")) for s in statuses)
+                    if t is not None]
+        deletion = parse_time_ms(meta.get("deletionTimestamp"))
+        if deletion is not None:  # deletionTimestamp is the deadline: the request came a grace period before
+            deletion -= int(meta.get("deletionGracePeriodSeconds") or 0) * 1000
+        disruption = conds.get("DisruptionTarget", {})
+        end = max(finished) if finished else (deletion or parse_time_ms(disruption.get("lastTransitionTime"))
+                                             or now_ms)
+        phase, pod_reason, message = status.get("phase"), status.get("reason"), status.get("message")
+        if disruption.get("status") == "True":
+            return K.preempted, end, ": ".join(x for x in (disruption.get("reason"), disruption.get("message")) if x)
+        if pod_reason in ("Preempting", "Evicted"):
+            return K.preempted, end, ": ".join(x for x in (pod_reason, message) if x)
+        if job.evicted and job.evicted[0] == track.attempt:
+            return K.preempted, end, job.evicted[1]
+        ended_first = phase in ("Succeeded", "Failed") and finished and (deletion is None or max(finished) <= deletion)
+        if (deletion is not None or deleted) and not ended_first:
+            return K.cancelled, deletion or end, "deleted"
+        if phase == "Succeeded":
+            return K.completed, end, None
+        if phase == "Failed":
+            return K.failed, end, self._failure_reason(pod_reason, message, statuses)
+        return K.cancelled, end, "deleted"
+
+    @staticmethod
+    def _failure_reason(pod_reason: str | None, message: str | None, statuses: list[dict]) -> str:
+        for s in statuses:
+            term = _dict(_dict(s.get("state"), "state").get("terminated"), "terminated")
+            if term and term.get("exitCode") not in (0, None):
+                return f"{term.get('reason') or 'Error'} (exit code {term['exitCode']}, container {s.get('name')})"
+        return ": ".join(x for x in (pod_reason, message) if x) or "Failed"
+
+    # ------------------------------------------------------------------ Kueue
+    def observe_workload(self, workload: dict, now_ms: int) -> list[JobEvent]:
+        """A Kueue Workload: submitted / queued events, evictions, and what snapshots count."""
+        meta, uid, namespace, name = metadata(workload)
+        spec = _dict(workload.get("spec"), "spec")
+        status = _dict(workload.get("status"), "status")
+        created = parse_time_ms(meta.get("creationTimestamp"))
+        if created is None:
+            raise MalformedObject(f"workload {namespace}/{name}: metadata.creationTimestamp is missing")
+        conds = conditions(status)
+        gpus, labels = 0.0, dict(_dict(meta.get("labels"), "metadata.labels"))
+        for ps in _list(spec.get("podSets"), "spec.podSets"):
+            ps = _dict(ps, "podSet")
+            template = _dict(ps.get("template"), "podSet.template")
+            labels = {**_dict(_dict(template.get("metadata"), "template.metadata").get("labels"), "labels"), **labels}
+            gpus += requested_gpus(_dict(template.get("spec"), "template.spec"), self.mapping) * int(ps.get("count") or 1)
+        local_queue = spec.get("queueName") or labels.get(self.mapping.queue_label) or ""
+        admission = _dict(status.get("admission"), "status.admission")
+        cluster_queue = admission.get("clusterQueue") or self.local_queues.get(f"{namespace}/{local_queue}")
+        reserved = conds.get("QuotaReserved", {}).get("status") == "True"
+        finished = conds.get("Finished", {}).get("status") == "True"
+        job_id = job_identity(workload, namespace, name)
+        self.workloads[f"{namespace}/{name}"] = WorkloadInfo(
+            job_id=job_id, local_queue=local_queue, cluster_queue=cluster_queue, admitted=reserved,
+            finished=finished, gpus=gpus, priority=int(spec.get("priority") or 0))
+        out: list[JobEvent] = []
+        if gpus <= 0:
+            return out
+        job = self._job(out, job_id, tenant=labels.get(self.mapping.tenant_label) or namespace,
+                        queue=cluster_queue or self._queue_of(namespace, local_queue),
+                        priority=int(spec.get("priority") or 0), requested=gpus, created_ms=created,
+                        aliases={"kueue_workload": f"{namespace}/{name}", "kueue_workload_uid": uid})
+        evicted = conds.get("Evicted", {})
+        if evicted.get("status") == "True" and not finished:
+            reason = "Kueue " + ": ".join(x for x in (evicted.get("reason"), evicted.get("message")) if x)
+            if job.evicted is None or job.evicted[0] != job.attempt:
+                job.evicted = [job.attempt, reason]
+                if evicted.get("reason") == "Preempted":
+                    self.preemptions.append(PreemptionFired(job_id=job_id, queue=cluster_queue or job.queue,
+                                                            rule=str(evicted.get("message") or "Preempted")))
+        pending = conds.get("QuotaReserved", {})
+        if (not reserved and not finished and pending.get("status") == "False" and not job.live):
+            ts = parse_time_ms(pending.get("lastTransitionTime")) or created
+            self._open_next_attempt(out, job, ts)
+            if job.queued_attempt != job.attempt:
+                job.queued_attempt = job.attempt
+                self._emit(out, job, K.queued, ts,
+                           reason=": ".join(x for x in (pending.get("reason"), pending.get("message")) if x) or None)
+        return out
+
+    def workload_deleted(self, workload: dict) -> None:
+        _, _, namespace, name = metadata(workload)
+        self.workloads.pop(f"{namespace}/{name}", None)
+
+    def observe_cluster_queue(self, cq: dict) -> None:
+        _, _, _, name = metadata(cq)
+        spec, status = _dict(cq.get("spec"), "spec"), _dict(cq.get("status"), "status")
+        quota = Decimal(0)
+        for group in _list(spec.get("resourceGroups"), "spec.resourceGroups"):
+            for flavor in _list(_dict(group, "resourceGroup").get("flavors"), "flavors"):
+                for res in _list(_dict(flavor, "flavor").get("resources"), "resources"):
+                    res = _dict(res, "resource")
+                    if self.mapping.is_gpu_resource(str(res.get("name"))):
+                        quota += quantity(res.get("nominalQuota", 0)) * Decimal(self.mapping.gpus_per_unit(res["name"]))
+        usage: Decimal | None = None
+        for key in ("flavorsReservation", "flavorsUsage"):  # Kueue's own accounting of admitted workloads
+            if key in status:
+                usage = Decimal(0)
+                for flavor in _list(status[key], key):
+                    for res in _list(_dict(flavor, "flavor").get("resources"), "resources"):
+                        res = _dict(res, "resource")
+                        if self.mapping.is_gpu_resource(str(res.get("name"))):
+                            usage += quantity(res.get("total", 0)) * Decimal(self.mapping.gpus_per_unit(res["name"]))
+                break
+        self.cluster_queues[name] = ClusterQueueInfo(quota_gpus=float(quota),
+                                                     usage_gpus=None if usage is None else float(usage),
+                                                     pending_workloads=int(status.get("pendingWorkloads") or 0))
+
+    def cluster_queue_deleted(self, cq: dict) -> None:
+        self.cluster_queues.pop(metadata(cq)[3], None)
+
+    def observe_local_queue(self, lq: dict) -> None:
+        _, _, namespace, name = metadata(lq)
+        target = _dict(lq.get("spec"), "spec").get("clusterQueue")
+        if not isinstance(target, str) or not target:
+            raise MalformedObject(f"localqueue {namespace}/{name}: spec.clusterQueue is missing")
+        self.local_queues[f"{namespace}/{name}"] = target
+
+    def local_queue_deleted(self, lq: dict) -> None:
+        _, _, namespace, name = metadata(lq)
+        self.local_queues.pop(f"{namespace}/{name}", None)
+
+    # ------------------------------------------------------------------ snapshots and watermarks
+    def snapshot(self, now_ms: int) -> SchedulerSnapshot:
+        """Queues = the ClusterQueues (Kueue), or, without Kueue, the queues the pods name."""
+        queues: list[QueueState] = []
+        if self.cluster_queues:
+            for name, cq in sorted(self.cluster_queues.items()):
+                mine = [w for w in self.workloads.values() if w.cluster_queue == name and not w.finished]
+                pending = [w for w in mine if not w.admitted]
+                allocated = cq.usage_gpus if cq.usage_gpus is not None else sum(w.gpus for w in mine if w.admitted)
+                queues.append(QueueState(queue=name, quota_gpus=cq.quota_gpus, allocated_gpus=allocated,
+                                         pending_jobs=max(len(pending), cq.pending_workloads),
+                                         pending_gpus=sum(w.gpus for w in pending),
+                                         pending_by_priority=_by_priority((w.priority, w.gpus) for w in pending)))
+        else:
+            by_queue: dict[str, list[JobTrack]] = {}
+            for job in self.jobs.values():
+                by_queue.setdefault(job.queue, []).append(job)
+            for name, jobs in sorted(by_queue.items()):
+                live = [j for j in jobs if j.live]
+                pending = [j for j in live if not j.emitted_gpus and not j.running]
+                allocated = sum(g[3] for j in live for g in (j.emitted_gpus or [])) / 1000
+                queues.append(QueueState(queue=name, quota_gpus=0.0, allocated_gpus=allocated, pending_jobs=len(pending),
+                                         pending_gpus=sum(j.requested_gpus for j in pending),
+                                         pending_by_priority=_by_priority((j.priority, j.requested_gpus) for j in pending)))
+        preemptions, self.preemptions = self.preemptions, []
+        return SchedulerSnapshot(cluster=self.mapping.cluster, ts_ms=now_ms, queues=queues, preemptions=preemptions)
+
+    def watermark(self, observed_ms: int) -> LifecycleWatermark | None:
+        """The promise for time up to which every watch has been seen (`observed_ms`, agent clock):
+        less the allowed lateness, and never past a pod still waiting for its device ids. None when
+        it has not advanced."""
+        candidate = observed_ms - self.mapping.allowed_lateness_ms
+        held = [self.pods[uid].scheduled_ms for uid in self._waiting if uid in self.pods
+                and self.pods[uid].scheduled_ms is not None]
+        if held:
+            candidate = min(candidate, min(held))
+        if candidate <= self.watermark_ms:
+            return None
+        self.watermark_ms = candidate
+        self._prune()
+        return LifecycleWatermark(cluster=self.mapping.cluster, ts_ms=candidate)
+
+    def _prune(self) -> None:
+        horizon = self.watermark_ms - JOB_RETENTION_MS
+        held = {p.job_id for p in self.pods.values()}
+        for job_id in [j.job_id for j in self.jobs.values()
+                       if j.attempt_ended and j.last_ts < horizon and j.job_id not in held]:
+            del self.jobs[job_id]
+
+    def known_pod_uids(self) -> set[str]:
+        return set(self.pods)
+
+
+def _by_priority(items: Iterable[tuple[int, float]]) -> list[PendingByPriority]:
+    groups: dict[int, list[float]] = {}
+    for priority, gpus in items:
+        groups.setdefault(priority, []).append(gpus)
+    return [PendingByPriority(priority=p, jobs=len(g), gpus=sum(g)) for p, g in sorted(groups.items(), reverse=True)]

@@ -1,0 +1,139 @@
+"""Test objects built from the recorded upstream API objects in tests/fixtures/kubernetes/.
+
+Every adaptation of an upstream object is made here, by a named helper, so that the fixture files
+stay verbatim (tests/fixtures/kubernetes/SOURCES.md lists the sources and these adaptations):
+- `gpu_pod`: the Running pod of the Kubernetes docs, given an `nvidia.com/gpu` limit, a name/uid,
+  a batch/v1 Job as controlling owner instead of the ReplicaSet, and the status of one lifecycle
+  stage (the stage statuses use the fields and values of the Pod API: PodScheduled=False with
+  reason Unschedulable, containerStatuses[].state.terminated with exitCode/reason OOMKilled,
+  the DisruptionTarget condition, deletionTimestamp);
+- `workload`: the Workload of the Kueue docs with a uid, creationTimestamp, a Job owner and an
+  `nvidia.com/gpu` request, plus one of the statuses recorded in Kueue's troubleshooting guide;
+- `cluster_queue` / `local_queue`: Kueue's single-ClusterQueue setup with `nvidia.com/gpu` quota.
+"""
+
+from __future__ import annotations
+
+import copy
+from functools import cache
+from pathlib import Path
+
+import yaml
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kubernetes"
+T0 = "2022-02-17T21:51:01Z"   # the recorded pod's creation time
+
+
+@cache
+def _load(name: str) -> tuple:
+    return tuple(yaml.safe_load_all((FIXTURES / name).read_text()))
+
+
+def fixture(name: str, index: int = 0) -> dict:
+    return copy.deepcopy(_load(name)[index])
+
+
+def at(seconds: int) -> str:
+    """T0 + seconds, RFC 3339 (the API's second resolution)."""
+    from datetime import datetime, timedelta, timezone
+    t = datetime(2022, 2, 17, 21, 51, 1, tzinfo=timezone.utc) + timedelta(seconds=seconds)
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def ms(seconds: int) -> int:
+    return 1645134661000 + seconds * 1000
+
+
+STAGES = ("pending", "scheduled", "running", "succeeded", "failed-oom", "preempted", "deleting")
+
+
+def gpu_pod(name: str = "train-0", uid: str = "uid-train-0", *, job: str | None = "train", stage: str = "running",
+            gpus: int = 1, node: str = "kube-worker-1", namespace: str = "default", created: int = 0,
+            started: int = 4, finished: int = 60, labels: dict | None = None, resource: str = "nvidia.com/gpu",
+            container_id: str = "containerd://5403af59a2b46ee5a23fb0ae4b1e077f7ca5c5fb7af16e1ab21c00e0e616462a",
+            resource_version: str = "1364") -> dict:
+    assert stage in STAGES, stage
+    pod = fixture("pod-running.yaml")
+    meta, spec, status = pod["metadata"], pod["spec"], pod["status"]
+    meta.update(name=name, uid=uid, namespace=namespace, creationTimestamp=at(created),
+                resourceVersion=resource_version)
+    meta["labels"].update(labels or {})
+    if job is None:
+        meta.pop("ownerReferences")
+    else:
+        meta["ownerReferences"] = [{"apiVersion": "batch/v1", "blockOwnerDeletion": True, "controller": True,
+                                    "kind": "Job", "name": job, "uid": f"uid-job-{job}"}]
+        meta["labels"]["batch.kubernetes.io/job-name"] = job
+    spec["containers"][0]["resources"]["limits"][resource] = str(gpus)
+    spec["containers"][0]["resources"]["requests"][resource] = str(gpus)
+    spec["nodeName"] = node
+    cs = status["containerStatuses"][0]
+    cs["containerID"] = container_id
+    status["startTime"] = at(created)
+    for c in status["conditions"]:
+        c["lastTransitionTime"] = at(created + (5 if c["type"] in ("Ready", "ContainersReady") else 0))
+    cs["state"] = {"running": {"startedAt": at(started)}}
+    if stage == "pending":
+        del spec["nodeName"]
+        status.clear()
+        status.update(phase="Pending", qosClass="Guaranteed", conditions=[{
+            "lastProbeTime": None, "lastTransitionTime": at(created), "type": "PodScheduled", "status": "False",
+            "reason": "Unschedulable",
+            "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu. preemption: 0/4 nodes are "
+                       "available: 4 No preemption victims found for incoming pod."}])
+    elif stage == "scheduled":
+        status["phase"] = "Pending"
+        cs.pop("containerID")
+        cs.update(ready=False, started=False, state={"waiting": {"reason": "ContainerCreating"}})
+        status["conditions"] = [c for c in status["conditions"] if c["type"] in ("Initialized", "PodScheduled")]
+    elif stage in ("succeeded", "failed-oom", "preempted"):
+        code, reason = {"succeeded": (0, "Completed"), "failed-oom": (137, "OOMKilled"),
+                        "preempted": (137, "Error")}[stage]
+        status["phase"] = "Succeeded" if stage == "succeeded" else "Failed"
+        cs.update(ready=False, started=False, state={"terminated": {
+            "containerID": container_id, "exitCode": code, "reason": reason,
+            "startedAt": at(started), "finishedAt": at(finished)}})
+        if stage == "preempted":
+            status["conditions"].append({"lastProbeTime": None, "lastTransitionTime": at(finished - 1),
+                                         "type": "DisruptionTarget", "status": "True",
+                                         "reason": "PreemptionByScheduler",
+                                         "message": "default-scheduler: preempting to accommodate a higher priority pod"})
+    elif stage == "deleting":
+        meta["deletionTimestamp"] = at(finished + 30)
+        meta["deletionGracePeriodSeconds"] = 30
+    return pod
+
+
+def workload(name: str = "job-train-1a2b3", uid: str = "uid-wl-train", *, job: str = "train", status: str | None = None,
+             gpus_per_pod: int = 1, count: int = 3, namespace: str = "default", queue: str = "user-queue",
+             created: int = -60, priority: int = 0) -> dict:
+    wl = fixture("kueue-workload.yaml")
+    meta, spec = wl["metadata"], wl["spec"]
+    meta.update(name=name, namespace=namespace, uid=uid, creationTimestamp=at(created), resourceVersion="1",
+                ownerReferences=[{"apiVersion": "batch/v1", "blockOwnerDeletion": True, "controller": True,
+                                  "kind": "Job", "name": job, "uid": f"uid-job-{job}"}])
+    spec.update(queueName=queue, priority=priority)
+    spec["podSets"][0]["count"] = count
+    spec["podSets"][0]["template"]["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] = str(gpus_per_pod)
+    if status:
+        wl["status"] = fixture(f"kueue-workload-status-{status}.yaml")["status"]
+    return wl
+
+
+def cluster_queue(gpu_quota: int = 8, reserved: int | None = None, pending: int = 0) -> dict:
+    cq = fixture("kueue-single-clusterqueue-setup.yaml", 1)
+    cq["metadata"].update(uid="uid-cq", resourceVersion="1")
+    group = cq["spec"]["resourceGroups"][0]
+    group["coveredResources"].append("nvidia.com/gpu")
+    group["flavors"][0]["resources"].append({"name": "nvidia.com/gpu", "nominalQuota": gpu_quota})
+    cq["status"] = {"pendingWorkloads": pending}
+    if reserved is not None:
+        cq["status"]["flavorsReservation"] = [{"name": "default-flavor", "resources": [
+            {"name": "cpu", "total": "3"}, {"name": "nvidia.com/gpu", "total": str(reserved)}]}]
+    return cq
+
+
+def local_queue() -> dict:
+    lq = fixture("kueue-single-clusterqueue-setup.yaml", 2)
+    lq["metadata"].update(uid="uid-lq", resourceVersion="1")
+    return lq
