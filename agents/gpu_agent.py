@@ -192,7 +192,11 @@ def make_backend(name: str, *, sim_gpus: str = "8xA100-80GB", seed: int = 0, nod
     if name == "sim":
         from gpuledger.agents.sim_backend import SimBackend, parse_sim_models
         return SimBackend(parse_sim_models(sim_gpus), seed=seed, node=node)
-    raise ValueError(f"unknown backend {name!r}: expected 'nvml' or 'sim'")
+    if name == "sim-slurm":  # simulated GPUs busy where real Slurm jobs run on this node (fake-GPU clusters)
+        from gpuledger.agents.sim_backend import parse_sim_models
+        from gpuledger.agents.slurm_sim_backend import SlurmSimBackend
+        return SlurmSimBackend(parse_sim_models(sim_gpus), seed=seed, node=node, proc_root=proc_root)
+    raise ValueError(f"unknown backend {name!r}: expected 'nvml', 'sim' or 'sim-slurm'")
 
 
 def _bench(backend: GpuBackend, n: int, *, cluster: str, node: str, interval_ms: int,
@@ -238,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     settings = load_settings()
     p = argparse.ArgumentParser(prog="gpuledger-gpu-agent", description="Sample this node's GPUs into NodeTicks.")
-    p.add_argument("--backend", choices=("nvml", "sim"), default="nvml")
+    p.add_argument("--backend", choices=("nvml", "sim", "sim-slurm"), default="nvml")
     p.add_argument("--cluster", default=settings.cluster)
     p.add_argument("--node", default=socket.gethostname())
     p.add_argument("--interval", type=float, default=settings.agent_interval_s, help="seconds between ticks (default %(default)s)")
