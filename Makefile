@@ -5,7 +5,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test test-unit chaos bench schemas superset-check clean
+.PHONY: help install demo test test-unit chaos slurm-check bench schemas superset-check clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
@@ -29,6 +29,9 @@ test-unit: $(STAMP) ## unit tests of the pure core only
 
 chaos: $(STAMP) ## fault-injection suite: kill -9 worker/sink, freeze broker, cut clients off, warehouse outage; bills must equal the fault-free run (~5 min)
 	$(BIN)/python -m pytest -q -s -m chaos tests/chaos
+
+slurm-check: $(STAMP) ## real Slurm 22.05 cluster (4 fake 8-GPU nodes) + Slurm agent + pipeline: ledger GPU-seconds, outcomes, attempts vs sacct (~4 min)
+	$(BIN)/python -m pytest -q -s -m slurm tests/slurm
 
 bench: $(STAMP) ## run every benchmark (~11 min; GPULEDGER_BENCH_QUICK=1 for a ~4 min smoke run), print a table, write bench/results.json
 	$(BIN)/python -m bench.run
