@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gpuledger.config import Settings
 
-TABLE_REPORTS = ("bills", "jobs", "queues", "utilization", "capacity")
+TABLE_REPORTS = ("bills", "jobs", "queues", "utilization", "capacity", "unmatched")
 PERIODIC_REPORTS = ("inventory", "monthly", "weekly", "job")  # gpuledger.periodic_reports.REPORT_NAMES
 REPORT_NAMES = TABLE_REPORTS + PERIODIC_REPORTS
 
@@ -311,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("report", choices=REPORT_NAMES)
     p.add_argument("job_id", nargs="?", help="report job: the job's id")
     p.add_argument("--format", choices=["table", "json", "csv", "markdown", "html"], default="table",
-                   help="bills/jobs/queues/utilization/capacity: table|json|csv; inventory/monthly/weekly/job: "
+                   help="bills/jobs/queues/utilization/capacity/unmatched: table|json|csv; inventory/monthly/weekly/job: "
                         "table|markdown|html (self-contained, with plots)")
     p.add_argument("--output", help="periodic reports: write to this file")
     p.add_argument("--by", help="utilization: group by any of day,cluster,gpu_model,queue,tenant,job_id (comma-separated)")

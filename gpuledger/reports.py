@@ -19,7 +19,7 @@ from typing import Any, Iterable, Sequence
 
 import orjson
 
-REPORTS = ("bills", "jobs", "queues", "utilization", "capacity")
+REPORTS = ("bills", "jobs", "queues", "utilization", "capacity", "unmatched")
 FORMATS = ("table", "json", "csv")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -41,6 +41,7 @@ _REPORT_FILTERS: dict[str, frozenset[str]] = {
     "queues": frozenset({"day_from", "day_to", "cluster", "queue"}),
     "utilization": frozenset({"day_from", "day_to", "cluster", "tenant", "queue", "gpu_model", "definition_version"}),
     "capacity": frozenset({"day_from", "day_to", "cluster", "gpu_model", "definition_version"}),
+    "unmatched": frozenset({"day_from", "day_to", "cluster"}),
 }
 #: options that are not row filters
 _REPORT_OPTIONS: dict[str, frozenset[str]] = {
@@ -49,6 +50,7 @@ _REPORT_OPTIONS: dict[str, frozenset[str]] = {
     "queues": frozenset({"limit"}),
     "utilization": frozenset({"limit", "by"}),
     "capacity": frozenset({"limit"}),
+    "unmatched": frozenset({"limit", "busy_floor_pct"}),
 }
 
 UTILIZATION_DIMENSIONS = ("day", "cluster", "gpu_model", "queue", "tenant", "job_id")
@@ -193,6 +195,57 @@ def _capacity(client, db: str, filters: dict[str, Any]) -> list[dict]:
     return _query(client, sql + _limit(filters, params), params)
 
 
+def _unmatched(client, db: str, filters: dict[str, Any]) -> list[dict]:
+    """What the ledger could not match, one row per finding (docs/reliability.md, "Nothing unmatched
+    in silence"):
+    - unknown_node: an allocation on a node that never sent a GPU sample (not in node_inventory);
+    - allocation_gpu_not_billed: an allocation naming more GPUs on a node than the attempt was billed
+      for there (a UUID or index the node's agent does not report, e.g. a MIG UUID without the
+      agent's MIG inventory);
+    - mig_allocation: an allocation naming MIG instances (billed as shares of the parent GPU; listed
+      so that MIG use is visible; `gpus_billed` says whether they resolved);
+    - busy_unallocated: GPU time that no allocation holds while the GPU works (use above
+      `busy_floor_pct`, default 1 %): a job the scheduler does not know, or a missing event."""
+    conds, params = _where(filters, sorted(_REPORT_FILTERS["unmatched"]))
+    where = _and(conds)
+    params["floor"] = float(filters.get("busy_floor_pct", 1.0))
+    sql = f"""
+        WITH allocations AS (
+            SELECT cluster, job_id, attempt, node, groupUniqArray(ref) AS refs, min(day) AS first_day,
+                   countIf(startsWith(ref, 'MIG-')) AS mig_refs
+            FROM (SELECT cluster, job_id, attempt, day, node, ref FROM {db}.job_events
+                  ARRAY JOIN gpu_nodes AS node, gpu_uuids AS ref
+                  WHERE kind = 'allocated' AND {where})
+            GROUP BY cluster, job_id, attempt, node
+        ),
+        billed AS (
+            SELECT cluster, job_id, attempt, node, uniqExact(gpu_uuid) AS gpus
+            FROM {db}.usage_raw WHERE job_id != '' AND {where}
+            GROUP BY cluster, job_id, attempt, node
+        ),
+        known_nodes AS (SELECT DISTINCT cluster, node FROM {db}.node_inventory)
+        SELECT kind, first_day AS day, cluster, node, job_id, attempt, gpus_named, gpus_billed, gpu_hours, detail FROM (
+            SELECT multiIf(k.node = '', 'unknown_node', b.gpus < length(a.refs), 'allocation_gpu_not_billed',
+                           'mig_allocation') AS kind,
+                   a.first_day AS first_day, a.cluster AS cluster, a.node AS node, a.job_id AS job_id, a.attempt AS attempt,
+                   length(a.refs) AS gpus_named, b.gpus AS gpus_billed, CAST(NULL AS Nullable(Float64)) AS gpu_hours,
+                   arrayStringConcat(arraySort(a.refs), ' ') AS detail
+            FROM allocations AS a
+            LEFT JOIN billed AS b USING (cluster, job_id, attempt, node)
+            LEFT JOIN known_nodes AS k ON k.cluster = a.cluster AND k.node = a.node
+            WHERE k.node = '' OR b.gpus < length(a.refs) OR a.mig_refs > 0
+            UNION ALL
+            SELECT 'busy_unallocated' AS kind, min(day) AS first_day, cluster, node, '' AS job_id, toUInt32(0) AS attempt,
+                   toUInt64(0) AS gpus_named, toUInt64(0) AS gpus_billed, sum(gpu_ms) / 3600000 AS gpu_hours,
+                   gpu_uuid AS detail
+            FROM {db}.usage_raw
+            WHERE state = 'unallocated' AND util_pct > {{floor:Float64}} AND {where}
+            GROUP BY cluster, node, gpu_uuid
+        )
+        ORDER BY kind, cluster, node, job_id, attempt, detail"""
+    return _query(client, sql + _limit(filters, params), params)
+
+
 def _dimensions(by: Any) -> list[str]:
     if by is None:
         by = ("day", "cluster")
@@ -253,7 +306,8 @@ def _utilization(client, db: str, filters: dict[str, Any]) -> list[dict]:
     return _query(client, sql + _limit(filters, params), params)
 
 
-_FETCHERS = {"bills": _bills, "jobs": _jobs, "queues": _queues, "utilization": _utilization, "capacity": _capacity}
+_FETCHERS = {"bills": _bills, "jobs": _jobs, "queues": _queues, "utilization": _utilization, "capacity": _capacity,
+             "unmatched": _unmatched}
 
 
 def fetch(client, database: str, name: str, **filters) -> list[dict]:

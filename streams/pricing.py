@@ -227,6 +227,21 @@ def parse_ledger_config(doc: dict, source: str = "<config>") -> LedgerConfig:
         raise LedgerConfigError(f"{source}: {exc}") from None
 
 
+def write_ledger_variant(base: Path | None, target: Path, *, suffix: str, **tables: dict) -> Path:
+    """A copy of the ledger config `base` (None: the bundled one) with `tables` replaced (e.g.
+    execution={...}) and `+suffix` appended to its definition_version, so every record made under
+    it says which definition it used. Written to `target`; returns it."""
+    import tomli_w
+
+    doc = tomllib.loads(Path(base or BUNDLED_CONFIG).read_text())
+    doc.update(tables)
+    doc["definition_version"] = f"{doc['definition_version']}+{suffix}"
+    parse_ledger_config(doc, str(target))  # refuse to write a config the worker would reject
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(tomli_w.dumps(doc))
+    return target
+
+
 def load_ledger_config(path: Path | None = None) -> LedgerConfig:
     path = Path(path) if path else BUNDLED_CONFIG
     try:
