@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any, Callable, Iterable
 
@@ -662,6 +662,17 @@ class KubernetesLedger:
 
     def known_pod_uids(self) -> set[str]:
         return set(self.pods)
+
+    def vanished_pod_object(self, uid: str) -> dict:
+        """A stand-in object for a pod the state knows but no list shows any more (deleted while
+        the agent was away, its last object unknown): `pod_deleted` then ends it as cancelled at
+        the agent's time, the only time known."""
+        track = self.pods[uid]
+        job = self.jobs.get(track.job_id)
+        created = datetime.fromtimestamp((job.last_ts if job else 0) / 1000, tz=timezone.utc)
+        return {"metadata": {"uid": uid, "name": track.name, "namespace": track.namespace,
+                             "creationTimestamp": created.strftime("%Y-%m-%dT%H:%M:%SZ")},
+                "spec": {"nodeName": track.node} if track.node else {}, "status": {}}
 
 
 def _by_priority(items: Iterable[tuple[int, float]]) -> list[PendingByPriority]:

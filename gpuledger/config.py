@@ -83,6 +83,21 @@ class Settings(BaseSettings):
     worker_metrics_port: int = Field(0, ge=0, le=65535, description="port of the worker's Prometheus /metrics endpoint (0: disabled)")
     sink_metrics_port: int = Field(0, ge=0, le=65535, description="port of the sink's Prometheus /metrics endpoint (0: disabled)")
 
+    # --- Kubernetes agent (docs/kubernetes.md)
+    kubernetes_tenant_label: str = Field("gpuledger.io/tenant", min_length=1, description="pod label naming the tenant; pods without it belong to their namespace")
+    kubernetes_queue_label: str = Field("kueue.x-k8s.io/queue-name", min_length=1, description="pod label naming the (Kueue Local)Queue; a LocalQueue is reported as its ClusterQueue")
+    kubernetes_default_queue: str = Field("default", min_length=1, description="queue of pods without the queue label")
+    kubernetes_gpu_resource: str = Field("nvidia.com/gpu", min_length=1, description="extended resource of GPUs (also counted: '<it>.<suffix>' and '<vendor>/mig-*')")
+    kubernetes_time_slicing_replicas: int = Field(1, ge=1, description="replicas per GPU of the device plugin's time-slicing; a replica is 1/replicas of a GPU")
+    kubernetes_allowed_lateness_s: float = Field(30.0, ge=0, description="lifecycle watermark = the time every watch has been seen up to, less this, seconds")
+    kubernetes_device_wait_s: float = Field(120.0, ge=0, description="how long a scheduled pod waits for its device ids before its allocation is sent without GPUs, seconds")
+    kubernetes_pod_resources_socket: Path | None = Field(None, description="kubelet PodResources socket of the agent's node")
+    kubernetes_device_endpoint: str | None = Field(None, description="URL template ({node}, {host_ip}) of the per-node PodResources reporters")
+    kubernetes_kueue: bool = Field(True, description="read Kueue Workloads, ClusterQueues and LocalQueues")
+    kubernetes_watch_timeout_s: float = Field(30.0, gt=0, description="length of one watch request, seconds")
+    kubernetes_snapshot_interval_s: float = Field(30.0, gt=0, description="seconds between scheduler snapshots")
+    kubernetes_state_file: Path | None = Field(None, description="the agent's state file (default: DATA_DIR/kubernetes-agent-<cluster>.json)")
+
     @model_validator(mode="before")
     @classmethod
     def _secrets_from_files(cls, values):

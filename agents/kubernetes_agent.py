@@ -1,0 +1,569 @@
+"""`gpuledger agent kubernetes`: a Kubernetes cluster's GPU pods and Kueue queues -> the ledger.
+
+The I/O edge around the pure core (agents/kubernetes.py):
+- list + watch (with resourceVersion, bookmarks, a fresh list after 410 Gone, a reconnect from the
+  last resourceVersion after a dropped connection) of pods and, with Kueue, Workloads,
+  ClusterQueues and LocalQueues, through the official `kubernetes` client, one thread per resource;
+- the GPU device ids of each container from the kubelet PodResources API: this node's socket
+  (`--pod-resources-socket`, for the pods on `--node`), and/or the per-node reporters
+  (`--device-endpoint`, each node running `gpuledger agent kubernetes --serve-pod-resources`);
+- publishing through the GPU agent's disk spool (agents/spool.py), so a Kafka outage loses nothing;
+- a state file, written after each cycle's events are spooled and before its watermark is sent, so
+  a restarted agent neither loses nor repeats events (repeats carry the same ids anyway).
+
+Run one agent per cluster: it is the only producer of lifecycle watermarks, and a watermark is a
+promise about everything on the job-events topic (docs/kubernetes.md, "Deployment").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import orjson
+
+from gpuledger.agents.kubernetes import KubernetesLedger, KubernetesMapping, MalformedObject, metadata
+from gpuledger.schemas.wire import encode
+
+log = logging.getLogger(__name__)
+
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
+#: (kind, plural) of the Kueue objects read; LocalQueues first so queue names resolve.
+KUEUE_RESOURCES = (("localqueue", "localqueues"), ("clusterqueue", "clusterqueues"), ("workload", "workloads"))
+SPOOL_NAME = "kubernetes-agent"
+SPOOL_TOPIC = "gpuledger-kubernetes-agent"   # the spool's own label; each record names its real topic
+
+
+# --------------------------------------------------------------------------- publishing
+def encode_route(topic: str, key: str | bytes | None, partition: int | None) -> bytes:
+    """A spool record's key: where the message goes (the spool keeps one ordered queue for
+    job events, their watermarks to every partition, and snapshots)."""
+    return orjson.dumps([topic, partition, key.decode() if isinstance(key, bytes) else key])
+
+
+def decode_route(raw: bytes) -> tuple[str, str | None, int | None]:
+    topic, partition, key = orjson.loads(raw)
+    return topic, key, partition
+
+
+class RoutingPublisher:
+    """What the spool's forwarder publishes through: sends each record where its key says."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+
+    def publish(self, topic: str, key: bytes | None, value: bytes, partition: int | None = None,
+                on_delivery: Any = None) -> None:
+        real_topic, real_key, real_partition = decode_route(key or b"")
+        self.inner.publish(real_topic, real_key, value, partition=real_partition, on_delivery=on_delivery)
+
+    def __getattr__(self, name: str) -> Any:  # poll, flush, close, pending, fatal_error
+        return getattr(self.inner, name)
+
+
+class SpooledRoutes:
+    """`publish(topic, key, value, partition)` into the disk spool (one record per message)."""
+
+    def __init__(self, spooling: Any):
+        self.spooling = spooling
+
+    def publish(self, topic: str, key: str | bytes | None, value: bytes, partition: int | None = None) -> None:
+        self.spooling.publish(SPOOL_TOPIC, encode_route(topic, key, partition), value)
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+    def close(self, timeout: float = 10.0) -> int:
+        return self.spooling.close(timeout)
+
+
+def open_publisher(settings: Any) -> Any:
+    """The durable publisher: the GPU agent's spool (GPULEDGER_AGENT_SPOOL_*), forwarded to Kafka."""
+    from gpuledger.agents.gpu_agent import open_spooled_publisher
+    from gpuledger.agents.publisher import SPOOL_PRODUCER_OVERRIDES, KafkaPublisher
+
+    if settings.agent_spool_max_bytes <= 0:
+        return KafkaPublisher(settings)
+    spooling = open_spooled_publisher(
+        settings, SPOOL_NAME, topic=SPOOL_TOPIC,
+        publisher_factory=lambda: RoutingPublisher(KafkaPublisher(settings, **SPOOL_PRODUCER_OVERRIDES)))
+    return SpooledRoutes(spooling)
+
+
+# --------------------------------------------------------------------------- device ids
+class DeviceSource:
+    """Per-cycle view of the nodes' PodResources: `lookup(node, namespace, pod, host_ip)`.
+
+    `local`: a PodResourcesClient for this node (`node`); `endpoint`: a URL template with
+    {node} and/or {host_ip} of the per-node reporters (`--serve-pod-resources`). Each node is asked
+    at most once per cycle; a node that cannot be asked reports None (the pod waits)."""
+
+    def __init__(self, mapping: KubernetesMapping, *, local: Any = None, node: str | None = None,
+                 endpoint: str | None = None, timeout_s: float = 5.0):
+        self.mapping = mapping
+        self.local, self.node, self.endpoint, self.timeout_s = local, node, endpoint, timeout_s
+        self._cache: dict[str, dict | None] = {}
+        self.failures = 0
+
+    @property
+    def configured(self) -> bool:
+        return self.local is not None or self.endpoint is not None
+
+    def begin_cycle(self) -> None:
+        self._cache.clear()
+
+    def _node_table(self, node: str, host_ip: str | None) -> dict | None:
+        if node in self._cache:
+            return self._cache[node]
+        table = None
+        try:
+            if self.local is not None and node == self.node:
+                table = self.local.list(self.mapping.is_gpu_resource)
+            elif self.endpoint is not None and (host_ip or "{host_ip}" not in self.endpoint):
+                url = self.endpoint.format(node=node, host_ip=host_ip)
+                with urllib.request.urlopen(url, timeout=self.timeout_s) as response:
+                    body = json.loads(response.read())
+                table = {(p["namespace"], p["name"]): p["containers"] for p in body["pods"]}
+        except Exception as exc:  # the node's kubelet or reporter is unreachable: its pods wait
+            self.failures += 1
+            log.warning("pod resources of node %s: %s", node, exc)
+        self._cache[node] = table
+        return table
+
+    def lookup(self, node: str, namespace: str, name: str, host_ip: str | None) -> dict[str, list[str]] | None:
+        table = self._node_table(node, host_ip)
+        return None if table is None else table.get((namespace, name))
+
+
+def serve_pod_resources(address: tuple[str, int], client: Any, mapping: KubernetesMapping) -> ThreadingHTTPServer:
+    """The per-node reporter: GET /pod-resources -> {"pods": [{"namespace", "name", "containers":
+    {container: [device ids]}}]} from this node's kubelet. Returns the started server."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            if self.path.split("?")[0] != "/pod-resources":
+                self.send_error(404)
+                return
+            try:
+                listed = client.list(mapping.is_gpu_resource)
+            except Exception as exc:
+                self.send_error(503, f"kubelet PodResources: {exc}")
+                return
+            body = orjson.dumps({"pods": [{"namespace": ns, "name": name, "containers": containers}
+                                          for (ns, name), containers in sorted(listed.items())]})
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, fmt: str, *args: Any) -> None:
+            log.debug("reporter: " + fmt, *args)
+
+    server = ThreadingHTTPServer(address, Handler)
+    threading.Thread(target=server.serve_forever, name="pod-resources-reporter", daemon=True).start()
+    return server
+
+
+# --------------------------------------------------------------------------- watching
+class Watcher(threading.Thread):
+    """List, then watch from the list's resourceVersion, for ever. Puts on `out`:
+    ("sync", kind, items, t) after each list (t: when it was asked), ("event", kind, type, object, t),
+    and ("fresh", kind, t) for a bookmark or a watch window that ended cleanly (everything the
+    server had until t was delivered). 410 Gone (an expired resourceVersion) -> list again; a
+    dropped connection or an error -> watch again from the last resourceVersion seen."""
+
+    def __init__(self, kind: str, list_fn: Callable[..., Any], args: tuple, out: queue.Queue, stop: threading.Event, *,
+                 timeout_s: float = 30.0, clock: Callable[[], float] = time.time, raw_list: bool = False):
+        super().__init__(name=f"watch-{kind}", daemon=True)
+        self.kind, self.list_fn, self.args, self.out, self.stop = kind, list_fn, args, out, stop
+        self.timeout_s, self.clock, self.raw_list = timeout_s, clock, raw_list
+        self.resource_version: str | None = None
+        self.relists = 0
+        self.reconnects = 0
+        self._watch: Any = None
+
+    def _list(self) -> tuple[list, str]:
+        if self.raw_list:  # CoreV1Api: raw JSON, not the client's models
+            response = self.list_fn(*self.args, _preload_content=False, _request_timeout=self.timeout_s + 15)
+            body = json.loads(response.data)
+        else:
+            body = self.list_fn(*self.args, _request_timeout=self.timeout_s + 15)
+        return list(body.get("items") or []), body["metadata"]["resourceVersion"]
+
+    def run(self) -> None:
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
+
+        backoff = 0.5
+        while not self.stop.is_set():
+            try:
+                if self.resource_version is None:
+                    asked = self.clock()
+                    items, self.resource_version = self._list()
+                    self.out.put(("sync", self.kind, items, asked))
+                self._watch = watch.Watch()
+                for event in self._watch.stream(self.list_fn, *self.args, resource_version=self.resource_version,
+                                                timeout_seconds=max(1, int(self.timeout_s)),
+                                                allow_watch_bookmarks=True, deserialize=False,
+                                                _request_timeout=self.timeout_s + 15):
+                    kind, obj = event.get("type"), event.get("object") or {}
+                    rv = (obj.get("metadata") or {}).get("resourceVersion") if isinstance(obj, dict) else None
+                    self.resource_version = rv or self.resource_version
+                    if kind == "BOOKMARK":
+                        self.out.put(("fresh", self.kind, self.clock()))
+                    elif kind in ("ADDED", "MODIFIED", "DELETED"):
+                        self.out.put(("event", self.kind, kind, obj, self.clock()))
+                    if self.stop.is_set():
+                        break
+                else:
+                    self.out.put(("fresh", self.kind, self.clock()))
+                backoff = 0.5
+            except ApiException as exc:
+                if exc.status == 410:
+                    log.info("watch %s: resourceVersion %s expired (410); listing again", self.kind,
+                             self.resource_version)
+                    self.resource_version = None
+                    self.relists += 1
+                    continue
+                log.warning("watch %s: API error %s %s; retrying in %.1f s", self.kind, exc.status, exc.reason, backoff)
+                self.reconnects += 1
+                self.stop.wait(backoff)
+                backoff = min(30.0, backoff * 2)
+            except Exception as exc:  # a dropped connection, a timeout, the API server away
+                log.warning("watch %s: %s: %s; reconnecting from resourceVersion %s", self.kind,
+                            type(exc).__name__, exc, self.resource_version)
+                self.reconnects += 1
+                self.stop.wait(backoff)
+                backoff = min(30.0, backoff * 2)
+
+    def halt(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+
+
+# --------------------------------------------------------------------------- the agent
+def load_state(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+
+
+def save_state(path: Path, state: dict) -> None:
+    """Atomically: write a temporary file, fsync it, rename it over the old one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(orjson.dumps(state))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class KubernetesAgent:
+    """Drives the core from the watchers' queue; publishes events, snapshots and watermarks."""
+
+    def __init__(self, core: KubernetesLedger, publisher: Any, *, job_events_topic: str, snapshots_topic: str,
+                 job_event_partitions: int, devices: DeviceSource, state_path: Path | None,
+                 snapshot_interval_s: float = 30.0, snapshots: bool = True, cycle_s: float = 1.0,
+                 clock: Callable[[], float] = time.time):
+        self.core, self.publisher, self.devices = core, publisher, devices
+        self.job_events_topic, self.snapshots_topic = job_events_topic, snapshots_topic
+        self.partitions = job_event_partitions
+        self.state_path, self.snapshot_interval_s, self.snapshots = state_path, snapshot_interval_s, snapshots
+        self.cycle_s, self.clock = cycle_s, clock
+        self.queue: queue.Queue = queue.Queue()
+        self.kinds: list[str] = []
+        self.fresh: dict[str, float] = {}
+        self.synced: set[str] = set()
+        self.known: dict[str, dict[str, dict]] = {}   # kind -> uid -> last object seen
+        self.skipped = 0
+        self.published_events = 0
+        self._last_snapshot = 0.0
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    # ------------------------------------------------------------------ one object
+    def _lookup(self, node: str, namespace: str, name: str, host_ip: str | None) -> dict | None:
+        return self.devices.lookup(node, namespace, name, host_ip)
+
+    def _apply(self, kind: str, change: str, obj: dict) -> list:
+        """One ADDED/MODIFIED/DELETED object into the core. A malformed one is logged and skipped."""
+        try:
+            _, uid, namespace, name = metadata(obj)
+            known = self.known.setdefault(kind, {})
+            if change == "DELETED":
+                known.pop(uid, None)
+            else:
+                known[uid] = obj
+            now = self.now_ms()
+            if kind == "pod":
+                if change == "DELETED":
+                    return self.core.pod_deleted(obj, now, self._lookup)
+                return self.core.observe_pod(obj, now, self._lookup)
+            if kind == "workload":
+                if change == "DELETED":
+                    self.core.workload_deleted(obj)
+                    return []
+                return self.core.observe_workload(obj, now)
+            if kind == "clusterqueue":
+                (self.core.cluster_queue_deleted if change == "DELETED" else self.core.observe_cluster_queue)(obj)
+            elif kind == "localqueue":
+                (self.core.local_queue_deleted if change == "DELETED" else self.core.observe_local_queue)(obj)
+            return []
+        except MalformedObject as exc:
+            self.skipped += 1
+            log.warning("skipped a malformed %s: %s", kind, exc)
+        except Exception:  # a shape the core did not foresee: skip the object, keep the agent up
+            self.skipped += 1
+            log.exception("skipped a %s the agent could not read", kind)
+        return []
+
+    def _sync(self, kind: str, items: list) -> list:
+        """A (re)list: objects that vanished since the last view were deleted meanwhile."""
+        listed = {}
+        for obj in items:
+            uid = (obj.get("metadata") or {}).get("uid") if isinstance(obj, dict) else None
+            if uid:
+                listed[uid] = obj
+        events = []
+        previous = self.known.get(kind, {})
+        if kind == "pod":  # pods the saved state knows that no watch saw go
+            for uid in sorted(self.core.known_pod_uids() - set(listed)):
+                obj = previous.get(uid) or self.core.vanished_pod_object(uid)
+                events += self._apply(kind, "DELETED", obj)
+        else:
+            for uid in sorted(set(previous) - set(listed)):
+                events += self._apply(kind, "DELETED", previous[uid])
+        for obj in items:
+            events += self._apply(kind, "ADDED", obj)
+        return events
+
+    # ------------------------------------------------------------------ output
+    def _publish_events(self, events: list) -> None:
+        for event in events:
+            self.publisher.publish(self.job_events_topic, event.job_id, encode(event))
+            self.published_events += 1
+
+    def _handle(self, item: tuple) -> None:
+        tag, kind = item[0], item[1]
+        if tag == "sync":
+            _, _, items, asked = item
+            self._publish_events(self._sync(kind, items))
+            self.synced.add(kind)
+            self.fresh[kind] = max(self.fresh.get(kind, 0.0), asked)
+        elif tag == "event":
+            _, _, change, obj, seen = item
+            self._publish_events(self._apply(kind, change, obj))
+            self.fresh[kind] = max(self.fresh.get(kind, 0.0), seen)
+        elif tag == "fresh":
+            self.fresh[kind] = max(self.fresh.get(kind, 0.0), item[2])
+
+    def cycle(self) -> None:
+        """The end of a cycle: retry pods waiting for device ids, snapshot, save state, watermark."""
+        self.devices.begin_cycle()
+        now = self.now_ms()
+        for pod in self.core.waiting_pods():
+            self._publish_events(self._apply("pod", "MODIFIED", pod))
+        if not self.kinds or set(self.kinds) - self.synced:
+            return  # no promise before every resource has been listed once
+        if self.snapshots and self.clock() - self._last_snapshot >= self.snapshot_interval_s:
+            self._last_snapshot = self.clock()
+            snap = self.core.snapshot(now)
+            self.publisher.publish(self.snapshots_topic, snap.cluster, encode(snap))
+        observed = min([now] + [int(self.fresh.get(k, 0.0) * 1000) for k in self.kinds])
+        mark = self.core.watermark(observed)
+        if self.state_path is not None:  # before the watermark goes out: a restart never promises less
+            save_state(self.state_path, self.core.to_state())
+        if mark is not None:
+            value = encode(mark)
+            for partition in range(self.partitions):
+                self.publisher.publish(self.job_events_topic, None, value, partition=partition)
+        self.publisher.poll(0)
+
+    def run(self, watchers: list[Watcher], stop: threading.Event) -> None:
+        """Start the watchers (Kueue's first, so queue names resolve before pods arrive) and work
+        until `stop` is set."""
+        self.kinds = [w.kind for w in watchers]
+        for w in watchers:
+            w.start()
+        next_cycle = self.clock() + self.cycle_s
+        try:
+            while not stop.is_set():
+                timeout = max(0.0, next_cycle - self.clock())
+                try:
+                    self._handle(self.queue.get(timeout=timeout))
+                    continue  # drain what is waiting before closing the cycle
+                except queue.Empty:
+                    pass
+                self.cycle()
+                next_cycle = self.clock() + self.cycle_s
+        finally:
+            for w in watchers:
+                w.halt()
+            while True:  # what was already received is not lost: process it, then save
+                try:
+                    self._handle(self.queue.get_nowait())
+                except queue.Empty:
+                    break
+            if self.state_path is not None:
+                save_state(self.state_path, self.core.to_state())
+
+
+def make_watchers(api_client: Any, out: queue.Queue, stop: threading.Event, *, kueue: bool, timeout_s: float,
+                  clock: Callable[[], float] = time.time) -> list[Watcher]:
+    from kubernetes import client as k8s
+
+    core_api, custom = k8s.CoreV1Api(api_client), k8s.CustomObjectsApi(api_client)
+    watchers = []
+    if kueue:
+        for kind, plural in KUEUE_RESOURCES:
+            watchers.append(Watcher(kind, custom.list_cluster_custom_object, (KUEUE_GROUP, KUEUE_VERSION, plural),
+                                    out, stop, timeout_s=timeout_s, clock=clock))
+    watchers.append(Watcher("pod", core_api.list_pod_for_all_namespaces, (), out, stop, timeout_s=timeout_s,
+                            clock=clock, raw_list=True))
+    return watchers
+
+
+# --------------------------------------------------------------------------- command line
+def api_client_for(api_server: str | None, kubeconfig: str | None) -> Any:
+    from kubernetes import client as k8s
+    from kubernetes import config as k8s_config
+
+    if api_server:
+        configuration = k8s.Configuration()
+        configuration.host = api_server
+        return k8s.ApiClient(configuration)
+    if kubeconfig:
+        return k8s_config.new_client_from_config(config_file=kubeconfig)
+    configuration = k8s.Configuration()
+    k8s_config.load_incluster_config(client_configuration=configuration)
+    return k8s.ApiClient(configuration)
+
+
+def build_parser(settings: Any) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpuledger agent kubernetes",
+                                description="Kubernetes pods (+ kubelet PodResources, + Kueue) -> job events, "
+                                            "scheduler snapshots and lifecycle watermarks.")
+    p.add_argument("--cluster", default=settings.cluster)
+    p.add_argument("--api-server", help="API server URL (default: in-cluster config, or --kubeconfig)")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
+    p.add_argument("--node", default=os.environ.get("NODE_NAME"),
+                   help="this node's name, for --pod-resources-socket (default $NODE_NAME)")
+    p.add_argument("--pod-resources-socket", default=settings.kubernetes_pod_resources_socket,
+                   help="kubelet PodResources socket of --node (GPULEDGER_KUBERNETES_POD_RESOURCES_SOCKET)")
+    p.add_argument("--device-endpoint", default=settings.kubernetes_device_endpoint,
+                   help="URL template of the per-node reporters, e.g. http://{host_ip}:9478/pod-resources "
+                        "(GPULEDGER_KUBERNETES_DEVICE_ENDPOINT)")
+    p.add_argument("--no-devices", action="store_true",
+                   help="no PodResources at all: allocations carry no GPUs (not billable to GPUs)")
+    p.add_argument("--serve-pod-resources", metavar="HOST:PORT",
+                   help="run as the per-node reporter: serve --pod-resources-socket over HTTP, nothing else")
+    p.add_argument("--no-kueue", dest="kueue", action="store_false", default=settings.kubernetes_kueue,
+                   help="do not read Kueue objects (queues come from the pods' labels)")
+    p.add_argument("--state-file", type=Path, default=settings.kubernetes_state_file,
+                   help="the agent's state (default DATA_DIR/kubernetes-agent-<cluster>.json)")
+    p.add_argument("--print", dest="print_", action="store_true", help="write messages to stdout instead of Kafka")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def mapping_from(settings: Any, cluster: str, devices_expected: bool) -> KubernetesMapping:
+    return KubernetesMapping(
+        cluster=cluster, tenant_label=settings.kubernetes_tenant_label, queue_label=settings.kubernetes_queue_label,
+        default_queue=settings.kubernetes_default_queue, gpu_resource=settings.kubernetes_gpu_resource,
+        time_slicing_replicas=settings.kubernetes_time_slicing_replicas,
+        allowed_lateness_ms=round(settings.kubernetes_allowed_lateness_s * 1000),
+        device_wait_ms=round(settings.kubernetes_device_wait_s * 1000), devices_expected=devices_expected)
+
+
+class _StdoutPublisher:
+    def publish(self, topic: str, key: Any, value: bytes, partition: int | None = None) -> None:
+        if partition not in (None, 0):
+            return  # a watermark once, not once per partition
+        sys.stdout.write(value.decode() + "\n")
+        sys.stdout.flush()
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from gpuledger.config import load_settings
+
+    settings = load_settings()
+    args = build_parser(settings).parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    devices_expected = not args.no_devices
+    mapping = mapping_from(settings, args.cluster, devices_expected)
+    local = None
+    if args.pod_resources_socket and devices_expected:
+        from gpuledger.agents.podresources.client import PodResourcesClient
+        local = PodResourcesClient(str(args.pod_resources_socket))
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    if args.serve_pod_resources:
+        if local is None:
+            print("kubernetes agent: --serve-pod-resources needs --pod-resources-socket", file=sys.stderr)
+            return 2
+        host, _, port = args.serve_pod_resources.rpartition(":")
+        server = serve_pod_resources((host or "0.0.0.0", int(port)), local, mapping)
+        log.info("serving this node's pod resources on %s:%s/pod-resources", host or "0.0.0.0", port)
+        try:
+            stop.wait()
+        except KeyboardInterrupt:
+            pass
+        server.shutdown()
+        return 0
+
+    if devices_expected and local is None and not args.device_endpoint:
+        print("kubernetes agent: give --pod-resources-socket (with --node) and/or --device-endpoint, or --no-devices "
+              "(allocations then cannot be billed to GPUs)", file=sys.stderr)
+        return 2
+    if local is not None and not args.node:
+        print("kubernetes agent: --pod-resources-socket needs --node (or $NODE_NAME)", file=sys.stderr)
+        return 2
+    state_path = args.state_file or Path(settings.data_dir) / f"kubernetes-agent-{args.cluster}.json"
+    try:
+        core = KubernetesLedger(mapping, load_state(state_path))
+    except (ValueError, KeyError, TypeError) as exc:
+        print(f"kubernetes agent: unreadable state file {state_path}: {exc}", file=sys.stderr)
+        return 2
+    publisher = _StdoutPublisher() if args.print_ else open_publisher(settings)
+    agent = KubernetesAgent(core, publisher, job_events_topic=settings.topics.job_events,
+                            snapshots_topic=settings.topics.scheduler_snapshots,
+                            job_event_partitions=settings.partitions_job_events,
+                            devices=DeviceSource(mapping, local=local, node=args.node, endpoint=args.device_endpoint),
+                            state_path=state_path, snapshot_interval_s=settings.kubernetes_snapshot_interval_s)
+    watchers = make_watchers(api_client_for(args.api_server, args.kubeconfig), agent.queue, stop, kueue=args.kueue,
+                             timeout_s=settings.kubernetes_watch_timeout_s)
+    try:
+        agent.run(watchers, stop)
+    except KeyboardInterrupt:
+        stop.set()
+    finally:
+        if hasattr(publisher, "close"):
+            publisher.close()
+        if local is not None:
+            local.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
