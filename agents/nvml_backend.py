@@ -17,13 +17,18 @@ NVML's 20 ms throughput snapshot. The first tick therefore has no rates.
 Agents running in a container need the host's PID namespace (NVML reports host pids) and
 the host's /proc mounted somewhere: pass it as `proc_root`.
 
-MIG: a MIG-enabled GPU is reported as one whole GPU (its parent device).
+MIG: a MIG-enabled GPU is reported as one whole GPU (its parent device), measured as a whole,
+with its MIG instances listed in `mig_devices` (UUID, profile, share of the parent = the instance's
+compute slices / the GPU's). Schedulers hand out MIG UUIDs; the worker bills an allocation of one as
+that share of the parent. The layout changes only when an operator reconfigures the GPU, so it is
+read at start and every MIG_REFRESH_S, not every tick.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -32,11 +37,15 @@ from types import ModuleType
 from typing import Any, Callable
 
 from gpuledger.agents.backend import FATAL_XIDS, xid_down_reason
-from gpuledger.schemas.models import GpuHealth, GpuSample, ProcessSample
+from gpuledger.schemas.models import GpuHealth, GpuSample, MigDevice, ProcessSample
 
 log = logging.getLogger(__name__)
 
 _UINT_MAX = 0xFFFFFFFF  # NVLink throughput scopeId that sums every link (nvml.h)
+#: How often the MIG layout of a GPU is read again, seconds (it changes only on reconfiguration).
+MIG_REFRESH_S = 300.0
+#: Whole-GPU instance profiles, largest first: their slice count is the GPU's (7 on A100/H100/H200, 4 on A30).
+_WHOLE_GPU_PROFILES = ("NVML_GPU_INSTANCE_PROFILE_7_SLICE", "NVML_GPU_INSTANCE_PROFILE_4_SLICE")
 
 #: Fields read in the one nvmlDeviceGetFieldValues call: (our name, pynvml constant, scopeId).
 #: Constants a given pynvml lacks are skipped. Units as NVML reports them.
@@ -162,6 +171,8 @@ class _Gpu:
     proc_util_seen_us: int = 0              # lastSeenTimeStamp for nvmlDeviceGetProcessUtilization
     unsupported: set[str] = field(default_factory=set)
     warned: set[str] = field(default_factory=set)
+    mig: list[MigDevice] = field(default_factory=list)   # MIG instances, as last read
+    mig_read_at: float = -math.inf                        # backend clock of that read
 
 
 def _text(value: str | bytes) -> str:
@@ -379,6 +390,43 @@ class NvmlBackend:
                 self._warn_once(gpu, what, exc)
             return None
 
+    def _read_mig(self, gpu: _Gpu) -> list[MigDevice]:
+        """The GPU's MIG instances (empty when MIG is off or unsupported). Raises _GpuLost."""
+        nv = self._nvml
+        if not hasattr(nv, "nvmlDeviceGetMigMode"):  # a pynvml without MIG
+            return []
+        mode = self._query(gpu, "mig", "nvmlDeviceGetMigMode")
+        if not mode or mode[0] != getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1):
+            return []
+        whole = 7
+        for name in _WHOLE_GPU_PROFILES:
+            const = getattr(nv, name, None)
+            info = None if const is None else self._query(gpu, f"mig profile {name}", "nvmlDeviceGetGpuInstanceProfileInfo",
+                                                            const)
+            if info is not None:
+                whole = int(info.sliceCount)
+                break
+        found = []
+        for i in range(self._query(gpu, "mig count", "nvmlDeviceGetMaxMigDeviceCount") or 0):
+            try:
+                handle = self._call("nvmlDeviceGetMigDeviceHandleByIndex", gpu.handle, i)
+                uuid = _text(self._call("nvmlDeviceGetUUID", handle))
+                attrs = self._call("nvmlDeviceGetAttributes", handle)
+            except nv.NVMLError as exc:
+                lost = self._is_lost(exc)
+                if lost:
+                    raise _GpuLost(lost) from None
+                if getattr(exc, "value", None) != nv.NVML_ERROR_NOT_FOUND:  # NOT_FOUND: an empty slot
+                    self._warn_once(gpu, f"MIG device {i}", exc)
+                continue
+            slices = int(attrs.gpuInstanceSliceCount)
+            found.append(MigDevice(uuid=uuid, profile=f"{slices}g.{math.ceil(int(attrs.memorySizeMB) / 1024)}gb",
+                                   share_milli=max(1, min(1000, slices * 1000 // whole))))
+        if found:
+            log.info("GPU %d (%s): MIG instances %s", gpu.index, gpu.uuid,
+                     ", ".join(f"{m.uuid} {m.profile}" for m in found))
+        return found
+
     def _warn_once(self, gpu: _Gpu, what: str, exc: Exception) -> None:
         if what not in gpu.warned:
             gpu.warned.add(what)
@@ -394,6 +442,8 @@ class NvmlBackend:
                 return GpuSample(**ident, health=GpuHealth.down, down_reason=gpu.unreadable)
             ident.update(gpu_uuid=gpu.uuid, model=gpu.model)
         try:
+            if self._clock() - gpu.mig_read_at >= MIG_REFRESH_S:
+                gpu.mig, gpu.mig_read_at = self._read_mig(gpu), self._clock()
             metrics = self._measure(gpu, seen_pids)
         except _GpuLost as lost:
             if not gpu.lost:
@@ -404,6 +454,8 @@ class NvmlBackend:
         if gpu.lost:
             log.warning("GPU %d (%s) answers again", gpu.index, gpu.uuid)
             gpu.lost = False
+        if gpu.mig:
+            metrics["mig_devices"] = gpu.mig
         if gpu.fatal_xid is not None:
             # Still measured (energy keeps counting, processes may linger), but out of service.
             return GpuSample(**ident, **metrics, health=GpuHealth.down, down_reason=xid_down_reason(gpu.fatal_xid))

@@ -477,3 +477,59 @@ def test_parse_container_id_slurm_jobs(text: str, cid: str | None) -> None:
 
 def test_container_id_of_missing_pid(tmp_path: Path) -> None:
     assert container_id_of(99999, tmp_path) is None
+
+
+# --------------------------------------------------------------------------- MIG
+class FakeMigNvml(FakeNvml):
+    """FakeNvml with MIG: device 0 in MIG mode with a 3g.40gb and a 4g.40gb instance in slots 0 and 2."""
+
+    def __init__(self, devices: list[FakeDevice]):
+        super().__init__(devices)
+        self.mig_handles = {("mig", 0): ("MIG-3333", 3, 40_448), ("mig", 2): ("MIG-4444", 4, 40_448)}
+
+    def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
+        self._hit("nvmlDeviceGetMigMode")
+        enabled = self.handles.index(handle) == 0
+        return [self.NVML_DEVICE_MIG_ENABLE if enabled else 0, 0]
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Any, profile: int) -> SimpleNamespace:
+        self._hit("nvmlDeviceGetGpuInstanceProfileInfo")
+        return SimpleNamespace(sliceCount=7 if profile == self.NVML_GPU_INSTANCE_PROFILE_7_SLICE else 4)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any) -> int:
+        self._hit("nvmlDeviceGetMaxMigDeviceCount")
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: int) -> Any:
+        self._hit("nvmlDeviceGetMigDeviceHandleByIndex")
+        if ("mig", index) not in self.mig_handles:
+            raise FakeNVMLError(self.NVML_ERROR_NOT_FOUND)
+        return ("mig", index)
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        if handle in self.mig_handles:
+            self._hit("nvmlDeviceGetUUID")
+            return self.mig_handles[handle][0]
+        return super().nvmlDeviceGetUUID(handle)
+
+    def nvmlDeviceGetAttributes(self, handle: Any) -> SimpleNamespace:
+        self._hit("nvmlDeviceGetAttributes")
+        _, slices, mb = self.mig_handles[handle]
+        return SimpleNamespace(gpuInstanceSliceCount=slices, memorySizeMB=mb)
+
+
+def test_mig_instances_are_listed_with_their_share_and_read_only_now_and_then() -> None:
+    clock = Clock()
+    fake = FakeMigNvml([a100(), h100()])
+    backend = NvmlBackend(fake, clock=clock)
+    first = backend.sample(0)
+    assert [(m.uuid, m.profile, m.share_milli) for m in first[0].mig_devices] == \
+        [("MIG-3333", "3g.40gb", 428), ("MIG-4444", "4g.40gb", 571)]
+    assert first[1].mig_devices == []  # MIG off on the H100
+    reads = fake.calls["nvmlDeviceGetMigMode"]
+    backend.sample(5000)
+    assert fake.calls["nvmlDeviceGetMigMode"] == reads  # not read again within MIG_REFRESH_S
+    assert backend.sample(10_000)[0].mig_devices == first[0].mig_devices  # still reported
+    clock.t += 301
+    backend.sample(15_000)
+    assert fake.calls["nvmlDeviceGetMigMode"] == reads + 2
