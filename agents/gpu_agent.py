@@ -237,11 +237,9 @@ def _bench(backend: GpuBackend, n: int, *, cluster: str, node: str, interval_ms:
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from gpuledger.config import load_settings
-
-    settings = load_settings()
-    p = argparse.ArgumentParser(prog="gpuledger-gpu-agent", description="Sample this node's GPUs into NodeTicks.")
+def build_parser(settings: Any) -> argparse.ArgumentParser:
+    """The agent's command line (defaults from `settings`); deploy/ files are checked against it."""
+    p = argparse.ArgumentParser(prog="gpuledger agent gpu", description="Sample this node's GPUs into NodeTicks.")
     p.add_argument("--backend", choices=("nvml", "sim", "sim-slurm"), default="nvml")
     p.add_argument("--cluster", default=settings.cluster)
     p.add_argument("--node", default=socket.gethostname())
@@ -257,6 +255,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--metrics-port", type=int, default=settings.agent_metrics_port,
                    help="serve Prometheus /metrics on this port (0: off; default GPULEDGER_AGENT_METRICS_PORT)")
     p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from gpuledger.config import load_settings
+
+    settings = load_settings()
+    p = build_parser(settings)
     args = p.parse_args(argv)
     if args.bench is not None and args.bench < 1:
         p.error("--bench needs at least 1 tick")
