@@ -213,12 +213,13 @@ class Watcher(threading.Thread):
                     asked = self.clock()
                     items, self.resource_version = self._list()
                     self.out.put(("sync", self.kind, items, asked))
-                self._watch = watch.Watch()
+                # return_type "object": events as the API's JSON, not the client's models (and the
+                # client still turns an ERROR event into an ApiException, which deserialize=False breaks)
+                self._watch = watch.Watch(return_type="object")
                 for event in self._watch.stream(self.list_fn, *self.args, resource_version=self.resource_version,
                                                 timeout_seconds=max(1, int(self.timeout_s)),
-                                                allow_watch_bookmarks=True, deserialize=False,
-                                                _request_timeout=self.timeout_s + 15):
-                    kind, obj = event.get("type"), event.get("object") or {}
+                                                allow_watch_bookmarks=True, _request_timeout=self.timeout_s + 15):
+                    kind, obj = event.get("type"), event.get("raw_object") or {}
                     rv = (obj.get("metadata") or {}).get("resourceVersion") if isinstance(obj, dict) else None
                     self.resource_version = rv or self.resource_version
                     if kind == "BOOKMARK":
@@ -242,6 +243,8 @@ class Watcher(threading.Thread):
                 self.stop.wait(backoff)
                 backoff = min(30.0, backoff * 2)
             except Exception as exc:  # a dropped connection, a timeout, the API server away
+                if self.stop.is_set():
+                    break  # halt() cut the connection
                 log.warning("watch %s: %s: %s; reconnecting from resourceVersion %s", self.kind,
                             type(exc).__name__, exc, self.resource_version)
                 self.reconnects += 1
@@ -292,6 +295,7 @@ class KubernetesAgent:
         self.skipped = 0
         self.published_events = 0
         self._last_snapshot = 0.0
+        self.kueue_sync_timeout_s = 30.0  # pods wait this long for the queues to be known
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -398,8 +402,20 @@ class KubernetesAgent:
         """Start the watchers (Kueue's first, so queue names resolve before pods arrive) and work
         until `stop` is set."""
         self.kinds = [w.kind for w in watchers]
-        for w in watchers:
+        first = [w for w in watchers if w.kind != "pod"]
+        for w in first:
             w.start()
+        deadline = time.monotonic() + self.kueue_sync_timeout_s
+        while first and not stop.is_set() and {w.kind for w in first} - self.synced and time.monotonic() < deadline:
+            try:
+                self._handle(self.queue.get(timeout=0.1))
+            except queue.Empty:
+                pass
+        if {w.kind for w in first} - self.synced:
+            log.warning("Kueue objects not listed after %.0f s; reading pods anyway", self.kueue_sync_timeout_s)
+        for w in watchers:
+            if w not in first:
+                w.start()
         next_cycle = self.clock() + self.cycle_s
         try:
             while not stop.is_set():

@@ -1,0 +1,211 @@
+"""The Kubernetes agent driven through the official `kubernetes` client against a replay API server
+(recorded list and watch responses with a dropped connection, a bookmark and a 410 Gone) and a
+kubelet PodResources gRPC server: the events come out once each, none lost, in order."""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import orjson
+import pytest
+
+from gpuledger.agents.kubernetes import KubernetesLedger, KubernetesMapping
+from gpuledger.agents.kubernetes_agent import (
+    DeviceSource,
+    KubernetesAgent,
+    RoutingPublisher,
+    SpooledRoutes,
+    api_client_for,
+    decode_route,
+    encode_route,
+    load_state,
+    make_watchers,
+    serve_pod_resources,
+)
+from gpuledger.agents.podresources.client import PodResourcesClient
+from gpuledger.agents.publisher import ListPublisher
+from tests.kube.objects import ms
+from tests.kube.podresources_server import FakeKubelet, PodResourcesServer
+from tests.kube.replay_server import ReplayApiServer, Resource, list_body
+from tests.kube.scenario import DEVICES, OTHER_CONTAINER, OTHER_MIG, PODS, TRAIN_GPU, other, recorded_cluster, train
+
+JOB_EVENTS, SNAPSHOTS = "t.job-events", "t.scheduler-snapshots"
+
+
+def k8s_era_clock(offset_s: float = 10.0):
+    """The agent's clock, running from T0 + offset (the recorded objects' era), at real speed."""
+    shift = time.time() - ms(0) / 1000 - offset_s
+    return lambda: time.time() - shift
+
+
+@pytest.fixture
+def kubelet_socket():
+    with tempfile.TemporaryDirectory(prefix="pr-") as tmp:
+        sock = Path(tmp) / "kubelet.sock"
+        with PodResourcesServer(sock, FakeKubelet(DEVICES)):
+            yield sock
+
+
+class Run:
+    """The agent in a thread against a replay server, until `done(messages)` or a timeout."""
+
+    def __init__(self, server: ReplayApiServer, socket: Path, state: Path, publisher=None, kueue: bool = True):
+        self.clock = k8s_era_clock()
+        mapping = KubernetesMapping(cluster="k8s", allowed_lateness_ms=120_000)
+        self.publisher = publisher or ListPublisher()
+        self.client = PodResourcesClient(str(socket))
+        self.agent = KubernetesAgent(
+            KubernetesLedger(mapping, load_state(state)), self.publisher, job_events_topic=JOB_EVENTS,
+            snapshots_topic=SNAPSHOTS, job_event_partitions=2,
+            devices=DeviceSource(mapping, local=self.client, node="kube-worker-1"), state_path=state,
+            snapshot_interval_s=0.3, cycle_s=0.1, clock=self.clock)
+        self.stop = threading.Event()
+        self.watchers = make_watchers(api_client_for(server.url, None), self.agent.queue, self.stop, kueue=kueue,
+                                      timeout_s=1, clock=self.clock)
+
+    def until(self, done, timeout_s: float = 30.0) -> "Run":
+        thread = threading.Thread(target=self.agent.run, args=(self.watchers, self.stop), daemon=True)
+        thread.start()
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not done(self) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            self.stop.set()
+            thread.join(20)
+            self.client.close()
+        assert done(self), "the agent did not get there in time"
+        return self
+
+    def events(self) -> list[dict]:
+        return [orjson.loads(v) for t, k, v, p in self.publisher.messages if t == JOB_EVENTS and k is not None]
+
+    def watermarks(self) -> list[tuple[int, int]]:
+        return [(p, orjson.loads(v)["ts_ms"]) for t, k, v, p in self.publisher.messages if t == JOB_EVENTS and k is None]
+
+    def snapshots(self) -> list[dict]:
+        return [orjson.loads(v) for t, k, v, p in self.publisher.messages if t == SNAPSHOTS]
+
+
+def by_job(events: list[dict]) -> dict[str, list[str]]:
+    out = defaultdict(list)
+    for e in events:
+        out[e["job_id"]].append(e["kind"])
+    return dict(out)
+
+
+def finished(run: Run) -> bool:
+    kinds = by_job(run.events())
+    return (kinds.get("default/job/train", [])[-1:] == ["completed"]
+            and kinds.get("default/job/other", [])[-1:] == ["failed"] and len(run.snapshots()) >= 1
+            and len(run.watermarks()) >= 2)
+
+
+def test_watch_drop_bookmark_and_410_lose_and_repeat_nothing(kubelet_socket, tmp_path):
+    with ReplayApiServer(recorded_cluster()) as server:
+        run = Run(server, kubelet_socket, tmp_path / "state.json").until(finished)
+        # the client reconnected from the bookmark's resourceVersion after the drop, listed again
+        # after the 410 and watched from the new list's resourceVersion
+        assert server.watch_versions(PODS)[:3] == ["100", "102", "200"]
+        assert server.list_count(PODS) == 2
+    events = run.events()
+    assert len({e["event_id"] for e in events}) == len(events)
+    assert by_job(events) == {
+        "default/job/train": ["submitted", "queued", "allocated", "allocated", "started", "completed"],
+        "default/job/other": ["submitted", "allocated", "started", "failed"],
+    }
+    train_events = [e for e in events if e["job_id"] == "default/job/train"]
+    other_events = [e for e in events if e["job_id"] == "default/job/other"]
+    # Kubernetes' own times: the Workload's creation, the pod's conditions and container states
+    assert [e["ts_ms"] for e in train_events] == [ms(-60), ms(0), ms(0), ms(4), ms(4), ms(60)]
+    assert {(e["tenant"], e["queue"]) for e in train_events} == {("default", "cluster-queue")}
+    assert train_events[3]["gpus"] == [{"node": "kube-worker-1", "gpu_uuid": TRAIN_GPU,
+                                        "share_milli": 1000,
+                                        "container_id": "5403af59a2b46ee5a23fb0ae4b1e077f7ca5c5fb7af16e1ab21c00e0e616462a"}]
+    assert other_events[1]["gpus"][0]["gpu_uuid"] == OTHER_MIG
+    assert other_events[1]["gpus"][0]["container_id"] == OTHER_CONTAINER.split("://")[1]
+    assert other_events[1]["requested_gpus"] == pytest.approx(3 / 7)
+    assert other_events[-1]["reason"] == "OOMKilled (exit code 137, container nginx)"
+    # watermarks go to every partition and only move forward
+    marks = run.watermarks()
+    assert {p for p, _ in marks} == {0, 1}
+    for p in (0, 1):
+        values = [ts for q, ts in marks if q == p]
+        assert values == sorted(values)
+    queue = run.snapshots()[0]["queues"][0]
+    assert (queue["queue"], queue["quota_gpus"], queue["allocated_gpus"]) == ("cluster-queue", 8.0, 1.0)
+
+
+def test_a_restarted_agent_neither_loses_nor_repeats(kubelet_socket, tmp_path):
+    state = tmp_path / "state.json"
+    first = {PODS: Resource([list_body("PodList", "100", [train("running", "103")])])}
+    with ReplayApiServer(first) as server:
+        run1 = Run(server, kubelet_socket, state, kueue=False).until(
+            lambda r: by_job(r.events()).get("default/job/train", [])[-1:] == ["started"] and r.watermarks())
+    second = {PODS: Resource([list_body("PodList", "300", [train("succeeded", "250"),
+                                                           other("running", "260")])])}
+    with ReplayApiServer(second) as server:
+        run2 = Run(server, kubelet_socket, state, kueue=False).until(
+            lambda r: "default/job/other" in by_job(r.events()) and "completed" in by_job(r.events()).get(
+                "default/job/train", []))
+    both = run1.events() + run2.events()
+    assert len({e["event_id"] for e in both}) == len(both)
+    assert by_job(run1.events())["default/job/train"] == ["submitted", "allocated", "started"]
+    assert by_job(run2.events())["default/job/train"] == ["completed"]
+
+
+def test_a_pod_deleted_while_the_agent_was_away_is_cancelled_on_the_relist(kubelet_socket, tmp_path):
+    state = tmp_path / "state.json"
+    with ReplayApiServer({PODS: Resource([list_body("PodList", "100", [train("running", "103")])])}) as server:
+        Run(server, kubelet_socket, state, kueue=False).until(lambda r: r.watermarks())
+    with ReplayApiServer({PODS: Resource([list_body("PodList", "300", [])])}) as server:
+        run = Run(server, kubelet_socket, state, kueue=False).until(lambda r: r.events())
+    assert [(e["kind"], e["reason"]) for e in run.events()] == [("cancelled", "deleted")]
+
+
+def test_a_malformed_object_is_skipped_and_the_rest_goes_on(kubelet_socket, tmp_path):
+    broken = train("running", "103")
+    del broken["metadata"]["creationTimestamp"]
+    broken["metadata"].update(uid="uid-broken", name="broken-0")
+    cluster = {PODS: Resource([list_body("PodList", "100", [broken, other("running", "150")])])}
+    with ReplayApiServer(cluster) as server:
+        run = Run(server, kubelet_socket, tmp_path / "s.json", kueue=False).until(
+            lambda r: "started" in by_job(r.events()).get("default/job/other", []))
+    assert run.agent.skipped == 1 and set(by_job(run.events())) == {"default/job/other"}
+
+
+def test_device_ids_from_a_per_node_reporter(kubelet_socket):
+    mapping = KubernetesMapping(cluster="k8s")
+    with PodResourcesClient(str(kubelet_socket)) as client:
+        server = serve_pod_resources(("127.0.0.1", 0), client, mapping)
+        try:
+            port = server.server_address[1]
+            source = DeviceSource(mapping, endpoint=f"http://{{host_ip}}:{port}/pod-resources")
+            assert source.lookup("kube-worker-1", "default", "train-0", "127.0.0.1") == {"nginx": [TRAIN_GPU]}
+            assert source.lookup("kube-worker-1", "default", "nobody", "127.0.0.1") is None
+            assert source.lookup("kube-worker-2", "default", "x", None) is None      # no address: unknown
+        finally:
+            server.shutdown()
+
+
+def test_spool_records_carry_their_topic_key_and_partition(tmp_path):
+    from gpuledger.agents.spool import Forwarder, Spool, SpoolingPublisher
+
+    assert decode_route(encode_route("t.job-events", "default/job/train", None)) == ("t.job-events", "default/job/train", None)
+    kafka = ListPublisher()
+    spool = Spool(tmp_path / "spool")
+    forwarder = Forwarder(spool, RoutingPublisher(kafka), "gpuledger-kubernetes-agent")
+    routes = SpooledRoutes(SpoolingPublisher(spool, forwarder))
+    routes.publish("t.job-events", "job-a", b"event")
+    for partition in (0, 1):
+        routes.publish("t.job-events", None, b"mark", partition=partition)
+    routes.publish("t.scheduler-snapshots", "k8s", b"snap")
+    forwarder.pump()
+    assert kafka.messages == [("t.job-events", b"job-a", b"event", None), ("t.job-events", None, b"mark", 0),
+                              ("t.job-events", None, b"mark", 1), ("t.scheduler-snapshots", b"k8s", b"snap", None)]
+    assert spool.depth == 0
+    spool.close()
