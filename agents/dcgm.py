@@ -54,6 +54,7 @@ FIELDS: dict[str, tuple[str, float]] = {
     "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": ("ecc_sbe_total", 1.0),          # count
     "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("ecc_dbe_total", 1.0),          # count
 }
+MEASURED_FIELDS = frozenset(name for name, _ in FIELDS.values())
 INTEGER_FIELDS = frozenset({"mem_used_bytes", "mem_total_bytes", "throttle_reasons", "ecc_sbe_total", "ecc_dbe_total"})
 XID = "DCGM_FI_DEV_XID_ERRORS"          # gauge: the value of the last Xid, not a count
 FB_FREE = "DCGM_FI_DEV_FB_FREE"         # MiB; total = used + free (+ reserved) when no FB_TOTAL
@@ -185,9 +186,9 @@ def gpu_samples(rows: list[Row], previous: DcgmState, *, hostname: str | None = 
     samples = []
     for uuid, gpu_rows in by_gpu.items():
         xid = _last_xid(gpu_rows)
+        # A GPU's first scrape only sets the baseline: when its Xid happened is unknown.
         new_xids = [xid] if xid and uuid in last_xid and last_xid[uuid] != xid else []
-        if xid is not None:
-            last_xid[uuid] = xid
+        last_xid[uuid] = xid if xid is not None else last_xid.get(uuid, 0)
         if xid in FATAL_XIDS:
             fatal_xid.setdefault(uuid, xid)
         samples.append(_gpu_sample(uuid, gpu_rows, new_xids, fatal_xid.get(uuid)))
@@ -204,13 +205,13 @@ def _value(rows: Iterable[Row], metric: str) -> float | None:
 
 
 def _last_xid(rows: list[Row]) -> int | None:
-    value = _value(rows, XID)
+    value = _value([r for r in rows if not r.gpu_instance] or rows, XID)  # the GPU's own row first
     return int(value) if value is not None else None
 
 
 def _gpu_sample(uuid: str, rows: list[Row], new_xids: list[int], fatal_xid: int | None) -> GpuSample:
     first = rows[0]
-    model = ledger_model_name(first.label(MODEL_LABELS))
+    model = ledger_model_name(next((name for r in rows if (name := r.label(MODEL_LABELS))), ""))
     gpu_rows = [r for r in rows if not r.gpu_instance]
     instance_rows = [r for r in rows if r.gpu_instance]
     # A MIG GPU may be exported only as its instances (`-d i`, or `f` with MIG on): device-wide
@@ -306,11 +307,11 @@ def _split_per_holder(rows: list[Row], row: Row) -> bool:
 
 def _valid_sample(fields: dict[str, Any]) -> GpuSample:
     """The sample, with any reading outside the wire model's range dropped (None) rather than
-    failing the node's whole tick; the identity fields must be valid."""
+    failing the node's whole tick; anything else invalid is an error."""
     try:
         return GpuSample(**fields)
     except ValidationError as exc:
         bad = {str(e["loc"][0]) for e in exc.errors() if e["loc"]}
-        if not bad or bad & {"gpu_uuid", "index", "model"}:
+        if not bad or not bad <= MEASURED_FIELDS:
             raise
         return GpuSample(**{k: (None if k in bad else v) for k, v in fields.items()})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.server
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -20,7 +21,7 @@ from gpuledger.agents.backend import xid_down_reason
 from gpuledger.agents.dcgm import (
     MIB, DcgmState, ExpositionError, gpu_samples, holder_container_id, is_blank, mig_share_milli, parse_exposition,
 )
-from gpuledger.agents.dcgm_agent import DcgmBackend, ScrapeFailed, main
+from gpuledger.agents.dcgm_agent import DcgmBackend, ScrapeFailed, default_node, main
 from gpuledger.agents.gpu_agent import build_tick, run_agent
 from gpuledger.agents.publisher import ListPublisher
 from gpuledger.schemas.models import GpuHealth, NodeTick
@@ -360,3 +361,17 @@ def test_build_tick_with_the_backend_is_a_node_tick():
     tick = build_tick(backend, cluster="c", node="ub20-a100-k8s", now_ms=10_000, interval_ms=5000)
     assert NodeTick.model_validate_json(tick.model_dump_json()) == tick
     assert backend.calls_last_tick == 1
+
+
+def test_an_xid_after_a_blank_first_scrape_is_new():
+    state = DcgmState()
+    [gpu], state = gpu_samples(parse_exposition(xid_text("9223372036854775792")), state)  # DCGM int64 blank
+    assert gpu.xid_errors == []
+    [gpu], state = gpu_samples(parse_exposition(xid_text("13")), state)
+    assert gpu.xid_errors == [13]
+
+
+def test_default_node_is_the_single_hostname_label_else_this_host():
+    assert default_node(DcgmBackend("http://x", fetch=lambda u, t: fixture(H100))) == "gpu-node-1"
+    assert default_node(DcgmBackend("http://x", fetch=lambda u, t: fixture(H100) + fixture(QUADRO))) == socket.gethostname()
+    assert default_node(DcgmBackend("http://x", fetch=lambda u, t: fixture("readme_quickstart.prom"))) == socket.gethostname()
