@@ -137,3 +137,25 @@ def local_queue() -> dict:
     lq = fixture("kueue-single-clusterqueue-setup.yaml", 2)
     lq["metadata"].update(uid="uid-lq", resourceVersion="1")
     return lq
+
+
+TIME_FIELDS = frozenset({"creationTimestamp", "deletionTimestamp", "lastTransitionTime", "startedAt", "finishedAt",
+                         "startTime"})
+
+
+def shift_times(obj, seconds: float):
+    """A copy of an API object (or a structure of them) with every timestamp moved by `seconds`."""
+    from datetime import datetime, timedelta
+
+    if isinstance(obj, list):
+        return [shift_times(x, seconds) for x in obj]
+    if not isinstance(obj, dict):
+        return obj
+    out = {}
+    for key, value in obj.items():
+        if key in TIME_FIELDS and isinstance(value, str):
+            t = datetime.fromisoformat(value.replace("Z", "+00:00")) + timedelta(seconds=seconds)
+            out[key] = t.strftime("%Y-%m-%dT%H:%M:%SZ")
+        else:
+            out[key] = shift_times(value, seconds)
+    return out
