@@ -317,7 +317,10 @@ class KubernetesAgent:
             if kind == "pod":
                 if change == "DELETED":
                     return self.core.pod_deleted(obj, now, self._lookup)
-                return self.core.observe_pod(obj, now, self._lookup)
+                events = self.core.observe_pod(obj, now, self._lookup)
+                if uid not in self.core.pods:
+                    known.pop(uid, None)  # not a GPU pod: nothing to remember
+                return events
             if kind == "workload":
                 if change == "DELETED":
                     self.core.workload_deleted(obj)
