@@ -146,3 +146,10 @@ def test_spool_records_carry_their_topic_key_and_partition(tmp_path):
                               ("t.job-events", None, b"mark", 1), ("t.scheduler-snapshots", b"k8s", b"snap", None)]
     assert spool.depth == 0
     spool.close()
+
+
+def test_an_unreachable_reporter_leaves_the_pod_waiting():
+    source = DeviceSource(KubernetesMapping(cluster="k8s"), endpoint="http://127.0.0.1:9/pod-resources", timeout_s=1)
+    assert source.lookup("kube-worker-1", "default", "train-0", "127.0.0.1") is None
+    assert source.lookup("kube-worker-1", "default", "train-1", "127.0.0.1") is None   # asked once per cycle
+    assert source.failures == 1

@@ -238,3 +238,16 @@ def test_malformed_objects_are_refused_with_the_reason(mangle, why):
     mangle(pod)
     with pytest.raises(MalformedObject, match=why):
         ledger().observe_pod(pod, NOW, devices())
+
+
+def test_without_podresources_the_allocation_carries_no_gpus_at_once():
+    core = ledger(devices_expected=False)
+    events = run(core, ["scheduled", "running", "succeeded"], lookup=lambda *a: pytest.fail("no lookup expected"))
+    assert kinds(events) == ["submitted", "allocated", "started", "completed"]
+    assert events[1].gpus == [] and core.waiting_pods() == []
+
+
+def test_a_gpu_index_from_the_device_plugin_stays_an_index():
+    lookup = devices({("kube-worker-1", "default", "train-0"): {"nginx": ["3"]}})
+    (alloc,) = [e for e in run(ledger(), ["running"], lookup) if e.kind == K.allocated]
+    assert [(g.node, g.gpu_uuid, g.gpu_index) for g in alloc.gpus] == [("kube-worker-1", None, 3)]
