@@ -297,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.interval <= 0 or args.command_timeout <= 0:
         p.error("--interval and --command-timeout must be positive")
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     state_file = args.state_file or default_state_file(settings, args.cluster)
     if args.print_:
         sink: Any = PrintSink()

@@ -1,0 +1,320 @@
+"""`make slurm-check`: the Slurm agent against a real Slurm 22.05 cluster on this host.
+
+Starts scripts/slurm/cluster.sh (munge, MariaDB + slurmdbd, slurmctld, 4 fake 8-GPU nodes), a
+Tansu broker, the Faust worker, the sink into chDB, one GPU agent per node (`--backend
+sim-slurm`, 1 s ticks: the GPUs Slurm gave a job are busy at its GPULEDGER_SIM_LOAD) and the
+Slurm agent (1 s polls). Submits real jobs — completed, exit 3, cancelled, a hung job (0 % load),
+an array, a multi-node job, an admin requeue, a job pending for lack of GPUs, a preemption by the
+higher-tier partition — and, meanwhile, kills the Slurm agent (SIGKILL, restarted) and restarts
+slurmctld. Then, per job and attempt, the ledger must agree with Slurm's accounting (sacct):
+allocated GPU-seconds (usage_raw, allocated_idle + executing) = gres/gpu × Elapsed within one
+poll interval per GPU, and outcome, attempts, tenant (account) and queue (partition) equal.
+Prints the per-job table (docs/slurm.md shows one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from gpuledger.broker import EmbeddedBroker
+from gpuledger.config import Settings
+from gpuledger.processes import ChildProcess, wait_until_caught_up
+
+pytestmark = [pytest.mark.slurm, pytest.mark.integration]
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER_SH = ROOT / "scripts" / "slurm" / "cluster.sh"
+NODES = ("gpu01", "gpu02", "gpu03", "gpu04")
+POLL_S = 1.0
+CLUSTER = "gpuledger"
+
+
+def say(text: str) -> None:
+    print(f"[slurm-check {time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+def sh(*argv: str, timeout: float = 20, check: bool = True) -> str:
+    out = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    if check and out.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {out.returncode}: {out.stderr.strip()}")
+    return out.stdout
+
+
+class Cluster:
+    def __init__(self, directory: Path):
+        self.dir = directory
+
+    def script(self, cmd: str, timeout: float = 900) -> str:
+        return sh("bash", str(CLUSTER_SH), cmd, str(self.dir), timeout=timeout)
+
+    def submit(self, *args: str, load: int = 80) -> str:
+        out = sh("sbatch", "--parsable", "-o", "/dev/null", "-D", str(self.dir),
+                 f"--export=ALL,GPULEDGER_SIM_LOAD={load}", *args)
+        return out.strip().split(";")[0]
+
+    def jobs(self) -> dict[str, dict]:
+        """squeue's view by canonical id ('3_1' for array tasks); {} while the controller is down."""
+        try:
+            data = json.loads(sh("squeue", "--json", "--states=all", timeout=10))
+        except (RuntimeError, subprocess.TimeoutExpired, ValueError):
+            return {}
+        out = {}
+        for j in data["jobs"]:
+            if j.get("array_task_id") is not None and j.get("array_job_id"):
+                out[f"{j['array_job_id']}_{j['array_task_id']}"] = j
+            elif not j.get("array_task_string"):
+                out[str(j["job_id"])] = j
+        return out
+
+    def wait(self, job: str, states: set[str], timeout: float = 90, restarts: int | None = None) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            j = self.jobs().get(job)
+            if j and j["job_state"] in states and (restarts is None or j["restart_cnt"] >= restarts):
+                return j
+            time.sleep(0.5)
+        raise TimeoutError(f"job {job} not in {states} after {timeout}s: {self.jobs().get(job, {}).get('job_state')}")
+
+
+def sacct_attempts() -> dict[str, list[dict]]:
+    """sacct's allocations, per canonical job id, oldest attempt first (--duplicates lists requeued runs)."""
+    text = sh("sacct", "-P", "-n", "--duplicates", "-X", "-o",
+              "JobID,JobIDRaw,State,Start,End,Elapsed,AllocTRES,ExitCode,Account,Partition", timeout=20)
+    out: dict[str, list[dict]] = {}
+    for line in text.splitlines():
+        f = line.split("|")
+        if len(f) < 10:
+            continue
+        m = re.search(r"gres/gpu=(\d+)", f[6])
+        out.setdefault(f[0], []).append({
+            "state": f[2].split()[0], "start": f[3], "end": f[4], "elapsed_s": elapsed_s(f[5]),
+            "gpus": int(m.group(1)) if m else 0, "exit": f[7], "account": f[8], "partition": f[9]})
+    for rows in out.values():
+        rows.sort(key=lambda r: r["start"])
+    return out
+
+
+def elapsed_s(text: str) -> int:
+    days, _, hms = text.rpartition("-")
+    h, m, s = (int(x) for x in hms.split(":"))
+    return (int(days) if days else 0) * 86400 + h * 3600 + m * 60 + s
+
+
+LEDGER_SCRIPT = r"""
+import json, sys
+from gpuledger.config import Settings
+from gpuledger.warehouse import connect
+c = connect(Settings(warehouse="chdb:" + sys.argv[1]))
+try:
+    usage = c.query(
+        "SELECT job_id, attempt, sum(gpu_ms), sumIf(gpu_ms, state = 'executing'), any(tenant), any(queue), "
+        "count(), uniqExact(record_id) FROM usage_raw WHERE state IN ('allocated_idle', 'executing') "
+        "GROUP BY job_id, attempt").result_rows
+    events = c.query("SELECT job_id, attempt, kind, reason, tenant, queue, event_id FROM job_events "
+                     "ORDER BY job_id, attempt, ts_ms").result_rows
+    (rows, ids), = c.query("SELECT count(), uniqExact(record_id) FROM usage_raw").result_rows
+    snaps = c.query("SELECT count() FROM scheduler_snapshots").result_rows[0][0]
+    preempt = c.query("SELECT job_id, by_job_id FROM scheduler_preemptions").result_rows
+finally:
+    c.close()
+print(json.dumps({"usage": usage, "events": events, "rows": rows, "ids": ids, "snapshots": snaps,
+                  "preemptions": preempt}, default=str))
+"""
+
+
+def read_ledger(chdb_dir: Path) -> dict:
+    out = subprocess.run([sys.executable, "-c", LEDGER_SCRIPT, str(chdb_dir)], capture_output=True, text=True,
+                         timeout=300)
+    if out.returncode != 0:
+        raise RuntimeError(f"reading the ledger failed: {out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    directory = ROOT / "build" / "slurm-check"
+    c = Cluster(directory)
+    if directory.exists():
+        c.script("stop", timeout=120)
+        shutil.rmtree(directory)
+    say("starting the Slurm cluster (installs slurm-wlm munge slurmdbd mariadb-server when missing)")
+    t0 = time.monotonic()
+    env_line = c.script("start")
+    os.environ["SLURM_CONF"] = env_line.strip().split("=", 1)[1]
+    say(f"cluster up in {time.monotonic() - t0:.1f}s")
+    try:
+        yield c
+    finally:
+        c.script("stop", timeout=120)
+
+
+def test_ledger_matches_sacct(cluster, tmp_path):
+    started = time.monotonic()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with EmbeddedBroker(log_path=logs / "tansu.log") as broker:
+        s = Settings(kafka_bootstrap=broker.bootstrap, topic_prefix=f"s{uuid.uuid4().hex[:6]}.",
+                     worker_app_id=f"w{uuid.uuid4().hex[:6]}", data_dir=tmp_path / "data",
+                     warehouse=f"chdb:{tmp_path / 'chdb'}", partitions_gpu_samples=2, partitions_job_events=2,
+                     partitions_usage=2, worker_rebalance_timeout_s=4.0, worker_snapshot_interval_s=1.0,
+                     cluster=CLUSTER, agent_spool_fsync="never")
+        from gpuledger.topics import create_topics
+        from gpuledger.warehouse import connect, migrate
+        create_topics(s)
+        client = connect(s)
+        try:
+            migrate(client, s.database)
+        finally:
+            client.close()
+        procs: list[ChildProcess] = []
+
+        def child(name: str, *args: str) -> ChildProcess:
+            p = ChildProcess(s, *args, log_path=logs / f"{name}.log").start()
+            procs.append(p)
+            return p
+
+        try:
+            worker = child("worker", "worker")
+            sink = child("sink", "sink")
+            for node in NODES:
+                child(f"gpu-{node}", "agent", "gpu", "--backend", "sim-slurm", "--node", node, "--cluster", CLUSTER,
+                      "--interval", "1")
+            state_file = tmp_path / "slurm-agent.json"
+            agent_args = ("agent", "slurm", "--cluster", CLUSTER, "--interval", str(POLL_S),
+                          "--state-file", str(state_file), "--command-timeout", "8")
+            agent = child("slurm-agent", *agent_args)
+            time.sleep(3)  # GPU agents ticking before the first job
+
+            say("phase A: completed, exit 3, cancelled, hung, array, multi-node, requeue")
+            ok = cluster.submit("-A", "teama", "--gres=gpu:2", "--wrap", "sleep 15")
+            fail = cluster.submit("-A", "teamb", "--gres=gpu:1", "--wrap", "sleep 8; exit 3")
+            cancel = cluster.submit("-A", "teamc", "--gres=gpu:2", "--wrap", "sleep 60")
+            hung = cluster.submit("-A", "teama", "--gres=gpu:1", "--wrap", "sleep 12", load=0)
+            array = cluster.submit("-A", "teamb", "--array=0-2", "--gres=gpu:1", "--wrap", "sleep 10")
+            multi = cluster.submit("-A", "teamc", "-N", "2", "--gres=gpu:4", "--wrap", "srun sleep 15")
+            requeue = cluster.submit("-A", "teama", "--gres=gpu:2", "--wrap", "sleep 10")
+            cluster.wait(requeue, {"RUNNING"})
+            time.sleep(3)
+            sh("scontrol", "requeue", requeue)
+            cluster.wait(requeue, {"PENDING"}, restarts=1)
+            sh("scontrol", "update", f"JobId={requeue}", "StartTime=now")  # eligible now, not in ~2 min
+            cluster.wait(cancel, {"RUNNING"})
+            time.sleep(2)
+
+            say("the Slurm agent is killed (SIGKILL) and restarted")
+            agent.proc.kill()
+            agent.proc.wait()
+            time.sleep(3)  # events happen while it is down
+            sh("scancel", cancel)
+            time.sleep(1)
+            agent = child("slurm-agent-2", *agent_args)
+
+            time.sleep(3)
+            say("slurmctld is restarted (state kept)")
+            cluster.script("restart-ctld", timeout=60)
+
+            for job in (ok, fail, cancel, hung, multi, requeue, f"{array}_0", f"{array}_1", f"{array}_2"):
+                cluster.wait(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=120)
+
+            say("phase B: a whole-cluster batch job, a job pending for GPUs, a preemption by prod")
+            victim = cluster.submit("-A", "teama", "-N", "4", "--gres=gpu:8", "--wrap", "sleep 15")
+            cluster.wait(victim, {"RUNNING"})
+            waiter = cluster.submit("-A", "teamb", "--gres=gpu:4", "--wrap", "sleep 8")
+            cluster.wait(waiter, {"PENDING"})
+            time.sleep(3)
+            urgent = cluster.submit("-p", "prod", "-A", "teamc", "--gres=gpu:8", "--wrap", "sleep 10")
+            cluster.wait(victim, {"PENDING"}, restarts=1, timeout=60)
+            sh("scontrol", "update", f"JobId={victim}", "StartTime=now")
+            for job in (urgent, waiter):
+                cluster.wait(job, {"COMPLETED"}, timeout=120)
+            cluster.wait(victim, {"COMPLETED"}, restarts=1, timeout=120)
+
+            # sacct has every end, and the watermark has passed the last of them
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                acct = sacct_attempts()
+                if all(r["end"] not in ("Unknown", "") for rows in acct.values() for r in rows):
+                    break
+                time.sleep(1)
+            # GPU agents first; then the Slurm agent's watermark passes their last tick (the worker
+            # holds a tick back until the lifecycle watermark reaches its end)
+            for p in procs:
+                if p.args[:2] == ("agent", "gpu"):
+                    p.stop()
+            time.sleep(4 * POLL_S + 2)
+            agent.stop()
+            t = s.topics
+            say("waiting for the worker and the sink")
+            wait_until_caught_up(s, s.worker_app_id, [t.gpu_samples, t.job_events, t.node_allocations],
+                                 alive=worker, timeout_s=180)
+            from gpuledger.sink import sink_topics
+            wait_until_caught_up(s, f"{s.worker_app_id}-sink", sink_topics(s), alive=sink, timeout_s=180)
+        finally:
+            for p in reversed(procs):
+                p.stop()
+
+    ledger = read_ledger(tmp_path / "chdb")
+    acct = sacct_attempts()
+    names = {ok: "completed", fail: "exit 3", cancel: "cancelled", hung: "hung (0% load)", multi: "multi-node",
+             requeue: "admin requeue", f"{array}_0": "array task", f"{array}_1": "array task",
+             f"{array}_2": "array task", victim: "preempted, rerun", waiter: "pending for GPUs",
+             urgent: "prod (preempts)"}
+    usage = {(r[0], r[1]): r for r in ledger["usage"]}
+    events: dict[str, list] = {}
+    for e in ledger["events"]:
+        events.setdefault(e[0], []).append(e)
+
+    outcome_of = {"COMPLETED": "completed", "FAILED": "failed", "CANCELLED": "cancelled",
+                  "PREEMPTED": "preempted", "REQUEUED": "preempted"}
+    rows, problems = [], []
+    for job, label in names.items():
+        for attempt, a in enumerate(acct.get(job, [])):
+            sacct_gpu_s = a["gpus"] * a["elapsed_s"]
+            u = usage.get((job, attempt))
+            ledger_gpu_s = (u[2] / 1000) if u else 0.0
+            exec_s = (u[3] / 1000) if u else 0.0
+            ends = [e for e in events.get(job, []) if e[1] == attempt and e[2] in
+                    ("completed", "failed", "cancelled", "preempted")]
+            outcome = ends[-1][2] if ends else "-"
+            reason = (ends[-1][3] or "") if ends else ""
+            tenant = {e[4] for e in events.get(job, [])}
+            queue = {e[5] for e in events.get(job, [])}
+            rows.append((job, label, attempt, a["state"], a["partition"], a["account"], a["gpus"], a["elapsed_s"],
+                         sacct_gpu_s, ledger_gpu_s, exec_s, outcome, reason))
+            if abs(ledger_gpu_s - sacct_gpu_s) > POLL_S * a["gpus"] + 1e-9:
+                problems.append(f"{job}#{attempt}: ledger {ledger_gpu_s} GPU-s, sacct {sacct_gpu_s}")
+            if outcome != outcome_of.get(a["state"], "?"):
+                problems.append(f"{job}#{attempt}: outcome {outcome}, sacct {a['state']}")
+            if tenant != {a["account"]} or (a["partition"] not in queue):
+                problems.append(f"{job}#{attempt}: tenant {tenant} queue {queue}, sacct {a['account']} {a['partition']}")
+        attempts = {e[1] for e in events.get(job, [])}
+        if attempts != set(range(len(acct.get(job, [])))):
+            problems.append(f"{job}: ledger attempts {sorted(attempts)}, sacct {len(acct.get(job, []))}")
+
+    header = ("job", "what", "att", "sacct state", "partition", "account", "GPUs", "elapsed s", "sacct GPU-s",
+              "ledger GPU-s", "executing GPU-s", "ledger outcome", "reason")
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    table = ["| " + " | ".join(str(x).ljust(w) for x, w in zip(r, widths)) + " |" for r in (header, *rows)]
+    table.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    print("\n" + "\n".join(table))
+    say(f"usage rows {ledger['rows']} (unique ids {ledger['ids']}), job events {len(ledger['events'])}, "
+        f"snapshots {ledger['snapshots']}, preemptions {ledger['preemptions']}; {time.monotonic() - started:.0f}s")
+    (ROOT / "build" / "slurm-check-table.md").write_text("\n".join(table) + "\n")
+
+    event_ids = [e[6] for e in ledger["events"]]
+    assert len(event_ids) == len(set(event_ids)), "an event reached the ledger twice"
+    assert ledger["rows"] == ledger["ids"], "a usage record reached the ledger twice"
+    assert [victim, urgent] in [list(p) for p in ledger["preemptions"]], ledger["preemptions"]
+    # the hung job held its GPUs without executing on them (under the ledger's default definition)
+    if usage.get((hung, 0)) and usage[(hung, 0)][3]:
+        say(f"note: the hung job {hung} has {usage[(hung, 0)][3] / 1000} executing GPU-s")
+    assert not problems, "\n".join(problems)
