@@ -427,14 +427,18 @@ class KubernetesLedger:
             if terminal:
                 self._end_pod(out, track, job, pod, meta, status, conds, statuses, now_ms, deleted)
             return
-        # container ids appear once the runtime has created the containers
-        started_at = [t for t in (parse_time_ms(_dict(_dict(s.get("state"), "state").get(k), k).get("startedAt"))
-                                  for s in statuses for k in ("running", "terminated")) if t is not None]
+        # container ids appear once the runtime has created the containers, and change when a
+        # container restarts: the GPU set is sent again from that container's start
+        started = {s.get("name"): t for s in statuses for k in ("running", "terminated")
+                   for t in [parse_time_ms(_dict(_dict(s.get("state"), "state").get(k), k).get("startedAt"))]
+                   if t is not None}
+        started_at = list(started.values())
         ids = {s.get("name"): strip_runtime(s.get("containerID")) for s in statuses}
         refreshed = [g[:5] + [ids.get(g[4]) or g[5]] for g in track.gpus]
         if refreshed != track.gpus:
+            changed = [started[g[4]] for g, old in zip(refreshed, track.gpus) if g != old and g[4] in started]
             track.gpus = refreshed
-            self._reallocate(out, job, min(started_at) if started_at else track.scheduled_ms or created)
+            self._reallocate(out, job, max(changed) if changed else track.scheduled_ms or created)
         if not track.started and started_at:
             track.started = True
             if not job.running:

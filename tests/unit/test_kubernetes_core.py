@@ -251,3 +251,13 @@ def test_a_gpu_index_from_the_device_plugin_stays_an_index():
     lookup = devices({("kube-worker-1", "default", "train-0"): {"nginx": ["3"]}})
     (alloc,) = [e for e in run(ledger(), ["running"], lookup) if e.kind == K.allocated]
     assert [(g.node, g.gpu_uuid, g.gpu_index) for g in alloc.gpus] == [("kube-worker-1", None, 3)]
+
+
+def test_a_restarted_container_sends_its_new_id_from_its_start():
+    core = ledger()
+    run(core, ["running"])
+    restarted = gpu_pod(stage="running", started=30, container_id="containerd://ffff")
+    restarted["status"]["containerStatuses"][0]["restartCount"] = 1
+    events = core.observe_pod(restarted, NOW, devices())
+    assert kinds(events) == ["allocated", "started"]
+    assert events[0].ts_ms == ms(30) and events[0].gpus[0].container_id == "ffff"
