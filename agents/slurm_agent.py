@@ -194,7 +194,7 @@ class SlurmAgent:
 
     def __init__(self, *, cluster: str, state_file: Path, sink: Any, partitions: int, command_timeout_s: float = 20.0,
                  margin_ms: int = 1000, run: Callable[..., str] = run_command,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, persist: bool = True):
         self.cluster = cluster
         self.state_file = state_file
         self.sink = sink
@@ -203,6 +203,7 @@ class SlurmAgent:
         self.margin_ms = margin_ms
         self.run = run  # run(argv, timeout_s, env=None) -> stdout, raises CommandFailed
         self.clock = clock
+        self.persist = persist
         self.state = load_state(state_file)
         self.failures = 0
         self.polls = 0
@@ -243,7 +244,8 @@ class SlurmAgent:
         self.sink.put(LINE_SNAPSHOTS, self.cluster, encode(snapshot))
         state.preemptions = []
         # The messages are in the spool (on disk) before the state that says they were sent.
-        save_state(self.state_file, state)
+        if self.persist:
+            save_state(self.state_file, state)
         self.state = state
         self.polls += 1
         log.info("poll %d: %d event(s), watermark %d, %d job(s) tracked", self.polls, len(events),
@@ -287,7 +289,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 description="Publish a Slurm cluster's job lifecycle and queue snapshots to the ledger.")
     p.add_argument("--cluster", default=settings.cluster, help="cluster name in the ledger (default %(default)s)")
     p.add_argument("--interval", type=float, default=settings.slurm_agent_interval_s, help="seconds between polls (default %(default)s)")
-    p.add_argument("--state-file", type=Path, default=None, help="the agent's state (default DATA_DIR/slurm-agent-<cluster>.json)")
+    p.add_argument("--state-file", type=Path, default=None,
+                   help="the agent's state (default DATA_DIR/slurm-agent-<cluster>.json; with --print only when given)")
     p.add_argument("--command-timeout", type=float, default=settings.slurm_agent_command_timeout_s,
                    help="seconds a Slurm client command may take (default %(default)s)")
     p.add_argument("--once", action="store_true", help="poll once and exit")
@@ -310,7 +313,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     agent = SlurmAgent(cluster=args.cluster, state_file=state_file, sink=sink,
                        partitions=settings.partitions_job_events, command_timeout_s=args.command_timeout,
-                       margin_ms=round(settings.slurm_agent_watermark_margin_s * 1000))
+                       margin_ms=round(settings.slurm_agent_watermark_margin_s * 1000),
+                       # a look with --print must not advance the state a publishing agent relies on
+                       persist=not args.print_ or args.state_file is not None or settings.slurm_agent_state_file is not None)
     try:
         if args.once:
             ok = agent.poll_once()
