@@ -17,10 +17,10 @@ from gpuledger.agents.simcluster import Emission
 from gpuledger.processes import ChildProcess, read_topic
 from gpuledger.schemas.models import GpuSample, JobEvent, LifecycleWatermark, MigDevice, NodeTick, SchedulerSnapshot
 from gpuledger.topics import create_topics
-from tests.kube.objects import ms, shift_times
-from tests.kube.podresources_server import FakeKubelet, PodResourcesServer
-from tests.kube.replay_server import ReplayApiServer, list_body
-from tests.kube.scenario import DEVICES, OTHER_MIG, PODS, TRAIN_GPU, recorded_cluster, train
+from kube.objects import ms, shift_times
+from kube.podresources_server import FakeKubelet, PodResourcesServer
+from kube.replay_server import ReplayApiServer, list_body
+from kube.scenario import DEVICES, OTHER_MIG, PODS, TRAIN_GPU, recorded_cluster, train
 
 pytestmark = pytest.mark.integration
 
@@ -105,7 +105,7 @@ def test_a_pods_gpu_seconds_through_worker_and_sink(make_settings, tmp_path):
     the real pipeline (Tansu, Faust worker, sink, chDB)."""
     from gpuledger.pipeline import run_embedded
     from gpuledger.warehouse import connect
-    from tests.kube.harness import Run
+    from kube.harness import Run
 
     with tempfile.TemporaryDirectory(prefix="pr-") as sockdir:
         sock = Path(sockdir) / "kubelet.sock"

@@ -13,8 +13,8 @@ from gpuledger.agents.kubernetes import KubernetesLedger, KubernetesMapping
 from gpuledger.agents.kubernetes_agent import DeviceSource, KubernetesAgent, api_client_for, load_state, make_watchers
 from gpuledger.agents.podresources.client import PodResourcesClient
 from gpuledger.agents.publisher import ListPublisher
-from tests.kube.objects import ms
-from tests.kube.replay_server import ReplayApiServer
+from kube.objects import ms
+from kube.replay_server import ReplayApiServer
 
 JOB_EVENTS, SNAPSHOTS = "t.job-events", "t.scheduler-snapshots"
 

@@ -3,8 +3,8 @@ GPU pods whose watch streams include a dropped connection, a bookmark and a 410 
 
 from __future__ import annotations
 
-from tests.kube.objects import cluster_queue, gpu_pod, local_queue, workload
-from tests.kube.replay_server import Resource, Session, bookmark, list_body
+from kube.objects import cluster_queue, gpu_pod, local_queue, workload
+from kube.replay_server import Resource, Session, bookmark, list_body
 
 PODS = "/api/v1/pods"
 KUEUE = "/apis/kueue.x-k8s.io/v1beta1"

@@ -20,11 +20,11 @@ from gpuledger.agents.kubernetes_agent import (
 )
 from gpuledger.agents.podresources.client import PodResourcesClient
 from gpuledger.agents.publisher import ListPublisher
-from tests.kube.harness import Run, by_job
-from tests.kube.objects import ms
-from tests.kube.podresources_server import FakeKubelet, PodResourcesServer
-from tests.kube.replay_server import ReplayApiServer, Resource, list_body
-from tests.kube.scenario import DEVICES, OTHER_CONTAINER, OTHER_MIG, PODS, TRAIN_GPU, other, recorded_cluster, train
+from kube.harness import Run, by_job
+from kube.objects import ms
+from kube.podresources_server import FakeKubelet, PodResourcesServer
+from kube.replay_server import ReplayApiServer, Resource, list_body
+from kube.scenario import DEVICES, OTHER_CONTAINER, OTHER_MIG, PODS, TRAIN_GPU, other, recorded_cluster, train
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 
 from gpuledger.agents.kubernetes import KubernetesMapping
 from gpuledger.agents.podresources.client import PodResourcesClient
-from tests.kube.podresources_server import FakeKubelet, PodResourcesServer
+from kube.podresources_server import FakeKubelet, PodResourcesServer
 
 PODS = {
     ("default", "train-0"): {"main": {"nvidia.com/gpu": ["GPU-aaaa", "GPU-bbbb"], "example.com/nic": ["nic0"]},
