@@ -98,10 +98,10 @@ start_mariadb() {
 
 start_slurmdbd() {
   alive slurmdbd && return 0
+  # slurmdbd reads slurmdbd.conf beside $SLURM_CONF
   setsid slurmdbd -D </dev/null >>"$DIR/log/slurmdbd.out" 2>&1 &
   echo $! >"$DIR/run/slurmdbd.pid"
   wait_for bash -c "exec 3<>/dev/tcp/127.0.0.1/$DBD_PORT"
-  # slurmdbd reads slurmdbd.conf beside $SLURM_CONF
   # the cluster and the test accounts (accounts are lower-cased by Slurm anyway)
   timeout $T sacctmgr -i add cluster gpuledger >/dev/null 2>&1 || true
   timeout $T sacctmgr -i add account teama,teamb,teamc cluster=gpuledger >/dev/null 2>&1 || true
@@ -174,16 +174,20 @@ stop_pid() {  # stop_pid NAME: SIGTERM, bounded wait, then SIGKILL
 cmd_stop() {
   local n
   # jobs' processes first (children of slurmstepd, in their own sessions): cancel, then stop daemons
-  if alive slurmctld; then timeout 5 scancel --user=root >/dev/null 2>&1 || true; fi
+  if alive slurmctld; then
+    timeout 5 scancel --user=root >/dev/null 2>&1 || true
+    # bounded wait until the steps are gone (slurmstepd kills the job's processes)
+    for n in $(seq 1 40); do
+      [[ -z "$(timeout 3 squeue -h -t running,completing,configuring -o %i 2>/dev/null)" ]] && break
+      sleep 0.25
+    done
+  fi
   for n in "${NODES[@]}"; do stop_pid "slurmd-$n"; done
   stop_pid slurmctld
   stop_pid slurmdbd
   stop_pid mariadbd
   if alive munged; then munged --stop --socket="$MUNGE_SOCKET" >/dev/null 2>&1 || stop_pid munged; fi
   rm -f "$DIR/run/munged.pid"
-  # job steps left over by a killed slurmd (slurmstepd has its own session): by their recorded pids only
-  local pid
-  for pid in $(cat "$DIR"/spool/*/*.pid 2>/dev/null || true); do kill -KILL "$pid" 2>/dev/null || true; done
   log "stopped"
 }
 
