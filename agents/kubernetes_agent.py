@@ -185,8 +185,10 @@ class Watcher(threading.Thread):
     dropped connection or an error -> watch again from the last resourceVersion seen."""
 
     def __init__(self, kind: str, list_fn: Callable[..., Any], args: tuple, out: queue.Queue, stop: threading.Event, *,
-                 timeout_s: float = 30.0, clock: Callable[[], float] = time.time, raw_list: bool = False):
+                 timeout_s: float = 30.0, clock: Callable[[], float] = time.time, raw_list: bool = False,
+                 optional: bool = False):
         super().__init__(name=f"watch-{kind}", daemon=True)
+        self.optional = optional  # a 404 (the resource's CRD is not installed) means: do without it
         self.kind, self.list_fn, self.args, self.out, self.stop = kind, list_fn, args, out, stop
         self.timeout_s, self.clock, self.raw_list = timeout_s, clock, raw_list
         self.resource_version: str | None = None
@@ -238,6 +240,11 @@ class Watcher(threading.Thread):
                     self.resource_version = None
                     self.relists += 1
                     continue
+                if exc.status == 404 and self.optional:
+                    log.error("%s: not served by the API server (404: is Kueue installed?); going on without it "
+                              "(--no-kueue skips it)", self.kind)
+                    self.out.put(("absent", self.kind))
+                    return
                 log.warning("watch %s: API error %s %s; retrying in %.1f s", self.kind, exc.status, exc.reason, backoff)
                 self.reconnects += 1
                 self.stop.wait(backoff)
@@ -292,6 +299,7 @@ class KubernetesAgent:
         self.fresh: dict[str, float] = {}
         self.synced: set[str] = set()
         self.known: dict[str, dict[str, dict]] = {}   # kind -> uid -> last object seen
+        self.absent: set[str] = set()                 # optional resources the API server does not serve
         self.skipped = 0
         self.published_events = 0
         self._last_snapshot = 0.0
@@ -372,6 +380,9 @@ class KubernetesAgent:
             self._publish_events(self._sync(kind, items))
             self.synced.add(kind)
             self.fresh[kind] = max(self.fresh.get(kind, 0.0), asked)
+        elif tag == "absent":
+            self.kinds = [k for k in self.kinds if k != kind]
+            self.absent.add(kind)
         elif tag == "event":
             _, _, change, obj, seen = item
             self._publish_events(self._apply(kind, change, obj))
@@ -409,12 +420,13 @@ class KubernetesAgent:
         for w in first:
             w.start()
         deadline = time.monotonic() + self.kueue_sync_timeout_s
-        while first and not stop.is_set() and {w.kind for w in first} - self.synced and time.monotonic() < deadline:
+        waiting = lambda: {w.kind for w in first} - self.synced - self.absent  # noqa: E731
+        while first and not stop.is_set() and waiting() and time.monotonic() < deadline:
             try:
                 self._handle(self.queue.get(timeout=0.1))
             except queue.Empty:
                 pass
-        if {w.kind for w in first} - self.synced:
+        if waiting():
             log.warning("Kueue objects not listed after %.0f s; reading pods anyway", self.kueue_sync_timeout_s)
         for w in watchers:
             if w not in first:
@@ -451,7 +463,7 @@ def make_watchers(api_client: Any, out: queue.Queue, stop: threading.Event, *, k
     if kueue:
         for kind, plural in KUEUE_RESOURCES:
             watchers.append(Watcher(kind, custom.list_cluster_custom_object, (KUEUE_GROUP, KUEUE_VERSION, plural),
-                                    out, stop, timeout_s=timeout_s, clock=clock))
+                                    out, stop, timeout_s=timeout_s, clock=clock, optional=True))
     watchers.append(Watcher("pod", core_api.list_pod_for_all_namespaces, (), out, stop, timeout_s=timeout_s,
                             clock=clock, raw_list=True))
     return watchers

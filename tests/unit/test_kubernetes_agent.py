@@ -153,3 +153,11 @@ def test_an_unreachable_reporter_leaves_the_pod_waiting():
     assert source.lookup("kube-worker-1", "default", "train-0", "127.0.0.1") is None
     assert source.lookup("kube-worker-1", "default", "train-1", "127.0.0.1") is None   # asked once per cycle
     assert source.failures == 1
+
+
+def test_without_kueue_installed_the_agent_goes_on_with_pods_alone(kubelet_socket, tmp_path):
+    cluster = {PODS: Resource([list_body("PodList", "100", [train("running", "103")])])}   # Kueue paths: 404
+    with ReplayApiServer(cluster) as server:
+        run = Run(server, kubelet_socket, tmp_path / "s.json", kueue=True).until(lambda r: r.watermarks())
+    assert run.agent.absent == {"localqueue", "clusterqueue", "workload"}
+    assert by_job(run.events())["default/job/train"] == ["submitted", "allocated", "started"]
