@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 
 import orjson
 
-from gpuledger.agents.kubernetes import KubernetesLedger, KubernetesMapping, MalformedObject, metadata
+from gpuledger.agents.kubernetes import KubernetesLedger, KubernetesMapping, MalformedObject, job_identity, metadata
 from gpuledger.schemas.wire import encode
 
 log = logging.getLogger(__name__)
@@ -264,22 +264,51 @@ class Watcher(threading.Thread):
 
 
 # --------------------------------------------------------------------------- the agent
+def job_of(obj: dict) -> str:
+    _, _, namespace, name = metadata(obj)
+    return job_identity(obj, namespace, name)
+
+
+def _watermark_path(path: Path) -> Path:
+    return path.with_name(path.name + ".watermark")
+
+
 def load_state(path: Path) -> dict | None:
+    """The saved state, with the latest watermark sent (kept in a small side file between the
+    state's saves)."""
     try:
-        return json.loads(path.read_text())
+        state = json.loads(path.read_text())
     except FileNotFoundError:
-        return None
+        state = None
+    try:
+        mark = int(_watermark_path(path).read_text())
+    except (FileNotFoundError, ValueError):
+        return state
+    if state is None:
+        from gpuledger.agents.kubernetes import STATE_VERSION
+        state = {"version": STATE_VERSION, "watermark_ms": 0, "pods": {}, "jobs": {}, "local_queues": {}}
+    state["watermark_ms"] = max(int(state.get("watermark_ms", 0)), mark)
+    return state
 
 
-def save_state(path: Path, state: dict) -> None:
-    """Atomically: write a temporary file, fsync it, rename it over the old one."""
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write a temporary file, fsync it, rename it over the old one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
-        f.write(orjson.dumps(state))
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def save_state(path: Path, state: dict) -> None:
+    _write_atomically(path, orjson.dumps(state))
+
+
+def save_watermark(path: Path, watermark_ms: int) -> None:
+    """Only the watermark moved: a few bytes instead of the whole state."""
+    _write_atomically(_watermark_path(path), str(watermark_ms).encode())
 
 
 class KubernetesAgent:
@@ -300,6 +329,7 @@ class KubernetesAgent:
         self.synced: set[str] = set()
         self.known: dict[str, dict[str, dict]] = {}   # kind -> uid -> last object seen
         self.absent: set[str] = set()                 # optional resources the API server does not serve
+        self.dirty = True                              # the core's saved state is behind
         self.skipped = 0
         self.published_events = 0
         self._last_snapshot = 0.0
@@ -323,21 +353,27 @@ class KubernetesAgent:
                 known[uid] = obj
             now = self.now_ms()
             if kind == "pod":
+                tracked = uid in self.core.pods
                 if change == "DELETED":
-                    return self.core.pod_deleted(obj, now, self._lookup)
-                events = self.core.observe_pod(obj, now, self._lookup)
+                    events = self.core.pod_deleted(obj, now, self._lookup)
+                else:
+                    events = self.core.observe_pod(obj, now, self._lookup)
                 if uid not in self.core.pods:
-                    known.pop(uid, None)  # not a GPU pod: nothing to remember
+                    known.pop(uid, None)  # not a GPU pod (or gone): nothing to remember
+                self.dirty = self.dirty or tracked or uid in self.core.pods
                 return events
             if kind == "workload":
                 if change == "DELETED":
                     self.core.workload_deleted(obj)
                     return []
-                return self.core.observe_workload(obj, now)
+                events = self.core.observe_workload(obj, now)
+                self.dirty = self.dirty or bool(events) or self.core.jobs.get(job_of(obj)) is not None
+                return events
             if kind == "clusterqueue":
                 (self.core.cluster_queue_deleted if change == "DELETED" else self.core.observe_cluster_queue)(obj)
             elif kind == "localqueue":
                 (self.core.local_queue_deleted if change == "DELETED" else self.core.observe_local_queue)(obj)
+                self.dirty = True
             return []
         except MalformedObject as exc:
             self.skipped += 1
@@ -405,7 +441,11 @@ class KubernetesAgent:
         observed = min([now] + [int(self.fresh.get(k, 0.0) * 1000) for k in self.kinds])
         mark = self.core.watermark(observed)
         if self.state_path is not None:  # before the watermark goes out: a restart never promises less
-            save_state(self.state_path, self.core.to_state())
+            if self.dirty:
+                save_state(self.state_path, self.core.to_state())
+                self.dirty = False
+            elif mark is not None:
+                save_watermark(self.state_path, mark.ts_ms)
         if mark is not None:
             value = encode(mark)
             for partition in range(self.partitions):
@@ -452,6 +492,7 @@ class KubernetesAgent:
                     break
             if self.state_path is not None:
                 save_state(self.state_path, self.core.to_state())
+                self.dirty = False
 
 
 def make_watchers(api_client: Any, out: queue.Queue, stop: threading.Event, *, kueue: bool, timeout_s: float,
