@@ -76,6 +76,15 @@ class KubernetesMapping:
     allowed_lateness_ms: int = 30_000                 # watermark = observed time - this
     device_wait_ms: int = 120_000                     # how long a scheduled pod waits for its device ids
     devices_expected: bool = True                     # False: no PodResources; allocations carry no GPUs
+    #: how a GPU holder's container is named, to match the GPU samples' processes: "runtime" = the
+    #: runtime's container id (what the NVML agent reads from cgroups), "name" =
+    #: k8s://<namespace>/<pod>/<container> (what the dcgm agent reads from dcgm-exporter's labels)
+    container_ids: str = "runtime"
+
+    def container_ref(self, namespace: str, pod: str, container: str | None, runtime_id: str | None) -> str | None:
+        if self.container_ids == "name":
+            return f"k8s://{namespace}/{pod}/{container or ''}"
+        return strip_runtime(runtime_id)
 
     def is_gpu_resource(self, name: str) -> bool:
         vendor = self.gpu_resource.split("/", 1)[0]
@@ -419,7 +428,7 @@ class KubernetesLedger:
                                 " (it ended first)" if terminal else f" after {waited / 1000:.0f} s")
                     gpus = []
                 else:
-                    gpus = self._assignments(node, devices, statuses)
+                    gpus = self._assignments(track, node, devices, statuses)
             track.allocated, track.waiting_since_ms, track.gpus = True, None, gpus
             self._waiting.pop(track.uid, None)
             self._reallocate(out, job, track.scheduled_ms)
@@ -433,7 +442,7 @@ class KubernetesLedger:
                    for t in [parse_time_ms(_dict(_dict(s.get("state"), "state").get(k), k).get("startedAt"))]
                    if t is not None}
         started_at = list(started.values())
-        ids = {s.get("name"): strip_runtime(s.get("containerID")) for s in statuses}
+        ids = self._container_refs(track, statuses)
         refreshed = [g[:5] + [ids.get(g[4]) or g[5]] for g in track.gpus]
         if refreshed != track.gpus:
             changed = [started[g[4]] for g, old in zip(refreshed, track.gpus) if g != old and g[4] in started]
@@ -447,8 +456,13 @@ class KubernetesLedger:
         if terminal:
             self._end_pod(out, track, job, pod, meta, status, conds, statuses, now_ms, deleted)
 
-    def _assignments(self, node: str, devices: dict[str, list[str]], statuses: list[dict]) -> list[list]:
-        ids = {s.get("name"): strip_runtime(s.get("containerID")) for s in statuses}
+    def _container_refs(self, track: Any, statuses: list[dict]) -> dict[str, str | None]:
+        """container name -> the id its GPU processes are matched by (KubernetesMapping.container_ids)."""
+        return {s.get("name"): self.mapping.container_ref(track.namespace, track.name, s.get("name"), s.get("containerID"))
+                for s in statuses}
+
+    def _assignments(self, track: Any, node: str, devices: dict[str, list[str]], statuses: list[dict]) -> list[list]:
+        ids = self._container_refs(track, statuses)
         merged: dict[tuple, int] = {}
         for container, device_ids in sorted(devices.items()):
             for device_id in device_ids:

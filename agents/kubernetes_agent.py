@@ -559,7 +559,8 @@ def mapping_from(settings: Any, cluster: str, devices_expected: bool) -> Kuberne
         default_queue=settings.kubernetes_default_queue, gpu_resource=settings.kubernetes_gpu_resource,
         time_slicing_replicas=settings.kubernetes_time_slicing_replicas,
         allowed_lateness_ms=round(settings.kubernetes_allowed_lateness_s * 1000),
-        device_wait_ms=round(settings.kubernetes_device_wait_s * 1000), devices_expected=devices_expected)
+        device_wait_ms=round(settings.kubernetes_device_wait_s * 1000), devices_expected=devices_expected,
+        container_ids=settings.kubernetes_container_ids)
 
 
 class _StdoutPublisher:

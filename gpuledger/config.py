@@ -93,6 +93,7 @@ class Settings(BaseSettings):
     kubernetes_device_wait_s: float = Field(120.0, ge=0, description="how long a scheduled pod waits for its device ids before its allocation is sent without GPUs, seconds")
     kubernetes_pod_resources_socket: Path | None = Field(None, description="kubelet PodResources socket of the agent's node")
     kubernetes_device_endpoint: str | None = Field(None, description="URL template ({node}, {host_ip}) of the per-node PodResources reporters")
+    kubernetes_container_ids: str = Field("runtime", pattern="^(runtime|name)$", description="how GPU holders' containers are named to match the GPU samples' processes: 'runtime' (the runtime's container id, as the NVML GPU agent reads it from cgroups) or 'name' (k8s://<namespace>/<pod>/<container>, as the dcgm agent reads it from dcgm-exporter's pod labels)")
     kubernetes_kueue: bool = Field(True, description="read Kueue Workloads, ClusterQueues and LocalQueues")
     kubernetes_watch_timeout_s: float = Field(30.0, gt=0, description="length of one watch request, seconds")
     kubernetes_snapshot_interval_s: float = Field(30.0, gt=0, description="seconds between scheduler snapshots")

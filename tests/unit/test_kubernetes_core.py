@@ -261,3 +261,13 @@ def test_a_restarted_container_sends_its_new_id_from_its_start():
     events = core.observe_pod(restarted, NOW, devices())
     assert kinds(events) == ["allocated", "started"]
     assert events[0].ts_ms == ms(30) and events[0].gpus[0].container_id == "ffff"
+
+
+def test_container_ids_by_name_match_what_the_dcgm_agent_reports():
+    from gpuledger.agents.dcgm import holder_container_id
+    from gpuledger.agents.kubernetes import KubernetesMapping
+
+    by_name = KubernetesMapping(cluster="c", container_ids="name")
+    ref = by_name.container_ref("ml", "train-0", "trainer", "containerd://abc")
+    assert ref == holder_container_id({"namespace": "ml", "pod": "train-0", "container": "trainer"})
+    assert KubernetesMapping(cluster="c").container_ref("ml", "train-0", "trainer", "containerd://abc") == "abc"
