@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import socket
 import sys
-import threading
 import time
 import urllib.request
 from typing import Any, Callable, NoReturn, Sequence
@@ -102,12 +100,8 @@ def default_node(backend: DcgmBackend) -> str:
     return hosts[0] if len(hosts) == 1 else socket.gethostname()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from gpuledger.agents.gpu_agent import _StdoutPublisher, build_tick, open_spooled_publisher, run_agent
-    from gpuledger.config import load_settings
-    from gpuledger.schemas.wire import encode
-
-    settings = load_settings()
+def build_parser(settings: Any) -> argparse.ArgumentParser:
+    """The agent's command line (defaults from `settings`); deploy/ files are checked against it."""
     p = argparse.ArgumentParser(prog="gpuledger agent dcgm",
                                 description="GPU samples (NodeTicks) from a dcgm-exporter /metrics endpoint.")
     p.add_argument("--url", default=DEFAULT_URL, help="dcgm-exporter metrics URL (default %(default)s)")
@@ -125,6 +119,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--metrics-port", type=int, default=settings.agent_metrics_port,
                    help="serve Prometheus /metrics on this port (0: off; default GPULEDGER_AGENT_METRICS_PORT)")
     p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from gpuledger.agents.gpu_agent import build_tick, serve_ticks
+    from gpuledger.config import load_settings
+    from gpuledger.schemas.wire import encode
+
+    settings = load_settings()
+    p = build_parser(settings)
     args = p.parse_args(argv)
     if args.interval <= 0:
         p.error("--interval must be positive")
@@ -154,39 +158,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             pub.publish(settings.topics.gpu_samples, node, encode(tick))
             return 1 if pub.flush() else 0
 
-    stop = threading.Event()
-    metrics = None
-    publisher: Any
-    if args.print_:
-        publisher = _StdoutPublisher()
-    else:
-        from gpuledger.metrics import AgentMetrics, start_metrics_server
-
-        metrics = AgentMetrics(node)
-        start_metrics_server(args.metrics_port)
-        if settings.agent_spool_max_bytes > 0:
-            from gpuledger.agents.spool import SpoolLocked
-            try:
-                publisher = open_spooled_publisher(settings, node, metrics=metrics)
-            except SpoolLocked as exc:
-                print(f"dcgm agent: {exc} (is another agent running for node {node}?)", file=sys.stderr)
-                return 2
-        else:
-            from gpuledger.agents.publisher import KafkaPublisher
-            publisher = KafkaPublisher(settings)
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())  # docker stop / systemd: finish cleanly
     log.info("scraping %s every %.3g s as node %s of cluster %s", args.url, args.interval, node, args.cluster)
-    try:
-        run_agent(backend, publisher, settings.topics.gpu_samples, cluster=args.cluster, node=node,
-                  interval_s=args.interval, stop=stop, metrics=metrics, ticks_per_message=args.ticks_per_message)
-    except KeyboardInterrupt:
-        stop.set()
-    finally:
-        if hasattr(publisher, "close"):
-            publisher.close()
-    return 0
-
+    return serve_ticks(backend, settings, cluster=args.cluster, node=node, interval_s=args.interval,
+                       ticks_per_message=args.ticks_per_message, print_=args.print_, metrics_port=args.metrics_port,
+                       label="dcgm agent")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -237,6 +237,43 @@ def _bench(backend: GpuBackend, n: int, *, cluster: str, node: str, interval_ms:
     }
 
 
+def serve_ticks(backend: GpuBackend, settings: Any, *, cluster: str, node: str, interval_s: float,
+                ticks_per_message: int, print_: bool, metrics_port: int, label: str) -> int:
+    """Run an agent's tick loop until SIGTERM: ticks to stdout (`print_`), else through the node's
+    disk spool (or straight to Kafka when the spool is off) with Prometheus metrics on
+    `metrics_port`. Shared by every agent that publishes line 1 (NVML, dcgm). Returns the exit code."""
+    stop = threading.Event()
+    metrics = None
+    if print_:
+        publisher: Any = _StdoutPublisher()
+    else:
+        from gpuledger.metrics import AgentMetrics, start_metrics_server
+
+        metrics = AgentMetrics(node)
+        start_metrics_server(metrics_port)
+        if settings.agent_spool_max_bytes > 0:
+            from gpuledger.agents.spool import SpoolLocked
+            try:
+                publisher = open_spooled_publisher(settings, node, metrics=metrics)
+            except SpoolLocked as exc:
+                print(f"{label}: {exc} (is another agent running for node {node}?)", file=sys.stderr)
+                return 2
+        else:
+            from gpuledger.agents.publisher import KafkaPublisher
+            publisher = KafkaPublisher(settings)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())  # docker stop / systemd: finish cleanly
+    try:
+        run_agent(backend, publisher, settings.topics.gpu_samples, cluster=cluster, node=node,
+                  interval_s=interval_s, stop=stop, metrics=metrics, ticks_per_message=ticks_per_message)
+    except KeyboardInterrupt:
+        stop.set()
+    finally:
+        if hasattr(publisher, "close"):
+            publisher.close()
+    return 0
+
+
 def build_parser(settings: Any) -> argparse.ArgumentParser:
     """The agent's command line (defaults from `settings`); deploy/ files are checked against it."""
     p = argparse.ArgumentParser(prog="gpuledger agent gpu", description="Sample this node's GPUs into NodeTicks.")
@@ -297,37 +334,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 pub.publish(settings.topics.gpu_samples, args.node, encode(tick))
                 return 1 if pub.flush() else 0
 
-        stop = threading.Event()
-        metrics = None
-        if args.print_:
-            publisher: Any = _StdoutPublisher()
-        else:
-            from gpuledger.metrics import AgentMetrics, start_metrics_server
-
-            metrics = AgentMetrics(args.node)
-            start_metrics_server(args.metrics_port)
-            if settings.agent_spool_max_bytes > 0:
-                from gpuledger.agents.spool import SpoolLocked
-                try:
-                    publisher = open_spooled_publisher(settings, args.node, metrics=metrics)
-                except SpoolLocked as exc:
-                    print(f"gpu agent: {exc} (is another agent running for node {args.node}?)", file=sys.stderr)
-                    return 2
-            else:
-                from gpuledger.agents.publisher import KafkaPublisher
-                publisher = KafkaPublisher(settings)
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, lambda *_: stop.set())  # docker stop / systemd: finish cleanly
-        try:
-            run_agent(backend, publisher, settings.topics.gpu_samples, cluster=args.cluster, node=args.node,
-                      interval_s=args.interval, stop=stop, metrics=metrics,
-                      ticks_per_message=args.ticks_per_message)
-        except KeyboardInterrupt:
-            stop.set()
-        finally:
-            if hasattr(publisher, "close"):
-                publisher.close()
-        return 0
+        return serve_ticks(backend, settings, cluster=args.cluster, node=args.node, interval_s=args.interval,
+                           ticks_per_message=args.ticks_per_message, print_=args.print_,
+                           metrics_port=args.metrics_port, label="gpu agent")
     finally:
         backend.close()
 
