@@ -47,6 +47,8 @@ PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"
 #: being set up, suspended, or stopping (COMPLETING: ended, outcome not known yet).
 HOLDING_STATES = frozenset({"RUNNING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESIZING",
                             "COMPLETING"})
+#: Holding states in which gres_detail may not list the GPUs yet (or any more): the allocation waits.
+TRANSITIONAL_STATES = frozenset({"CONFIGURING", "COMPLETING"})
 #: Final states: the ledger's kind and reason for each (reason None: taken from the exit code).
 FINAL_STATES: dict[str, tuple[JobEventKind, str | None]] = {
     "COMPLETED": (JobEventKind.completed, None),
@@ -504,19 +506,22 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
         js.attempt, js.allocated, js.ended, js.nodes, js.alloc_start_ms = job.attempt, False, False, [], 0
 
     ran = bool(job.nodes) and job.start_ms > 0
-    if job.state in HOLDING_STATES or (job.state in FINAL_STATES and ran):
-        if not js.allocated:
-            gpus = job_gpus(job) if job.state in HOLDING_STATES else []
-            if job.state in HOLDING_STATES and not gpus and job.requested_gpus:
+    if job.state in HOLDING_STATES and not js.allocated:
+        gpus = job_gpus(job)
+        if not gpus and job.requested_gpus and job.state in TRANSITIONAL_STATES:
+            # GPU indices not shown in this state: wait for RUNNING (or the end), and keep the
+            # watermark below the start the allocation will carry
+            hold_ms.append(job.start_ms)
+        else:
+            if not gpus and job.requested_gpus:
                 out.warnings.append(f"job {job.job_id} is {job.state} without GPU indices in gres_detail")
-            note = None if gpus or not job.requested_gpus else "GPU indices not seen (the job ran between polls)"
-            out.emit(job, JobEventKind.allocated, job.start_ms, gpus=gpus, reason=note)
-            out.emit(job, JobEventKind.started, job.start_ms)
-            js.allocated, js.alloc_start_ms, js.nodes, js.queue = True, job.start_ms, job.nodes, job.queue
-        if job.state == "COMPLETING":
-            hold_ms.append(job.end_ms)
-            return
+            _allocate(job, js, out, gpus, None if gpus or not job.requested_gpus else "GPU indices not in gres_detail")
+    if job.state == "COMPLETING":
+        hold_ms.append(job.end_ms)
+        return
     if job.state in FINAL_STATES:
+        if ran and not js.allocated:
+            _allocate(job, js, out, [], "GPU indices not seen (the job ran between polls)" if job.requested_gpus else None)
         kind, reason = FINAL_STATES[job.state]
         exit_text = describe_exit(job.exit_code)
         if reason is None:
@@ -529,6 +534,13 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
             state.preemptions.append(PreemptionFired(job_id=job.job_id, queue=job.queue,
                                                      rule="partition_prio/cancel").model_dump(mode="json"))
         js.ended = js.finished = True
+
+
+def _allocate(job: SlurmJob, js: JobState, out: _Emitter, gpus: list[GpuAssignment], note: str | None) -> None:
+    """allocated + started at start_time: Slurm has one RUNNING state for both."""
+    out.emit(job, JobEventKind.allocated, job.start_ms, gpus=gpus, reason=note)
+    out.emit(job, JobEventKind.started, job.start_ms)
+    js.allocated, js.alloc_start_ms, js.nodes, js.queue = True, job.start_ms, job.nodes, job.queue
 
 
 def close_vanished(job_ids: Iterable[str], state: AgentState, accounting: Mapping[str, list[SacctRow]], *,

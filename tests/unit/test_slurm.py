@@ -395,3 +395,18 @@ def test_print_sink_writes_replayable_dump_lines(capsys):
     from gpuledger.replay import parse_dump_line
     lines = [parse_dump_line(line) for line in out.getvalue().splitlines()]
     assert [(d.topic, d.key) for d in lines] == [("job-events", None), ("job-events", "7")]
+
+
+def test_a_configuring_job_without_gpu_indices_waits_and_holds_the_watermark():
+    data = squeue("running")
+    configuring = copy.deepcopy(data)
+    for job in configuring["jobs"]:
+        if job["job_id"] == 1:
+            job["job_state"], job["gres_detail"] = "CONFIGURING", []
+    r = translate(configuring, AgentState(), cluster="c", poll_started_ms=POLL_MS["running"], tiers=TIERS)
+    assert "slurm:c:1:0:allocated" not in ids(r) and "slurm:c:1:0:submitted" in ids(r)
+    assert r.watermark.ts_ms == 1796084016_000  # the start the allocation will carry
+    later = translate(data, r.state, cluster="c", poll_started_ms=POLL_MS["running"] + 2000, tiers=TIERS)
+    alloc = {e.event_id: e for e in later.events}["slurm:c:1:0:allocated"]
+    assert alloc.ts_ms == 1796084016_000 and len(alloc.gpus) == 3
+    assert alloc.ts_ms >= r.watermark.ts_ms  # not late
