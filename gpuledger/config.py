@@ -25,6 +25,8 @@ class Topics:
         self.dead_letters = f"{prefix}dead-letters"
         self.late_events = f"{prefix}late-events"  # late input that was still applied, with the reason
         self.worker_state = f"{prefix}worker-state"  # internal: worker state snapshots (compacted)
+        #: internal: every lifecycle event the worker's router accepted (what the sink stores as job events)
+        self.lifecycle_accepted = f"{prefix}lifecycle-accepted"
 
 
 class Settings(BaseSettings):
@@ -66,6 +68,7 @@ class Settings(BaseSettings):
     worker_retention_s: float = Field(86400.0, gt=0, description="event time behind the closed horizon for which the worker recognises duplicate allocation changes and accepts late ones, seconds")
     worker_max_ahead_s: float = Field(604800.0, gt=0, description="input more than this ahead of the lifecycle watermark is rejected as an absurd timestamp, seconds")
     sink_retry_max_s: float = Field(30.0, gt=0, description="longest pause between the sink's retries of a failed warehouse write, seconds (it retries until it succeeds)")
+    dead_letter_max_bytes: int = Field(900_000, ge=16_384, description="largest dead letter the worker and sink produce, bytes; a larger original is cut (its size and SHA-256 kept). Keep it under the broker's message size (Kafka's default 1 MB)")
     sink_fault_file: Path | None = Field(None, description="testing only: fault-injection control file read by the sink (docs/reliability.md)")
     agent_interval_s: float = Field(5.0, gt=0, description="GPU agent sampling interval, seconds")
     cluster: str = Field("default", description="cluster name the agent reports")
@@ -128,6 +131,7 @@ class Settings(BaseSettings):
             t.usage: self.partitions_usage,
             t.dead_letters: self.partitions_dead_letters,
             t.late_events: self.partitions_dead_letters,
+            t.lifecycle_accepted: self.partitions_job_events,  # partition n holds job-events partition n's
             # one partition per join partition, then one per router (job-events) partition
             t.worker_state: self.partitions_gpu_samples + self.partitions_job_events,
         }

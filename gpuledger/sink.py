@@ -28,17 +28,22 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
+import orjson
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from gpuledger.config import Settings
-from gpuledger.schemas.models import DeadLetter, JobEvent, LifecycleWatermark, NodeTick, SchedulerSnapshot, UsageBatch
-from gpuledger.schemas.wire import DecodeError, decode, decode_lifecycle, decode_node_ticks, encode
+from gpuledger.schemas.models import JobEvent, LifecycleWatermark, NodeTick, SchedulerSnapshot, UsageBatch
+from gpuledger.schemas.wire import DecodeError, decode, decode_lifecycle, decode_node_ticks
+from gpuledger.streams.checks import DAY_MS, dead_letter, rows_problem, time_problem
+from gpuledger.streams.core import SOURCE_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -146,26 +151,83 @@ def inventory_row(tick: NodeTick, source: Source) -> dict:
     }
 
 
-def process_message(kind: str, raw: bytes | None, source: Source) -> dict[str, list[dict]]:
+def process_message(kind: str, raw: bytes | None, source: Source, *, now_ms: int | None = None,
+                    max_ahead_ms: int = 7 * DAY_MS) -> dict[str, list[dict]]:
     """Rows per table for one message of the given line (USAGE, JOB_EVENTS, SNAPSHOTS, SAMPLES).
 
-    Watermarks give no rows (the warehouse does not need them). Raises DecodeError."""
+    Watermarks give no rows (the warehouse does not need them). Raises DecodeError — also for a
+    message outside the time window (streams/checks.py, the worker's rules; `now_ms` is the sink's
+    clock at receipt) and for values their column cannot hold, so no insert ever sees them."""
     if raw is None:
         raise DecodeError("empty message (no value)")
     if kind == USAGE:
-        return {"usage_raw": usage_rows(decode(UsageBatch, raw), source)}
-    if kind == JOB_EVENTS:
+        rows = {"usage_raw": usage_rows(decode(UsageBatch, raw), source)}
+    elif kind == JOB_EVENTS:  # what the worker accepted (lifecycle-accepted): it judged time and sequence
         message = decode_lifecycle(raw)
         if isinstance(message, LifecycleWatermark):
             return {}
-        return {"job_events": [job_event_row(message, source)]}
-    if kind == SNAPSHOTS:
-        return snapshot_rows(decode(SchedulerSnapshot, raw), source)
-    if kind == SAMPLES:
+        rows = {"job_events": [job_event_row(message, source)]}
+    elif kind == SNAPSHOTS:  # the worker never sees these: the same checks here
+        snapshot = decode(SchedulerSnapshot, raw)
+        problem = time_problem(f"snapshot of {snapshot.cluster}", snapshot.ts_ms, 0, max_ahead_ms, now_ms)
+        if problem:
+            raise DecodeError(problem)
+        rows = snapshot_rows(snapshot, source)
+    elif kind == SAMPLES:
         ticks = decode_node_ticks(raw)  # one NodeTick or a node's NodeTickBatch
-        return {"gpu_health": [row for tick in ticks for row in health_rows(tick, source)],
+        for tick in ticks:
+            problem = time_problem(f"tick of {tick.node}", tick.ts_ms, 0, max_ahead_ms, now_ms)
+            if problem:
+                raise DecodeError(problem)
+        rows = {"gpu_health": [row for tick in ticks for row in health_rows(tick, source)],
                 "node_inventory": [inventory_row(tick, source) for tick in ticks]}
-    raise ValueError(f"unknown line {kind!r}")
+    else:
+        raise ValueError(f"unknown line {kind!r}")
+    problem = rows_problem(rows)
+    if problem:
+        raise DecodeError(problem)
+    return rows
+
+
+# --------------------------------------------------------------------------- error classes
+#: ClickHouse error codes that the same block can never get past (retrying it is pointless):
+#: CANNOT_PARSE_* (6, 26, 27, 38, 41, 72), BAD_ARGUMENTS (36), ILLEGAL_TYPE_OF_ARGUMENT (43),
+#: ILLEGAL_COLUMN (44), TYPE_MISMATCH (53), ARGUMENT_OUT_OF_BOUND (69), CANNOT_CONVERT_TYPE (70),
+#: TOO_LARGE_STRING_SIZE (131), TOO_MANY_PARTITIONS for one INSERT block (252),
+#: VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE (321), CANNOT_INSERT_NULL_IN_ORDINARY_COLUMN (349),
+#: DECIMAL_OVERFLOW (407). Unknown tables/columns (a migration not applied yet) stay transient.
+PERMANENT_CODES = frozenset({6, 26, 27, 36, 38, 41, 43, 44, 53, 69, 70, 72, 131, 252, 321, 349, 407})
+_CODE = re.compile(r"Code:\s*(\d+)")
+
+
+def error_code(exc: BaseException) -> int | None:
+    """The ClickHouse error code of an exception (clickhouse-connect's `code`, or "Code: NNN" in the
+    text, as chDB's errors carry it), or None."""
+    code = getattr(exc, "code", None)
+    if isinstance(code, int):
+        return code
+    m = _CODE.search(str(exc))
+    return int(m.group(1)) if m else None
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """An insert error the same rows can never get past: a data error by its ClickHouse code, or a
+    value the client cannot even serialize. Anything else (the warehouse down, a timeout, a schema
+    not migrated yet) is transient and retried."""
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return False
+    code = error_code(exc)
+    if code is not None:
+        return code in PERMANENT_CODES
+    return isinstance(exc, (OverflowError, struct.error, TypeError, UnicodeError))
+
+
+class PermanentWriteError(Exception):
+    """A block's insert failed with an error that can never succeed (see `is_permanent`)."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.cause = cause
 
 
 # --------------------------------------------------------------------------- sink abstraction
@@ -331,6 +393,11 @@ class BatchingSink:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     should_stop: Callable[[], bool] = lambda: False
+    #: called with (key, offset, table, rows, reason) for a message whose rows a table can never
+    #: take (found by splitting the failed block); the run loop dead-letters it
+    on_poison: Callable[[tuple[str, int], int, str, list[dict], str], None] | None = None
+    #: called once a write succeeds after failures (the run loop resumes its paused partitions)
+    on_recovered: Callable[[], None] | None = None
     _state: dict[tuple[str, int], Progress] = field(default_factory=dict, init=False)
     _buffers: dict[tuple[str, int], _Buffer] = field(default_factory=dict, init=False)
     _since: float | None = field(default=None, init=False)
@@ -339,6 +406,8 @@ class BatchingSink:
     skipped_duplicates: int = field(default=0, init=False)
     dropped_records: int = field(default=0, init=False)
     retries: int = field(default=0, init=False)
+    poisoned: int = field(default=0, init=False)
+    splits: int = field(default=0, init=False)
 
     # -- partitions
     def assign(self, partitions: list[tuple[str, int]]) -> None:
@@ -352,6 +421,9 @@ class BatchingSink:
             self._state[key] = loaded.get(key, Progress())
             self._reported.pop(key, None)  # what the group has committed for it is not known any more
 
+    def progress_of(self, key: tuple[str, int]) -> Progress:
+        return self._state.get(key, Progress())
+
     def revoke(self, partitions: list[tuple[str, int]]) -> None:
         for key in partitions:
             self._drop(key)
@@ -364,7 +436,9 @@ class BatchingSink:
             self.buffered -= buf.count
 
     # -- input
-    def add(self, rows_by_table: dict[str, list[dict]], source: Source) -> bool:
+    def add(self, rows_by_table: dict[str, list[dict]], source: Source, origin: tuple[int, int] | None = None) -> bool:
+        """`origin`: (partition, offset) of the job-events message a lifecycle-accepted message repeats;
+        one at or below an origin already taken is a worker's re-emission and gives no rows."""
         key = (source.topic, source.partition)
         state = self._state.setdefault(key, Progress())
         buf = self._buffers.get(key)
@@ -379,6 +453,13 @@ class BatchingSink:
                                               running=dict(state.horizons))
         if source.topic == self.usage_topic and "usage_raw" in rows_by_table:
             rows_by_table = {**rows_by_table, "usage_raw": self._new_usage(rows_by_table["usage_raw"], buf.running)}
+        if origin is not None:
+            mark = f"source:{origin[0]}"
+            if origin[1] < buf.running.get(mark, 0):
+                self.dropped_records += sum(len(r) for r in rows_by_table.values())
+                rows_by_table = {}
+            else:
+                buf.running[mark] = origin[1] + 1
         for table, rows in rows_by_table.items():
             if rows:
                 buf.rows.setdefault(table, []).extend(rows)
@@ -442,17 +523,15 @@ class BatchingSink:
             plans.append((key, buf, state, start, end))
         if not plans:
             return written
-        seq = time.time_ns()
-        pending_rows = [self._row(key, state.epoch, start, end, "pending", state.horizons, seq)
+        pending_rows = [self._row(key, state.epoch, start, end, "pending", state.horizons)
                         for key, buf, state, start, end in plans]
         self._retry(lambda: self.progress.save(pending_rows), "recording a pending block")
         for key, buf, state, start, end in plans:
             for table, rows in buf.rows.items():
                 token = f"{key[0]}/{key[1]}/e{state.epoch}/{start}-{end}/{table}"
-                self._retry(lambda t=table, r=rows, tok=token: self.writer.write(t, r, token=tok),
-                            f"writing {len(rows)} rows to {table}")
-                written[table] = written.get(table, 0) + len(rows)
-        done_rows = [self._row(key, state.epoch, start, end, "done", buf.running, seq + 1)
+                n = self._write_table(key, table, rows, token)
+                written[table] = written.get(table, 0) + n
+        done_rows = [self._row(key, state.epoch, start, end, "done", buf.running)
                      for key, buf, state, start, end in plans]
         self._retry(lambda: self.progress.save(done_rows), "recording a done block")
         for key, buf, state, start, end in plans:
@@ -460,19 +539,58 @@ class BatchingSink:
             self._drop(key)
         return written
 
-    @staticmethod
-    def _row(key, epoch, start, end, phase, horizons, seq) -> dict:
+    def _write_table(self, key, table: str, rows: list[dict], token: str) -> int:
+        """Insert one table's block; on an error that can never succeed, split it in halves by message
+        (each half with its own token, derived from the block's: a block rebuilt after a crash fails
+        and splits the same way, so the halves already in are dropped by ClickHouse) down to single
+        messages, whose rows are handed to `on_poison`. Returns the rows written."""
+        try:
+            self._retry(lambda: self.writer.write(table, rows, token=token), f"writing {len(rows)} rows to {table}",
+                        permanent=True)
+            return len(rows)
+        except PermanentWriteError as exc:
+            offsets = sorted({r["kafka_offset"] for r in rows})
+            if len(offsets) == 1:
+                self.poisoned += 1
+                reason = f"warehouse refused the rows for {table} (not retried): {exc}"
+                log.error("%s[%d]@%d: %s", key[0], key[1], offsets[0], reason)
+                if self.on_poison:
+                    self.on_poison(key, offsets[0], table, rows, reason)
+                return 0
+            self.splits += 1
+            mid = offsets[len(offsets) // 2]
+            log.warning("splitting %d rows of %s[%d] for %s after %s", len(rows), key[0], key[1], table, exc)
+            n = 0
+            for half in ([r for r in rows if r["kafka_offset"] < mid], [r for r in rows if r["kafka_offset"] >= mid]):
+                lo, hi = half[0]["kafka_offset"], max(r["kafka_offset"] for r in half) + 1
+                n += self._write_table(key, table, half, f"{token}/{lo}-{hi}")
+            return n
+
+    #: progress rows' `seq` (their version in the ReplacingMergeTree): from the epoch and offsets, not
+    #: the wall clock; above every time_ns() value written by earlier versions
+    SEQ_BASE = 1 << 62
+
+    @classmethod
+    def _row(cls, key, epoch, start, end, phase, horizons) -> dict:
+        seq = cls.SEQ_BASE + (epoch << 44) + 2 * end + (1 if phase == "done" else 0)
         return {"topic": key[0], "partition": key[1], "epoch": epoch, "from_offset": start, "to_offset": end,
                 "phase": phase, "horizons": dict(horizons), "seq": seq}
 
-    def _retry(self, action, what: str):
+    def _retry(self, action, what: str, permanent: bool = False):
         """Run `action` until it succeeds, with capped exponential backoff (the warehouse may be down
-        for a while; nothing is lost meanwhile: offsets are not committed)."""
+        for a while; nothing is lost meanwhile: offsets are not committed). With `permanent`, an error
+        that can never succeed is raised at once as PermanentWriteError. The wait goes through
+        `sleep` (the run loop keeps polling Kafka there, its partitions paused)."""
         attempt = 0
         while True:
             try:
-                return action()
+                result = action()
+                if attempt and self.on_recovered:
+                    self.on_recovered()
+                return result
             except Exception as exc:
+                if permanent and is_permanent(exc):
+                    raise PermanentWriteError(exc) from exc
                 if self.should_stop():
                     raise
                 delay = min(self.backoff_max_s, self.backoff_s * 2**attempt)
@@ -505,7 +623,9 @@ class SinkStats:
 
 def _lines(settings: Settings) -> dict[str, str]:
     t = settings.topics
-    return {t.usage: USAGE, t.job_events: JOB_EVENTS, t.scheduler_snapshots: SNAPSHOTS, t.gpu_samples: SAMPLES}
+    # job events come from lifecycle-accepted: only what the worker's router accepted (one set of rules)
+    return {t.usage: USAGE, t.lifecycle_accepted: JOB_EVENTS, t.scheduler_snapshots: SNAPSHOTS,
+            t.gpu_samples: SAMPLES}
 
 
 def sink_topics(settings: Settings) -> list[str]:
@@ -565,6 +685,7 @@ def run_sink(
     producer = Producer({**kafka, "enable.idempotence": False, "linger.ms": 5})
     stats = SinkStats()
     delivery_errors: list[str] = []
+    max_ahead_ms = int(settings.worker_max_ahead_s * 1000)  # the worker's window (one set of rules)
     try:
         if own_client:
             migrate(client, settings.database)
@@ -573,20 +694,80 @@ def run_sink(
         if settings.sink_fault_file:
             writer = FaultInjectingWriter(writer, settings.sink_fault_file)
         writer = InstrumentedWriter(writer)  # rows inserted, insert failures and time, per table
+        paused: list[TopicPartition] = []
+        reread: dict[tuple[str, int], int] = {}  # messages polled while paused: read them again
+
+        def wait_polling(delay: float) -> None:
+            """The backoff between retries of a failed warehouse write: the partitions are paused and
+            the consumer keeps polling, so the group keeps the sink as a member however long the
+            outage lasts (max.poll.interval.ms)."""
+            if not paused:
+                try:
+                    paused.extend(consumer.assignment())
+                    consumer.pause(paused)
+                except KafkaException as exc:
+                    log.warning("could not pause the partitions: %s", exc)
+                log.warning("warehouse writes failing: %d partitions paused, polling on", len(paused))
+            deadline = time.monotonic() + delay
+            while not stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                for msg in consumer.consume(num_messages=100, timeout=min(0.5, left)):
+                    if msg.error() is None:
+                        key = (msg.topic(), msg.partition())
+                        reread[key] = min(reread.get(key, msg.offset()), msg.offset())
+                producer.poll(0)
+
+        def recovered() -> None:
+            if not paused:
+                return
+            try:
+                consumer.resume(paused)
+                for (t, p), offset in reread.items():
+                    consumer.seek(TopicPartition(t, p, offset))
+            except KafkaException as exc:  # a partition revoked meanwhile: the next assignment sorts it out
+                log.warning("resuming the partitions: %s", exc)
+            log.warning("warehouse writes succeed again: %d partitions resumed", len(paused))
+            paused.clear()
+            reread.clear()
+
+        def poisoned(key, offset, table, rows, reason) -> None:
+            stats.dead_letters += 1
+            metrics.dead_letter(key[0], reason)
+            produce_letter(key[0], key[1], offset, None, orjson.dumps(rows, default=str), reason)
+
         sink = BatchingSink(writer, ClickHouseProgress(client, settings.database, group), batch_rows=batch_rows,
                             batch_interval_s=batch_interval_s, backoff_max_s=settings.sink_retry_max_s,
-                            usage_topic=settings.topics.usage, should_stop=stop.is_set)
+                            usage_topic=settings.topics.usage, should_stop=stop.is_set, sleep=wait_polling,
+                            on_poison=poisoned, on_recovered=recovered)
         consumer.subscribe(list(lines), on_assign=on_assign, on_revoke=on_revoke)
 
         def on_delivery(err, _msg):
             if err is not None:
                 delivery_errors.append(str(err))
 
-        def flush_and_commit() -> None:
+        def produce_letter(topic, partition, offset, key, raw, reason) -> None:
+            log.warning("dead letter %s[%d]@%d: %s", topic, partition, offset, reason[:500])
+            value = dead_letter(topic, partition, offset, raw, reason, seen_ms=int(time.time() * 1000),
+                                max_bytes=settings.dead_letter_max_bytes)
+            while True:
+                try:
+                    producer.produce(settings.topics.dead_letters, key=key, value=value, on_delivery=on_delivery)
+                    return
+                except BufferError:
+                    producer.poll(0.5)
+
+        def confirm_letters() -> None:
             # dead letters must be durable before their offsets are committed
             if producer.flush(30) > 0 or delivery_errors:
                 raise RuntimeError(f"could not deliver dead letters to {settings.topics.dead_letters}: {delivery_errors[:3]}")
+
+        def flush_and_commit() -> None:
+            confirm_letters()
             written, offsets = sink.flush()
+            recovered()
+            confirm_letters()  # those of rows the warehouse refused
             metrics.batch_flushed(written)
             if written:
                 stats.batches += 1
@@ -608,6 +789,8 @@ def run_sink(
                 gained = list(assigned)
                 assigned.clear()
                 sink.assign(gained)
+                recovered()
+                refuse_recreated(consumer, sink, gained)
 
         last_message = time.monotonic()
         last_check = 0.0
@@ -628,19 +811,20 @@ def run_sink(
                 metrics.message_in(msg.topic())
                 source = Source(msg.topic(), msg.partition(), msg.offset())
                 try:
-                    rows = process_message(lines[msg.topic()], msg.value(), source)
+                    rows = process_message(lines[msg.topic()], msg.value(), source, now_ms=int(time.time() * 1000),
+                                           max_ahead_ms=max_ahead_ms)
                 except Exception as exc:  # any failure to turn the message into rows is its own fault
                     reason = str(exc) if isinstance(exc, DecodeError) else f"cannot convert: {type(exc).__name__}: {exc}"
                     rows = None
                 else:
                     reason = None
-                if not sink.add(rows or {}, source):
+                if not sink.add(rows or {}, source, origin=_origin(msg) if lines[msg.topic()] == JOB_EVENTS else None):
                     stats.duplicates += 1
                     metrics.duplicate()
                     continue
                 if reason is not None:
                     metrics.dead_letter(msg.topic(), reason)
-                    _dead_letter(producer, settings, msg, reason, on_delivery)
+                    produce_letter(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), reason)
                     stats.dead_letters += 1
                 elif not any(rows.values()):
                     stats.skipped += 1
@@ -707,15 +891,49 @@ def _caught_up(consumer: Consumer, partitions: list[TopicPartition]) -> bool:
     return True
 
 
-def _dead_letter(producer: Producer, settings: Settings, msg, reason: str, on_delivery) -> None:
-    raw = msg.value() or b""
-    letter = DeadLetter(
-        source_topic=msg.topic(),
-        partition=msg.partition(),
-        offset=msg.offset(),
-        reason=reason,
-        original=raw.decode("utf-8", errors="replace"),
-        seen_ms=int(time.time() * 1000),
-    )
-    log.warning("dead letter %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), reason)
-    producer.produce(settings.topics.dead_letters, key=msg.key(), value=encode(letter), on_delivery=on_delivery)
+def _origin(msg) -> tuple[int, int] | None:
+    """(partition, offset) of the job-events message a lifecycle-accepted message repeats (its
+    `gpuledger-source` header, set by the worker), or None."""
+    for name, value in msg.headers() or ():
+        if name == SOURCE_HEADER and value:
+            try:
+                partition, offset = value.decode().split(":")
+                return int(partition), int(offset)
+            except ValueError:
+                return None
+    return None
+
+
+class RecreatedTopicError(RuntimeError):
+    """A partition holds fewer messages than the warehouse already took from it."""
+
+
+def refuse_recreated(consumer: Consumer, sink: "BatchingSink", partitions: list[tuple[str, int]],
+                     confirm_s: float = 1.0) -> None:
+    """Refuse to go on when a partition ends below the offset the progress table records as written
+    (the topic was deleted and created again, or truncated): its new messages would otherwise be
+    skipped silently as "already in the warehouse". Asked twice, `confirm_s` apart (a broker may
+    briefly report an end below the log's after a fault)."""
+    suspects = {key: sink.progress_of(key).done_to for key in partitions if sink.progress_of(key).done_to > 0}
+    for attempt in range(2):
+        still = {}
+        for (topic, partition), done_to in suspects.items():
+            try:
+                _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)
+            except KafkaException as exc:
+                log.debug("cannot check %s[%d]'s end offset: %s", topic, partition, exc)
+                continue
+            if high < done_to:
+                still[(topic, partition)] = (high, done_to)
+        if not still:
+            return
+        suspects = {key: done for key, (_high, done) in still.items()}
+        if attempt == 0:
+            time.sleep(confirm_s)
+    (topic, partition), (high, done_to) = next(iter(still.items()))
+    raise RecreatedTopicError(
+        f"{topic}[{partition}] ends at offset {high}, but the warehouse already holds its messages up to offset "
+        f"{done_to} (sink_progress): the topic was recreated or truncated, and its new messages would be skipped. "
+        f"Either start a new epoch for it (insert a sink_progress row for this consumer, topic and partition with "
+        f"a higher epoch and seq, from_offset = to_offset = 0, phase 'done') or empty sink_progress together with "
+        f"the warehouse; see docs/reliability.md, 'Exactly-once into ClickHouse'.")

@@ -316,8 +316,13 @@ class DeadLetter(_Wire):
     partition: int
     offset: int
     reason: str
-    original: str = Field(description="original message bytes, decoded as UTF-8 with replacement")
+    original: str = Field(description="original message bytes, decoded as UTF-8 with replacement; cut when the "
+                                      "whole would not fit the dead-letter topic (then original_size is set)")
     seen_ms: EpochMs = Field(description="when the ledger rejected it (wall clock)")
+    original_size: int | None = Field(None, ge=0, description="size in bytes of the original message, set only "
+                                      "when `original` holds a cut prefix of it")
+    original_sha256: str | None = Field(None, description="SHA-256 (hex) of the whole original message, set with "
+                                        "original_size")
 
 
 # --------------------------------------------------------------------------- internal

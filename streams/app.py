@@ -88,7 +88,8 @@ def make_core(settings: Settings, ledger: LedgerConfig) -> WorkerCore:
     return WorkerCore(settings.topics, partitions_gpu_samples=settings.partitions_gpu_samples,
                       partitions_job_events=settings.partitions_job_events, ledger=ledger,
                       retention_ms=int(settings.worker_retention_s * 1000),
-                      max_ahead_ms=int(settings.worker_max_ahead_s * 1000), defer_watermarks=True)
+                      max_ahead_ms=int(settings.worker_max_ahead_s * 1000), defer_watermarks=True,
+                      dead_letter_max_bytes=settings.dead_letter_max_bytes)
 
 
 class _ShortPollConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
@@ -162,7 +163,8 @@ def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.
     outputs = {
         name: app.topic(name, partitions=n, **raw)
         for name, n in settings.partitions().items()
-        if name in (topics.node_allocations, topics.usage, topics.dead_letters, topics.late_events, topics.worker_state)
+        if name in (topics.node_allocations, topics.usage, topics.dead_letters, topics.late_events, topics.worker_state,
+                    topics.lifecycle_accepted)
     }
 
     lock = asyncio.Lock()
@@ -188,7 +190,8 @@ def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.
     async def send(outs: list[Out]) -> None:
         for out in outs:
             metrics.message_out(out.topic)
-            fut = await outputs[out.topic].send(key=out.key, value=out.value, partition=out.partition)
+            fut = await outputs[out.topic].send(key=out.key, value=out.value, partition=out.partition,
+                                                headers=list(out.headers) if out.headers else None)
             in_flight.append(fut)
 
     async def handle(event, process) -> None:
@@ -211,13 +214,16 @@ def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.
     async def route_lifecycle(stream):
         stream.enable_acks = False  # acknowledged by the snapshot timer
         async for event in stream.events():
-            await handle(event, lambda m, e=event: core.on_lifecycle(m.partition, m.offset, e.value))
+            # the wall clock at receipt judges input from the future, also before the first watermark
+            await handle(event, lambda m, e=event: core.on_lifecycle(m.partition, m.offset, e.value,
+                                                                     int(time.time() * 1000)))
 
     @app.agent(node_stream, name="join_nodes")
     async def join_nodes(stream):
         stream.enable_acks = False  # acknowledged by the snapshot timer
         async for event in stream.events():
-            await handle(event, lambda m, e=event: core.on_node(m.topic, m.partition, m.offset, e.value))
+            await handle(event, lambda m, e=event: core.on_node(m.topic, m.partition, m.offset, e.value,
+                                                                int(time.time() * 1000)))
 
     @app.timer(settings.worker_watermark_flush_s, name="flush_watermarks")
     async def flush_watermarks() -> None:

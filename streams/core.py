@@ -16,7 +16,6 @@ No Kafka, no Faust here: unit tests drive it directly.
 from __future__ import annotations
 
 import logging
-import time
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from gpuledger.config import Topics
-from gpuledger.schemas.models import SCHEMA_VERSION, DeadLetter, LifecycleWatermark, NodeWatermark
+from gpuledger.schemas.models import SCHEMA_VERSION, LifecycleWatermark, NodeWatermark
 from gpuledger.schemas.wire import DecodeError, decode_lifecycle, decode_metered_ticks, decode_node_allocation, encode
 from gpuledger.streams.join import (
     DAY_MS,
@@ -37,6 +36,7 @@ from gpuledger.streams.join import (
     check_event,
     check_tick,
 )
+from gpuledger.streams.checks import dead_letter
 from gpuledger.streams.pricing import LedgerConfig
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,9 @@ ROUTER, JOIN = "router", "join"
 #: reported as unknown (counted once per change; the changes are kept for ticks that come late).
 UNKNOWN_NODE_GRACE_MS = 10 * 60_000
 SNAPSHOT_VERSION = 1
+#: header of a lifecycle-accepted message: "<job-events partition>:<offset>" of the event it repeats
+SOURCE_HEADER = "gpuledger-source"
+DEFAULT_DEAD_LETTER_MAX_BYTES = 900_000
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class Out:
     value: bytes
     key: bytes | None = None
     partition: int | None = None
+    headers: tuple[tuple[str, bytes], ...] | None = None
 
 
 @dataclass
@@ -92,9 +96,10 @@ class JoinPartition:
         return cls({n.node: n for n in nodes}, WatermarkClock.from_state(state["clock"]), dict(state["next_offsets"]))
 
 
-def _letter(topic: str, partition: int, offset: int, raw: bytes | None, reason: str) -> bytes:
-    return encode(DeadLetter(source_topic=topic, partition=partition, offset=offset, reason=reason,
-                             original=(raw or b"").decode("utf-8", "replace"), seen_ms=int(time.time() * 1000)))
+def _letter(topic: str, partition: int, offset: int, raw: bytes | None, reason: str, *, seen_ms: int = 0,
+            max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES) -> bytes:
+    """A DeadLetter that fits its topic (streams/checks.py `dead_letter`, shared with the sink)."""
+    return dead_letter(topic, partition, offset, raw, reason, seen_ms=seen_ms, max_bytes=max_bytes)
 
 
 class WorkerCore:
@@ -102,7 +107,7 @@ class WorkerCore:
 
     def __init__(self, topics: Topics, *, partitions_gpu_samples: int, partitions_job_events: int,
                  ledger: LedgerConfig, retention_ms: int = DAY_MS, max_ahead_ms: int = 7 * DAY_MS,
-                 defer_watermarks: bool = False):
+                 defer_watermarks: bool = False, dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES):
         self.topics = topics
         self.partitions_gpu_samples = partitions_gpu_samples
         self.partitions_job_events = partitions_job_events
@@ -113,6 +118,10 @@ class WorkerCore:
         #: `worker_watermark_flush_s` and before each snapshot): a backlog of job-events then sends
         #: one watermark per burst instead of one per message to every join partition
         self.defer_watermarks = defer_watermarks
+        self.dead_letter_max_bytes = dead_letter_max_bytes
+        #: the caller's wall clock at receipt of the message being processed (epoch ms; None: no
+        #: wall-clock judgement). Set by on_lifecycle/on_node from their `now_ms` argument.
+        self._now_ms: int | None = None
         self.routers: dict[int, RouterPartition] = {}
         self.joins: dict[int, JoinPartition] = {}
         self.counters: Counter[str] = Counter()
@@ -128,12 +137,14 @@ class WorkerCore:
         self.counters["dead_letters"] += 1
         if self.on_dead_letter:
             self.on_dead_letter(topic, reason)
-        log.warning("dead letter from %s[%d]@%d: %s", topic, partition, offset, reason)
-        return Out(self.topics.dead_letters, _letter(topic, partition, offset, raw, reason))
+        log.warning("dead letter from %s[%d]@%d: %s", topic, partition, offset, reason[:500])
+        return Out(self.topics.dead_letters, _letter(topic, partition, offset, raw, reason, seen_ms=self._now_ms or 0,
+                                                     max_bytes=self.dead_letter_max_bytes))
 
     def _late(self, topic: str, partition: int, offset: int, raw: bytes | None, reason: str) -> Out:
         self.counters["late_events"] += 1
-        return Out(self.topics.late_events, _letter(topic, partition, offset, raw, reason))
+        return Out(self.topics.late_events, _letter(topic, partition, offset, raw, reason, seen_ms=self._now_ms or 0,
+                                                    max_bytes=self.dead_letter_max_bytes))
 
     def router_partition(self, partition: int) -> RouterPartition:
         return self.routers.setdefault(partition, RouterPartition())
@@ -165,8 +176,12 @@ class WorkerCore:
         return [Out(self.topics.usage, orjson.dumps(batch), key=join.node.encode())]
 
     # ------------------------------------------------------------------ input
-    def on_lifecycle(self, partition: int, offset: int, raw: bytes | None) -> list[Out]:
-        """One job-events message: re-keyed allocation changes, broadcast watermarks, or a dead letter."""
+    def on_lifecycle(self, partition: int, offset: int, raw: bytes | None, now_ms: int | None = None) -> list[Out]:
+        """One job-events message: re-keyed allocation changes and the event itself on the
+        lifecycle-accepted topic (what the sink stores), broadcast watermarks, or a dead letter.
+        `now_ms`: the caller's wall clock at receipt; input further ahead of it than max_ahead is
+        rejected, also before the first watermark."""
+        self._now_ms = now_ms
         rp = self.router_partition(partition)
         if offset < rp.next_offset:
             self.counters["redelivered"] += 1
@@ -181,15 +196,25 @@ class WorkerCore:
             rp.watermark_ms = max(rp.watermark_ms, message.ts_ms)
             rp.router.prune(rp.watermark_ms - self.retention_ms)
             return [] if self.defer_watermarks else self._forward_watermark(partition, rp)
-        problem = check_event(message, rp.watermark_ms, self.max_ahead_ms)
+        problem = check_event(message, rp.watermark_ms, self.max_ahead_ms, now_ms)
         if problem:
             return [self._dead(topic, partition, offset, raw, problem)]
-        self.counters["job_events"] += 1
-        before = rp.router.duplicates
-        changes = rp.router.route(message)
-        if rp.router.duplicates > before:
+        if rp.router.is_duplicate(message):
+            rp.router.route(message)  # counts it
             self.counters["duplicate_events"] += 1
-        return [Out(self.topics.node_allocations, encode(c), key=c.node.encode()) for c in changes]
+            return []
+        problem = rp.router.sequence_problem(message)
+        if problem:
+            self.counters["impossible_sequences"] += 1
+            return [self._dead(topic, partition, offset, raw, problem)]
+        self.counters["job_events"] += 1
+        changes = rp.router.route(message)
+        outs = [Out(self.topics.node_allocations, encode(c), key=c.node.encode()) for c in changes]
+        # the accepted event, byte for byte, on the partition it came from, with where it came from
+        # (the sink drops what a restarted worker sends again by this offset)
+        outs.append(Out(self.topics.lifecycle_accepted, raw, key=message.job_id.encode(), partition=partition,
+                        headers=((SOURCE_HEADER, f"{partition}:{offset}".encode()),)))
+        return outs
 
     def _forward_watermark(self, partition: int, rp: RouterPartition) -> list[Out]:
         """The partition's watermark to every join partition (nothing when it has not advanced)."""
@@ -205,8 +230,10 @@ class WorkerCore:
         follow every allocation change already returned, so the promise they carry holds."""
         return [out for p in sorted(self.routers) for out in self._forward_watermark(p, self.routers[p])]
 
-    def on_node(self, topic: str, partition: int, offset: int, raw: bytes | None) -> list[Out]:
-        """One gpu-samples or node-allocations message: usage batches, late reports or a dead letter."""
+    def on_node(self, topic: str, partition: int, offset: int, raw: bytes | None, now_ms: int | None = None) -> list[Out]:
+        """One gpu-samples or node-allocations message: usage batches, late reports or a dead letter.
+        `now_ms`: the caller's wall clock at receipt (see on_lifecycle)."""
+        self._now_ms = now_ms
         jp = self.join_partition(partition)
         if offset < jp.next_offsets.get(topic, 0):
             self.counters["redelivered"] += 1
@@ -246,7 +273,7 @@ class WorkerCore:
         problems: list[str] = []
         join = None
         for tick in ticks:
-            problem = check_tick(tick, jp.clock.value, self.max_ahead_ms)
+            problem = check_tick(tick, jp.clock.value, self.max_ahead_ms, self._now_ms)
             if problem:
                 problems.append(problem)
                 continue

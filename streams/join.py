@@ -42,6 +42,7 @@ from gpuledger.schemas.models import (
     NodeWatermark,
 )
 from gpuledger.streams.attribution import Holder, RecordMaker, whole_gpu_util
+from gpuledger.streams.checks import DAY_MS, MIN_EVENT_MS, time_problem  # noqa: F401 (re-exported)
 from gpuledger.streams.execution import ExecutionJudge
 from gpuledger.streams.pricing import LedgerConfig
 
@@ -49,6 +50,8 @@ log = logging.getLogger(__name__)
 
 RUNNING_KINDS = frozenset({JobEventKind.started, JobEventKind.checkpoint_begin, JobEventKind.checkpoint_end})
 GPU_KINDS = RUNNING_KINDS | TERMINAL_KINDS | {JobEventKind.allocated, JobEventKind.interrupted}
+#: kinds that only make sense for an attempt that holds GPUs (failed/cancelled may end one that never did)
+NEEDS_ALLOCATION = RUNNING_KINDS | {JobEventKind.interrupted, JobEventKind.preempted, JobEventKind.completed}
 
 
 # --------------------------------------------------------------------------- router
@@ -56,6 +59,8 @@ GPU_KINDS = RUNNING_KINDS | TERMINAL_KINDS | {JobEventKind.allocated, JobEventKi
 class AttemptRoute:
     attempt: int
     gpus: list[GpuAssignment]
+    #: event time of the attempt's allocation (0: routed from an older snapshot, unknown)
+    since_ms: int = 0
 
 
 @dataclass
@@ -68,6 +73,49 @@ class LifecycleRouter:
     #: job -> latest event time seen (for forgetting finished jobs, see `prune`)
     last_seen_ms: dict[str, int] = field(default_factory=dict)
     duplicates: int = 0
+    #: job -> [attempt, event time] of the latest attempt that ended (terminal event seen, accepted
+    #: or not): an `allocated` of that attempt at or after it is an end before its start
+    ended: dict[str, list[int]] = field(default_factory=dict)
+
+    def is_duplicate(self, event: JobEvent) -> bool:
+        return event.event_id in self.seen_event_ids.get(event.job_id, ())
+
+    def sequence_problem(self, event: JobEvent) -> str | None:
+        """The reason an event is an impossible sequence (docs/reliability.md, "Bad input"), or None.
+        Rejected: an event that needs the attempt's GPUs (started, checkpoint, interrupted, preempted,
+        completed) for an attempt never allocated; an `allocated` at or after the attempt's end; a
+        terminal event before the attempt's allocation. `failed`/`cancelled` of an attempt never
+        allocated are legitimate (cancelled while queued, a rejected submit): no GPU effect. Call it
+        before `route`, for an event that is not a duplicate; a rejected event still marks the end of
+        its attempt (so its later `allocated` is rejected too)."""
+        job, attempt, kind = event.job_id, event.attempt, event.kind
+        route = self.routes.get(job)
+        if kind == JobEventKind.allocated:
+            end = self.ended.get(job)
+            if end and end[0] == attempt and event.ts_ms >= end[1]:
+                return (f"impossible sequence: allocated of {job} attempt {attempt} at ts_ms={event.ts_ms} is at or "
+                        f"after the attempt's end at ts_ms={end[1]}")
+            return None
+        end = self.ended.get(job)
+        if kind in TERMINAL_KINDS and end and end[0] == attempt and (route is None or route.attempt != attempt):
+            return (f"impossible sequence: {kind.value} of {job} attempt {attempt} at ts_ms={event.ts_ms}, which "
+                    f"already ended at ts_ms={end[1]}")
+        if kind not in NEEDS_ALLOCATION:
+            return None
+        if kind in TERMINAL_KINDS:
+            self._mark_ended(job, attempt, event.ts_ms)
+        if route is None or route.attempt != attempt:
+            return (f"impossible sequence: {kind.value} of {job} attempt {attempt}, which was never allocated"
+                    + (f" (the job's allocated attempt is {route.attempt})" if route is not None else ""))
+        if kind in TERMINAL_KINDS and event.ts_ms < route.since_ms:
+            return (f"impossible sequence: {kind.value} of {job} attempt {attempt} at ts_ms={event.ts_ms} is before "
+                    f"its allocation at ts_ms={route.since_ms}")
+        return None
+
+    def _mark_ended(self, job: str, attempt: int, ts_ms: int) -> None:
+        end = self.ended.get(job)
+        if end is None or end[0] != attempt or ts_ms < end[1]:
+            self.ended[job] = [attempt, ts_ms]
 
     def route(self, event: JobEvent) -> list[AllocationChange]:
         seen = self.seen_event_ids.setdefault(event.job_id, set())
@@ -75,12 +123,14 @@ class LifecycleRouter:
             self.duplicates += 1
             return []
         seen.add(event.event_id)
+        if event.kind in TERMINAL_KINDS:
+            self._mark_ended(event.job_id, event.attempt, event.ts_ms)
         self.last_seen_ms[event.job_id] = max(self.last_seen_ms.get(event.job_id, 0), event.ts_ms)
         if event.kind not in GPU_KINDS:
             return []
         route = self.routes.get(event.job_id)
         if event.kind == JobEventKind.allocated or (event.gpus and (route is None or route.attempt != event.attempt)):
-            route = AttemptRoute(event.attempt, list(event.gpus))
+            route = AttemptRoute(event.attempt, list(event.gpus), event.ts_ms)
             self.routes[event.job_id] = route
         if route is None or route.attempt != event.attempt:
             log.warning("lifecycle %s for %s attempt %s without a known allocation: no GPU effect",
@@ -102,6 +152,7 @@ class LifecycleRouter:
         self.routes.pop(job_id, None)
         self.seen_event_ids.pop(job_id, None)
         self.last_seen_ms.pop(job_id, None)
+        self.ended.pop(job_id, None)
 
     def prune(self, before_ms: int) -> int:
         """Forget jobs that hold no GPUs and had no event since `before_ms` (event time): keeps
@@ -113,8 +164,10 @@ class LifecycleRouter:
 
     def to_state(self) -> dict:
         return {
-            "routes": {job: {"attempt": r.attempt, "gpus": [g.model_dump(mode="json") for g in r.gpus]}
+            "routes": {job: {"attempt": r.attempt, "gpus": [g.model_dump(mode="json") for g in r.gpus],
+                             "since_ms": r.since_ms}
                        for job, r in self.routes.items()},
+            "ended": {job: list(v) for job, v in self.ended.items()},
             "seen": {job: sorted(ids) for job, ids in self.seen_event_ids.items()},
             "last_seen_ms": dict(self.last_seen_ms),
             "duplicates": self.duplicates,
@@ -123,8 +176,10 @@ class LifecycleRouter:
     @classmethod
     def from_state(cls, state: dict) -> "LifecycleRouter":
         return cls(
-            routes={job: AttemptRoute(r["attempt"], [GpuAssignment.model_validate(g) for g in r["gpus"]])
+            routes={job: AttemptRoute(r["attempt"], [GpuAssignment.model_validate(g) for g in r["gpus"]],
+                                      r.get("since_ms", 0))
                     for job, r in state["routes"].items()},
+            ended={job: list(v) for job, v in state.get("ended", {}).items()},
             seen_event_ids={job: set(ids) for job, ids in state["seen"].items()},
             last_seen_ms=dict(state.get("last_seen_ms", {})),
             duplicates=state.get("duplicates", 0),
@@ -161,23 +216,14 @@ class WatermarkClock:
 
 
 # --------------------------------------------------------------------------- input checks
-#: Nothing the ledger meters happened before 2000-01-01T00:00:00Z.
-MIN_EVENT_MS = 946_684_800_000
-DAY_MS = 86_400_000
+# The time window lives in streams/checks.py, shared with the sink (one set of rules).
 
 
-def _time_problem(what: str, ts_ms: int, watermark_ms: int, max_ahead_ms: int) -> str | None:
-    if ts_ms < MIN_EVENT_MS:
-        return f"absurd timestamp: {what} ts_ms={ts_ms} is before 2000-01-01"
-    if watermark_ms and ts_ms > watermark_ms + max_ahead_ms:
-        return (f"absurd timestamp: {what} ts_ms={ts_ms} is {(ts_ms - watermark_ms) / DAY_MS:.1f} days ahead of the "
-                f"lifecycle watermark {watermark_ms} (at most {max_ahead_ms / DAY_MS:g} allowed)")
-    return None
-
-
-def check_tick(tick: MeteredTick | NodeTick, watermark_ms: int, max_ahead_ms: int = 7 * DAY_MS) -> str | None:
-    """Semantic checks the schema cannot make; returns the reason a tick is unusable, or None."""
-    problem = _time_problem(f"tick of {tick.node}", tick.ts_ms, watermark_ms, max_ahead_ms)
+def check_tick(tick: MeteredTick | NodeTick, watermark_ms: int, max_ahead_ms: int = 7 * DAY_MS,
+               now_ms: int | None = None) -> str | None:
+    """Semantic checks the schema cannot make; returns the reason a tick is unusable, or None.
+    `now_ms`: the caller's clock at receipt (judges the future also before the first watermark)."""
+    problem = time_problem(f"tick of {tick.node}", tick.ts_ms, watermark_ms, max_ahead_ms, now_ms)
     if problem:
         return problem
     seen: set[str] = set()
@@ -191,9 +237,10 @@ def check_tick(tick: MeteredTick | NodeTick, watermark_ms: int, max_ahead_ms: in
     return None
 
 
-def check_event(event: JobEvent, watermark_ms: int, max_ahead_ms: int = 7 * DAY_MS) -> str | None:
+def check_event(event: JobEvent, watermark_ms: int, max_ahead_ms: int = 7 * DAY_MS,
+                now_ms: int | None = None) -> str | None:
     """Semantic checks of a lifecycle event; returns the reason it is unusable, or None."""
-    problem = _time_problem(f"event {event.event_id}", event.ts_ms, watermark_ms, max_ahead_ms)
+    problem = time_problem(f"event {event.event_id}", event.ts_ms, watermark_ms, max_ahead_ms, now_ms)
     if problem:
         return problem
     shares: dict[str, int] = {}

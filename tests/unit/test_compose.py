@@ -26,7 +26,7 @@ LEDGER_SERVICES = {"topics", "migrate", "agents", "worker", "sink", "dashboards"
 ONE_SHOT_SERVICES = {"topics", "migrate", "dashboards"}
 # topic names (after the prefix) the worker, sink, agents and replay use
 EXPECTED_TOPICS = {"gpu-samples", "job-events", "scheduler-snapshots", "node-allocations", "usage", "dead-letters",
-                   "late-events", "worker-state"}
+                   "late-events", "worker-state", "lifecycle-accepted"}
 
 _VARIABLE = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
 

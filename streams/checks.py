@@ -1,0 +1,121 @@
+"""The ledger's acceptance rules, pure: one module that the worker and the sink both import, so
+they accept and reject by the same rules (docs/reliability.md, "Bad input").
+
+- the time window: nothing before 2000-01-01; nothing more than `max_ahead_ms` ahead of the
+  lifecycle watermark, nor ahead of the receiving process's wall clock (`now_ms`, passed in by the
+  caller: the judgement also holds before the first watermark);
+- values that cannot be stored: integers outside their ClickHouse column's range (sql/*.sql),
+  floats that are not finite or absurdly large;
+- dead letters that fit their topic: an oversized original is cut, with its size and SHA-256 kept.
+
+No I/O and no clock here: every time is given by the caller.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import orjson
+
+from gpuledger.schemas.models import DeadLetter
+from gpuledger.schemas.wire import encode
+
+#: Nothing the ledger meters happened before 2000-01-01T00:00:00Z.
+MIN_EVENT_MS = 946_684_800_000
+DAY_MS = 86_400_000
+
+#: Integer columns narrower than Int64, by name (the same name has the same type in every table).
+INT_RANGES: dict[str, tuple[int, int]] = {
+    "schema_version": (0, 2**8 - 1),
+    "attempt": (0, 2**32 - 1),
+    "pending_jobs": (0, 2**32 - 1),
+    "pending_jobs_by_priority": (0, 2**32 - 1),
+    "pending_priorities": (-(2**31), 2**31 - 1),
+    "priority": (-(2**31), 2**31 - 1),
+    "queue_priority": (-(2**31), 2**31 - 1),
+    "share_milli": (0, 2**16 - 1),
+    "gpu_share_milli": (0, 2**16 - 1),
+    "gpu_count": (0, 2**16 - 1),
+    "kafka_partition": (-(2**31), 2**31 - 1),
+}
+INT64 = (-(2**63), 2**63 - 1)
+#: Floats above this are no GPU count, power, energy or price the ledger can mean (and sums of them
+#: would lose every digit that matters).
+MAX_FLOAT = 1e15
+
+
+def time_problem(what: str, ts_ms: int, watermark_ms: int, max_ahead_ms: int, now_ms: int | None = None) -> str | None:
+    """The time window: the reason `ts_ms` is unusable, or None. `watermark_ms` 0 means none yet;
+    `now_ms` None means no wall-clock judgement (tools replaying recorded data)."""
+    if ts_ms < MIN_EVENT_MS:
+        return f"absurd timestamp: {what} ts_ms={ts_ms} is before 2000-01-01"
+    if watermark_ms and ts_ms > watermark_ms + max_ahead_ms:
+        return (f"absurd timestamp: {what} ts_ms={ts_ms} is {(ts_ms - watermark_ms) / DAY_MS:.1f} days ahead of the "
+                f"lifecycle watermark {watermark_ms} (at most {max_ahead_ms / DAY_MS:g} allowed)")
+    if now_ms is not None and ts_ms > now_ms + max_ahead_ms:
+        return (f"absurd timestamp: {what} ts_ms={ts_ms} is {(ts_ms - now_ms) / DAY_MS:.1f} days ahead of the "
+                f"clock at receipt {now_ms} (at most {max_ahead_ms / DAY_MS:g} allowed)")
+    return None
+
+
+def _value_problem(table: str, column: str, value) -> str | None:
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return None
+    if isinstance(value, int):
+        lo, hi = INT_RANGES.get(column, INT64)
+        if not lo <= value <= hi:
+            return f"value cannot be stored: {table}.{column}={value} is outside [{lo}, {hi}]"
+        return None
+    if isinstance(value, float):
+        if not math.isfinite(value) or abs(value) > MAX_FLOAT:
+            return f"value cannot be stored: {table}.{column}={value} is not a finite number up to {MAX_FLOAT:g}"
+        return None
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            problem = _value_problem(table, column, v)
+            if problem:
+                return problem
+        return None
+    if isinstance(value, dict):
+        for v in value.values():
+            problem = _value_problem(table, column, v)
+            if problem:
+                return problem
+    return None
+
+
+def rows_problem(rows_by_table: dict[str, list[dict]]) -> str | None:
+    """The first value of one message's rows that its column cannot hold, or None."""
+    for table, rows in rows_by_table.items():
+        for row in rows:
+            for column, value in row.items():
+                problem = _value_problem(table, column, value)
+                if problem:
+                    return problem
+    return None
+
+
+#: Room left under the topic's message size for the letter's own fields and Kafka's overhead.
+LETTER_OVERHEAD = 8 * 1024
+MAX_REASON = 4096
+
+
+def dead_letter(topic: str, partition: int, offset: int, raw: bytes | None, reason: str, *, seen_ms: int,
+                max_bytes: int) -> bytes:
+    """A DeadLetter that fits in `max_bytes`: an original too large is cut (its size and SHA-256
+    kept, so it can be found and compared), the reason too (a parser may quote the whole input)."""
+    raw = raw or b""
+    if len(reason) > MAX_REASON:
+        reason = reason[:MAX_REASON] + f"... ({len(reason)} characters)"
+    room = max(0, max_bytes - LETTER_OVERHEAD - len(reason.encode()) * 2)
+    text = raw.decode("utf-8", "replace")
+    fields = {}
+    # JSON escaping can grow text up to 6x (\uXXXX): measure the encoded form, not the bytes
+    if len(raw) > room or len(orjson.dumps(text)) > room:
+        fields = {"original_size": len(raw), "original_sha256": hashlib.sha256(raw).hexdigest()}
+        cut = room // 6 if len(orjson.dumps(text[: room])) > room else room
+        text = text[:cut]
+    letter = DeadLetter(source_topic=topic, partition=partition, offset=offset, reason=reason, original=text,
+                        seen_ms=seen_ms, **fields)
+    return encode(letter)

@@ -1,0 +1,177 @@
+"""One set of rules (streams/checks.py and the router's sequence rules), pure: the time window with
+the caller's clock, values that cannot be stored, dead letters that fit their topic, impossible
+lifecycle sequences, and what the worker core forwards to lifecycle-accepted."""
+
+from __future__ import annotations
+
+import hashlib
+
+import orjson
+import pytest
+
+from gpuledger.config import Topics
+from gpuledger.schemas.models import DeadLetter, GpuAssignment, GpuSample, JobEvent, LifecycleWatermark, NodeTick
+from gpuledger.schemas.wire import decode, encode
+from gpuledger.streams.checks import DAY_MS, MIN_EVENT_MS, dead_letter, rows_problem, time_problem
+from gpuledger.streams.core import SOURCE_HEADER, WorkerCore
+from gpuledger.streams.join import LifecycleRouter
+from gpuledger.streams.pricing import load_ledger_config
+
+T0 = 1_793_577_600_000  # 2026-11-02
+S = 1000
+TOPICS = Topics("t.")
+GPU = [GpuAssignment(node="n1", gpu_uuid="A")]
+
+
+def event(kind, at_s, n, job="j1", attempt=0, gpus=()):
+    return JobEvent(event_id=f"{job}-{n}", ts_ms=T0 + at_s * S, kind=kind, cluster="c", job_id=job, attempt=attempt,
+                    tenant="t", queue="q", gpus=list(gpus))
+
+
+# ------------------------------------------------------------------ the time window
+def test_time_window_old_ahead_of_watermark_and_ahead_of_the_clock_before_any_watermark():
+    assert time_problem("x", MIN_EVENT_MS - 1, 0, 7 * DAY_MS).startswith("absurd timestamp")
+    assert time_problem("x", 0, 0, 7 * DAY_MS, now_ms=T0)  # 1970
+    assert time_problem("x", T0 + 8 * DAY_MS, T0, 7 * DAY_MS) and "watermark" in time_problem(
+        "x", T0 + 8 * DAY_MS, T0, 7 * DAY_MS)
+    # no watermark yet: only the clock at receipt can judge the future
+    assert time_problem("x", T0 + 400 * DAY_MS, 0, 7 * DAY_MS) is None
+    far = time_problem("x", T0 + 400 * DAY_MS, 0, 7 * DAY_MS, now_ms=T0)
+    assert far and "clock at receipt" in far
+    assert time_problem("x", T0 + 6 * DAY_MS, 0, 7 * DAY_MS, now_ms=T0) is None
+    assert time_problem("x", T0 - 300 * DAY_MS, 0, 7 * DAY_MS, now_ms=T0) is None  # old data replayed: fine
+
+
+# ------------------------------------------------------------------ values that cannot be stored
+def test_values_outside_their_column_are_named():
+    assert rows_problem({"scheduler_snapshots": [{"pending_jobs": 2**32, "queue": "q"}]}).startswith(
+        "value cannot be stored: scheduler_snapshots.pending_jobs")
+    assert "queue_priority" in rows_problem({"scheduler_snapshots": [{"queue_priority": -(2**31) - 1}]})
+    assert "pending_jobs_by_priority" in rows_problem({"scheduler_snapshots": [{"pending_jobs_by_priority": [1, 2**33]}]})
+    assert "quota_gpus" in rows_problem({"scheduler_snapshots": [{"quota_gpus": float("inf")}]})
+    assert "quota_gpus" in rows_problem({"scheduler_snapshots": [{"quota_gpus": float("nan")}]})
+    assert "ts_ms" in rows_problem({"job_events": [{"ts_ms": 2**64}]})
+    assert "attempt" in rows_problem({"job_events": [{"attempt": 2**32}]})
+    assert rows_problem({"job_events": [{"attempt": 3, "aliases": {"a": "b"}, "gpu_share_milli": [1000]}]}) is None
+
+
+# ------------------------------------------------------------------ dead letters fit their topic
+def test_a_dead_letter_of_a_huge_message_is_cut_with_size_and_hash():
+    raw = b'{"broken": "' + b"x" * 5_000_000
+    value = dead_letter("t.gpu-samples", 0, 7, raw, "malformed JSON: " + "y" * 100_000, seen_ms=T0,
+                        max_bytes=900_000)
+    assert len(value) <= 900_000
+    letter = decode(DeadLetter, value)
+    assert letter.original_size == len(raw) and letter.original_sha256 == hashlib.sha256(raw).hexdigest()
+    assert raw.decode().startswith(letter.original) and len(letter.original) > 100_000
+    assert len(letter.reason) < 5000
+    # escaping-heavy content (control characters grow sixfold in JSON) still fits
+    value = dead_letter("t", 0, 0, b"\x01" * 2_000_000, "bad", seen_ms=T0, max_bytes=900_000)
+    assert len(value) <= 900_000 and decode(DeadLetter, value).original_size == 2_000_000
+    # a small one is whole, without the extra fields
+    small = orjson.loads(dead_letter("t", 0, 0, b"abc", "bad", seen_ms=T0, max_bytes=900_000))
+    assert small["original"] == "abc" and "original_size" not in small
+
+
+# ------------------------------------------------------------------ impossible sequences
+def test_events_of_an_attempt_never_allocated_are_rejected_but_failed_and_cancelled_end_it():
+    router = LifecycleRouter()
+    for kind in ("started", "checkpoint_begin", "interrupted", "preempted", "completed"):
+        assert "never allocated" in router.sequence_problem(event(kind, 5, 1, job=f"j-{kind}"))
+    assert router.sequence_problem(event("cancelled", 5, 1, job="queued")) is None
+    router.route(event("cancelled", 5, 1, job="queued"))
+    assert router.routes == {}
+    # a later allocation of the cancelled attempt is an end before its start
+    assert "at or after the attempt's end" in router.sequence_problem(event("allocated", 6, 2, job="queued", gpus=GPU))
+    # another attempt of the same job is fine
+    assert router.sequence_problem(event("allocated", 6, 3, job="queued", attempt=1, gpus=GPU)) is None
+
+
+def test_completed_before_allocated_is_rejected_both_ways():
+    router = LifecycleRouter()
+    assert "never allocated" in router.sequence_problem(event("completed", 10, 1))  # remembered as the end
+    assert "at or after" in router.sequence_problem(event("allocated", 20, 2, gpus=GPU))
+    # the other arrival order: an end before its allocation's time
+    router = LifecycleRouter()
+    assert router.sequence_problem(event("allocated", 20, 1, gpus=GPU)) is None
+    router.route(event("allocated", 20, 1, gpus=GPU))
+    assert "before its allocation" in router.sequence_problem(event("completed", 10, 2))
+    assert router.sequence_problem(event("completed", 30, 3)) is None
+
+
+def test_a_second_end_of_an_ended_attempt_is_rejected():
+    router = LifecycleRouter()
+    for e in (event("allocated", 0, 1, gpus=GPU), event("started", 1, 2), event("completed", 10, 3)):
+        assert router.sequence_problem(e) is None
+        router.route(e)
+    assert "already ended" in router.sequence_problem(event("failed", 20, 4))
+
+
+def test_router_sequence_state_survives_a_snapshot():
+    router = LifecycleRouter()
+    router.route(event("allocated", 20, 1, gpus=GPU))
+    router.sequence_problem(event("completed", 5, 9, job="j2"))
+    restored = LifecycleRouter.from_state(orjson.loads(orjson.dumps(router.to_state())))
+    assert restored.routes["j1"].since_ms == T0 + 20 * S and restored.ended == router.ended
+    assert "before its allocation" in restored.sequence_problem(event("completed", 10, 2))
+
+
+# ------------------------------------------------------------------ the worker core: one judge
+def core():
+    return WorkerCore(TOPICS, partitions_gpu_samples=1, partitions_job_events=1, ledger=load_ledger_config(),
+                      dead_letter_max_bytes=100_000)
+
+
+def test_the_core_forwards_accepted_events_only_with_their_source():
+    c = core()
+    outs = c.on_lifecycle(0, 0, encode(event("allocated", 0, 1, gpus=GPU)), now_ms=T0)
+    accepted = [o for o in outs if o.topic == TOPICS.lifecycle_accepted]
+    assert len(accepted) == 1 and accepted[0].partition == 0 and accepted[0].headers == ((SOURCE_HEADER, b"0:0"),)
+    assert decode(JobEvent, accepted[0].value).event_id == "j1-1"
+    rejected = [
+        event("failed", 0, 2).model_copy(update={"ts_ms": 5}),            # 1970
+        event("started", 1, 3, job="ghost", gpus=GPU),                    # never allocated
+        event("completed", 1, 4, job="ghost2"),                          # never allocated
+        event("allocated", 2, 5, job="ghost2", gpus=GPU),                # after its end
+        event("started", T0 // S, 6, gpus=GPU),                           # years ahead of the clock
+    ]
+    for offset, e in enumerate(rejected, start=1):
+        outs = c.on_lifecycle(0, offset, encode(e), now_ms=T0)
+        assert [o.topic for o in outs] == [TOPICS.dead_letters], e
+    assert c.counters["impossible_sequences"] == 3 and c.counters["dead_letters"] == 5
+    outs = c.on_lifecycle(0, 6, encode(event("allocated", 0, 1, gpus=GPU)), now_ms=T0)  # a duplicate
+    assert outs == []
+
+
+def test_a_far_future_tick_before_any_watermark_is_rejected_by_the_clock():
+    c = core()
+    tick = NodeTick(cluster="c", node="n1", ts_ms=T0 + 400 * DAY_MS, interval_ms=10_000,
+                    gpus=[GpuSample(gpu_uuid="A", index=0, model="A100-80GB", power_w=100.0)])
+    outs = c.on_node(TOPICS.gpu_samples, 0, 0, encode(tick), now_ms=T0)
+    assert [o.topic for o in outs] == [TOPICS.dead_letters]
+    assert "clock at receipt" in decode(DeadLetter, outs[0].value).reason
+    assert c.joins[0].nodes == {}  # nothing buffered: the partition can still commit
+    # without a clock (tools, older callers) the old rule holds: accepted until a watermark says otherwise
+    assert core().on_node(TOPICS.gpu_samples, 0, 0, encode(tick)) == []
+
+
+def test_the_cores_dead_letters_fit_their_topic():
+    c = core()
+    outs = c.on_node(TOPICS.gpu_samples, 0, 0, b"{" + b"x" * 3_000_000, now_ms=T0)
+    assert len(outs) == 1 and len(outs[0].value) <= 100_000
+    letter = decode(DeadLetter, outs[0].value)
+    assert letter.original_size == 3_000_001 and letter.seen_ms == T0
+
+
+@pytest.mark.parametrize("watermark_first", [True, False])
+def test_the_core_is_deterministic_with_the_same_clock(watermark_first):
+    def run():
+        c = core()
+        outs = []
+        msgs = [encode(LifecycleWatermark(cluster="c", ts_ms=T0))] if watermark_first else []
+        msgs += [encode(event("allocated", 0, 1, gpus=GPU)), encode(event("completed", 5, 2)),
+                 encode(event("completed", 6, 3, job="x"))]
+        for offset, raw in enumerate(msgs):
+            outs += c.on_lifecycle(0, offset, raw, now_ms=T0)
+        return [(o.topic, o.value, o.key, o.partition, o.headers) for o in outs]
+    assert run() == run()
