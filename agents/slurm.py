@@ -248,6 +248,8 @@ class JobState:
     finished: bool = False           # the job's final outcome emitted
     queue: str = ""
     tenant: str = ""
+    queued_events: int = 0           # queued events of `attempt` (the reason changed in between)
+    queued_reason: str = ""          # the pending reason of the last one
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -311,6 +313,7 @@ class SlurmJob:
     gres_detail: list[str]
     exit_code: int | None
     raw_priority: int = 0
+    sched_ms: int = 0                # last_sched_evaluation: when the pending reason was set
 
     @property
     def aliases(self) -> dict[str, str]:
@@ -369,6 +372,7 @@ def parse_job(job: Mapping[str, Any]) -> SlurmJob | None:
         nodes=expand_hostlist(str(job.get("nodes") or "")),
         gres_detail=[str(g) for g in gres_detail],
         exit_code=_int(job, "exit_code", None),
+        sched_ms=(_int(job, "last_sched_evaluation") or 0) * 1000,
     )
 
 
@@ -456,7 +460,7 @@ def translate(
     for job in sorted(jobs, key=lambda j: (j.submit_ms, j.raw_id)):
         seen.add(job.job_id)
         try:
-            _translate_job(job, state, out, jobs, tiers, hold_ms)
+            _translate_job(job, state, out, jobs, tiers, hold_ms, promised_ms)
         except SlurmInputError as exc:
             out.warnings.append(f"job {job.job_id}: {exc}")
     vanished = sorted(k for k, js in state.jobs.items() if k not in seen and not js.finished)
@@ -477,8 +481,13 @@ def translate(
                       vanished, out.warnings)
 
 
+def _pending_reason(job: SlurmJob) -> str | None:
+    """squeue's state_reason; None while the scheduler has not looked at the job yet ('None')."""
+    return None if job.reason in ("None", "") else job.reason
+
+
 def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[SlurmJob],
-                   tiers: Mapping[str, int], hold_ms: list[int]) -> None:
+                   tiers: Mapping[str, int], hold_ms: list[int], promised_ms: int) -> None:
     js = state.jobs.get(job.job_id)
     if js is None:
         js = state.jobs[job.job_id] = JobState(raw_id=job.raw_id, attempt=job.attempt, queue=job.queue,
@@ -488,7 +497,8 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
     if not js.submitted:
         out.emit(job, JobEventKind.submitted, job.submit_ms)
         if job.state in PENDING_STATES:
-            out.emit(job, JobEventKind.queued, job.submit_ms, reason=job.reason)
+            out.emit(job, JobEventKind.queued, job.submit_ms, reason=_pending_reason(job))
+            js.queued_events, js.queued_reason = 1, _pending_reason(job) or ""
         js.submitted = True
 
     if job.attempt > js.attempt:
@@ -504,6 +514,16 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
         for attempt in range(js.attempt + 1, job.attempt + 1):
             out.emit(job, JobEventKind.retried, job.submit_ms, attempt=attempt, reason="requeued by Slurm")
         js.attempt, js.allocated, js.ended, js.nodes, js.alloc_start_ms = job.attempt, False, False, [], 0
+        js.queued_events, js.queued_reason = 0, ""  # `retried` queued it; reasons follow
+
+    reason = _pending_reason(job)
+    if job.state in PENDING_STATES and reason and reason != js.queued_reason:
+        # Why it waits changed (None → Resources → Priority, BeginTime after a requeue): at the
+        # scheduler's evaluation that set it, never before what the last watermark promised.
+        js.queued_events += 1
+        out.emit(job, JobEventKind.queued, max(job.sched_ms, job.submit_ms, promised_ms), reason=reason,
+                 suffix="" if js.queued_events == 1 else f":{js.queued_events}")
+        js.queued_reason = reason
 
     ran = bool(job.nodes) and job.start_ms > 0
     if job.state in HOLDING_STATES and not js.allocated:

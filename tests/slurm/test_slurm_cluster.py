@@ -125,10 +125,14 @@ try:
                      "ORDER BY job_id, attempt, ts_ms").result_rows
     (rows, ids), = c.query("SELECT count(), uniqExact(record_id) FROM usage_raw").result_rows
     snaps = c.query("SELECT count() FROM scheduler_snapshots").result_rows[0][0]
+    queues = c.query("SELECT queue, max(quota_gpus), max(allocated_gpus), max(pending_jobs) FROM scheduler_snapshots "
+                     "GROUP BY queue ORDER BY queue").result_rows
+    attempts = c.query("SELECT job_id, attempt, outcome, tenant, queue FROM job_attempts").result_rows
     preempt = c.query("SELECT job_id, by_job_id FROM scheduler_preemptions").result_rows
 finally:
     c.close()
 print(json.dumps({"usage": usage, "events": events, "rows": rows, "ids": ids, "snapshots": snaps,
+                  "queues": queues, "attempts": attempts,
                   "preemptions": preempt}, default=str))
 """
 
@@ -275,6 +279,7 @@ def test_ledger_matches_sacct(cluster, tmp_path):
              f"{array}_2": "array task", victim: "preempted, rerun", waiter: "pending for GPUs",
              urgent: "prod (preempts)"}
     usage = {(r[0], r[1]): r for r in ledger["usage"]}
+    views = {(r[0], r[1]): r for r in ledger["attempts"]}
     events: dict[str, list] = {}
     for e in ledger["events"]:
         events.setdefault(e[0], []).append(e)
@@ -300,6 +305,9 @@ def test_ledger_matches_sacct(cluster, tmp_path):
                 problems.append(f"{job}#{attempt}: ledger {ledger_gpu_s} GPU-s, sacct {sacct_gpu_s}")
             if outcome != outcome_of.get(a["state"], "?"):
                 problems.append(f"{job}#{attempt}: outcome {outcome}, sacct {a['state']}")
+            view = views.get((job, attempt))
+            if view is None or (view[2], view[3], view[4]) != (outcome, a["account"], a["partition"]):
+                problems.append(f"{job}#{attempt}: job_attempts view says {view}")
             if tenant != {a["account"]} or (a["partition"] not in queue):
                 problems.append(f"{job}#{attempt}: tenant {tenant} queue {queue}, sacct {a['account']} {a['partition']}")
         attempts = {e[1] for e in events.get(job, [])}
@@ -313,7 +321,7 @@ def test_ledger_matches_sacct(cluster, tmp_path):
     table.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     print("\n" + "\n".join(table))
     say(f"usage rows {ledger['rows']} (unique ids {ledger['ids']}), job events {len(ledger['events'])}, "
-        f"snapshots {ledger['snapshots']}, preemptions {ledger['preemptions']}; {time.monotonic() - started:.0f}s")
+        f"snapshots {ledger['snapshots']} (per queue: quota, max allocated, max pending {ledger['queues']}), preemptions {ledger['preemptions']}; {time.monotonic() - started:.0f}s")
     (ROOT / "build" / "slurm-check-table.md").write_text("\n".join(table) + "\n")
 
     # the story happened as planned (a Slurm hiccup would make the comparison above pass on a different story)
@@ -322,7 +330,12 @@ def test_ledger_matches_sacct(cluster, tmp_path):
                 urgent: ["COMPLETED"], **{f"{array}_{i}": ["COMPLETED"] for i in range(3)}}
     assert {j: [a["state"] for a in acct.get(j, [])] for j in expected} == expected
     waited = [e for e in events[waiter] if e[2] == "queued"]
-    assert waited and waited[0][3] in ("Resources", "Priority"), events[waiter]
+    assert any(e[3] in ("Resources", "Priority") for e in waited), events[waiter]
+    # snapshots: partitions as queues, 32 GPUs each (they share the nodes), the whole cluster allocated
+    # once, and the waiting job seen pending
+    queues = {q[0]: q[1:] for q in ledger["queues"]}
+    assert queues["batch"][0] == 32 and queues["prod"][0] == 32
+    assert queues["batch"][1] == 32 and queues["batch"][2] >= 1, queues
     event_ids = [e[6] for e in ledger["events"]]
     assert len(event_ids) == len(set(event_ids)), "an event reached the ledger twice"
     assert ledger["rows"] == ledger["ids"], "a usage record reached the ledger twice"

@@ -410,3 +410,22 @@ def test_a_configuring_job_without_gpu_indices_waits_and_holds_the_watermark():
     alloc = {e.event_id: e for e in later.events}["slurm:c:1:0:allocated"]
     assert alloc.ts_ms == 1796084016_000 and len(alloc.gpus) == 3
     assert alloc.ts_ms >= r.watermark.ts_ms  # not late
+
+
+def test_a_pending_reason_change_is_a_further_queued_event():
+    fresh = copy.deepcopy(squeue("pending"))
+    for job in fresh["jobs"]:
+        if job["job_id"] == 8:
+            job["state_reason"] = "None"  # just submitted: the scheduler has not looked at it yet
+    first = translate(fresh, AgentState(), cluster="c", poll_started_ms=POLL_MS["pending"] - 1000, tiers=TIERS)
+    queued = {e.event_id: e for e in first.events}["slurm:c:8:0:queued"]
+    assert queued.reason is None and queued.ts_ms == 1796084036_000
+    second = translate(squeue("pending"), first.state, cluster="c", poll_started_ms=POLL_MS["pending"], tiers=TIERS)
+    assert ids(second) == ["slurm:c:8:0:queued:2"]
+    assert second.events[0].reason == "Resources"
+    assert second.events[0].ts_ms == max(1796084039_000, first.watermark.ts_ms)  # not late
+    again = translate(squeue("pending"), second.state, cluster="c", poll_started_ms=POLL_MS["pending"] + 1000)
+    assert again.events == []
+    # after a requeue the new attempt waits for its BeginTime
+    results, _ = run_steps()
+    assert {e.event_id: e.reason for e in results["requeued"].events}["slurm:c:7:1:queued"] == "BeginTime"
