@@ -585,6 +585,11 @@ def close_vanished(job_ids: Iterable[str], state: AgentState, accounting: Mappin
             if a.isdigit() and t.isdigit():
                 job = _with(job, array_job_id=int(a), array_task_id=int(t))
         if last is not None and last.state in FINAL_STATES and last.end_s:
+            if not js.allocated and last.start_s and len(rows) - 1 == js.attempt:
+                # it ran entirely while the agent was down: the ledger needs the allocation before the end
+                # (GPU indices unknown: no GPU time)
+                _allocate(_with(job, start_ms=last.start_s * 1000, nodes=[]), js, out, [],
+                          "GPU indices not seen (the job ran while the agent was down)")
             kind, reason = FINAL_STATES[last.state]
             code = last.exit_code.split(":")[0]
             if reason is None and last.state != "COMPLETED":

@@ -11,6 +11,7 @@ import pytest
 
 from gpuledger.agents.slurm import (
     AgentState,
+    SacctRow,
     SlurmInputError,
     build_snapshot,
     close_vanished,
@@ -273,6 +274,14 @@ def test_vanished_jobs_close_from_sacct_or_as_lost():
     assert by_job["8"].kind == "failed" and by_job["8"].ts_ms == 1796084042_000 and "lost" in by_job["8"].reason
     assert len(warnings) == 1
     assert state2.jobs["6"].finished and state2.jobs["8"].finished
+    # a job that was pending when the agent went down and ran entirely while it was down: allocated
+    # (no GPU indices) before its end, so the worker accepts the sequence
+    _, state = run_steps(STEPS[:1])
+    pending = translate(squeue("pending"), state, cluster="c", poll_started_ms=POLL_MS["pending"], tiers=TIERS)
+    sacct8 = {"8": [SacctRow("8", "8", "COMPLETED", 1796084040, 1796084100, "0:0", "teama", "batch")]}
+    events, _, _ = close_vanished(["8"], pending.state, sacct8, cluster="c", lost_at_ms=1796084200_000)
+    assert [(e.kind, e.ts_ms) for e in events] == [("allocated", 1796084040_000), ("started", 1796084040_000),
+                                                   ("completed", 1796084100_000)]
 
 
 def test_snapshots_from_recorded_output():
