@@ -25,6 +25,7 @@ class Topics:
         self.dead_letters = f"{prefix}dead-letters"
         self.late_events = f"{prefix}late-events"  # late input that was still applied, with the reason
         self.worker_state = f"{prefix}worker-state"  # internal: worker state snapshots (compacted)
+        self.bills = f"{prefix}bills"  # closed bill rows and adjustments (gpuledger bills close), key: tenant
         #: internal: every lifecycle event the worker's router accepted (what the sink stores as job events)
         self.lifecycle_accepted = f"{prefix}lifecycle-accepted"
 
@@ -47,6 +48,7 @@ class Settings(BaseSettings):
     partitions_scheduler_snapshots: int = Field(1, ge=1)
     partitions_usage: int = Field(8, ge=1)
     partitions_dead_letters: int = Field(1, ge=1)
+    partitions_bills: int = Field(1, ge=1, description="partitions of the bills topic (closed bill rows, key: tenant)")
 
     # --- Warehouse
     warehouse: str = Field("chdb", description="'chdb' (embedded, in DATA_DIR/chdb), 'chdb:/abs/dir', or http(s)://host:port of a ClickHouse server")
@@ -58,6 +60,8 @@ class Settings(BaseSettings):
 
     # --- Accounting
     ledger_config: Path | None = Field(None, description="TOML file with definitions, prices and coefficients (default: the bundled one)")
+    bills_close_grace_s: float = Field(21600.0, ge=0, description="a billing day of a cluster closes once the warehouse's event-time horizon of the cluster (max end_ms of usage_raw) has passed the day's end by this much, seconds")
+    bills_adjust_lookback_days: int = Field(62, ge=1, description="each close run recomputes this many of the latest closed days of a cluster and books the differences as adjustments")
 
     # --- Worker / agent
     worker_app_id: str = Field("gpuledger-worker", description="Faust application id (consumer group)")
@@ -131,6 +135,7 @@ class Settings(BaseSettings):
             t.usage: self.partitions_usage,
             t.dead_letters: self.partitions_dead_letters,
             t.late_events: self.partitions_dead_letters,
+            t.bills: self.partitions_bills,
             t.lifecycle_accepted: self.partitions_job_events,  # partition n holds job-events partition n's
             # one partition per join partition, then one per router (job-events) partition
             t.worker_state: self.partitions_gpu_samples + self.partitions_job_events,

@@ -55,6 +55,10 @@ SINK_ROWS = Counter("gpuledger_sink_rows_inserted", "Rows inserted into the ware
 SINK_INSERT_FAILURES = Counter("gpuledger_sink_insert_failures", "Failed insert attempts (each retry counts)", ["table"])
 SINK_INSERT_SECONDS = Histogram("gpuledger_sink_insert_seconds", "Time of one insert into the warehouse", ["table"],
                                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+USAGE_DUPLICATE_RECORDS = Gauge("gpuledger_usage_duplicate_records", "Usage records counted more than once in the warehouse "
+                                "(rows minus distinct record ids) over the audited days, by table; closed bills count each once "
+                                "(gpuledger bills audit)", ["table"])
+USAGE_RECORDS_AUDITED = Gauge("gpuledger_usage_records_audited", "Usage rows the last dedup audit looked at, by table", ["table"])
 SINK_BATCHES = Counter("gpuledger_sink_batches", "Batches flushed and committed")
 SINK_BATCH_ROWS = Histogram("gpuledger_sink_batch_rows", "Rows per flushed batch",
                             buckets=(1, 10, 100, 1_000, 5_000, 20_000, 100_000))

@@ -36,20 +36,20 @@ _FILTERS: dict[str, tuple[str, str, str]] = {
 }
 
 _REPORT_FILTERS: dict[str, frozenset[str]] = {
-    "bills": frozenset({"day_from", "day_to", "tenant", "definition_version"}),
+    "bills": frozenset({"day_from", "day_to", "cluster", "tenant", "queue", "definition_version"}),
     "jobs": frozenset({"day_from", "day_to", "cluster", "tenant", "queue", "job_id", "definition_version"}),
-    "queues": frozenset({"day_from", "day_to", "cluster", "queue"}),
+    "queues": frozenset({"day_from", "day_to", "cluster", "tenant", "queue"}),
     "utilization": frozenset({"day_from", "day_to", "cluster", "tenant", "queue", "gpu_model", "definition_version"}),
     "capacity": frozenset({"day_from", "day_to", "cluster", "gpu_model", "definition_version"}),
     "unmatched": frozenset({"day_from", "day_to", "cluster"}),
 }
 #: options that are not row filters
 _REPORT_OPTIONS: dict[str, frozenset[str]] = {
-    "bills": frozenset({"limit", "idle_redistribution"}),
-    "jobs": frozenset({"limit", "reference_cost_per_gpu_hour"}),
+    "bills": frozenset({"limit", "idle_redistribution", "currency"}),
+    "jobs": frozenset({"limit", "reference_cost_per_gpu_hour", "currency"}),
     "queues": frozenset({"limit"}),
     "utilization": frozenset({"limit", "by"}),
-    "capacity": frozenset({"limit"}),
+    "capacity": frozenset({"limit", "currency"}),
     "unmatched": frozenset({"limit", "busy_floor_pct"}),
 }
 
@@ -119,7 +119,56 @@ def _qualify(database: str) -> str:
 
 
 # --------------------------------------------------------------------------- the reports
+def _currencies(client, db: str, fallback: str | None) -> dict[str, str]:
+    """definition_version -> currency, as recorded with the definition (`gpuledger migrate`)."""
+    try:
+        rows = _query(client, f"SELECT definition_version, argMax(JSONExtractString(content, 'currency'), recorded_at) "
+                              f"AS currency FROM {db}.definitions GROUP BY definition_version", {})
+    except Exception:  # an older warehouse without the accounting library
+        rows = []
+    out = {r["definition_version"]: r["currency"] for r in rows if r["currency"]}
+    if fallback:
+        out.setdefault("", fallback)
+    return out
+
+
+def _currency_of(currencies: dict[str, str], dv: str) -> str:
+    return currencies.get(dv) or currencies.get("", "")
+
+
+#: bill lines and the prefixes of their columns
+_BILL_LINES = (("compute", "compute"), ("idle", "idle"), ("failed_retry", "failed_retry"))
+
+
+def _bill_row(key: dict, amounts: dict[str, list[int]], currency: str) -> dict:
+    """One report row in tenant_daily_bill's shape from {line: [gpu_ms, eff, cost]}."""
+    row = dict(key)
+    row["currency"] = currency
+    total = [0, 0, 0]
+    for line, prefix in _BILL_LINES:
+        g, e, c = amounts.get(line, (0, 0, 0))
+        row[f"{prefix}_gpu_hours"] = g / 3600000
+        row[f"{prefix}_effective_gpu_hours"] = e / 3600000
+        row[f"{prefix}_cost"] = c / 1e6
+        row[f"{prefix}_cost_micros"] = c
+        total = [total[0] + g, total[1] + e, total[2] + c]
+    row["total_gpu_hours"] = total[0] / 3600000
+    row["total_effective_gpu_hours"] = total[1] / 3600000
+    row["total_cost"] = total[2] / 1e6
+    row["total_cost_micros"] = total[2]
+    return row
+
+
 def _bills(client, db: str, filters: dict[str, Any]) -> list[dict]:
+    """Tenant bills per UTC day, cluster, tenant and definition version, with `status`:
+    - closed: the day is closed for the cluster; the figures are the closed rows (closed_tenant_bill),
+      which never change;
+    - open: live figures from usage deduplicated by record id;
+    - adjustment: corrections of a closed day (`corrects_day`, `reason`) booked on `day`, the next day
+      that was open when they were found (gpuledger/bills.py).
+    Money carries its `currency`."""
+    from gpuledger import bills as b
+
     policy = filters.get("idle_redistribution") or "none"
     if policy not in ("none", "even", "usage"):
         raise ValueError(f"idle_redistribution must be none, even or usage; got {policy!r}")
@@ -127,11 +176,49 @@ def _bills(client, db: str, filters: dict[str, Any]) -> list[dict]:
     # applied after the shares are computed.
     names = sorted(_REPORT_FILTERS["bills"] - ({"tenant"} if policy != "none" else set()))
     conds, params = _where(filters, names)
-    sql = f"SELECT * FROM {db}.tenant_daily_bill WHERE {_and(conds)} ORDER BY day, tenant, definition_version"
+    adj_conds = [c.replace("day ", "booked_day ", 1) if c.startswith("day ") else c for c in conds]
+    currencies = _currencies(client, db, filters.get("currency"))
+    groups: dict[tuple, dict[str, list[int]]] = {}
+    row_currency: dict[tuple, str] = {}
+
+    def add(key: tuple, line: str, g: int, e: int, c: int, currency: str | None = None) -> None:
+        acc = groups.setdefault(key, {}).setdefault(line, [0, 0, 0])
+        acc[0] += int(g)
+        acc[1] += int(e)
+        acc[2] += int(c)
+        if currency:
+            row_currency[key] = currency
+
+    closed_sql = (f"SELECT day, toString(cluster) AS cluster, toString(tenant) AS tenant, toString(line) AS line, "
+                  f"toString(definition_version) AS definition_version, sum(gpu_ms) AS g, sum(effective_gpu_ms) AS e, "
+                  f"sum(cost_micros) AS c, toString(any(currency)) AS currency FROM {db}.closed_tenant_bill "
+                  f"WHERE {b.committed(db)} AND {_and(conds)} GROUP BY day, cluster, tenant, line, definition_version")
+    for r in _query(client, closed_sql, params):
+        add((r["day"], "closed", r["cluster"], r["tenant"], r["definition_version"], None, None), r["line"],
+            r["g"], r["e"], r["c"], r["currency"])
+    adj_sql = (f"SELECT booked_day, corrects_day, toString(reason) AS reason, toString(cluster) AS cluster, "
+               f"toString(tenant) AS tenant, toString(line) AS line, toString(definition_version) AS definition_version, "
+               f"sum(gpu_ms) AS g, sum(effective_gpu_ms) AS e, sum(cost_micros) AS c, toString(any(currency)) AS currency "
+               f"FROM {db}.bill_adjustments WHERE {b.committed(db)} AND {_and(adj_conds)} "
+               "GROUP BY booked_day, corrects_day, reason, cluster, tenant, line, definition_version")
+    for r in _query(client, adj_sql, params):
+        add((r["booked_day"], "adjustment", r["cluster"], r["tenant"], r["definition_version"], r["corrects_day"],
+             r["reason"]), r["line"], r["g"], r["e"], r["c"], r["currency"])
+    basis = b.fetch_basis(client, db, [*conds, f"(cluster, day) NOT IN ({b.closed_days_sql(db)})"], params)
+    for (day, cluster, tenant, _q, _job, _att, dv, line), (g, e, c) in b.job_lines(basis, b.fetch_outcomes(client, db)).items():
+        add((day, "open", cluster, tenant, dv, None, None), line, g, e, c)
+    order = {"closed": 0, "open": 0, "adjustment": 1}
+    rows = []
+    for key in sorted(groups, key=lambda k: (k[0], order[k[1]], k[3], k[2], k[4], str(k[5]), str(k[6]))):
+        day, status, cluster, tenant, dv, corrects, reason = key
+        head = {"day": day, "status": status, "cluster": cluster, "tenant": tenant, "definition_version": dv}
+        if status == "adjustment":
+            head.update(corrects_day=corrects, reason=reason)
+        rows.append(_bill_row(head, groups[key], row_currency.get(key) or _currency_of(currencies, dv)))
     if policy == "none":
-        return _query(client, sql + _limit(filters, params), params)
-    rows = _query(client, sql, params)
-    _redistribute_cluster_idle(client, db, rows, policy)
+        return rows[: filters["limit"]] if filters.get("limit") else rows
+    billed = [r for r in rows if r["status"] != "adjustment"]
+    _redistribute_cluster_idle(client, db, billed, policy)
     if filters.get("tenant") is not None:
         rows = [r for r in rows if r["tenant"] == filters["tenant"]]
     return rows[: filters["limit"]] if filters.get("limit") else rows
@@ -180,19 +267,100 @@ def _jobs(client, db: str, filters: dict[str, Any]) -> list[dict]:
         f"SELECT *, {opportunity} AS opportunity_cost FROM {db}.job_cost WHERE {_and(conds)} "
         "ORDER BY cost DESC, gpu_hours DESC, cluster, job_id, definition_version"
     )
-    return _query(client, sql + _limit(filters, params), params)
+    rows = _query(client, sql, params)
+    _job_money(client, db, rows, _currencies(client, db, filters.get("currency")))
+    rows.sort(key=lambda r: (-(r["cost"] or 0), -(r["gpu_hours"] or 0), r["cluster"], r["job_id"], r["definition_version"]))
+    return rows[: filters["limit"]] if filters.get("limit") else rows
+
+
+def _job_money(client, db: str, rows: list[dict], currencies: dict[str, str]) -> None:
+    """GPU-time and money of each job from its closed rows and adjustments on closed days, and live
+    deduplicated usage on open days; `status` closed when all its usage days are closed, else open."""
+    from gpuledger import bills as b
+
+    if not rows:
+        return
+    clusters = sorted({r["cluster"] for r in rows})
+    params = {"clusters": clusters}
+    parts = f"""
+        SELECT cluster, job_id, definition_version, toUInt8(0) AS open,
+               sumIf(toInt64(gpu_ms), line != 'idle') AS x, sumIf(toInt64(gpu_ms), line = 'idle') AS i,
+               sum(toInt64(effective_gpu_ms)) AS e, sum(toInt64(cost_micros)) AS c
+        FROM {db}.closed_job_cost WHERE {b.committed(db)} AND cluster IN {{clusters:Array(String)}}
+        GROUP BY cluster, job_id, definition_version
+        UNION ALL
+        SELECT cluster, job_id, definition_version, toUInt8(0) AS open,
+               sumIf(gpu_ms, line != 'idle'), sumIf(gpu_ms, line = 'idle'), sum(effective_gpu_ms), sum(cost_micros)
+        FROM {db}.bill_adjustments WHERE {b.committed(db)} AND cluster IN {{clusters:Array(String)}}
+        GROUP BY cluster, job_id, definition_version
+        UNION ALL
+        SELECT cluster, job_id, definition_version, toUInt8(1) AS open,
+               sumIf(toInt64(gpu_ms), state = 'executing'), sumIf(toInt64(gpu_ms), state = 'allocated_idle'),
+               sum(toInt64(effective_gpu_ms)), sum(toInt64(cost_micros))
+        FROM ({b.dedup_usage_sql(db, ["job_id != ''", "state IN ('executing', 'allocated_idle')",
+                                      "cluster IN {clusters:Array(String)}",
+                                      f"(cluster, day) NOT IN ({b.closed_days_sql(db)})"],
+                                 "cluster, record_id, job_id, definition_version, state, gpu_ms, effective_gpu_ms, cost_micros")})
+        GROUP BY cluster, job_id, definition_version"""
+    money: dict[tuple, list[int]] = {}
+    for r in _query(client, f"SELECT toString(cluster) AS cluster, job_id, toString(definition_version) AS dv, "
+                            f"max(open) AS open, sum(x) AS x, sum(i) AS i, sum(e) AS e, sum(c) AS c FROM ({parts}) "
+                            "GROUP BY cluster, job_id, dv", params):
+        money[(r["cluster"], r["job_id"], r["dv"])] = [r["open"], r["x"], r["i"], r["e"], r["c"]]
+    for row in rows:
+        m = money.get((row["cluster"], row["job_id"], row["definition_version"]))
+        row["currency"] = _currency_of(currencies, row["definition_version"])
+        if m is None:
+            row["status"] = "open"
+            continue
+        is_open, x, i, e, c = m
+        row["status"] = "open" if is_open else "closed"
+        row.update(gpu_hours=(x + i) / 3600000, executing_gpu_hours=x / 3600000, idle_gpu_hours=i / 3600000,
+                   effective_gpu_hours=e / 3600000, cost=c / 1e6, cost_micros=c)
 
 
 def _queues(client, db: str, filters: dict[str, Any]) -> list[dict]:
-    conds, params = _where(filters, sorted(_REPORT_FILTERS["queues"]))
-    sql = f"SELECT * FROM {db}.queue_efficiency WHERE {_and(conds)} ORDER BY day, cluster, queue"
-    return _query(client, sql + _limit(filters, params), params)
+    """Queue efficiency per cohort day, cluster and queue (and tenant, with the tenant filter):
+    closed rows (closed_queue_efficiency) for closed days, live figures from deduplicated usage for
+    open ones; `status` says which."""
+    from gpuledger import bills as b
+
+    conds, params = _where(filters, sorted(_REPORT_FILTERS["queues"] - {"tenant"}))
+    by_tenant = filters.get("tenant") is not None
+    if by_tenant:
+        params["tenant"] = str(filters["tenant"])
+    tenant_cond = "tenant = {tenant:String}" if by_tenant else "tenant = ''"
+    cols = ("day, toString(cluster) AS cluster, toString(queue) AS queue, toString(tenant) AS tenant, attempts, "
+            "requested_gpu_seconds, allocated_gpu_seconds, executed_gpu_seconds, "
+            "if(requested_gpu_seconds = 0, NULL, allocated_gpu_seconds / requested_gpu_seconds) AS allocated_to_requested, "
+            "if(allocated_gpu_seconds = 0, NULL, executed_gpu_seconds / allocated_gpu_seconds) AS executed_to_allocated, "
+            "if(requested_gpu_seconds = 0, NULL, executed_gpu_seconds / requested_gpu_seconds) AS executed_to_requested, "
+            "waits, queue_wait_p50_s, queue_wait_p90_s, queue_wait_p99_s, queue_wait_mean_s, queue_wait_max_s")
+    closed = (f"SELECT 'closed' AS status, {cols} FROM {db}.closed_queue_efficiency "
+              f"WHERE {b.committed(db)} AND {tenant_cond} AND {_and(conds)}")
+    attempt_conds = ["a.tenant = {tenant:String}"] if by_tenant else []
+    if filters.get("cluster") is not None:
+        attempt_conds.append("a.cluster = {cluster:String}")
+    live = b.queue_efficiency_sql(db, ["cluster = {cluster:String}"] if filters.get("cluster") is not None else [],
+                                  attempt_conds, by_tenant)
+    opened = (f"SELECT 'open' AS status, {cols} FROM ({live}) WHERE {_and(conds)} "
+              f"AND (cluster, day) NOT IN ({b.closed_days_sql(db)})")
+    sql = f"SELECT * FROM ({closed} UNION ALL {opened}) ORDER BY day, cluster, queue"
+    rows = _query(client, sql + _limit(filters, params), params)
+    if not by_tenant:
+        for r in rows:
+            del r["tenant"]
+    return rows
 
 
 def _capacity(client, db: str, filters: dict[str, Any]) -> list[dict]:
     conds, params = _where(filters, sorted(_REPORT_FILTERS["capacity"]))
     sql = f"SELECT * FROM {db}.capacity_daily WHERE {_and(conds)} ORDER BY day, cluster, gpu_model, definition_version"
-    return _query(client, sql + _limit(filters, params), params)
+    rows = _query(client, sql + _limit(filters, params), params)
+    currencies = _currencies(client, db, filters.get("currency")) if rows else {}
+    for r in rows:
+        r["currency"] = _currency_of(currencies, r["definition_version"])
+    return rows
 
 
 def _unmatched(client, db: str, filters: dict[str, Any]) -> list[dict]:
@@ -389,11 +557,34 @@ def _render_csv(rows: Sequence[dict]) -> str:
     return buf.getvalue()
 
 
-def render(rows: Sequence[dict], fmt: str = "table") -> str:
+def utc_labels(rows: Sequence[dict]) -> list[dict]:
+    """Rows with every day column labelled as a UTC day: `day` -> `day_utc`, `first_day` ->
+    `first_day_utc`, `corrects_day` -> `corrects_day_utc` (the same names in table, CSV and JSON)."""
+    def name(key: str) -> str:
+        return f"{key}_utc" if key == "day" or key.endswith("_day") else key
+
+    return [{name(k): v for k, v in row.items()} for row in rows]
+
+
+def _priced_by_default_note(rows: Sequence[dict]) -> str:
+    """The footnote of a table whose rows hold GPU time priced under the [unpriced] policy (a GPU
+    model without its own price or coefficient; docs/accounting.md). JSON and CSV carry the column."""
+    hours = sum(r.get("priced_by_default_gpu_hours") or 0 for r in rows)
+    if not hours:
+        return ""
+    return (f"\nNote: {hours:,.4f} GPU-hours in these rows were priced by default (GPU models without a price or "
+            "coefficient of their own, billed under the ledger's [unpriced] policy); see column "
+            "priced_by_default_gpu_hours.\n")
+
+
+def render(rows: Sequence[dict], fmt: str = "table", *, utc_days: bool = False) -> str:
     """rows as `table` (aligned text, numbers right-aligned), `json` (an array of objects; numbers
-    stay numbers, dates ISO strings, absent values null) or `csv` (header + rows, full precision)."""
+    stay numbers, dates ISO strings, absent values null) or `csv` (header + rows, full precision).
+    `utc_days` labels day columns as UTC days (`utc_labels`), as the CLI prints them."""
+    if utc_days:
+        rows = utc_labels(rows)
     if fmt == "table":
-        return _render_table(rows)
+        return _render_table(rows) + _priced_by_default_note(rows)
     if fmt == "json":
         return orjson.dumps([{k: _plain(v) for k, v in row.items()} for row in rows], option=orjson.OPT_INDENT_2).decode() + "\n"
     if fmt == "csv":

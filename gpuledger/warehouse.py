@@ -67,12 +67,15 @@ def _chdb_holder(path: Path) -> str | None:
     return None
 
 
-def connect(settings: Settings):
-    """A clickhouse-connect client on the configured warehouse, its current database created if missing."""
-    database = _identifier(settings.database, "database")
+def _open(settings: Settings, *, create_dir: bool = True):
+    """A client on the configured warehouse (nothing created in it)."""
     chdb_dir = settings.embedded_warehouse_dir
     if chdb_dir is not None:
-        chdb_dir.mkdir(parents=True, exist_ok=True)
+        if create_dir:
+            chdb_dir.mkdir(parents=True, exist_ok=True)
+        elif not chdb_dir.is_dir():
+            raise WarehouseError(f"warehouse not migrated: the embedded warehouse {chdb_dir} does not exist "
+                                 "(run `gpuledger migrate`)")
         try:
             client = clickhouse_connect.get_client(interface="chdb", path=str(chdb_dir))
         except ProgrammingError as exc:
@@ -99,8 +102,41 @@ def connect(settings: Settings):
         raise WarehouseError(
             f"unknown warehouse {settings.warehouse!r}: use 'chdb', 'chdb:/abs/dir' or http(s)://host:port"
         )
+    return client
+
+
+def connect(settings: Settings):
+    """A clickhouse-connect client on the configured warehouse, its current database created if missing."""
+    database = _identifier(settings.database, "database")
+    client = _open(settings)
     try:
         client.command(f"CREATE DATABASE IF NOT EXISTS `{database}`")
+        client.database = database
+    except Exception:
+        client.close()
+        raise
+    return client
+
+
+def connect_readonly(settings: Settings):
+    """A client for readers (reports, `bills list|show|audit`): it never creates anything, so it works
+    with a ClickHouse account that has SELECT only. Raises WarehouseError saying to run
+    `gpuledger migrate` when the database, the migrations table or a migration is missing."""
+    database = _identifier(settings.database, "database")
+    client = _open(settings, create_dir=False)
+    try:
+        try:
+            applied = {r[0] for r in client.query(f"SELECT version FROM `{database}`.{MIGRATIONS_TABLE}").result_rows}
+        except Exception as exc:
+            text = str(exc)
+            if any(m in text for m in ("UNKNOWN_DATABASE", "UNKNOWN_TABLE", "does not exist", "doesn't exist")):
+                raise WarehouseError(f"warehouse not migrated: database {database!r} has no {MIGRATIONS_TABLE} "
+                                     "(run `gpuledger migrate`)") from None
+            raise WarehouseError(f"cannot read the warehouse {settings.warehouse}: {text.splitlines()[0] if text else exc!r}") from exc
+        pending = [mg.version for mg in load_migrations() if mg.version not in applied]
+        if pending:
+            raise WarehouseError(f"warehouse not migrated: migration(s) {', '.join(pending)} not applied to "
+                                 f"{database!r} (run `gpuledger migrate`)")
         client.database = database
     except Exception:
         client.close()

@@ -357,6 +357,31 @@ class NodeWatermark(_Wire):
 NodeAllocationMessage = Annotated[Union[AllocationChange, NodeWatermark], Field(discriminator="type")]
 
 
+# --------------------------------------------------------------------------- closed bills
+class BillRow(_Wire):
+    """One line of a closed bill, or one adjustment, as a close run wrote it (docs/accounting.md §6a).
+    Topic: `<prefix>bills`, key: tenant. A run's rows share `bill_run_id`; a consumer that sees a
+    run twice (the run was published again) can drop rows by (bill_run_id, kind, day, corrects_day,
+    cluster, tenant, queue, line, reason, definition_version). Closed rows never change; corrections
+    come as `adjustment` rows booked on a later open day."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    kind: Literal["closed", "adjustment"] = Field(description="closed: a line of a closed day's bill; adjustment: a correction of a closed day booked on `day`")
+    bill_run_id: str = Field(min_length=1, description="the close run that wrote the row")
+    day: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}$", description="UTC day (YYYY-MM-DD): the closed day, or the open day an adjustment is booked on")
+    cluster: str
+    tenant: str
+    queue: str
+    line: Literal["compute", "idle", "failed_retry"] = Field(description="bill line (docs/accounting.md §6)")
+    definition_version: str
+    gpu_ms: int = Field(description="GPU-milliseconds (negative only in adjustments)")
+    effective_gpu_ms: int = Field(description="effective GPU-milliseconds (negative only in adjustments)")
+    cost_micros: int = Field(description="cost in micro-units of `currency` (negative only in adjustments)")
+    currency: str = Field(min_length=1, description="ISO 4217 currency of cost_micros (the ledger config's `currency`)")
+    corrects_day: str | None = Field(None, pattern=r"^\d{4}-\d{2}-\d{2}$", description="adjustment: the closed UTC day it corrects")
+    reason: Literal["late_lifecycle_outcome", "late_samples"] | None = Field(None, description="adjustment: why (an outcome known after the close moved time between compute and failed_retry; usage arrived after the close)")
+
+
 #: Every model exported as a JSON Schema file (schemas/json/<name>.json).
 EXPORTED_MODELS: dict[str, type[BaseModel]] = {
     "node_tick": NodeTick,
@@ -369,4 +394,5 @@ EXPORTED_MODELS: dict[str, type[BaseModel]] = {
     "dead_letter": DeadLetter,
     "allocation_change": AllocationChange,
     "node_watermark": NodeWatermark,
+    "bill_row": BillRow,
 }

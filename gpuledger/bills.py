@@ -1,0 +1,520 @@
+"""Closed billing periods (docs/accounting.md §6a, docs/reliability.md "Closed periods").
+
+A billing day D of a cluster closes once the warehouse's event-time horizon of that cluster — the
+largest `end_ms` in `usage_raw` for it, i.e. the lifecycle watermark as far as the warehouse has seen
+it (the worker closes usage only behind the watermark) — has reached the end of D plus the grace
+`GPULEDGER_BILLS_CLOSE_GRACE_S`. Closing writes the day's bill rows into the append-only tables of
+sql/0013, computed from usage deduplicated by (cluster, record_id), under a new bill run. A close run
+that writes anything commits by inserting its `bill_runs` row last; readers only trust rows whose
+run is in `bill_runs`, so a run that died half-way leaves nothing that counts.
+
+At every run the closed days of the last `GPULEDGER_BILLS_ADJUST_LOOKBACK_DAYS` are recomputed from
+current data and compared, attempt by attempt, with what was closed plus the adjustments already
+booked; the difference is booked into the cluster's next open day as `bill_adjustments` rows with a
+reason (`diff_adjustments`). Running the closer again with nothing new books nothing.
+
+The pure parts (lines, due days, the diff, messages) are plain functions tested in
+tests/unit/test_bills.py; the rest reads and writes the warehouse.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+log = logging.getLogger(__name__)
+
+DAY_MS = 86_400_000
+EPOCH = dt.date(1970, 1, 1)
+LINES = ("compute", "idle", "failed_retry")
+LATE_OUTCOME = "late_lifecycle_outcome"
+LATE_SAMPLES = "late_samples"
+REASONS = (LATE_OUTCOME, LATE_SAMPLES)
+
+#: (day, cluster, tenant, queue, job_id, attempt, definition_version)
+AttemptDay = tuple
+#: [gpu_ms, effective_gpu_ms, cost_micros]
+Amount = list
+
+
+# --------------------------------------------------------------------------- pure parts
+def line_of(state: str, outcome: str | None) -> str:
+    """The bill line of usage in `state` of an attempt with `outcome` (as tenant_daily_bill)."""
+    if state == "allocated_idle":
+        return "idle"
+    return "failed_retry" if outcome == "failed" else "compute"
+
+
+def day_end_ms(day: dt.date) -> int:
+    return ((day - EPOCH).days + 1) * DAY_MS
+
+
+def last_due_day(horizon_ms: int, grace_s: float) -> dt.date | None:
+    """The last day D with end of D + grace <= horizon (None before 1970-01-01 closes)."""
+    n = (horizon_ms - int(round(grace_s * 1000))) // DAY_MS - 1
+    return EPOCH + dt.timedelta(days=n) if n >= 0 else None
+
+
+def days_between(first: dt.date, last: dt.date) -> list[dt.date]:
+    return [first + dt.timedelta(days=i) for i in range((last - first).days + 1)]
+
+
+def job_lines(basis: Iterable[Mapping[str, Any]], outcomes: Mapping[tuple, str]) -> dict[tuple, Amount]:
+    """Attempt-day line amounts: {(day, cluster, tenant, queue, job_id, attempt, dv, line): [gpu_ms, eff, cost]}.
+
+    `basis` rows: day, cluster, tenant, queue, job_id, attempt, definition_version, state, gpu_ms,
+    effective_gpu_ms, cost_micros (executing / allocated_idle usage of jobs, deduplicated);
+    `outcomes`: {(cluster, job_id, attempt): outcome}."""
+    out: dict[tuple, Amount] = {}
+    for r in basis:
+        outcome = outcomes.get((r["cluster"], r["job_id"], int(r["attempt"])), "")
+        key = (r["day"], r["cluster"], r["tenant"], r["queue"], r["job_id"], int(r["attempt"]),
+               r["definition_version"], line_of(r["state"], outcome))
+        acc = out.setdefault(key, [0, 0, 0])
+        acc[0] += int(r["gpu_ms"])
+        acc[1] += int(r["effective_gpu_ms"])
+        acc[2] += int(r["cost_micros"])
+    return out
+
+
+def tenant_lines(lines: Mapping[tuple, Amount]) -> dict[tuple, Amount]:
+    """Attempt-day lines summed to (day, cluster, tenant, queue, line, dv)."""
+    out: dict[tuple, Amount] = {}
+    for (day, cluster, tenant, queue, _job, _attempt, dv, line), amount in lines.items():
+        acc = out.setdefault((day, cluster, tenant, queue, line, dv), [0, 0, 0])
+        for i in range(3):
+            acc[i] += amount[i]
+    return out
+
+
+def diff_adjustments(booked: Mapping[tuple, Amount], now: Mapping[tuple, Amount],
+                     outcomes: Mapping[tuple, str]) -> list[tuple[tuple, str, Amount]]:
+    """What to book so that booked + adjustments == now, attempt by attempt, with the reason.
+
+    Keys are those of `job_lines` (attempt-day × line). For each attempt-day, with L the line its
+    executing time belongs to under the attempt's current outcome (compute, or failed_retry when it
+    failed) and O the other one:
+    - what is booked on O moves to L: (O, −booked[O]) and (L, +booked[O]), reason late_lifecycle_outcome;
+    - L's remaining difference, now[L] − booked[L] − booked[O], is late_samples;
+    - idle's difference, now[idle] − booked[idle], is late_samples.
+    Zero amounts are left out. Returns [(key, reason, [gpu_ms, eff, cost])], in key order."""
+    groups: dict[tuple, dict[str, tuple[Amount, Amount]]] = {}
+    zero = [0, 0, 0]
+    for source, index in ((booked, 0), (now, 1)):
+        for key, amount in source.items():
+            pair = groups.setdefault(key[:7], {}).setdefault(key[7], ([0, 0, 0], [0, 0, 0]))
+            for i in range(3):
+                pair[index][i] += amount[i]
+    out: list[tuple[tuple, str, Amount]] = []
+
+    def add(group: tuple, line: str, reason: str, amount: Sequence[int]) -> None:
+        if any(amount):
+            out.append((group + (line,), reason, list(amount)))
+
+    for group in sorted(groups, key=lambda g: tuple(str(x) for x in g)):
+        lines = groups[group]
+        b = {line: lines.get(line, (zero, zero))[0] for line in LINES}
+        n = {line: lines.get(line, (zero, zero))[1] for line in LINES}
+        _day, cluster, _tenant, _queue, job_id, attempt, _dv = group
+        cur = line_of("executing", outcomes.get((cluster, job_id, attempt), ""))
+        other = "compute" if cur == "failed_retry" else "failed_retry"
+        # usage now on `other` can only come from an outcome that is not the current one: none
+        moved = b[other]
+        add(group, other, LATE_OUTCOME, [-x for x in moved])
+        add(group, cur, LATE_OUTCOME, moved)
+        add(group, cur, LATE_SAMPLES, [n[cur][i] + n[other][i] - b[cur][i] - b[other][i] for i in range(3)])
+        add(group, "idle", LATE_SAMPLES, [n["idle"][i] - b["idle"][i] for i in range(3)])
+    return out
+
+
+# --------------------------------------------------------------------------- SQL helpers
+def _q(client, sql: str, params: dict | None = None) -> list[dict]:
+    return list(client.query(sql, parameters=params or {}).named_results())
+
+
+def _db(database: str) -> str:
+    from gpuledger.reports import _qualify
+
+    return _qualify(database)
+
+
+COMMITTED = "bill_run_id IN (SELECT bill_run_id FROM {db}.bill_runs)"
+
+
+def committed(db: str) -> str:
+    """SQL condition: the row belongs to a committed bill run."""
+    return COMMITTED.format(db=db)
+
+
+def closed_days_sql(db: str) -> str:
+    """(cluster, day) pairs that are closed (by committed runs)."""
+    return f"SELECT cluster, day FROM {db}.closed_days WHERE {committed(db)}"
+
+
+def dedup_usage_sql(db: str, conds: Sequence[str] = (), columns: str = "*") -> str:
+    """usage_raw with each (cluster, record_id) once: `LIMIT 1 BY cluster, record_id` after the filters
+    (copies of a record are identical, so filtering first keeps the same one)."""
+    where = " AND ".join(conds) if conds else "1"
+    return (f"SELECT {columns} FROM {db}.usage_raw WHERE {where} "
+            "LIMIT 1 BY cluster, record_id")
+
+
+def fetch_basis(client, db: str, conds: Sequence[str] = (), params: dict | None = None) -> list[dict]:
+    """Executing / allocated-idle usage of jobs per attempt, day and state, deduplicated by record id."""
+    inner = dedup_usage_sql(db, ["job_id != ''", "state IN ('executing', 'allocated_idle')", *conds],
+                            "cluster, record_id, day, tenant, queue, job_id, attempt, definition_version, state, "
+                            "gpu_ms, effective_gpu_ms, cost_micros")
+    sql = (f"SELECT day, cluster, toString(tenant) AS tenant, toString(queue) AS queue, job_id, attempt, "
+           "toString(definition_version) AS definition_version, toString(state) AS state, "
+           "sum(gpu_ms) AS gpu_ms, sum(effective_gpu_ms) AS effective_gpu_ms, sum(cost_micros) AS cost_micros "
+           f"FROM ({inner}) GROUP BY day, cluster, tenant, queue, job_id, attempt, definition_version, state")
+    rows = _q(client, sql, params)
+    for r in rows:
+        r["cluster"] = str(r["cluster"])
+    return rows
+
+
+def fetch_outcomes(client, db: str, cluster: str | None = None) -> dict[tuple, str]:
+    cond, params = ("WHERE cluster = {cluster:String}", {"cluster": cluster}) if cluster is not None else ("", {})
+    return {(r["cluster"], r["job_id"], int(r["attempt"])): r["outcome"]
+            for r in _q(client, f"SELECT cluster, job_id, attempt, outcome FROM {db}.job_attempts {cond}", params)}
+
+
+def queue_efficiency_sql(db: str, usage_conds: Sequence[str] = (), attempt_conds: Sequence[str] = (),
+                         by_tenant: bool = False) -> str:
+    """The queue_efficiency view's figures (sql/0004) over deduplicated usage, per cohort day, cluster,
+    queue and (by_tenant) tenant; tenant is '' for all tenants together."""
+    inner = dedup_usage_sql(db, ["job_id != ''", *usage_conds],
+                            "cluster, record_id, job_id, attempt, state, gpu_ms, end_ms")
+    tenant = "toString(a.tenant)" if by_tenant else "''"
+    where = " AND ".join(attempt_conds) if attempt_conds else "1"
+    return f"""
+        WITH u AS (
+            SELECT cluster, job_id, attempt,
+                sumIf(gpu_ms, state IN ('allocated_idle', 'executing')) AS u_allocated_gpu_ms,
+                sumIf(gpu_ms, state = 'executing') AS u_executed_gpu_ms,
+                max(end_ms) AS u_last_end_ms
+            FROM ({inner}) GROUP BY cluster, job_id, attempt
+        )
+        SELECT day, cluster, queue, tenant, attempts,
+            requested_gpu_seconds, allocated_gpu_seconds, executed_gpu_seconds,
+            if(requested_gpu_seconds = 0, NULL, allocated_gpu_seconds / requested_gpu_seconds) AS allocated_to_requested,
+            if(allocated_gpu_seconds = 0, NULL, executed_gpu_seconds / allocated_gpu_seconds) AS executed_to_allocated,
+            if(requested_gpu_seconds = 0, NULL, executed_gpu_seconds / requested_gpu_seconds) AS executed_to_requested,
+            waits,
+            round(wait_p50, 3) AS queue_wait_p50_s, round(wait_p90, 3) AS queue_wait_p90_s,
+            round(wait_p99, 3) AS queue_wait_p99_s, round(wait_mean, 3) AS queue_wait_mean_s,
+            round(wait_max, 3) AS queue_wait_max_s
+        FROM
+        (
+            SELECT
+                toDate(fromUnixTimestamp64Milli(coalesce(a.queued_ms, a.first_seen_ms), 'UTC')) AS day,
+                a.cluster AS cluster, a.queue AS queue, {tenant} AS tenant,
+                count() AS attempts,
+                sum(a.requested_gpus * (coalesce(a.ended_ms, greatest(a.last_seen_ms, u.u_last_end_ms))
+                                        - coalesce(a.queued_ms, a.first_seen_ms))) / 1000 AS requested_gpu_seconds,
+                sum(u.u_allocated_gpu_ms) / 1000 AS allocated_gpu_seconds,
+                sum(u.u_executed_gpu_ms) / 1000 AS executed_gpu_seconds,
+                count(a.queue_wait_ms) AS waits,
+                quantileExactInclusive(0.5)(a.queue_wait_ms / 1000) AS wait_p50,
+                quantileExactInclusive(0.9)(a.queue_wait_ms / 1000) AS wait_p90,
+                quantileExactInclusive(0.99)(a.queue_wait_ms / 1000) AS wait_p99,
+                avg(a.queue_wait_ms / 1000) AS wait_mean,
+                max(a.queue_wait_ms / 1000) AS wait_max
+            FROM {db}.job_attempts AS a
+            LEFT JOIN u ON a.cluster = u.cluster AND a.job_id = u.job_id AND a.attempt = u.attempt
+            WHERE {where}
+            GROUP BY day, cluster, queue, tenant
+        )"""
+
+
+# --------------------------------------------------------------------------- closing
+@dataclass
+class CloseResult:
+    bill_run_id: str | None
+    closed: dict[str, list[dt.date]] = field(default_factory=dict)   # cluster -> days closed now
+    horizons: dict[str, int] = field(default_factory=dict)
+    closed_rows: int = 0
+    adjustment_rows: int = 0
+    messages: list = field(default_factory=list)                     # BillRow, published or not
+
+    def as_dict(self) -> dict:
+        return {"bill_run_id": self.bill_run_id,
+                "closed": {c: [d.isoformat() for d in days] for c, days in self.closed.items()},
+                "horizons_ms": self.horizons, "closed_rows": self.closed_rows,
+                "adjustment_rows": self.adjustment_rows, "messages": len(self.messages)}
+
+
+def _closed_state(client, db: str) -> dict[str, list[dt.date]]:
+    out: dict[str, list[dt.date]] = {}
+    for r in _q(client, f"SELECT toString(cluster) AS cluster, day FROM ({closed_days_sql(db)}) ORDER BY cluster, day"):
+        out.setdefault(r["cluster"], []).append(r["day"])
+    return out
+
+
+def _booked(client, db: str, cluster: str, day_from: dt.date, day_to: dt.date) -> dict[tuple, Amount]:
+    """Closed attempt-day lines plus the adjustments booked for them, for closed days in the range."""
+    params = {"cluster": cluster, "day_from": day_from, "day_to": day_to}
+    sql = f"""
+        SELECT day, toString(cluster) AS cluster, toString(tenant) AS tenant, toString(queue) AS queue, job_id, attempt,
+               toString(definition_version) AS definition_version, toString(line) AS line,
+               sum(g) AS gpu_ms, sum(e) AS effective_gpu_ms, sum(c) AS cost_micros
+        FROM (
+            SELECT day, cluster, tenant, queue, job_id, attempt, definition_version, line,
+                   toInt64(gpu_ms) AS g, toInt64(effective_gpu_ms) AS e, toInt64(cost_micros) AS c
+            FROM {db}.closed_job_cost
+            WHERE cluster = {{cluster:String}} AND day BETWEEN {{day_from:Date}} AND {{day_to:Date}} AND {committed(db)}
+            UNION ALL
+            SELECT corrects_day AS day, cluster, tenant, queue, job_id, attempt, definition_version, line,
+                   gpu_ms AS g, effective_gpu_ms AS e, cost_micros AS c
+            FROM {db}.bill_adjustments
+            WHERE cluster = {{cluster:String}} AND corrects_day BETWEEN {{day_from:Date}} AND {{day_to:Date}} AND {committed(db)}
+        )
+        GROUP BY day, cluster, tenant, queue, job_id, attempt, definition_version, line"""
+    return {(r["day"], r["cluster"], r["tenant"], r["queue"], r["job_id"], int(r["attempt"]), r["definition_version"],
+             r["line"]): [int(r["gpu_ms"]), int(r["effective_gpu_ms"]), int(r["cost_micros"])]
+            for r in _q(client, sql, params)}
+
+
+def _lines_for(client, db: str, cluster: str, day_from: dt.date, day_to: dt.date,
+               outcomes: Mapping[tuple, str]) -> dict[tuple, Amount]:
+    basis = fetch_basis(client, db, ["cluster = {cluster:String}", "day BETWEEN {day_from:Date} AND {day_to:Date}"],
+                        {"cluster": cluster, "day_from": day_from, "day_to": day_to})
+    return job_lines(basis, outcomes)
+
+
+def close_due(client, settings, ledger, now: dt.datetime | None = None, publisher=None,
+              database: str | None = None) -> CloseResult:
+    """Close every day that is due (see the module doc), book adjustments for closed days, commit the
+    run, and publish its BillRows to `<prefix>bills` (key: tenant) when a publisher is given.
+    Returns what was done; bill_run_id is None when there was nothing to do."""
+    from gpuledger.warehouse import insert_rows
+
+    db_name = database or settings.database
+    db = _db(db_name)
+    now = now or dt.datetime.now(dt.timezone.utc)
+    run_id = f"br-{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
+    grace = float(settings.bills_close_grace_s)
+    lookback = int(settings.bills_adjust_lookback_days)
+    currency = ledger.currency
+    result = CloseResult(None)
+
+    horizons = {str(r["cluster"]): r for r in _q(client, f"SELECT toString(cluster) AS cluster, max(end_ms) AS horizon_ms, "
+                                                          f"min(day) AS first_day FROM {db}.usage_raw GROUP BY cluster")}
+    closed = _closed_state(client, db)
+    closed_job_rows: list[dict] = []
+    closed_tenant_rows: list[dict] = []
+    closed_queue_rows: list[dict] = []
+    closed_day_rows: list[dict] = []
+    adjustment_rows: list[dict] = []
+    for cluster in sorted(set(horizons) | set(closed)):
+        h = horizons.get(cluster)
+        horizon = int(h["horizon_ms"]) if h else 0
+        result.horizons[cluster] = horizon
+        already = closed.get(cluster, [])
+        last_due = last_due_day(horizon, grace)
+        first = already[-1] + dt.timedelta(days=1) if already else (h["first_day"] if h else None)
+        new_days = days_between(first, last_due) if (first and last_due and first <= last_due) else []
+        outcomes = fetch_outcomes(client, db, cluster)
+        if new_days:
+            lines = _lines_for(client, db, cluster, new_days[0], new_days[-1], outcomes)
+            for key, (g, e, c) in sorted(lines.items(), key=lambda kv: tuple(map(str, kv[0]))):
+                day, _, tenant, queue, job_id, attempt, dv, line = key
+                closed_job_rows.append(dict(day=day, cluster=cluster, tenant=tenant, queue=queue, job_id=job_id,
+                                            attempt=attempt, outcome=outcomes.get((cluster, job_id, attempt), ""),
+                                            line=line, definition_version=dv, gpu_ms=g, effective_gpu_ms=e,
+                                            cost_micros=c, currency=currency, bill_run_id=run_id))
+            for (day, _, tenant, queue, line, dv), (g, e, c) in sorted(tenant_lines(lines).items(),
+                                                                        key=lambda kv: tuple(map(str, kv[0]))):
+                closed_tenant_rows.append(dict(day=day, cluster=cluster, tenant=tenant, queue=queue, line=line,
+                                               definition_version=dv, gpu_ms=g, effective_gpu_ms=e, cost_micros=c,
+                                               currency=currency, bill_run_id=run_id))
+            closed_queue_rows.extend(_queue_rows(client, db, cluster, new_days[0], new_days[-1], run_id,
+                                                 ledger.definition_version))
+            closed_day_rows.extend(dict(day=d, cluster=cluster, bill_run_id=run_id, horizon_ms=horizon) for d in new_days)
+            result.closed[cluster] = new_days
+        # adjustments for days closed before this run, booked into the next open day
+        if already:
+            start = max(already[0], already[-1] - dt.timedelta(days=lookback - 1))
+            booked = _booked(client, db, cluster, start, already[-1])
+            now_lines = _lines_for(client, db, cluster, start, already[-1], outcomes)
+            booked_day = (new_days[-1] if new_days else already[-1]) + dt.timedelta(days=1)
+            for key, reason, (g, e, c) in diff_adjustments(booked, now_lines, outcomes):
+                day, _, tenant, queue, job_id, attempt, dv, line = key
+                adjustment_rows.append(dict(booked_day=booked_day, corrects_day=day, cluster=cluster, tenant=tenant,
+                                            queue=queue, job_id=job_id, attempt=attempt, line=line,
+                                            definition_version=dv, reason=reason, gpu_ms=g, effective_gpu_ms=e,
+                                            cost_micros=c, currency=currency, bill_run_id=run_id))
+    if not closed_day_rows and not adjustment_rows:
+        return result
+    # data first, the run's row last: it commits the run
+    for table, rows in (("closed_job_cost", closed_job_rows), ("closed_tenant_bill", closed_tenant_rows),
+                        ("closed_queue_efficiency", closed_queue_rows), ("bill_adjustments", adjustment_rows),
+                        ("closed_days", closed_day_rows)):
+        if rows:
+            insert_rows(client, table, rows, database=db_name)
+    days = sorted({r["day"] for r in closed_day_rows} | {r["booked_day"] for r in adjustment_rows})
+    insert_rows(client, "bill_runs", [dict(
+        bill_run_id=run_id, created_at=now, days=days,
+        clusters=sorted(set(result.closed) | {r["cluster"] for r in adjustment_rows}),
+        definition_version=ledger.definition_version, grace_s=grace, horizons=result.horizons,
+        closed_rows=len(closed_tenant_rows), adjustment_rows=len(adjustment_rows))], database=db_name)
+    result.bill_run_id = run_id
+    result.closed_rows = len(closed_tenant_rows)
+    result.adjustment_rows = len(adjustment_rows)
+    result.messages = bill_messages(run_id, closed_tenant_rows, adjustment_rows)
+    log.info("bill run %s: closed %s, %d adjustment rows", run_id,
+             {c: [d.isoformat() for d in ds] for c, ds in result.closed.items()}, len(adjustment_rows))
+    if publisher is not None:
+        publish(publisher, settings, result.messages)
+    return result
+
+
+def _queue_rows(client, db: str, cluster: str, day_from: dt.date, day_to: dt.date, run_id: str, dv: str) -> list[dict]:
+    keep = ("day", "cluster", "queue", "tenant", "attempts", "requested_gpu_seconds", "allocated_gpu_seconds",
+            "executed_gpu_seconds", "waits", "queue_wait_p50_s", "queue_wait_p90_s", "queue_wait_p99_s",
+            "queue_wait_mean_s", "queue_wait_max_s")
+    rows = []
+    for by_tenant in (False, True):
+        sql = queue_efficiency_sql(db, ["cluster = {cluster:String}"], ["a.cluster = {cluster:String}"], by_tenant)
+        sql = f"SELECT * FROM ({sql}) WHERE day BETWEEN {{day_from:Date}} AND {{day_to:Date}}"
+        for r in _q(client, sql, {"cluster": cluster, "day_from": day_from, "day_to": day_to}):
+            row = {k: r[k] for k in keep}
+            row.update(cluster=str(row["cluster"]), queue=str(row["queue"]), definition_version=dv, bill_run_id=run_id)
+            rows.append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------- the bills topic
+def bill_messages(run_id: str, tenant_rows: Sequence[Mapping], adjustment_rows: Sequence[Mapping]) -> list:
+    """One BillRow per closed tenant line and per adjustment summed to (booked day, corrected day,
+    cluster, tenant, queue, line, reason, definition version)."""
+    from gpuledger.schemas.models import BillRow
+
+    out = [BillRow(kind="closed", bill_run_id=run_id, day=r["day"].isoformat(), cluster=r["cluster"],
+                   tenant=r["tenant"], queue=r["queue"], line=r["line"], definition_version=r["definition_version"],
+                   gpu_ms=r["gpu_ms"], effective_gpu_ms=r["effective_gpu_ms"], cost_micros=r["cost_micros"],
+                   currency=r["currency"]) for r in tenant_rows]
+    summed: dict[tuple, list[int]] = {}
+    currency: dict[tuple, str] = {}
+    for r in adjustment_rows:
+        key = (r["booked_day"], r["corrects_day"], r["cluster"], r["tenant"], r["queue"], r["line"], r["reason"],
+               r["definition_version"])
+        acc = summed.setdefault(key, [0, 0, 0])
+        acc[0] += r["gpu_ms"]
+        acc[1] += r["effective_gpu_ms"]
+        acc[2] += r["cost_micros"]
+        currency[key] = r["currency"]
+    for key, (g, e, c) in sorted(summed.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        if not (g or e or c):
+            continue
+        booked_day, corrects_day, cluster, tenant, queue, line, reason, dv = key
+        out.append(BillRow(kind="adjustment", bill_run_id=run_id, day=booked_day.isoformat(), cluster=cluster,
+                           tenant=tenant, queue=queue, line=line, definition_version=dv, gpu_ms=g,
+                           effective_gpu_ms=e, cost_micros=c, currency=currency[key],
+                           corrects_day=corrects_day.isoformat(), reason=reason))
+    return out
+
+
+def publish(publisher, settings, messages: Sequence) -> int:
+    """Send BillRows to `<prefix>bills`, keyed by tenant; waits until the broker has them all."""
+    from gpuledger.schemas.wire import encode
+
+    for m in messages:
+        publisher.publish(settings.topics.bills, m.tenant, encode(m))
+    remaining = publisher.flush(30)
+    if remaining:
+        raise RuntimeError(f"{remaining} bill message(s) not acknowledged by the broker; run `gpuledger bills publish`")
+    return len(messages)
+
+
+def run_messages(client, database: str, run_id: str) -> list:
+    """The BillRows of a committed run, rebuilt from the warehouse (to publish again)."""
+    db = _db(database)
+    params = {"run": run_id}
+    tenant_rows = _q(client, f"SELECT day, toString(cluster) AS cluster, toString(tenant) AS tenant, toString(queue) AS queue, "
+                             f"toString(line) AS line, toString(definition_version) AS definition_version, gpu_ms, "
+                             f"effective_gpu_ms, cost_micros, toString(currency) AS currency FROM {db}.closed_tenant_bill "
+                             f"WHERE bill_run_id = {{run:String}} AND {committed(db)} "
+                             "ORDER BY day, cluster, tenant, queue, line", params)
+    adj_rows = _q(client, f"SELECT booked_day, corrects_day, toString(cluster) AS cluster, toString(tenant) AS tenant, "
+                          f"toString(queue) AS queue, toString(line) AS line, toString(reason) AS reason, "
+                          f"toString(definition_version) AS definition_version, gpu_ms, effective_gpu_ms, cost_micros, "
+                          f"toString(currency) AS currency FROM {db}.bill_adjustments "
+                          f"WHERE bill_run_id = {{run:String}} AND {committed(db)}", params)
+    return bill_messages(run_id, tenant_rows, adj_rows)
+
+
+# --------------------------------------------------------------------------- reading
+def list_runs(client, database: str, limit: int | None = None) -> list[dict]:
+    db = _db(database)
+    sql = (f"SELECT bill_run_id, created_at, days, clusters, definition_version, grace_s, closed_rows, adjustment_rows "
+           f"FROM {db}.bill_runs ORDER BY created_at DESC, bill_run_id")
+    params = {}
+    if limit:
+        sql += " LIMIT {limit:UInt64}"
+        params["limit"] = int(limit)
+    return _q(client, sql, params)
+
+
+def show(client, database: str, day: dt.date, cluster: str | None = None) -> list[dict]:
+    """A closed day's bill: its closed tenant lines, the adjustments booked on it, and the
+    adjustments booked later that correct it. Empty when the day is not closed."""
+    db = _db(database)
+    params: dict[str, Any] = {"day": day}
+    ccond = ""
+    if cluster is not None:
+        ccond = " AND cluster = {cluster:String}"
+        params["cluster"] = cluster
+    sql = f"""
+        SELECT 'closed' AS kind, day, toString(cluster) AS cluster, toString(tenant) AS tenant, toString(queue) AS queue,
+               toString(line) AS line, toString(definition_version) AS definition_version,
+               toInt64(gpu_ms) AS gpu_ms, toInt64(effective_gpu_ms) AS effective_gpu_ms, toInt64(cost_micros) AS cost_micros,
+               toString(currency) AS currency, CAST(NULL AS Nullable(Date)) AS corrects_day, '' AS reason, bill_run_id
+        FROM {db}.closed_tenant_bill WHERE day = {{day:Date}}{ccond} AND {committed(db)}
+        UNION ALL
+        SELECT if(booked_day = {{day:Date}}, 'adjustment booked', 'corrected later') AS kind, booked_day AS day,
+               toString(cluster), toString(tenant), toString(queue), toString(line), toString(definition_version),
+               sum(gpu_ms), sum(effective_gpu_ms), sum(cost_micros), toString(any(currency)),
+               CAST(corrects_day AS Nullable(Date)), toString(reason), bill_run_id
+        FROM {db}.bill_adjustments
+        WHERE (booked_day = {{day:Date}} OR corrects_day = {{day:Date}}){ccond} AND {committed(db)}
+        GROUP BY kind, booked_day, corrects_day, cluster, tenant, queue, line, definition_version, reason, bill_run_id"""
+    rows = _q(client, f"SELECT * FROM ({sql}) ORDER BY kind, day, cluster, tenant, queue, line, reason", params)
+    for r in rows:
+        r["cost"] = r["cost_micros"] / 1e6
+    return rows
+
+
+# --------------------------------------------------------------------------- dedup audit
+def audit(client, database: str, day_from: dt.date | None = None, day_to: dt.date | None = None) -> list[dict]:
+    """Rows vs distinct (cluster, record_id) per UTC day and table (view usage_dedup_audit, sql/0014)."""
+    db = _db(database)
+    conds, params = [], {}
+    if day_from is not None:
+        conds.append("day >= {day_from:Date}")
+        params["day_from"] = day_from
+    if day_to is not None:
+        conds.append("day <= {day_to:Date}")
+        params["day_to"] = day_to
+    where = " AND ".join(conds) or "1"
+    return _q(client, f"SELECT day, source_table, rows, distinct_records, duplicates FROM {db}.usage_dedup_audit "
+                      f"WHERE {where} ORDER BY day, source_table", params)
+
+
+def export_audit(rows: Sequence[Mapping]) -> dict[str, int]:
+    """Set gpuledger_usage_duplicate_records{table} (summed over the audited days); returns it."""
+    from gpuledger.metrics import USAGE_DUPLICATE_RECORDS, USAGE_RECORDS_AUDITED
+
+    dup: dict[str, int] = {}
+    seen: dict[str, int] = {}
+    for r in rows:
+        dup[r["source_table"]] = dup.get(r["source_table"], 0) + max(int(r["duplicates"]), 0)
+        seen[r["source_table"]] = seen.get(r["source_table"], 0) + int(r["rows"])
+    for table, value in dup.items():
+        USAGE_DUPLICATE_RECORDS.labels(table=table).set(value)
+        USAGE_RECORDS_AUDITED.labels(table=table).set(seen[table])
+    return dup
