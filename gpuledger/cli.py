@@ -192,9 +192,9 @@ def cmd_report(args) -> int:
         raise SystemExit(f"report {args.report} is printed as table, json or csv")
     from gpuledger.reports import fetch, render
     from gpuledger.streams.pricing import load_ledger_config
-    from gpuledger.warehouse import connect
+    from gpuledger.warehouse import connect_readonly
 
-    filters = {}
+    filters = _report_filters(args)
     if args.report == "utilization" and args.by:
         filters["by"] = args.by
     ledger = load_ledger_config(settings.ledger_config)
@@ -202,26 +202,64 @@ def cmd_report(args) -> int:
         filters["reference_cost_per_gpu_hour"] = ledger.reference_cost_per_gpu_hour()
     if args.report == "bills":
         filters["idle_redistribution"] = args.idle_redistribution or ledger.definitions.idle_redistribution
-    client = connect(settings)
+    if args.report in ("bills", "jobs", "capacity"):
+        filters["currency"] = ledger.currency
+    client = connect_readonly(settings)  # reports never create anything: a SELECT-only account is enough
     try:
         rows = fetch(client, settings.database, args.report, **filters)
     finally:
         client.close()
-    print(render(rows, args.format), end="")
+    print(render(rows, args.format, utc_days=True), end="")
     return 0
+
+
+#: report filter flags -> fetch filter names (bills, jobs and queues take all of them)
+REPORT_FILTER_FLAGS = {"tenant": "--tenant", "queue": "--queue", "cluster": "--cluster", "day_from": "--from",
+                       "day_to": "--to"}
+
+
+def _day(flag: str, value: str):
+    from datetime import date
+
+    try:
+        return date.fromisoformat(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{flag} must be a UTC day YYYY-MM-DD, got {value!r}") from None
+
+
+def _report_filters(args) -> dict:
+    """The filters given on the command line, checked against what the report takes."""
+    from gpuledger.reports import _REPORT_FILTERS
+
+    out = {}
+    for name, flag in REPORT_FILTER_FLAGS.items():
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        if name not in _REPORT_FILTERS.get(args.report, frozenset()):
+            raise ValueError(f"report {args.report} takes no {flag}")
+        out[name] = _day(flag, value) if name.startswith("day_") else value
+    if out.get("day_from") and out.get("day_to") and out["day_from"] > out["day_to"]:
+        raise ValueError(f"--from {out['day_from']} is after --to {out['day_to']}")
+    return out
 
 
 def _periodic_report(args, settings: Settings) -> int:
     from gpuledger import periodic_reports as pr
-    from gpuledger.warehouse import connect
+    from gpuledger.streams.pricing import load_ledger_config
+    from gpuledger.warehouse import connect_readonly
 
     if args.format not in ("table", "markdown", "html"):
         raise SystemExit(f"report {args.report} is printed as table, markdown or html")
     if args.report == "job" and not args.job_id:
         raise SystemExit("usage: gpuledger report job JOB_ID")
-    client = connect(settings)
+    if any(getattr(args, name, None) is not None for name in REPORT_FILTER_FLAGS):
+        raise ValueError(f"report {args.report} takes no {', '.join(REPORT_FILTER_FLAGS.values())}")
+    currency = load_ledger_config(settings.ledger_config).currency
+    client = connect_readonly(settings)
     try:
-        report = pr.build_report(client, settings.database, args.report, **pr.report_options(args.report, args))
+        report = pr.build_report(client, settings.database, args.report, **pr.report_options(args.report, args),
+                                 currency=currency)
     finally:
         client.close()
     text = pr.render_report(report, args.format)
@@ -231,6 +269,86 @@ def _periodic_report(args, settings: Settings) -> int:
     else:
         print(text, end="" if text.endswith("\n") else "\n")
     return 0
+
+
+def cmd_bills(args) -> int:
+    """`gpuledger bills close|list|show|audit|publish` (gpuledger/bills.py)."""
+    from gpuledger import bills
+    from gpuledger.reports import render
+    from gpuledger.streams.pricing import load_ledger_config
+    from gpuledger.warehouse import connect, connect_readonly
+
+    settings = _settings(args)
+    if args.action == "close":
+        ledger = load_ledger_config(settings.ledger_config)
+        publisher = None
+        if not args.no_publish:
+            from gpuledger.agents.publisher import KafkaPublisher
+
+            _check_broker(settings)
+            publisher = KafkaPublisher(settings)
+        client = connect(settings)
+        try:
+            result = bills.close_due(client, settings, ledger, publisher=publisher)
+        finally:
+            client.close()
+            if publisher is not None:
+                publisher.close()
+        print(json.dumps(result.as_dict()))
+        return 0
+    if args.action == "publish":
+        if not args.run:
+            raise ValueError("bills publish needs --run BILL_RUN_ID (see `gpuledger bills list`)")
+        from gpuledger.agents.publisher import KafkaPublisher
+
+        _check_broker(settings)
+        client = connect_readonly(settings)
+        try:
+            messages = bills.run_messages(client, settings.database, args.run)
+        finally:
+            client.close()
+        if not messages:
+            raise ValueError(f"no bill run {args.run!r} with rows in the warehouse")
+        with KafkaPublisher(settings) as publisher:
+            count = bills.publish(publisher, settings, messages)
+        print(f"published {count} bill row(s) of {args.run} to {settings.topics.bills}")
+        return 0
+    if args.action == "show" and not args.day:
+        raise ValueError("bills show needs --day YYYY-MM-DD")
+    day = _day("--day", args.day) if args.day else None  # dates are checked before anything is opened
+    day_from = _day("--from", args.day_from) if args.day_from else None
+    day_to = _day("--to", args.day_to) if args.day_to else None
+    client = connect_readonly(settings)
+    try:
+        if args.action == "list":
+            rows = bills.list_runs(client, settings.database, limit=args.limit)
+        elif args.action == "show":
+            rows = bills.show(client, settings.database, day, cluster=args.cluster)
+        else:  # audit
+            rows = bills.audit(client, settings.database, day_from, day_to)
+            bills.export_audit(rows)
+            if args.textfile:
+                from prometheus_client import REGISTRY, write_to_textfile
+
+                write_to_textfile(args.textfile, REGISTRY)
+    finally:
+        client.close()
+    print(render(rows, args.format, utc_days=True), end="")
+    if args.action == "audit" and args.fail_on_duplicates and any(r["duplicates"] > 0 for r in rows):
+        return 1
+    return 0
+
+
+def _check_broker(settings: Settings, timeout_s: float = 5.0) -> None:
+    """Fail fast, in one line, when the broker does not answer."""
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        AdminClient({**settings.kafka_client_config(), "logger": logging.getLogger("gpuledger.kafka")}).list_topics(
+            timeout=timeout_s)
+    except Exception as exc:
+        raise ConnectionError(f"cannot reach the Kafka broker at {settings.kafka_bootstrap} within {timeout_s:.0f} s "
+                              f"({exc})") from exc
 
 
 def cmd_demo(args) -> int:
@@ -317,8 +435,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--by", help="utilization: group by any of day,cluster,gpu_model,queue,tenant,job_id (comma-separated)")
     p.add_argument("--idle-redistribution", choices=["none", "even", "usage"],
                    help="bills: share the cluster idle cost among tenants (default: the ledger definition)")
+    p.add_argument("--tenant", help="bills, jobs, queues, utilization: only this tenant")
+    p.add_argument("--queue", help="bills, jobs, queues, utilization: only this queue")
+    p.add_argument("--cluster", help="bills, jobs, queues, utilization, capacity, unmatched: only this cluster")
+    p.add_argument("--from", dest="day_from", help="first UTC day, YYYY-MM-DD (inclusive)")
+    p.add_argument("--to", dest="day_to", help="last UTC day, YYYY-MM-DD (inclusive)")
     from gpuledger.periodic_reports import register_report_cli
     register_report_cli(p)
+
+    p = add("bills", cmd_bills, "closed billing periods: close due days (and publish them to the bills topic), list "
+                                "bill runs, show a closed day with its adjustments, audit duplicate usage records",
+            kafka=True, warehouse=True)
+    p.add_argument("action", choices=["close", "list", "show", "audit", "publish"])
+    p.add_argument("--day", help="show: the UTC day, YYYY-MM-DD")
+    p.add_argument("--cluster", help="show: only this cluster")
+    p.add_argument("--from", dest="day_from", help="audit: first UTC day, YYYY-MM-DD")
+    p.add_argument("--to", dest="day_to", help="audit: last UTC day, YYYY-MM-DD")
+    p.add_argument("--run", help="publish: the bill run to send again")
+    p.add_argument("--no-publish", action="store_true", help="close: write the warehouse only, send nothing to Kafka")
+    p.add_argument("--limit", type=int, help="list: the latest N runs")
+    p.add_argument("--textfile", help="audit: also write the metrics in Prometheus text format to this file "
+                                      "(node_exporter's textfile collector)")
+    p.add_argument("--fail-on-duplicates", action="store_true", help="audit: exit 1 when any record is counted twice")
+    p.add_argument("--format", choices=["table", "json", "csv"], default="table")
 
     p = add("demo", cmd_demo, "run the whole pipeline on the embedded default (Tansu + chDB) and print the reports")
     p.add_argument("--hours", type=float, default=6.0)
@@ -335,6 +474,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def error_message(exc: BaseException) -> str | None:
+    """The one-line message of an error the CLI knows (None: a bug, shown with its traceback)."""
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+    from pydantic import ValidationError
+
+    from gpuledger.streams.pricing import LedgerConfigError
+    from gpuledger.warehouse import WarehouseError
+
+    if isinstance(exc, ValidationError):
+        problems = "; ".join(
+            f"GPULEDGER_{str(e['loc'][0]).upper()}: {e['msg']}" if e.get("loc") else e["msg"] for e in exc.errors())
+        return f"bad settings: {problems}"
+    if isinstance(exc, (WarehouseError, LedgerConfigError)):
+        return str(exc)
+    if isinstance(exc, ClickHouseError):
+        first = next((line for line in str(exc).splitlines() if line.strip()), repr(exc))
+        return f"warehouse: {first.strip()}"
+    try:
+        from confluent_kafka import KafkaException
+    except ImportError:  # pragma: no cover
+        KafkaException = ()  # noqa: N806
+    if isinstance(exc, KafkaException):
+        err = exc.args[0] if exc.args else exc
+        return f"Kafka: {err.str() if hasattr(err, 'str') else err}"
+    if isinstance(exc, (ValueError, ConnectionError, FileNotFoundError, PermissionError, TimeoutError)):
+        return str(exc)
+    if type(exc) is RuntimeError:  # topics, publishing: messages written for people
+        return str(exc)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -344,6 +514,21 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args) or 0
     except KeyboardInterrupt:
         return 130
+    except SystemExit as exc:
+        if isinstance(exc.code, str):  # a command's own usage message
+            print(f"gpuledger: error: {exc.code}", file=sys.stderr)
+            return 2
+        raise
+    except Exception as exc:
+        message = error_message(exc)
+        if message is None:
+            raise
+        if args.verbose:
+            import traceback
+
+            traceback.print_exc()
+        print(f"gpuledger: error: {' '.join(message.split())}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -61,6 +61,14 @@ class Report:
     period: str
     summary: dict[str, Any] = field(default_factory=dict)
     sections: list[Section] = field(default_factory=list)
+    #: currency of every money figure (cost columns), shown in the header of every rendering
+    currency: str = ""
+
+    @property
+    def units(self) -> str:
+        """The header line that says what the figures are in."""
+        money = f"Money in {self.currency}. " if self.currency else ""
+        return f"{money}Days are UTC days (day_utc)."
 
     def section(self, title: str) -> Section:
         for s in self.sections:
@@ -431,7 +439,10 @@ def build_report(client, database: str, name: str, **opts) -> Report:
     if name not in _BUILDERS:
         raise ValueError(f"unknown report {name!r}; reports: {', '.join(REPORT_NAMES)}")
     opts = {k: v for k, v in opts.items() if v is not None}
-    return _BUILDERS[name](client, database, **opts)
+    currency = opts.pop("currency", "")
+    report = _BUILDERS[name](client, database, **opts)
+    report.currency = currency
+    return report
 
 
 # --------------------------------------------------------------------------- rendering
@@ -461,21 +472,22 @@ def _summary_pairs(report: Report) -> list[tuple[str, str]]:
 
 
 def _render_text(report: Report) -> str:
-    out = [f"{report.title} — {report.period}", ""]
+    out = [f"{report.title} — {report.period}", report.units, ""]
     out += [f"  {k}: {v}" for k, v in _summary_pairs(report)]
     for s in report.sections:
-        out += ["", f"== {s.title}" + (f"  ({s.note})" if s.note else ""), base.render(s.rows, "table").rstrip("\n")]
+        out += ["", f"== {s.title}" + (f"  ({s.note})" if s.note else ""),
+                base.render(s.rows, "table", utc_days=True).rstrip("\n")]
     return "\n".join(out) + "\n"
 
 
 def _render_markdown(report: Report) -> str:
-    out = [f"# {report.title}", "", f"Period: {report.period}", ""]
+    out = [f"# {report.title}", "", f"Period: {report.period}", "", report.units, ""]
     out += [f"- **{k}**: {v}" for k, v in _summary_pairs(report)]
     for s in report.sections:
         out += ["", f"## {s.title}", ""]
         if s.note:
             out += [f"_{s.note}_", ""]
-        out.append(_markdown_table(s.rows).rstrip("\n"))
+        out.append(_markdown_table(base.utc_labels(s.rows)).rstrip("\n"))
     return "\n".join(out) + "\n"
 
 
@@ -574,7 +586,8 @@ def _html_table(rows: Sequence[dict]) -> str:
 def _render_html(report: Report) -> str:
     out = ["<!DOCTYPE html>", "<html lang='en'><head><meta charset='utf-8'>",
            f"<title>{html.escape(report.title)}</title><style>{_CSS}</style></head><body>",
-           f"<h1>{html.escape(report.title)}</h1><p>Period: {html.escape(report.period)}</p><dl>"]
+           f"<h1>{html.escape(report.title)}</h1><p>Period: {html.escape(report.period)}</p>",
+           f"<p class='units'>{html.escape(report.units)}</p><dl>"]
     out += [f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in _summary_pairs(report)]
     out.append("</dl>")
     for s in report.sections:
@@ -583,7 +596,7 @@ def _render_html(report: Report) -> str:
             out.append(f"<p class='note'>{html.escape(s.note)}</p>")
         if s.plot and s.rows:
             out.append(f"<figure>{svg_plot(s.rows, s.plot)}</figure>")
-        out.append(_html_table(s.rows) + "</section>")
+        out.append(_html_table(base.utc_labels(s.rows)) + "</section>")
     out.append("</body></html>")
     return "\n".join(out) + "\n"
 

@@ -26,7 +26,7 @@ LEDGER_SERVICES = {"topics", "migrate", "agents", "worker", "sink", "dashboards"
 ONE_SHOT_SERVICES = {"topics", "migrate", "dashboards"}
 # topic names (after the prefix) the worker, sink, agents and replay use
 EXPECTED_TOPICS = {"gpu-samples", "job-events", "scheduler-snapshots", "node-allocations", "usage", "dead-letters",
-                   "late-events", "worker-state", "lifecycle-accepted"}
+                   "late-events", "worker-state", "lifecycle-accepted", "bills"}
 
 _VARIABLE = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
 
@@ -150,7 +150,7 @@ def test_topics_are_the_ones_the_code_expects(services):
     # the names the code derives from the same prefix (what worker, sink and agents use)
     t = settings.topics
     assert {t.gpu_samples, t.job_events, t.scheduler_snapshots, t.node_allocations, t.usage, t.dead_letters,
-            t.late_events, t.worker_state} == set(partitions)
+            t.late_events, t.worker_state, t.lifecycle_accepted, t.bills} == set(partitions)
     assert partitions[t.node_allocations] == partitions[t.gpu_samples], "node-allocations is co-partitioned with gpu-samples"
     assert settings.replication_factor == 1, "the demo stack has a single broker"
 
