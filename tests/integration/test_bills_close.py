@@ -260,3 +260,51 @@ def test_bill_rows_go_to_the_bills_topic_keyed_by_tenant(settings, tmp_path):
         ("closed", "2024-03-01", "alpha", "idle", 300_000, "USD", result.bill_run_id),
         ("closed", "2024-03-01", "beta", "compute", 450_000, "USD", result.bill_run_id)}
     assert orjson.loads(got[0][1])["schema_version"] == 1
+
+
+def test_reports_say_closed_open_and_adjustment(ledger, capsys, monkeypatch):
+    client, settings, ledger_cfg = ledger
+    put_usage(client, [rec("gpu-B", NEXT + 60 * MIN, NEXT + 70 * MIN, "executing", "job-2")], 50)  # D+1, open
+    bills.close_due(client, settings, ledger_cfg)
+    put_events(client, LATE_EVENTS, 100)
+    put_usage(client, LATE_USAGE, 100)
+    bills.close_due(client, settings, ledger_cfg)
+
+    rows = reports.fetch(client, DB, "bills", currency="USD")
+    got = [(r["day"], r["status"], r["tenant"], r.get("corrects_day"), r.get("reason"), r["compute_cost_micros"],
+            r["idle_cost_micros"], r["failed_retry_cost_micros"], r["currency"]) for r in rows]
+    assert got == [
+        (D, "closed", "alpha", None, None, 600_000, 300_000, 0, "USD"),      # as closed: unchanged by the late data
+        (D, "closed", "beta", None, None, 450_000, 0, 0, "USD"),
+        (D1, "open", "beta", None, None, 150_000, 0, 0, "USD"),              # 10 min of a T4: 600,000 x 0.25
+        (D1, "adjustment", "alpha", D, "late_lifecycle_outcome", -600_000, 0, 600_000, "USD"),
+        (D1, "adjustment", "alpha", D, "late_samples", 0, 0, 600_000, "USD"),
+    ]
+    # filters: cluster, queue, tenant, days
+    assert [r["status"] for r in reports.fetch(client, DB, "bills", day_from=D1, tenant="alpha")] == ["adjustment"] * 2
+    assert reports.fetch(client, DB, "bills", cluster="elsewhere") == []
+    assert [(r["day"], r["tenant"]) for r in reports.fetch(client, DB, "bills", queue="infer")] == [(D, "beta"), (D1, "beta")]
+
+    jobs = {r["job_id"]: r for r in reports.fetch(client, DB, "jobs", currency="USD")}
+    # job-1's days are all closed: closed rows + adjustments = 600,000 + 300,000 - 600,000 + 600,000 + 600,000
+    assert (jobs["job-1"]["status"], jobs["job-1"]["cost_micros"], jobs["job-1"]["currency"]) == ("closed", 1_500_000, "USD")
+    assert (jobs["job-2"]["status"], jobs["job-2"]["cost_micros"]) == ("open", 450_000 + 150_000)
+    queues = reports.fetch(client, DB, "queues")
+    assert {(r["day"], r["queue"], r["status"]) for r in queues} == {(D, "train", "closed"), (D, "infer", "closed")}
+    assert [r["tenant"] for r in reports.fetch(client, DB, "queues", tenant="beta")] == ["beta"]
+
+    # the CLI, read-only, labels days as UTC and money with its currency
+    monkeypatch.setenv("GPULEDGER_DATABASE", DB)
+    client.close()  # one chDB client per directory in this process: let the CLI open it
+    from gpuledger.cli import main
+
+    warehouse_arg = settings.warehouse
+    assert main(["report", "bills", "--warehouse", warehouse_arg, "--format", "csv"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("day_utc,status,cluster,tenant,definition_version,currency,")
+    assert out[1].startswith("2024-03-01,closed,c1,alpha,def-v1,USD,")
+    assert main(["bills", "show", "--day", "2024-03-01", "--warehouse", warehouse_arg, "--format", "json"]) == 0
+    shown = orjson.loads(capsys.readouterr().out)
+    assert {r["kind"] for r in shown} == {"closed", "corrected later"} and all("day_utc" in r for r in shown)
+    assert main(["bills", "close", "--no-publish", "--warehouse", warehouse_arg]) == 0
+    assert orjson.loads(capsys.readouterr().out)["bill_run_id"] is None
