@@ -173,6 +173,7 @@ class _Gpu:
     warned: set[str] = field(default_factory=set)
     mig: list[MigDevice] = field(default_factory=list)   # MIG instances, as last read
     mig_read_at: float = -math.inf                        # backend clock of that read
+    power_limit_w: float | None = None                    # enforced power limit, read with the MIG layout
 
 
 def _text(value: str | bytes) -> str:
@@ -390,6 +391,17 @@ class NvmlBackend:
                 self._warn_once(gpu, what, exc)
             return None
 
+    def _read_power_limit(self, gpu: _Gpu) -> float | None:
+        """The GPU's enforced power limit in watts (nvmlDeviceGetEnforcedPowerLimit, mW), or None.
+        The worker does not believe energy above it (docs/accounting.md, "Sane values or none")."""
+        if not hasattr(self._nvml, "nvmlDeviceGetEnforcedPowerLimit"):  # a pynvml (or fake) without it
+            return None
+        limit_mw = self._query(gpu, "power limit", "nvmlDeviceGetEnforcedPowerLimit")
+        if limit_mw is None:
+            return None
+        limit = _bounded(limit_mw / 1000.0, 0, 5000)
+        return limit if limit else None  # 0 W is no limit the ledger can use
+
     def _read_mig(self, gpu: _Gpu) -> list[MigDevice]:
         """The GPU's MIG instances (empty when MIG is off or unsupported). Raises _GpuLost."""
         nv = self._nvml
@@ -443,6 +455,8 @@ class NvmlBackend:
             ident.update(gpu_uuid=gpu.uuid, model=gpu.model)
         try:
             if self._clock() - gpu.mig_read_at >= MIG_REFRESH_S:
+                # the power limit changes as seldom (an operator's nvidia-smi -pl): read at the same times
+                gpu.power_limit_w = self._read_power_limit(gpu)
                 gpu.mig, gpu.mig_read_at = self._read_mig(gpu), self._clock()
             metrics = self._measure(gpu, seen_pids)
         except _GpuLost as lost:
@@ -456,6 +470,8 @@ class NvmlBackend:
             gpu.lost = False
         if gpu.mig:
             metrics["mig_devices"] = gpu.mig
+        if gpu.power_limit_w is not None:
+            metrics["power_limit_w"] = gpu.power_limit_w
         if gpu.fatal_xid is not None:
             # Still measured (energy keeps counting, processes may linger), but out of service.
             return GpuSample(**ident, **metrics, health=GpuHealth.down, down_reason=xid_down_reason(gpu.fatal_xid))

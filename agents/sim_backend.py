@@ -192,6 +192,7 @@ class SimBackend:
             mem_total_bytes=spec.mem_total_bytes,
             temperature_c=_round(self._jitter_of(30 + 50 * load, 20, 95), 1),
             power_w=power,
+            power_limit_w=spec.max_w,
             energy_j=gpu.energy_j,
             pcie_tx_bytes_per_s=_round(spec.pcie_max_bytes_per_s * 0.1 * load),
             pcie_rx_bytes_per_s=_round(spec.pcie_max_bytes_per_s * 0.2 * load),

@@ -471,7 +471,7 @@ class _Sim:
             util_gpu_pct=busy,
             sm_active_pct=round(busy * rng.uniform(0.78, 0.92), 1),
             mem_used_bytes=min(mem_used, m.mem_bytes), mem_total_bytes=m.mem_bytes,
-            temperature_c=round(g.temp_c, 1), power_w=power, energy_j=round(g.energy_j, 3),
+            temperature_c=round(g.temp_c, 1), power_w=power, power_limit_w=m.tdp_w, energy_j=round(g.energy_j, 3),
             pcie_tx_bytes_per_s=round(pcie * 0.4), pcie_rx_bytes_per_s=round(pcie * 0.6),
             nvlink_tx_bytes_per_s=None if nvlink is None else round(nvlink),
             nvlink_rx_bytes_per_s=None if nvlink is None else round(nvlink),

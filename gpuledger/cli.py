@@ -98,12 +98,12 @@ def cmd_rebill(args) -> int:
     try:
         sync_library(client, settings.database, ledger)
         rebill_id = rebill(client, settings.database, ledger, date.fromisoformat(args.day_from),
-                           date.fromisoformat(args.day_to), date.fromisoformat(args.as_of))
+                           date.fromisoformat(args.day_to), date.fromisoformat(args.as_of), cost=args.cost)
         rows = rebill_bill(client, settings.database, rebill_id)
     finally:
         client.close()
-    print(f"rebill {rebill_id}: {args.day_from}..{args.day_to} with coefficients valid on {args.as_of} "
-          "(original bills unchanged)", file=sys.stderr)
+    print(f"rebill {rebill_id}: {args.day_from}..{args.day_to} with coefficients{' and prices' if args.cost else ''} "
+          f"valid on {args.as_of} (original bills unchanged)", file=sys.stderr)
     print(render(rows, args.format), end="")
     return 0
 
@@ -399,6 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from", dest="day_from", required=True, help="first day, YYYY-MM-DD")
     p.add_argument("--to", dest="day_to", required=True, help="last day, YYYY-MM-DD")
     p.add_argument("--as-of", required=True, help="use the coefficients valid on this day, YYYY-MM-DD")
+    p.add_argument("--cost", action="store_true", help="recompute cost too, with the prices valid on the as-of day "
+                                                      "(the original cost stays beside it)")
     p.add_argument("--format", choices=["table", "json", "csv"], default="table")
 
     p = add("worker", cmd_worker, "run the Faust worker (join + attribution)", kafka=True)

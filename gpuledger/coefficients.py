@@ -1,11 +1,11 @@
-"""The coefficient library and re-billing.
+"""The coefficient library, the price history and re-billing.
 
-Source of truth: the `[[coefficients]]` entries of the ledger config file (history kept, each
-entry valid from its date until the next entry of the same model). `sync_library` copies the
-history and the current definition version into the warehouse (tables `coefficients`,
-`definitions`); `rebill` recomputes a past period's effective GPU-hours with the
-coefficients valid on a chosen date into `rebilled_usage`, leaving the original bills as they
-were. See docs/accounting.md."""
+Source of truth: the `[[coefficients]]` and `[[prices]]` entries of the ledger config file (history
+kept, each entry valid from its date until the next entry of the same model). `sync_library` copies
+both histories and the current definition version into the warehouse (tables `coefficients`,
+`prices`, `definitions`); `rebill` recomputes a past period's effective GPU-hours with the
+coefficients valid on a chosen date (and, with `cost=True`, its cost with the prices valid then)
+into `rebilled_usage`, leaving the original bills as they were. See docs/accounting.md."""
 
 from __future__ import annotations
 
@@ -16,7 +16,15 @@ from dataclasses import asdict
 from datetime import date
 from pathlib import Path
 
-from gpuledger.streams.pricing import BUNDLED_CONFIG, LedgerConfig, LedgerConfigError, date_ms, load_ledger_config
+from gpuledger.streams.pricing import (
+    BUNDLED_CONFIG,
+    JOULES_PER_KWH,
+    LedgerConfig,
+    LedgerConfigError,
+    PriceEntry,
+    date_ms,
+    load_ledger_config,
+)
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
 
@@ -29,6 +37,28 @@ def history_rows(ledger: LedgerConfig) -> list[dict]:
             rows.append({"model": model, "coefficient": entry.coefficient,
                          "valid_from": entry.version.split("@", 1)[1], "version": entry.version})
     return rows
+
+
+def price_rows(ledger: LedgerConfig) -> list[dict]:
+    """Every price entry, oldest first per model (entries of [prices.MODEL] tables: from 1970-01-01)."""
+    return [{"model": model, "valid_from": entry.version.split("@", 1)[1], "version": entry.version,
+             "depreciation_per_hour": entry.price.depreciation_per_hour,
+             "maintenance_per_hour": entry.price.maintenance_per_hour}
+            for model in sorted(ledger.price_history) for entry in ledger.price_history[model]]
+
+
+def prices_as_of(ledger: LedgerConfig, day: date) -> dict[str, PriceEntry]:
+    """model -> its own price entry valid at the start of `day` (UTC); 'default' among them."""
+    at = date_ms(day, "as-of date")
+    out = {}
+    for model in ledger.price_history:
+        try:
+            entry = ledger.price_at(model, at)
+        except LedgerConfigError:
+            continue  # no price of its own yet on that date
+        if entry.model == model:
+            out[model] = entry
+    return out
 
 
 def coefficients_as_of(ledger: LedgerConfig, day: date) -> dict[str, tuple[float, str]]:
@@ -88,12 +118,49 @@ def sync_library(client, database: str, ledger: LedgerConfig) -> dict:
         client.insert("coefficients",
                       [[r["model"], r["coefficient"], date.fromisoformat(r["valid_from"]), r["version"]] for r in rows],
                       column_names=["model", "coefficient", "valid_from", "version"], database=database)
-    return {"coefficients": len(rows), "definition_version": ledger.definition_version,
+    prices = sync_prices(client, database, ledger)
+    return {"coefficients": len(rows), "prices": prices, "definition_version": ledger.definition_version,
             "definition_recorded": not fingerprints}
 
 
-def rebill(client, database: str, ledger: LedgerConfig, day_from: date, day_to: date, as_of: date) -> str:
-    """Recompute [day_from, day_to] with the coefficients valid on `as_of`; returns the rebill id."""
+def sync_prices(client, database: str, ledger: LedgerConfig) -> int:
+    """Copy the price history into the warehouse's `prices` table. A dated entry ([[prices]]) already
+    recorded with other values is refused: history is append-only (add an entry with a later
+    valid_from). Undated [prices.MODEL] tables belong to their definition version instead (a changed
+    one needs a new definition_version, checked by the fingerprint): their row is replaced."""
+    rows = price_rows(ledger)
+    recorded = {(m, str(d)): (dep, maint) for m, d, dep, maint in client.query(
+        f"SELECT model, valid_from, depreciation_per_hour, maintenance_per_hour FROM `{database}`.prices FINAL"
+    ).result_rows}
+    new = []
+    for r in rows:
+        values = (r["depreciation_per_hour"], r["maintenance_per_hour"])
+        before = recorded.get((r["model"], r["valid_from"]))
+        if before == values:
+            continue
+        if before is not None and r["valid_from"] != "1970-01-01":
+            raise LedgerConfigError(
+                f"price {r['version']} is recorded as depreciation {before[0]}, maintenance {before[1]} per hour but the "
+                f"ledger config now says {values[0]}, {values[1]}; price history is append-only: add a [[prices]] entry "
+                "with a later valid_from instead of editing this one")
+        new.append(r)
+    if new:
+        client.insert("prices", [[r["model"], date.fromisoformat(r["valid_from"]), r["version"],
+                                  r["depreciation_per_hour"], r["maintenance_per_hour"]] for r in new],
+                      column_names=["model", "valid_from", "version", "depreciation_per_hour", "maintenance_per_hour"],
+                      database=database)
+    return len(rows)
+
+
+def rebill(client, database: str, ledger: LedgerConfig, day_from: date, day_to: date, as_of: date, *,
+           cost: bool = False) -> str:
+    """Recompute [day_from, day_to] with the coefficients valid on `as_of` (and, with `cost`, its cost
+    with the prices valid on `as_of`, under the config's cost definitions and [unpriced] policy);
+    returns the rebill id. The original rows keep their cost beside it (original_cost_micros).
+
+    Cost is recomputed at bill grain (day x job attempt x model x state): per row
+    round((fixed per hour x GPU-hours + energy kWh x electricity price x PUE) x 1e6), so it can differ
+    from the sum of per-record costs by the per-record rounding (under 1 micro per record)."""
     if day_to < day_from:
         raise ValueError(f"--to {day_to} is before --from {day_from}")
     table = coefficients_as_of(ledger, as_of)
@@ -107,25 +174,52 @@ def rebill(client, database: str, ledger: LedgerConfig, day_from: date, day_to: 
         "models": models, "coefs": [table[m][0] for m in models], "versions": [table[m][1] for m in models],
         "default_coef": default[0], "default_version": default[1],
     }
+    flagged = "NOT has({models:Array(String)}, toString(gpu_model))"  # no coefficient of its own
+    cost_sql, price_version = "c_micros", "''"
+    if cost:
+        prices = prices_as_of(ledger, as_of)
+        if "default" not in prices:
+            raise LedgerConfigError(f"no 'default' price valid on {as_of}")
+        priced = sorted(m for m in prices if m != "default")
+        terms = {m: ledger._terms_of(prices[m]) for m in [*priced, "default"]}  # (per hour, power?, cooling)
+        params.update(
+            priced=priced, per_hour=[terms[m][0] for m in priced], price_versions=[prices[m].version for m in priced],
+            default_per_hour=terms["default"][0], default_price_version=prices["default"].version,
+            # currency per joule of measured energy, PUE included (0 when power is not a cost component)
+            per_joule=(ledger.electricity_price_per_kwh * terms["default"][2] / JOULES_PER_KWH
+                       if terms["default"][1] else 0.0),
+            zero_unpriced=int(ledger.unpriced_policy == "zero"))
+        own_price = "has({priced:Array(String)}, toString(gpu_model))"
+        per_hour = ("transform(toString(gpu_model), {priced:Array(String)}, {per_hour:Array(Float64)}, "
+                    "{default_per_hour:Float64})")
+        cost_sql = (f"if(NOT {own_price} AND {{zero_unpriced:UInt8}}, toInt128(0), toInt128(round("
+                    f"({per_hour} * g_ms / 3600000 + e_j * {{per_joule:Float64}}) * 1000000)))")
+        price_version = ("transform(toString(gpu_model), {priced:Array(String)}, {price_versions:Array(String)}, "
+                         "{default_price_version:String})")
+        flagged = f"({flagged} OR NOT {own_price})"
     client.command(
         f"""
         INSERT INTO `{database}`.rebilled_usage
+            (rebill_id, day, cluster, tenant, queue, job_id, attempt, gpu_model, state, definition_version, gpu_ms,
+             coefficient, coefficient_version, effective_gpu_ms, cost_micros, original_cost_micros, energy_j,
+             price_version, priced_by_default)
         SELECT {{id:String}}, day, cluster, tenant, queue, job_id, attempt, gpu_model, state, definition_version,
                g_ms,
                transform(toString(gpu_model), {{models:Array(String)}}, {{coefs:Array(Float64)}}, {{default_coef:Float64}}) AS coef,
                transform(toString(gpu_model), {{models:Array(String)}}, {{versions:Array(String)}}, {{default_version:String}}),
-               toUInt64(round(g_ms * coef)), c_micros
+               toUInt64(round(g_ms * coef)), {cost_sql}, c_micros, e_j, {price_version}, {flagged}
         FROM
         (
             SELECT day, cluster, tenant, queue, job_id, attempt, gpu_model, state, definition_version,
-                   sum(gpu_ms) AS g_ms, sum(cost_micros) AS c_micros
+                   sum(gpu_ms) AS g_ms, sum(cost_micros) AS c_micros, sum(energy_j) AS e_j
             FROM `{database}`.usage_by_job_daily
             WHERE day BETWEEN {{from:Date}} AND {{to:Date}}
             GROUP BY day, cluster, tenant, queue, job_id, attempt, gpu_model, state, definition_version
         )
         """, parameters=params)
-    client.insert("rebill_runs", [[rebill_id, day_from, day_to, as_of]],
-                  column_names=["rebill_id", "day_from", "day_to", "coefficients_as_of"], database=database)
+    client.insert("rebill_runs", [[rebill_id, day_from, day_to, as_of, cost]],
+                  column_names=["rebill_id", "day_from", "day_to", "coefficients_as_of", "cost_recomputed"],
+                  database=database)
     return rebill_id
 
 
@@ -139,7 +233,12 @@ def rebill_bill(client, database: str, rebill_id: str) -> list[dict]:
                r.compute_effective_gpu_hours AS rebilled_compute_effective_gpu_hours,
                r.idle_effective_gpu_hours AS rebilled_idle_effective_gpu_hours,
                r.failed_retry_effective_gpu_hours AS rebilled_failed_retry_effective_gpu_hours,
-               r.total_cost_micros AS total_cost_micros
+               r.total_cost_micros AS total_cost_micros,
+               o.total_cost_micros AS original_cost_micros,
+               r.compute_cost_micros AS rebilled_compute_cost_micros,
+               r.idle_cost_micros AS rebilled_idle_cost_micros,
+               r.failed_retry_cost_micros AS rebilled_failed_retry_cost_micros,
+               r.priced_by_default_gpu_hours AS priced_by_default_gpu_hours
         FROM `{database}`.tenant_daily_rebill AS r
         LEFT JOIN `{database}`.tenant_daily_bill AS o
             ON o.day = r.day AND o.tenant = r.tenant AND o.definition_version = r.definition_version

@@ -49,6 +49,14 @@ UNMATCHED = Counter("gpuledger_unmatched", "What the worker could not match, by 
                     "sample), busy_unallocated_gpu_seconds (GPU time with processes or use but no allocation), "
                     "mig_assignments (MIG instances resolved to their parent GPU; matched, counted for visibility)",
                     ["component", "kind"])
+VALUE_FALLBACKS = Counter("gpuledger_value_fallbacks", "Measurements the worker did not believe and replaced, by kind: "
+                          "energy_over_power_limit (an energy-counter rise above the card's power limit x the interval: "
+                          "power x time used), power_over_power_limit (a power reading above the limit: capped at it), "
+                          "energy_counter_reset (the counter went backwards, e.g. a driver reload: power x time used)",
+                          ["component", "kind"])
+PRICED_BY_DEFAULT = Counter("gpuledger_priced_by_default_gpu_seconds", "GPU time of models without a price or "
+                            "coefficient of their own, priced under the ledger's [unpriced] policy, by GPU model",
+                            ["component", "model"])
 DUPLICATES = Counter("gpuledger_duplicates", "Second copies dropped silently (at-least-once delivery), by kind", ["component", "kind"])
 CONSUMER_LAG = Gauge("gpuledger_consumer_lag_messages", "End offset minus the consumer's position", ["component", "topic", "partition"])
 SINK_ROWS = Counter("gpuledger_sink_rows_inserted", "Rows inserted into the warehouse", ["table"])
@@ -259,8 +267,15 @@ class WorkerMetrics:
         DUPLICATES.labels(self.component, kind).inc()
 
     def unmatched(self, kind: str, amount: float) -> None:
-        """Something the join could not match (streams/join.py `NodeJoin.unmatched`)."""
-        UNMATCHED.labels(self.component, kind).inc(amount)
+        """Something the join could not match (streams/join.py `NodeJoin.unmatched`); the same
+        counters carry value fallbacks ('fallback_<kind>') and GPU time priced by default
+        ('priced_by_default:<model>'), which go to metrics of their own."""
+        if kind.startswith("fallback_"):
+            VALUE_FALLBACKS.labels(self.component, kind[len("fallback_"):]).inc(amount)
+        elif kind.startswith("priced_by_default:"):
+            PRICED_BY_DEFAULT.labels(self.component, kind[len("priced_by_default:"):]).inc(amount)
+        else:
+            UNMATCHED.labels(self.component, kind).inc(amount)
 
     def set_lag(self, topic: str, partition: int, end_offset: int, position: int) -> int | None:
         """From Faust: `end_offset = app.consumer.highwater(tp)`, `position = message.offset + 1`."""

@@ -215,6 +215,7 @@ def _bills(client, db: str, filters: dict[str, Any]) -> list[dict]:
         if status == "adjustment":
             head.update(corrects_day=corrects, reason=reason)
         rows.append(_bill_row(head, groups[key], row_currency.get(key) or _currency_of(currencies, dv)))
+    _flag_priced_by_default(client, db, rows)
     if policy == "none":
         return rows[: filters["limit"]] if filters.get("limit") else rows
     billed = [r for r in rows if r["status"] != "adjustment"]
@@ -564,6 +565,20 @@ def utc_labels(rows: Sequence[dict]) -> list[dict]:
         return f"{key}_utc" if key == "day" or key.endswith("_day") else key
 
     return [{name(k): v for k, v in row.items()} for row in rows]
+
+
+def _flag_priced_by_default(client, db: str, rows: list[dict]) -> None:
+    """priced_by_default_gpu_hours of each bill row (not adjustments): its GPU time of models priced
+    under the [unpriced] policy, from the usage aggregate (docs/accounting.md §4b)."""
+    hours = {(r["day"], str(r["cluster"]), str(r["tenant"]), str(r["definition_version"])): r["h"] for r in _query(
+        client, f"SELECT day, toString(cluster) AS cluster, toString(tenant) AS tenant, toString(definition_version) "
+                f"AS definition_version, sum(priced_by_default_gpu_ms) / 3600000 AS h FROM {db}.usage_by_job_daily "
+                "WHERE priced_by_default_gpu_ms > 0 AND job_id != '' AND state IN ('executing', 'allocated_idle') "
+                "GROUP BY day, cluster, tenant, definition_version", {})}
+    for row in rows:
+        if row.get("status") != "adjustment":
+            row["priced_by_default_gpu_hours"] = hours.get(
+                (row["day"], row["cluster"], row["tenant"], row["definition_version"]), 0.0)
 
 
 def _priced_by_default_note(rows: Sequence[dict]) -> str:

@@ -16,13 +16,46 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic_core import PydanticCustomError
 
 SCHEMA_VERSION = 1
 
 Percent = Annotated[float, Field(ge=0.0, le=100.0)]
 EpochMs = Annotated[int, Field(ge=0, description="Unix epoch time in milliseconds (UTC)")]
 ShareMilli = Annotated[int, Field(ge=1, le=1000, description="share of one GPU in thousandths (1000 = whole GPU)")]
+
+
+# Identifiers (docs/accounting.md, "Sane values or none"): printable text (Python's str.isprintable:
+# no control, format or line-separator characters; a space is fine) without leading or trailing
+# whitespace, and bounded in length. A message breaking the rule is a dead letter with the reason.
+# The JSON Schema pattern states the control-character and whitespace part of the rule.
+IDENTIFIER_PATTERN = r"^[^\s\x00-\x1f\x7f-\x9f](?:[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?$"
+#: longest identifiers, characters: Kubernetes names are up to 253 (nodes, queues) and a job id
+#: '<namespace>/<kind>/<name>' up to ~380
+MAX_TENANT_LEN = MAX_CLUSTER_LEN = 128
+MAX_QUEUE_LEN = MAX_NODE_LEN = 256
+MAX_JOB_ID_LEN = 512
+
+
+def _identifier(value: str) -> str:
+    if not value.isprintable() or value != value.strip():
+        raise PydanticCustomError(
+            "identifier", "an identifier must be printable text without control characters or leading/trailing "
+            "whitespace; got {shown}", {"shown": repr(value[:80])})
+    return value
+
+
+def _ident(max_length: int):
+    return Annotated[str, Field(min_length=1, max_length=max_length, json_schema_extra={"pattern": IDENTIFIER_PATTERN}),
+                     AfterValidator(_identifier)]
+
+
+TenantId = _ident(MAX_TENANT_LEN)
+ClusterId = _ident(MAX_CLUSTER_LEN)
+QueueId = _ident(MAX_QUEUE_LEN)
+NodeId = _ident(MAX_NODE_LEN)
+JobId = _ident(MAX_JOB_ID_LEN)
 
 
 class _Wire(BaseModel):
@@ -68,6 +101,8 @@ class GpuSample(_Wire):
     mem_total_bytes: int | None = Field(None, ge=0, description="GPU memory total, bytes")
     temperature_c: float | None = Field(None, ge=-50, le=200, description="GPU temperature, degrees Celsius")
     power_w: float | None = Field(None, ge=0, le=5000, description="power draw, watts")
+    power_limit_w: float | None = Field(None, gt=0, le=5000, description="enforced power limit, watts (NVML "
+                                        "nvmlDeviceGetEnforcedPowerLimit); bounds the energy believed per tick")
     energy_j: float | None = Field(None, ge=0, description="cumulative energy since driver load, joules (NVML counter)")
     pcie_tx_bytes_per_s: float | None = Field(None, ge=0, description="PCIe transmit throughput, bytes per second")
     pcie_rx_bytes_per_s: float | None = Field(None, ge=0, description="PCIe receive throughput, bytes per second")
@@ -89,8 +124,8 @@ class NodeTick(_Wire):
     Kafka key: the node name. Topic: `<prefix>gpu-samples`."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
-    cluster: str = Field(min_length=1, description="cluster name")
-    node: str = Field(min_length=1, description="node (host) name")
+    cluster: ClusterId = Field(description="cluster name")
+    node: NodeId = Field(description="node (host) name")
     ts_ms: EpochMs = Field(description="sample time, Unix epoch milliseconds; the tick covers [ts_ms, ts_ms + interval_ms)")
     interval_ms: int = Field(gt=0, le=3_600_000, description="sampling interval, milliseconds (default 5000)")
     gpus: list[GpuSample] = Field(description="every GPU on the node")
@@ -105,7 +140,7 @@ class NodeTickBatch(_Wire):
 
     schema_version: Literal[1] = SCHEMA_VERSION
     type: Literal["tick_batch"] = "tick_batch"
-    node: str = Field(min_length=1, description="node (host) name; every tick must be of this node")
+    node: NodeId = Field(description="node (host) name; every tick must be of this node")
     ticks: list[NodeTick] = Field(min_length=1, max_length=10_000, description="the node's ticks, oldest first")
 
 
@@ -129,7 +164,7 @@ MeteredGpu = create_model(
     "MeteredGpu", __config__=_METERED, __module__=__name__,
     __doc__="A GpuSample as the worker reads it: identity, health, utilization, memory, power, energy.",
     **_same_fields(GpuSample, "gpu_uuid", "model", "health", "util_gpu_pct", "sm_active_pct", "mem_used_bytes",
-                   "mem_total_bytes", "power_w", "energy_j", "mig_devices"),
+                   "mem_total_bytes", "power_w", "energy_j", "mig_devices", "power_limit_w"),
     # the index maps a scheduler's device index to the UUID; optional only for worker snapshots
     # written before it was metered
     index=(int | None, Field(None, ge=0)),
@@ -173,7 +208,7 @@ class GpuAssignment(_Wire):
     or by its device index on the node when the scheduler knows only that (Slurm's `IDX:0-3`): the
     worker maps an index to the UUID the node's GPU agent reports at that index."""
 
-    node: str = Field(min_length=1, description="node holding the GPU")
+    node: NodeId = Field(description="node holding the GPU")
     gpu_uuid: str | None = Field(None, min_length=1, description="GPU UUID, or a MIG instance's UUID (then the share is at most the instance's)")
     gpu_index: int | None = Field(None, ge=0, description="device index on the node (NVML index), when the UUID is not known to the scheduler")
     share_milli: ShareMilli = 1000
@@ -197,14 +232,14 @@ class JobEvent(_Wire):
 
     schema_version: Literal[1] = SCHEMA_VERSION
     type: Literal["job_event"] = "job_event"
-    event_id: str = Field(min_length=1, description="unique id of this event; duplicates are dropped")
+    event_id: str = Field(min_length=1, max_length=1024, description="unique id of this event; duplicates are dropped")
     ts_ms: EpochMs = Field(description="when it happened, Unix epoch milliseconds")
     kind: JobEventKind
-    cluster: str = Field(min_length=1)
-    job_id: str = Field(min_length=1, description="canonical job id (the scheduler's)")
+    cluster: ClusterId
+    job_id: JobId = Field(description="canonical job id (the scheduler's)")
     attempt: int = Field(0, ge=0, description="attempt number, 0 for the first run")
-    tenant: str = Field(min_length=1)
-    queue: str = Field(min_length=1)
+    tenant: TenantId
+    queue: QueueId
     priority: int = Field(0, description="scheduling priority; higher runs first")
     requested_gpus: float = Field(0.0, ge=0, description="GPUs the job asked for (fractions for shared GPUs)")
     gpus: list[GpuAssignment] = Field(default_factory=list, description="GPUs involved (for 'allocated': the allocation)")
@@ -219,7 +254,7 @@ class LifecycleWatermark(_Wire):
 
     schema_version: Literal[1] = SCHEMA_VERSION
     type: Literal["watermark"] = "watermark"
-    cluster: str = Field(min_length=1)
+    cluster: ClusterId
     ts_ms: EpochMs
 
 
@@ -234,7 +269,7 @@ class PendingByPriority(_Wire):
 
 
 class QueueState(_Wire):
-    queue: str = Field(min_length=1)
+    queue: QueueId
     priority: int = Field(0, description="queue priority; higher is served first")
     quota_gpus: float = Field(ge=0, description="GPU quota of the queue")
     allocated_gpus: float = Field(ge=0, description="GPUs allocated to the queue's jobs now")
@@ -244,9 +279,9 @@ class QueueState(_Wire):
 
 
 class PreemptionFired(_Wire):
-    job_id: str
-    by_job_id: str | None = None
-    queue: str
+    job_id: JobId
+    by_job_id: JobId | None = None
+    queue: QueueId
     rule: str = Field(description="the preemption rule that fired")
 
 
@@ -254,7 +289,7 @@ class SchedulerSnapshot(_Wire):
     """Line 3 — periodic snapshot of the scheduler's queues. Kafka key: cluster. Topic: `<prefix>scheduler-snapshots`."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
-    cluster: str = Field(min_length=1)
+    cluster: ClusterId
     ts_ms: EpochMs
     queues: list[QueueState]
     preemptions: list[PreemptionFired] = Field(default_factory=list, description="preemptions fired since the last snapshot")
@@ -298,6 +333,10 @@ class UsageRecord(_Wire):
     effective_gpu_ms: int = Field(ge=0, description="gpu_ms × coefficient, rounded")
     cost_micros: int = Field(ge=0, description="this slice's cost, micro-units of currency")
     definition_version: str = Field(description="version of the accounting definitions used")
+    price_version: str = Field("", description="id of the price-history entry used, MODEL@valid_from ('default@...' "
+                                               "for a model without a price of its own); empty in records made before")
+    priced_by_default: bool = Field(False, description="the GPU model has no price or no coefficient of its own: "
+                                                       "priced under the ledger's [unpriced] policy (docs/accounting.md)")
 
 
 class UsageBatch(_Wire):

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from gpuledger.schemas.models import GpuHealth, GpuSample, MeteredGpu, UsageState
-from gpuledger.streams.pricing import Definitions, LedgerConfig
+from gpuledger.streams.pricing import MAX_POWER_W, Definitions, LedgerConfig
 
 UNIT = 1_000_000  # weights of one GPU in millionths
 DOWN, UNALLOCATED = UsageState.down.value, UsageState.unallocated.value
@@ -176,8 +176,8 @@ class RecordMaker:
         self.metric = ledger.definitions.utilization_metric
         self._templates: dict[tuple[str, str], dict] = {}
 
-    def _template(self, gpu: Gpu, coef) -> dict:
-        key = (gpu.gpu_uuid, coef.version)
+    def _template(self, gpu: Gpu, coef, price) -> dict:
+        key = (gpu.gpu_uuid, coef.version, price.version)
         template = self._templates.get(key)
         if template is None:
             # every key of the record, in the model's order, so that copies need no resizing
@@ -187,6 +187,9 @@ class RecordMaker:
                 "job_id": "", "attempt": 0, "tenant": "", "queue": "", "share_milli": 0, "gpu_ms": 0,
                 "energy_j": 0.0, "coefficient": coef.coefficient, "coefficient_version": coef.version,
                 "effective_gpu_ms": 0, "cost_micros": 0, "definition_version": self.ledger.definition_version,
+                "price_version": price.version,
+                # no price or no coefficient of its own: priced under the [unpriced] policy (pricing.py)
+                "priced_by_default": price.model != gpu.model or coef.model != gpu.model,
             }
         return template
 
@@ -196,10 +199,14 @@ class RecordMaker:
         if duration <= 0:
             return []
         ledger = self.ledger
-        cost = ledger.interval_cost_micros(gpu.model, duration, energy_j)
+        price = ledger.price_at(gpu.model, start_ms)
+        cost = ledger.entry_cost_micros(price, gpu.model, duration, energy_j)
         coef = ledger.coefficient_at(gpu.model, start_ms)
-        template = self._template(gpu, coef)
-        energy_j = float(energy_j)
+        template = self._template(gpu, coef, price)
+        # the join caps energy at the card's power limit; this is the backstop of pricing.py (no GPU draws
+        # more than MAX_POWER_W), so a record's energy is always a finite, believable number
+        most = MAX_POWER_W * duration / 1000.0
+        energy_j = float(energy_j) if 0.0 <= energy_j <= most else (most if energy_j > 0 else 0.0)
         whole = _whole(gpu, holders)
         if whole is not None:
             state, holder, util, mem = whole

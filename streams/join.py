@@ -275,15 +275,18 @@ def _holder_state(h: Holder) -> dict:
 
 
 #: A pending tick's GPU in a snapshot: these fields, then its processes as _PROCESS_STATE lists.
+#: Fields added later go after "mig_devices" (snapshots written before them lack them: None).
 _GPU_STATE = ("gpu_uuid", "model", "health", "util_gpu_pct", "sm_active_pct", "mem_used_bytes", "mem_total_bytes",
-              "power_w", "energy_j", "index", "mig_devices")
+              "power_w", "energy_j", "index", "mig_devices", "power_limit_w")
+_MIG_AT = _GPU_STATE.index("mig_devices")
 _PROCESS_STATE = ("container_id", "sm_util_pct", "mem_used_bytes")
 
 
 def _tick_state(tick: MeteredTick) -> list:
     """A pending tick as plain data for a snapshot (cheaper than model_dump, and smaller)."""
     return [tick.cluster, tick.node, tick.ts_ms, tick.interval_ms, [
-        [*(getattr(g, f) for f in _GPU_STATE[:-1]), [m.model_dump() for m in g.mig_devices],
+        [*(getattr(g, f) for f in _GPU_STATE[:_MIG_AT]), [m.model_dump() for m in g.mig_devices],
+         *(getattr(g, f) for f in _GPU_STATE[_MIG_AT + 1:]),
          [[getattr(p, f) for f in _PROCESS_STATE] for p in g.processes]]
         for g in tick.gpus]]
 
@@ -450,13 +453,37 @@ class NodeJoin:
         self.unknown_reported_ms = max(self.unknown_reported_ms, until)
         return n
 
-    def _tick_energy(self, tick: MeteredTick, gpu: MeteredGpu) -> float:
+    def _tick_energy(self, tick: MeteredTick, gpu: MeteredGpu, ledger: LedgerConfig) -> float:
+        """One GPU's energy over the tick, joules: the counter delta since the node's previous
+        contiguous tick, else power x time. Sane values or none (docs/accounting.md): a delta above
+        the card's power limit x the interval (x the tolerance) is not believed, nor is a power
+        reading above the limit: power x time, the power capped at the limit, and counted (metric
+        gpuledger_value_fallbacks_total). The limit is the sample's own, else the config's for the model.
+        Also counts the GPU time of models priced under the [unpriced] policy."""
+        seconds = tick.interval_ms / 1000.0
+        limit = gpu.power_limit_w or ledger.power_limit_w(gpu.model)
+        believable = limit * ledger.power_limit_tolerance
         previous = self.last_energy.get(gpu.gpu_uuid)
+        model = gpu.model
+        if ledger.price_at(model, tick.ts_ms).model != model or ledger.coefficient_at(model, tick.ts_ms).model != model:
+            self._count(f"priced_by_default:{model}", seconds)
         if gpu.energy_j is not None:
             self.last_energy[gpu.gpu_uuid] = (tick.ts_ms, gpu.energy_j)
-            if previous and previous[0] + tick.interval_ms == tick.ts_ms and gpu.energy_j >= previous[1]:
-                return gpu.energy_j - previous[1]
-        return (gpu.power_w or 0.0) * tick.interval_ms / 1000.0
+            if previous and previous[0] + tick.interval_ms == tick.ts_ms:
+                delta = gpu.energy_j - previous[1]
+                if 0 <= delta <= believable * seconds:
+                    return delta
+                if delta > 0:
+                    self._count("fallback_energy_over_power_limit")
+                    log.warning("%s %s: energy counter rose %.6g J in %g s, above the power limit %g W; power x "
+                                "time used", self.node, gpu.gpu_uuid, delta, seconds, limit)
+                else:
+                    self._count("fallback_energy_counter_reset")
+        power = gpu.power_w or 0.0
+        if power > believable:
+            self._count("fallback_power_over_power_limit")
+            power = limit
+        return power * seconds
 
     # -- output
     def close_until(self, watermark_ms: int, ledger: LedgerConfig) -> list[dict]:
@@ -484,7 +511,7 @@ class NodeJoin:
                 if change.ts_ms != cuts[-1]:
                     cuts.append(change.ts_ms)
             cuts.append(end)
-            energies = [self._tick_energy(tick, gpu) for gpu in tick.gpus]
+            energies = [self._tick_energy(tick, gpu, ledger) for gpu in tick.gpus]
             for seg_start, seg_end in zip(cuts, cuts[1:]):
                 while inside and inside[0].ts_ms <= seg_start:
                     self._apply(inside.pop(0), tick)

@@ -9,6 +9,7 @@ import bisect
 import hashlib
 import json
 import importlib.resources
+import math
 import tomllib
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -18,6 +19,27 @@ from pathlib import Path
 BUNDLED_CONFIG = Path(str(importlib.resources.files("gpuledger") / "ledger_defaults.toml"))
 MS_PER_HOUR = 3_600_000
 JOULES_PER_KWH = 3_600_000.0
+
+# ---- sane values (docs/accounting.md, "Sane values or none")
+#: the most power any card may report or be limited to (the schema's bound on power_w), watts
+MAX_POWER_W = 5000.0
+#: bounds of the config's money values: a price component per GPU-hour, an electricity price per kWh
+MAX_PRICE_PER_HOUR = 1_000_000.0
+MAX_PRICE_PER_KWH = 1_000_000.0
+MAX_PUE = 10.0
+#: longest interval one record can cover (NodeTick.interval_ms <= 1 h), milliseconds
+MAX_INTERVAL_MS = MS_PER_HOUR
+#: the most one usage record can cost, micros: a GPU-hour at the highest prices the config accepts
+#: (two fixed components) drawing MAX_POWER_W at the highest electricity price and PUE.
+#: 5.2e13 < 2^63: a record always fits usage_raw's UInt64; sums are Int128 (sql/0015).
+MAX_RECORD_COST_MICROS = round((2 * MAX_PRICE_PER_HOUR + MAX_POWER_W / 1000 * MAX_PRICE_PER_KWH * MAX_PUE) * 1_000_000)
+#: the power limit assumed for a card whose sample names none and whose model has no
+#: [power_limits] entry (and no `default` there): above every current data-centre card, watts
+DEFAULT_POWER_LIMIT_W = 1500.0
+#: an energy-counter delta (or a power reading) up to limit x this is believed
+DEFAULT_POWER_LIMIT_TOLERANCE = 1.2
+#: [unpriced] policy: what a GPU model without its own price is charged
+UNPRICED_POLICIES = ("default", "zero")
 
 
 class LedgerConfigError(ValueError):
@@ -34,6 +56,24 @@ class UnitPrice:
         return self.depreciation_per_hour + self.maintenance_per_hour
 
 
+def _day(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).date().isoformat()
+
+
+@dataclass(frozen=True)
+class PriceEntry:
+    """One entry of the price history: the unit price of `model` from `valid_from_ms` on (until the
+    model's next entry). Every usage record names the entry it was priced with (`price_version`)."""
+
+    model: str
+    price: UnitPrice
+    valid_from_ms: int
+    version: str = field(init=False)  # "MODEL@YYYY-MM-DD", as coefficients
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "version", f"{self.model}@{_day(self.valid_from_ms)}")
+
+
 @dataclass(frozen=True)
 class Coefficient:
     model: str
@@ -43,8 +83,7 @@ class Coefficient:
     version: str = field(init=False)
 
     def __post_init__(self) -> None:
-        day = datetime.fromtimestamp(self.valid_from_ms / 1000, tz=timezone.utc).date().isoformat()
-        object.__setattr__(self, "version", f"{self.model}@{day}")
+        object.__setattr__(self, "version", f"{self.model}@{_day(self.valid_from_ms)}")
 
 
 @dataclass(frozen=True)
@@ -127,15 +166,46 @@ class LedgerConfig:
     reference_model: str
     electricity_price_per_kwh: float
     pue: float
+    #: model -> its latest unit price (the whole history is `price_history`)
     prices: dict[str, UnitPrice]
     # model -> entries sorted by valid_from_ms
     coefficients: dict[str, tuple[Coefficient, ...]] = field(default_factory=dict)
     definitions: Definitions = field(default_factory=Definitions)
-    # sha256 of everything but the coefficient history: a changed definition must change the version
+    # sha256 of everything but the coefficient and price histories: a changed definition must change the version
     fingerprint: str = ""
+    #: model -> price entries sorted by valid_from_ms (the old `[prices.MODEL]` tables: one entry
+    #: valid from the epoch)
+    price_history: dict[str, tuple[PriceEntry, ...]] = field(default_factory=dict)
+    #: model -> the most a card of it can draw, watts (`default`: every other model); a sample's own
+    #: power_limit_w comes first (streams/join.py)
+    power_limits: dict[str, float] = field(default_factory=dict)
+    power_limit_tolerance: float = DEFAULT_POWER_LIMIT_TOLERANCE
+    #: what a model without its own price is charged: "default" (the default price) or "zero"
+    unpriced_policy: str = "default"
 
     def price(self, model: str) -> UnitPrice:
         return self.prices.get(model) or self.prices["default"]
+
+    def price_at(self, model: str, ts_ms: int) -> PriceEntry:
+        """The price entry valid at ts_ms for this model; the `default` model's when it has none (then
+        the record is flagged `priced_by_default` and charged under the [unpriced] policy)."""
+        for name in (model, "default"):
+            entries = self.price_history.get(name)
+            if not entries:
+                continue
+            if ts_ms >= entries[-1].valid_from_ms:  # the usual case: the latest entry (hot path)
+                return entries[-1]
+            i = bisect.bisect_right(entries, ts_ms, key=lambda e: e.valid_from_ms) - 1
+            if i >= 0:
+                return entries[i]
+        raise LedgerConfigError(f"no price valid for model {model!r} at {ts_ms} (and no 'default' entry)")
+
+    def power_limit_w(self, model: str) -> float:
+        """The power limit of a card of this model when its sample names none, watts."""
+        limit = self.power_limits.get(model)
+        if limit is None:
+            limit = self.power_limits.get("default", DEFAULT_POWER_LIMIT_W)
+        return limit
 
     def coefficient_at(self, model: str, ts_ms: int) -> Coefficient:
         """The coefficient entry valid at ts_ms for this model (falls back to 'default')."""
@@ -150,23 +220,36 @@ class LedgerConfig:
                 return entries[i]
         raise LedgerConfigError(f"no coefficient valid for model {model!r} at {ts_ms} (and no 'default' entry)")
 
-    def interval_cost_micros(self, model: str, duration_ms: int, energy_j: float) -> int:
-        """Whole-GPU cost of one interval: fixed hourly parts + measured energy x price x PUE."""
-        terms = self._cost_terms.get(model) or self._cost_terms.setdefault(model, self._terms_of(model))
+    def interval_cost_micros(self, model: str, duration_ms: int, energy_j: float, ts_ms: int | None = None) -> int:
+        """Whole-GPU cost of one interval: fixed hourly parts + measured energy x price x PUE, with the
+        price valid at ts_ms (None: the latest), under the [unpriced] policy for a model without one."""
+        entry = self.price_at(model, (1 << 62) if ts_ms is None else ts_ms)
+        return self.entry_cost_micros(entry, model, duration_ms, energy_j)
+
+    def entry_cost_micros(self, entry: PriceEntry, model: str, duration_ms: int, energy_j: float) -> int:
+        """Whole-GPU cost of one interval priced with `entry`. Bounded: the energy is at most
+        MAX_POWER_W for the interval (the join caps it at the card's own limit before), so no record
+        costs more than MAX_RECORD_COST_MICROS."""
+        if entry.model != model and self.unpriced_policy == "zero":
+            return 0
+        terms = self._cost_terms.get(entry.version) or self._cost_terms.setdefault(entry.version, self._terms_of(entry))
         per_hour, include_power, cooling = terms
         fixed = per_hour * duration_ms / MS_PER_HOUR
         power = 0.0
         if include_power:
+            most = MAX_POWER_W * duration_ms / 1000.0
+            if not energy_j <= most:  # also NaN
+                energy_j = most if energy_j > 0 else 0.0
             power = energy_j / JOULES_PER_KWH * self.electricity_price_per_kwh * cooling
         return round((fixed + power) * 1_000_000)
 
     @cached_property
     def _cost_terms(self) -> dict[str, tuple[float, bool, float]]:
-        """model -> (fixed cost per hour, power included, cooling factor): filled on first use (hot path)."""
+        """price version -> (fixed cost per hour, power included, cooling factor): filled on first use (hot path)."""
         return {}
 
-    def _terms_of(self, model: str) -> tuple[float, bool, float]:
-        price, d = self.price(model), self.definitions
+    def _terms_of(self, entry: PriceEntry) -> tuple[float, bool, float]:
+        price, d = entry.price, self.definitions
         per_hour = (price.depreciation_per_hour if d.include_depreciation else 0.0) + \
                    (price.maintenance_per_hour if d.include_maintenance else 0.0)
         return per_hour, d.include_power, (self.pue if d.include_cooling else 1.0)
@@ -189,14 +272,55 @@ def date_ms(value, where: str) -> int:
     raise LedgerConfigError(f"{where}: valid_from must be a date like 2026-01-01, got {value!r}")
 
 
+def _bounded(value, low: float, high: float, where: str, *, low_open: bool = False) -> float:
+    """A finite number within [low, high] ((low, high] with low_open), else a clear error."""
+    number = float(value)
+    if not (math.isfinite(number) and (number > low if low_open else number >= low) and number <= high):
+        raise LedgerConfigError(f"{where} must be a number {'>' if low_open else '>='} {low:g} and <= {high:g}, "
+                                f"got {value!r}")
+    return number
+
+
+def _unit_price(p: dict, where: str) -> UnitPrice:
+    return UnitPrice(_bounded(p["depreciation_per_hour"], 0, MAX_PRICE_PER_HOUR, f"{where}.depreciation_per_hour"),
+                     _bounded(p["maintenance_per_hour"], 0, MAX_PRICE_PER_HOUR, f"{where}.maintenance_per_hour"))
+
+
+def parse_prices(raw, source: str) -> dict[str, tuple[PriceEntry, ...]]:
+    """The price history: `[[prices]]` entries (model, valid_from, depreciation_per_hour,
+    maintenance_per_hour), or the older `[prices.MODEL]` tables, each valid from the epoch."""
+    by_model: dict[str, list[PriceEntry]] = {}
+    if isinstance(raw, dict):
+        for name, p in raw.items():
+            by_model[name] = [PriceEntry(name, _unit_price(p, f"{source}: prices.{name}"), 0)]
+    elif isinstance(raw, list):
+        for i, p in enumerate(raw):
+            where = f"{source}: prices[{i}]"
+            entry = PriceEntry(str(p["model"]), _unit_price(p, where), date_ms(p["valid_from"], where))
+            entries = by_model.setdefault(entry.model, [])
+            if any(e.valid_from_ms == entry.valid_from_ms for e in entries):
+                raise LedgerConfigError(f"{where}: {entry.version} is listed twice")
+            entries.append(entry)
+    else:
+        raise LedgerConfigError(f"{source}: prices must be [prices.MODEL] tables or [[prices]] entries")
+    if "default" not in by_model:
+        raise LedgerConfigError(f"{source}: [prices.default] (or [[prices]] entries of model \"default\") is required")
+    return {m: tuple(sorted(v, key=lambda e: e.valid_from_ms)) for m, v in by_model.items()}
+
+
+def _fingerprint(doc: dict) -> str:
+    """sha256 of the definitions: everything but the histories (coefficients; prices given as
+    [[prices]] entries), which records name entry by entry. Old [prices.MODEL] tables stay in it."""
+    histories = {"coefficients"} | ({"prices"} if isinstance(doc.get("prices"), list) else set())
+    return hashlib.sha256(
+        json.dumps({k: v for k, v in doc.items() if k not in histories}, sort_keys=True, default=str).encode()
+    ).hexdigest()
+
+
 def parse_ledger_config(doc: dict, source: str = "<config>") -> LedgerConfig:
     try:
-        prices = {
-            name: UnitPrice(float(p["depreciation_per_hour"]), float(p["maintenance_per_hour"]))
-            for name, p in doc["prices"].items()
-        }
-        if "default" not in prices:
-            raise LedgerConfigError(f"{source}: [prices.default] is required")
+        price_history = parse_prices(doc["prices"], source)
+        prices = {m: entries[-1].price for m, entries in price_history.items()}
         by_model: dict[str, list[Coefficient]] = {}
         for i, c in enumerate(doc.get("coefficients", [])):
             coef = float(c["coefficient"])
@@ -205,19 +329,29 @@ def parse_ledger_config(doc: dict, source: str = "<config>") -> LedgerConfig:
             by_model.setdefault(c["model"], []).append(
                 Coefficient(c["model"], coef, date_ms(c["valid_from"], f"{source}: coefficients[{i}]")))
         power = doc.get("power", {})
+        limits = {str(m): _bounded(w, 0, MAX_POWER_W, f"{source}: power_limits.{m}", low_open=True)
+                  for m, w in doc.get("power_limits", {}).items()}
+        policy = str(doc.get("unpriced", {}).get("policy", "default"))
+        if policy not in UNPRICED_POLICIES:
+            raise LedgerConfigError(f"{source}: unpriced.policy must be one of {', '.join(UNPRICED_POLICIES)}; "
+                                    f"got {policy!r}")
         return LedgerConfig(
             definition_version=str(doc["definition_version"]),
             currency=str(doc.get("currency", "USD")),
             baseline_model=str(doc.get("baseline_model", "")),
             reference_model=str(doc.get("reference_model", "default")),
-            electricity_price_per_kwh=float(power.get("electricity_price_per_kwh", 0.0)),
-            pue=float(power.get("pue", 1.0)),
+            electricity_price_per_kwh=_bounded(power.get("electricity_price_per_kwh", 0.0), 0, MAX_PRICE_PER_KWH,
+                                               f"{source}: power.electricity_price_per_kwh"),
+            pue=_bounded(power.get("pue", 1.0), 0, MAX_PUE, f"{source}: power.pue", low_open=True),
             prices=prices,
             coefficients={m: tuple(sorted(v, key=lambda e: e.valid_from_ms)) for m, v in by_model.items()},
             definitions=parse_definitions(doc, source),
-            fingerprint=hashlib.sha256(
-                json.dumps({k: v for k, v in doc.items() if k != "coefficients"}, sort_keys=True, default=str).encode()
-            ).hexdigest(),
+            fingerprint=_fingerprint(doc),
+            price_history=price_history,
+            power_limits=limits,
+            power_limit_tolerance=_bounded(power.get("limit_tolerance", DEFAULT_POWER_LIMIT_TOLERANCE), 1.0, 2.0,
+                                           f"{source}: power.limit_tolerance"),
+            unpriced_policy=policy,
         )
     except KeyError as exc:
         raise LedgerConfigError(f"{source}: missing key {exc}") from None

@@ -63,8 +63,32 @@ def test_a_changed_definition_needs_a_new_version(config, tmp_path):
         config.write_text(config.read_text().replace("pue = 1.4", "pue = 1.2"))
         with pytest.raises(LedgerConfigError, match="bump definition_version"):
             sync_library(client, "gpuledger", load_ledger_config(config))
-        config.write_text(config.read_text().replace('definition_version = "defaults-2026.2"',
-                                                     'definition_version = "defaults-2026.2"'))
+        config.write_text(config.read_text().replace('definition_version = "defaults-2026.3"',
+                                                     'definition_version = "defaults-2026.3-pue"'))
         assert sync_library(client, "gpuledger", load_ledger_config(config))["definition_recorded"]
+    finally:
+        client.close()
+
+
+def test_price_history_is_synced_and_append_only(config, tmp_path):
+    """[[prices]] entries are history like coefficients: a new entry needs no new definition version,
+    an edited one is refused (docs/accounting.md §4c)."""
+    from gpuledger.config import Settings
+
+    client = connect(Settings(data_dir=tmp_path / "data"))
+    try:
+        migrate(client, "gpuledger")
+        assert sync_library(client, "gpuledger", load_ledger_config(config))["prices"] == 6
+        with open(config, "a") as f:
+            f.write('\n[[prices]]\nmodel = "A100-80GB"\nvalid_from = "2026-12-01"\ndepreciation_per_hour = 0.40\n'
+                    'maintenance_per_hour = 0.05\n')
+        synced = sync_library(client, "gpuledger", load_ledger_config(config))
+        assert synced["prices"] == 7 and not synced["definition_recorded"]  # same definition version, no refusal
+        rows = client.query("SELECT version, depreciation_per_hour FROM gpuledger.prices FINAL "
+                            "WHERE model = 'A100-80GB' ORDER BY valid_from").result_rows
+        assert rows == [("A100-80GB@2020-01-01", 0.43), ("A100-80GB@2026-12-01", 0.40)]
+        config.write_text(config.read_text().replace("depreciation_per_hour = 0.40", "depreciation_per_hour = 0.39"))
+        with pytest.raises(LedgerConfigError, match="append-only"):
+            sync_library(client, "gpuledger", load_ledger_config(config))
     finally:
         client.close()

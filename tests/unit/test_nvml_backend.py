@@ -533,3 +533,37 @@ def test_mig_instances_are_listed_with_their_share_and_read_only_now_and_then() 
     clock.t += 301
     backend.sample(15_000)
     assert fake.calls["nvmlDeviceGetMigMode"] == reads + 2
+
+
+class FakeLimitNvml(FakeNvml):
+    """A pynvml with nvmlDeviceGetEnforcedPowerLimit (mW); limits per device index, None: NOT_SUPPORTED."""
+
+    def __init__(self, devices: list[FakeDevice], limits_mw: list[int | None]):
+        super().__init__(devices)
+        self.limits_mw = limits_mw
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
+        self._hit("nvmlDeviceGetEnforcedPowerLimit")
+        self._dev(handle, "nvmlDeviceGetEnforcedPowerLimit")
+        limit = self.limits_mw[self.handles.index(handle)]
+        if limit is None:
+            raise FakeNVMLError(self.NVML_ERROR_NOT_SUPPORTED)
+        return limit
+
+
+def test_the_enforced_power_limit_is_reported_and_read_only_now_and_then() -> None:
+    clock = Clock()
+    fake = FakeLimitNvml([a100(), h100()], [400_000, None])
+    backend = NvmlBackend(fake, clock=clock)
+    g0, g1 = backend.sample(0)
+    assert g0.power_limit_w == 400.0  # mW -> W
+    assert g1.power_limit_w is None  # NOT_SUPPORTED: not reported (the worker uses the configured limit)
+    NodeTick(cluster="c", node="n", ts_ms=0, interval_ms=5_000, gpus=[g0, g1])  # valid on the wire
+    reads = fake.calls["nvmlDeviceGetEnforcedPowerLimit"]
+    assert reads == 2
+    fake.limits_mw[0] = 250_000  # an operator lowered it (nvidia-smi -pl 250)
+    assert backend.sample(5_000)[0].power_limit_w == 400.0  # not read every tick
+    assert fake.calls["nvmlDeviceGetEnforcedPowerLimit"] == reads
+    clock.t += 301
+    assert backend.sample(10_000)[0].power_limit_w == 250.0  # read again with the MIG layout
+    assert fake.calls["nvmlDeviceGetEnforcedPowerLimit"] == reads + 1  # NOT_SUPPORTED is not asked again
