@@ -591,11 +591,12 @@ def close_vanished(job_ids: Iterable[str], state: AgentState, accounting: Mappin
                 _allocate(_with(job, start_ms=last.start_s * 1000, nodes=[]), js, out, [],
                           "GPU indices not seen (the job ran while the agent was down)")
             kind, reason = FINAL_STATES[last.state]
-            code = last.exit_code.split(":")[0]
+            code, _, signal = last.exit_code.partition(":")
             if reason is None and last.state != "COMPLETED":
-                reason = f"exit {code}"
+                reason = f"signal {signal}" if signal not in ("", "0") else f"exit {code}"
+            note = "from sacct: the job left squeue while the agent was down"
             out.emit(job, kind, max(last.end_s * 1000, js.alloc_start_ms),
-                     reason=(reason or "") + " (from sacct: the job left squeue while the agent was down)")
+                     reason=f"{reason} ({note})" if reason else note)
         else:
             out.warnings.append(f"job {job_id} left squeue unfinished and sacct has no end for it: closed as failed")
             out.emit(job, JobEventKind.failed, max(lost_at_ms, js.alloc_start_ms),

@@ -9,6 +9,7 @@
 #   scripts/slurm/cluster.sh status [DIR]
 #   scripts/slurm/cluster.sh env    [DIR]   # `eval "$(scripts/slurm/cluster.sh env)"` sets SLURM_CONF
 #   scripts/slurm/cluster.sh restart-ctld [DIR]   # kill and restart slurmctld (state kept)
+# SLURM_MIN_JOB_AGE=N (default 600): seconds a finished job stays in squeue (MinJobAge)
 #
 # Every daemon runs as root in the background under setsid, its pid in DIR/run/*.pid; nothing
 # outside DIR is written except the packages (installed when missing). No systemd needed.
@@ -21,6 +22,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 HOST="$(hostname -s)"
 NODES=(gpu01 gpu02 gpu03 gpu04)
 CTLD_PORT=16817 DBD_PORT=16819 DB_PORT=13306
+MIN_JOB_AGE="${SLURM_MIN_JOB_AGE:-600}"  # seconds a finished job stays in squeue
 MUNGE_SOCKET="$DIR/munge/run/munge.socket.2"
 export SLURM_CONF="$DIR/etc/slurm.conf"
 T=10  # seconds any client command may take (they hang while a daemon is down)
@@ -55,7 +57,7 @@ wait_for() {
 
 render() {  # render TEMPLATE OUT: substitute @VARS@
   sed -e "s|@DIR@|$DIR|g" -e "s|@HOST@|$HOST|g" -e "s|@MUNGE_SOCKET@|$MUNGE_SOCKET|g" \
-      -e "s|@CTLD_PORT@|$CTLD_PORT|g" -e "s|@DBD_PORT@|$DBD_PORT|g" -e "s|@DB_PORT@|$DB_PORT|g" "$1" >"$2"
+      -e "s|@CTLD_PORT@|$CTLD_PORT|g" -e "s|@DBD_PORT@|$DBD_PORT|g" -e "s|@DB_PORT@|$DB_PORT|g" -e "s|@MIN_JOB_AGE@|$MIN_JOB_AGE|g" "$1" >"$2"
 }
 
 start_munge() {

@@ -6,8 +6,9 @@ sim-slurm`, 1 s ticks: the GPUs Slurm gave a job are busy at its GPULEDGER_SIM_L
 Slurm agent (1 s polls). Submits real jobs — completed, exit 3, cancelled, a hung job (0 % load),
 an array, a multi-node job, an admin requeue, a job pending for lack of GPUs, a preemption by the
 higher-tier partition — and, meanwhile, kills the Slurm agent (SIGKILL, restarted) and restarts
-slurmctld. Then, per job and attempt, the ledger must agree with Slurm's accounting (sacct):
-allocated GPU-seconds (usage_raw, allocated_idle + executing) = gres/gpu × Elapsed within one
+slurmctld; at the end a job leaves squeue (MinJobAge 10 s) while the agent is stopped, and the
+restarted agent closes it from sacct. Then, per job and attempt, the ledger must agree with
+Slurm's accounting (sacct): allocated GPU-seconds (usage_raw, allocated_idle + executing) = gres/gpu × Elapsed within one
 poll interval per GPU, and outcome, attempts, tenant (account) and queue (partition) equal.
 The ledger runs its bundled definitions except `min_idle_s` = 5 s (instead of 300 s), so the hung
 job's idle time shows in a short run. Prints the per-job table (docs/slurm.md shows one)."""
@@ -36,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_SH = ROOT / "scripts" / "slurm" / "cluster.sh"
 NODES = ("gpu01", "gpu02", "gpu03", "gpu04")
 POLL_S = 1.0
+MIN_JOB_AGE_S = 10  # finished jobs leave squeue after this (plus slurmctld's purge interval)
 MIN_IDLE_S = 5
 CLUSTER = "gpuledger"
 
@@ -78,11 +80,18 @@ class Cluster:
         return out
 
     def wait(self, job: str, states: set[str], timeout: float = 90, restarts: int | None = None) -> dict:
+        """Until squeue shows the job in one of `states` — or, for final states, sacct does (a finished
+        job leaves squeue after MinJobAge)."""
         deadline = time.monotonic() + timeout
+        final = states <= {"COMPLETED", "FAILED", "CANCELLED"}
         while time.monotonic() < deadline:
             j = self.jobs().get(job)
             if j and j["job_state"] in states and (restarts is None or j["restart_cnt"] >= restarts):
                 return j
+            if final and j is None:
+                rows = sacct_attempts().get(job, [])
+                if rows and rows[-1]["state"] in states and len(rows) > (restarts or 0):
+                    return rows[-1]
             time.sleep(0.5)
         raise TimeoutError(f"job {job} not in {states} after {timeout}s: {self.jobs().get(job, {}).get('job_state')}")
 
@@ -154,6 +163,7 @@ def cluster():
         shutil.rmtree(directory)
     say("starting the Slurm cluster (installs slurm-wlm munge slurmdbd mariadb-server when missing)")
     t0 = time.monotonic()
+    os.environ["SLURM_MIN_JOB_AGE"] = str(MIN_JOB_AGE_S)
     env_line = c.script("start")
     os.environ["SLURM_CONF"] = env_line.strip().split("=", 1)[1]
     say(f"cluster up in {time.monotonic() - t0:.1f}s")
@@ -248,6 +258,18 @@ def test_ledger_matches_sacct(cluster, tmp_path):
                 cluster.wait(job, {"COMPLETED"}, timeout=120)
             cluster.wait(victim, {"COMPLETED"}, restarts=1, timeout=120)
 
+            say(f"phase C: a job leaves squeue (MinJobAge {MIN_JOB_AGE_S} s) while the Slurm agent is down")
+            gone = cluster.submit("-A", "teamb", "--gres=gpu:2", "--wrap", "sleep 6")
+            cluster.wait(gone, {"RUNNING"})
+            time.sleep(2 * POLL_S + 1)  # the agent has seen it running, with its GPUs
+            agent.stop()
+            deadline = time.monotonic() + 180  # slurmctld purges old jobs about once a minute
+            while gone in cluster.jobs() and time.monotonic() < deadline:
+                time.sleep(1)
+            assert gone not in cluster.jobs(), f"job {gone} still in squeue"
+            agent = child("slurm-agent-3", *agent_args)  # finds it gone: closes it from sacct
+            time.sleep(3)
+
             # sacct has every end, and the watermark has passed the last of them
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
@@ -277,7 +299,7 @@ def test_ledger_matches_sacct(cluster, tmp_path):
     names = {ok: "completed", fail: "exit 3", cancel: "cancelled", hung: "hung (0% load)", multi: "multi-node",
              requeue: "admin requeue", f"{array}_0": "array task", f"{array}_1": "array task",
              f"{array}_2": "array task", victim: "preempted, rerun", waiter: "pending for GPUs",
-             urgent: "prod (preempts)"}
+             urgent: "prod (preempts)", gone: "left squeue, agent down"}
     usage = {(r[0], r[1]): r for r in ledger["usage"]}
     views = {(r[0], r[1]): r for r in ledger["attempts"]}
     events: dict[str, list] = {}
@@ -327,8 +349,10 @@ def test_ledger_matches_sacct(cluster, tmp_path):
     # the story happened as planned (a Slurm hiccup would make the comparison above pass on a different story)
     expected = {ok: ["COMPLETED"], fail: ["FAILED"], cancel: ["CANCELLED"], hung: ["COMPLETED"], multi: ["COMPLETED"],
                 requeue: ["REQUEUED", "COMPLETED"], victim: ["PREEMPTED", "COMPLETED"], waiter: ["COMPLETED"],
-                urgent: ["COMPLETED"], **{f"{array}_{i}": ["COMPLETED"] for i in range(3)}}
+                urgent: ["COMPLETED"], gone: ["COMPLETED"], **{f"{array}_{i}": ["COMPLETED"] for i in range(3)}}
     assert {j: [a["state"] for a in acct.get(j, [])] for j in expected} == expected
+    # the job that left squeue while the agent was down was closed from sacct
+    assert any("from sacct" in (e[3] or "") for e in events[gone] if e[2] == "completed"), events[gone]
     waited = [e for e in events[waiter] if e[2] == "queued"]
     assert any(e[3] in ("Resources", "Priority") for e in waited), events[waiter]
     # snapshots: partitions as queues, 32 GPUs each (they share the nodes), the whole cluster allocated
