@@ -386,3 +386,22 @@ def test_idle_redistribution_policy_conserves_cluster_idle(warehouse):
     for policy in ("even", "usage"):
         rows = fetch(client, settings.database, "bills", day_from=DAY, day_to=DAY, idle_redistribution=policy)
         assert sum(r["cluster_idle_cost_micros"] for r in rows) == pytest.approx(idle, abs=1)
+
+
+def test_closing_keeps_the_hand_worked_bills(warehouse):
+    """Closing (docs/accounting.md §6a) writes the same hand-worked figures as the live bills, labels
+    them closed, and a second close books nothing. Runs last: it adds closed rows to the warehouse."""
+    from gpuledger import bills as closing
+
+    client, settings = warehouse
+    live = {(str(r["day"]), r["tenant"]): lines(r) for r in fetch(client, settings.database, "bills")}
+    result = closing.close_due(client, settings, load_ledger_config(GOLDEN_LEDGER))
+    # the last usage ends 16 Nov 01:00; with 6 h of grace 10..14 Nov close, 15 and 16 Nov stay open
+    assert {d.isoformat() for days in result.closed.values() for d in days} >= {DAY}
+    assert all(d.isoformat() < "2026-11-15" for days in result.closed.values() for d in days)
+    rows = fetch(client, settings.database, "bills")
+    assert {(str(r["day"]), r["tenant"]): lines(r) for r in rows} == live
+    assert {r["status"] for r in rows if str(r["day"]) == DAY} == {"closed"}
+    assert {r["status"] for r in rows if str(r["day"]) >= "2026-11-15"} == {"open"}
+    assert lines(bills(warehouse)[(DAY, "t-plain")]) == (60 * A100_TICK, 5 * A100_TICK, 0)
+    assert closing.close_due(client, settings, load_ledger_config(GOLDEN_LEDGER)).bill_run_id is None
