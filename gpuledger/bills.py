@@ -457,7 +457,11 @@ def list_runs(client, database: str, limit: int | None = None) -> list[dict]:
     if limit:
         sql += " LIMIT {limit:UInt64}"
         params["limit"] = int(limit)
-    return _q(client, sql, params)
+    rows = _q(client, sql, params)
+    for r in rows:  # one cell each in tables and CSV
+        r["days"] = " ".join(d.isoformat() for d in r["days"])
+        r["clusters"] = " ".join(r["clusters"])
+    return rows
 
 
 def show(client, database: str, day: dt.date, cluster: str | None = None) -> list[dict]:

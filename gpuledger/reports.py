@@ -346,7 +346,7 @@ def _queues(client, db: str, filters: dict[str, Any]) -> list[dict]:
                                   attempt_conds, by_tenant)
     opened = (f"SELECT 'open' AS status, {cols} FROM ({live}) WHERE {_and(conds)} "
               f"AND (cluster, day) NOT IN ({b.closed_days_sql(db)})")
-    sql = f"SELECT * FROM ({closed} UNION ALL {opened}) ORDER BY day, cluster, queue"
+    sql = f"SELECT day, status, * EXCEPT (day, status) FROM ({closed} UNION ALL {opened}) ORDER BY day, cluster, queue"
     rows = _query(client, sql + _limit(filters, params), params)
     if not by_tenant:
         for r in rows:
