@@ -308,16 +308,17 @@ def _job_money(client, db: str, rows: list[dict], currencies: dict[str, str]) ->
                             f"max(open) AS open, sum(x) AS x, sum(i) AS i, sum(e) AS e, sum(c) AS c FROM ({parts}) "
                             "GROUP BY cluster, job_id, dv", params):
         money[(r["cluster"], r["job_id"], r["dv"])] = [r["open"], r["x"], r["i"], r["e"], r["c"]]
-    for row in rows:
+    for n, row in enumerate(rows):
         m = money.get((row["cluster"], row["job_id"], row["definition_version"]))
-        row["currency"] = _currency_of(currencies, row["definition_version"])
-        if m is None:
-            row["status"] = "open"
-            continue
-        is_open, x, i, e, c = m
-        row["status"] = "open" if is_open else "closed"
-        row.update(gpu_hours=(x + i) / 3600000, executing_gpu_hours=x / 3600000, idle_gpu_hours=i / 3600000,
-                   effective_gpu_hours=e / 3600000, cost=c / 1e6, cost_micros=c)
+        if m is not None:
+            is_open, x, i, e, c = m
+            row.update(gpu_hours=(x + i) / 3600000, executing_gpu_hours=x / 3600000, idle_gpu_hours=i / 3600000,
+                       effective_gpu_hours=e / 3600000, cost=c / 1e6, cost_micros=c)
+        # status and currency right after the job's identity
+        head = {k: row[k] for k in ("cluster", "job_id", "tenant", "queue", "definition_version") if k in row}
+        head["status"] = "closed" if m is not None and not m[0] else "open"
+        head["currency"] = _currency_of(currencies, row["definition_version"])
+        rows[n] = {**head, **{k: v for k, v in row.items() if k not in head}}
 
 
 def _queues(client, db: str, filters: dict[str, Any]) -> list[dict]:
