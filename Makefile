@@ -30,7 +30,7 @@ test-unit: $(STAMP) ## unit tests of the pure core only
 chaos: $(STAMP) ## fault-injection suite: kill -9 worker/sink, freeze broker, cut clients off, warehouse outage; bills must equal the fault-free run (~5 min)
 	$(BIN)/python -m pytest -q -s -m chaos tests/chaos
 
-slurm-check: $(STAMP) ## real Slurm 22.05 cluster (4 fake 8-GPU nodes) + Slurm agent + pipeline: ledger GPU-seconds, outcomes, attempts vs sacct (~4 min)
+slurm-check: $(STAMP) ## real Slurm 22.05 cluster (4 fake 8-GPU nodes) + Slurm agent + pipeline: ledger GPU-seconds, outcomes, attempts vs sacct (~2.5 min; docs/slurm.md)
 	$(BIN)/python -m pytest -q -s -m slurm tests/slurm
 
 bench: $(STAMP) ## run every benchmark (~11 min; GPULEDGER_BENCH_QUICK=1 for a ~4 min smoke run), print a table, write bench/results.json
