@@ -281,10 +281,8 @@ def default_state_file(settings: Any, cluster: str) -> Path:
     return Path(settings.slurm_agent_state_file or Path(settings.data_dir) / f"slurm-agent-{re.sub(r'[^A-Za-z0-9._-]', '_', cluster)}.json")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from gpuledger.config import load_settings
-
-    settings = load_settings()
+def build_parser(settings: Any) -> argparse.ArgumentParser:
+    """The agent's command line (defaults from `settings`); deploy/ files are checked against it."""
     p = argparse.ArgumentParser(prog="gpuledger agent slurm",
                                 description="Publish a Slurm cluster's job lifecycle and queue snapshots to the ledger.")
     p.add_argument("--cluster", default=settings.cluster, help="cluster name in the ledger (default %(default)s)")
@@ -296,6 +294,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--once", action="store_true", help="poll once and exit")
     p.add_argument("--print", dest="print_", action="store_true", help="write messages to stdout (replay dump lines), not Kafka")
     p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from gpuledger.config import load_settings
+
+    settings = load_settings()
+    p = build_parser(settings)
     args = p.parse_args(argv)
     if args.interval <= 0 or args.command_timeout <= 0:
         p.error("--interval and --command-timeout must be positive")

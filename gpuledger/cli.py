@@ -510,8 +510,9 @@ def error_message(exc: BaseException) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command != "agent":  # agents set up their own logging (--log-level, INFO by default)
+        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args) or 0
     except KeyboardInterrupt:

@@ -18,7 +18,7 @@ ROWS = [
 
 
 def test_names():
-    assert REPORTS == ("bills", "jobs", "queues", "utilization", "capacity")
+    assert REPORTS == ("bills", "jobs", "queues", "utilization", "capacity", "unmatched")
     assert FORMATS == ("table", "json", "csv")
 
 
