@@ -609,6 +609,8 @@ class SinkStats:
     batches: int = 0
     duplicates: int = 0  # messages the warehouse already held (redelivered after a restart)
     rows: dict[str, int] = field(default_factory=dict)
+    assignments: int = 0  # partition assignments received (1 when the sink never left its group)
+    retries: int = 0  # warehouse steps retried (transient errors)
 
     def as_dict(self) -> dict:
         return {
@@ -618,6 +620,8 @@ class SinkStats:
             "skipped": self.skipped,
             "batches": self.batches,
             "duplicates": self.duplicates,
+            "assignments": self.assignments,
+            "retries": self.retries,
         }
 
 
@@ -788,6 +792,7 @@ def run_sink(
             if assigned:
                 gained = list(assigned)
                 assigned.clear()
+                stats.assignments += 1
                 sink.assign(gained)
                 recovered()
                 refuse_recreated(consumer, sink, gained)
@@ -840,6 +845,7 @@ def run_sink(
                 if _caught_up(consumer, partitions):
                     break
         flush_and_commit()
+        stats.retries = sink.retries
     finally:
         consumer.close()
         producer.flush(10)

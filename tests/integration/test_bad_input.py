@@ -181,3 +181,83 @@ def test_worker_dead_letters_exactly_the_bad_input_and_keeps_counting(running, b
                 by[(rec.state.value, rec.job_id)] += rec.gpu_ms
     assert dict(by) == {("unallocated", ""): 20_000, ("allocated_idle", f"j{r}"): 15_000,
                         ("executing", f"j{r}"): 25_000}
+
+
+def test_one_set_of_rules_what_the_worker_rejects_never_reaches_the_warehouse(broker, tmp_path):
+    """Issue #12: a far-future tick before any watermark, a 1970 `failed` for a completed job, events
+    of an attempt never allocated, and a `completed` before its `allocated`, through the real worker
+    and the real sink: each is a dead letter with its reason, the worker still commits every
+    partition, the usage is the hand-worked one, and job_events holds exactly the accepted events."""
+    import threading
+    import time
+    import uuid
+
+    from gpuledger import warehouse
+    from gpuledger.config import Settings
+    from gpuledger.sink import run_sink
+
+    s = Settings(kafka_bootstrap=broker.bootstrap, topic_prefix=f"r{uuid.uuid4().hex[:8]}.", data_dir=tmp_path / "data",
+                 warehouse=f"chdb:{tmp_path / 'chdb'}", worker_app_id=f"r{uuid.uuid4().hex[:8]}",
+                 partitions_gpu_samples=1, partitions_job_events=1, partitions_usage=1,
+                 worker_rebalance_timeout_s=4.0, worker_snapshot_interval_s=0.5)
+    create_topics(s)
+    t = s.topics
+    good, node = good_messages(s, 0)
+    ghost = [GpuAssignment(node=node, gpu_uuid="G0")]
+
+    def ev(n, kind, at_s, job, gpus=()):
+        return (t.job_events, job.encode(), encode(JobEvent(event_id=f"{job}-p{n}", ts_ms=T0 + at_s * S, kind=kind,
+                                                            cluster="c", job_id=job, tenant="ta", queue="q",
+                                                            gpus=list(gpus))))
+
+    future = NodeTick(cluster="c", node=node, ts_ms=int(time.time() * 1000) + 400 * 86_400_000, interval_ms=10 * S,
+                      gpus=[GpuSample(gpu_uuid="G0", index=0, model="A100-80GB", power_w=300.0)])
+    poison = [
+        (t.gpu_samples, node.encode(), encode(future)),  # first of all: no watermark yet
+        ev(1, "started", 5, "ghost", ghost), ev(2, "completed", 40, "ghost"),  # never allocated
+        ev(3, "completed", 5, "backwards"), ev(4, "allocated", 20, "backwards", ghost),  # end before start
+    ]
+    failed_1970 = (t.job_events, b"j0", orjson.dumps({**orjson.loads(good[3][2]), "event_id": "j0-late",
+                                                        "kind": "failed", "ts_ms": 86_400_000}))
+    messages = poison + good + [failed_1970]
+    worker = ChildProcess(s, "worker", log_path=tmp_path / "worker.log").start()
+    try:
+        producer = Producer({**s.kafka_client_config(), "partitioner": "murmur2_random"})
+        for topic, key, value in messages:
+            producer.produce(topic, key=key, value=value)
+        producer.produce(t.job_events, value=encode(LifecycleWatermark(cluster="c", ts_ms=T0 + 70 * S)), partition=0)
+        assert producer.flush(30) == 0
+        wait_until_caught_up(s, s.worker_app_id, [t.gpu_samples, t.job_events, t.node_allocations],
+                             timeout_s=120, alive=worker, stable_s=1.5)
+        worker.check_alive()
+    finally:
+        worker.stop()
+
+    reasons = sorted(decode(DeadLetter, v).reason for v in read_all(s, t.dead_letters))
+    assert len(reasons) == 6, reasons
+    assert sum("clock at receipt" in r for r in reasons) == 1 and sum("before 2000" in r for r in reasons) == 1
+    assert sum("never allocated" in r for r in reasons) == 3  # ghost started, ghost completed, backwards completed
+    assert sum("at or after the attempt's end" in r for r in reasons) == 1
+    by = defaultdict(int)
+    for value in read_all(s, t.usage):
+        for rec in decode(UsageBatch, value).records:
+            by[(rec.state.value, rec.job_id)] += rec.gpu_ms
+    assert dict(by) == {("unallocated", ""): 20_000, ("allocated_idle", "j0"): 15_000, ("executing", "j0"): 25_000}
+
+    stop = threading.Event()
+    guard = threading.Timer(90, stop.set)
+    guard.start()
+    try:
+        stats = run_sink(s, until_caught_up=True, idle_s=1.0, stop=stop)
+    finally:
+        guard.cancel()
+    assert not stop.is_set()
+    client = warehouse.connect(s)
+    try:
+        rows = client.query(f"SELECT job_id, kind FROM {s.database}.job_events ORDER BY ts_ms").result_rows
+        outcome = client.query(f"SELECT outcome FROM {s.database}.job_attempts WHERE job_id = 'j0'").result_rows
+    finally:
+        client.close()
+    assert rows == [("j0", "submitted"), ("j0", "allocated"), ("j0", "started"), ("j0", "completed")]
+    assert outcome == [("completed",)]
+    assert stats["rows"]["job_events"] == 4

@@ -90,10 +90,11 @@ def test_sink_lands_rows_and_dead_letters_garbage(settings):
     producer.produce(t.usage, encode(UsageBatch(node="n1", records=[record("gpu-A", 0, "executing", "job-1")])), partition=0)
     producer.produce(t.usage, encode(UsageBatch(node="n2", records=[record("gpu-B", 0, "unallocated"), record("gpu-B", 1, "down")])), partition=1)
     producer.produce(t.usage, b'{"node": "n3", "records": [{"record_id": "x"}]}', partition=1)  # schema violation
-    producer.produce(t.job_events, b'{"schema_version": 99, "type": "job_event"}', partition=0)  # unknown version
+    # job events reach the sink through lifecycle-accepted (what the worker accepted; here written directly)
+    producer.produce(t.lifecycle_accepted, b'{"schema_version": 99, "type": "job_event"}', partition=0)  # unknown version
     for n, (kind, minute) in enumerate([("submitted", -5), ("allocated", 0), ("started", 0)], start=1):
-        producer.produce(t.job_events, encode(job_event(n, kind, minute)), key=b"job-1", partition=0)
-    producer.produce(t.job_events, encode(LifecycleWatermark(cluster="c1", ts_ms=T)), partition=1)
+        producer.produce(t.lifecycle_accepted, encode(job_event(n, kind, minute)), key=b"job-1", partition=0)
+    producer.produce(t.lifecycle_accepted, encode(LifecycleWatermark(cluster="c1", ts_ms=T)), partition=1)
     snapshot = SchedulerSnapshot(
         cluster="c1", ts_ms=T,
         queues=[
@@ -147,11 +148,11 @@ def test_sink_lands_rows_and_dead_letters_garbage(settings):
     letters = [decode(DeadLetter, m.value()) for m in read_topic(settings, t.dead_letters)]
     assert len(letters) == 3
     by_origin = {(d.source_topic, d.partition, d.offset): d for d in letters}
-    assert set(by_origin) == {(t.usage, 0, 0), (t.usage, 1, 1), (t.job_events, 0, 0)}
+    assert set(by_origin) == {(t.usage, 0, 0), (t.usage, 1, 1), (t.lifecycle_accepted, 0, 0)}
     assert "malformed JSON" in by_origin[(t.usage, 0, 0)].reason
     assert by_origin[(t.usage, 0, 0)].original.endswith(" not json")
     assert "schema violation" in by_origin[(t.usage, 1, 1)].reason
-    assert "schema_version" in by_origin[(t.job_events, 0, 0)].reason
+    assert "schema_version" in by_origin[(t.lifecycle_accepted, 0, 0)].reason
 
     # offsets were committed after the inserts: a second run finds nothing new
     again = run_until_caught_up(settings)
@@ -161,3 +162,108 @@ def test_sink_lands_rows_and_dead_letters_garbage(settings):
 def test_sink_refuses_missing_topics(settings):
     with pytest.raises(RuntimeError, match="topics missing"):
         run_sink(settings, until_caught_up=True, idle_s=0.1)
+
+
+# ------------------------------------------------------------------ the sink never stalls on data (issue #12)
+DAY = 86_400_000
+
+
+def sample_tick(node: str, ts_ms: int):
+    from gpuledger.schemas.models import GpuSample, NodeTick
+
+    return NodeTick(cluster="c1", node=node, ts_ms=ts_ms, interval_ms=10_000,
+                    gpus=[GpuSample(gpu_uuid=f"{node}-gpu", index=0, model="A100-80GB", power_w=100.0)])
+
+
+def queue_snapshot(ts_ms: int, **queue) -> SchedulerSnapshot:
+    values = dict(queue="train", quota_gpus=8, allocated_gpus=1, pending_jobs=0, pending_gpus=0)
+    return SchedulerSnapshot(cluster="c1", ts_ms=ts_ms, queues=[QueueState(**{**values, **queue})])
+
+
+def test_poison_of_every_kind_is_dead_lettered_before_any_insert_and_the_sink_moves_on(settings):
+    create_topics(settings)
+    t = settings.topics
+    producer = Producer({**settings.kafka_client_config(), "message.max.bytes": 8_000_000})
+    # 150 schema-valid snapshots dated 1970, one month apart (one INSERT of them: ClickHouse Code 252)
+    for k in range(150):
+        producer.produce(t.scheduler_snapshots, encode(queue_snapshot(k * 31 * DAY)))
+    producer.produce(t.scheduler_snapshots, encode(queue_snapshot(int(time.time() * 1000) + 400 * DAY)))  # far ahead
+    producer.produce(t.scheduler_snapshots, encode(queue_snapshot(T, pending_jobs=2**40)))  # UInt32 overflow
+    producer.produce(t.scheduler_snapshots, encode(queue_snapshot(T, pending_jobs=3)))  # the good one
+    # a 5 MB malformed message on gpu-samples: its dead letter must fit the topic
+    producer.produce(t.gpu_samples, b'{"node": "' + b"x" * 5_000_000, partition=0)
+    # 150 VALID ticks one month apart from 2001: one block of them spans 150 partitions -> Code 252 for real;
+    # the sink splits the block and every row lands
+    start = 978_307_200_000  # 2001-01-01
+    for k in range(150):
+        producer.produce(t.gpu_samples, encode(sample_tick("n1", start + k * 31 * DAY)), partition=1)
+    assert producer.flush(60) == 0
+
+    stats = run_until_caught_up(settings, batch_rows=100_000, batch_interval_s=5.0)
+
+    assert stats["dead_letters"] == 150 + 2 + 1
+    letters = [(m, decode(DeadLetter, m.value())) for m in read_topic(settings, t.dead_letters)]
+    assert len(letters) == 153
+    assert all(len(m.value()) <= settings.dead_letter_max_bytes for m, _ in letters)
+    reasons = [d.reason for _, d in letters]
+    assert sum("before 2000" in r for r in reasons) == 150
+    assert sum("clock at receipt" in r for r in reasons) == 1 and sum("pending_jobs" in r for r in reasons) == 1
+    (big,) = [d for _, d in letters if d.source_topic == t.gpu_samples]
+    assert big.original_size == 5_000_010 and len(big.original_sha256) == 64 and len(big.original) < 1_000_000
+    client = warehouse.connect(settings)
+    try:
+        db = settings.database
+        assert client.query(f"SELECT ts_ms, pending_jobs FROM {db}.scheduler_snapshots").result_rows == [(T, 3)]
+        (n, months), = client.query(f"SELECT count(), uniqExact(toYYYYMM(day)) FROM {db}.gpu_health").result_rows
+        assert (n, months) == (150, 150)
+    finally:
+        client.close()
+
+
+def test_an_outage_longer_than_the_poll_interval_keeps_the_sink_in_its_group(make_settings, broker, tmp_path):
+    control = tmp_path / "fault"
+    control.write_text("down")
+    # max.poll.interval.ms = 6 s (the minimum session): the outage below lasts 15 s
+    settings = make_settings(kafka_bootstrap=broker.bootstrap, sink_fault_file=control, worker_rebalance_timeout_s=4.0,
+                             sink_retry_max_s=2.0)
+    create_topics(settings)
+    producer = Producer(settings.kafka_client_config())
+    producer.produce(settings.topics.usage, encode(UsageBatch(node="n1", records=[record("gpu-A", 0, "executing", "job-1")])),
+                     partition=0)
+    assert producer.flush(30) == 0
+    threading.Timer(15.0, lambda: control.write_text("")).start()
+    started = time.monotonic()
+    stats = run_until_caught_up(settings)
+    assert time.monotonic() - started >= 15
+    assert stats["rows"] == {"usage_raw": 1}
+    assert stats["assignments"] == 1, "the sink left its group during the outage (max.poll.interval exceeded)"
+    assert stats["retries"] >= 3
+
+
+def test_a_recreated_topic_is_refused_with_a_clear_error(settings):
+    from gpuledger.sink import RecreatedTopicError
+
+    create_topics(settings)
+    t = settings.topics
+    producer = Producer(settings.kafka_client_config())
+    producer.produce(t.scheduler_snapshots, encode(queue_snapshot(T, pending_jobs=1)))
+    assert producer.flush(30) == 0
+    run_until_caught_up(settings)
+    # the warehouse says 1000 messages of scheduler-snapshots[0] are in; the topic holds 1 (it was recreated)
+    client = warehouse.connect(settings)
+    try:
+        client.insert("sink_progress", [[f"{settings.worker_app_id}-sink", t.scheduler_snapshots, 0, 0, 0, 1000, "done",
+                                         {}, (1 << 62) + 2001]],
+                      column_names=["consumer", "topic", "partition", "epoch", "from_offset", "to_offset", "phase",
+                                    "horizons", "seq"], database=settings.database)
+    finally:
+        client.close()
+    stop = threading.Event()
+    guard = threading.Timer(60, stop.set)
+    guard.start()
+    try:
+        with pytest.raises(RecreatedTopicError, match=r"scheduler-snapshots\[0\] ends at offset 1, but the warehouse"):
+            run_sink(settings, stop=stop)  # runs until it is assigned the partition, then refuses
+    finally:
+        guard.cancel()
+    assert not stop.is_set()
