@@ -198,7 +198,12 @@ class LedgerConfig:
             i = bisect.bisect_right(entries, ts_ms, key=lambda e: e.valid_from_ms) - 1
             if i >= 0:
                 return entries[i]
-        raise LedgerConfigError(f"no price valid for model {model!r} at {ts_ms} (and no 'default' entry)")
+        # Before every entry (history older than the price list): the earliest default price, flagged
+        # as priced by default like any unpriced model. Never an error here: this runs in the worker.
+        entries = self.price_history.get("default") or self.price_history.get(model)
+        if entries:
+            return entries[0]
+        raise LedgerConfigError(f"no price for model {model!r} (and no 'default' entry)")
 
     def power_limit_w(self, model: str) -> float:
         """The power limit of a card of this model when its sample names none, watts."""
@@ -218,7 +223,10 @@ class LedgerConfig:
             i = bisect.bisect_right(entries, ts_ms, key=lambda e: e.valid_from_ms) - 1
             if i >= 0:
                 return entries[i]
-        raise LedgerConfigError(f"no coefficient valid for model {model!r} at {ts_ms} (and no 'default' entry)")
+        # Before every entry, or no entry at all: the earliest default coefficient, else the baseline's
+        # 1.0 (the record is flagged priced by default). Never an error here: this runs in the worker.
+        entries = self.coefficients.get("default")
+        return entries[0] if entries else _BASELINE
 
     def interval_cost_micros(self, model: str, duration_ms: int, energy_j: float, ts_ms: int | None = None) -> int:
         """Whole-GPU cost of one interval: fixed hourly parts + measured energy x price x PUE, with the
@@ -315,6 +323,10 @@ def _fingerprint(doc: dict) -> str:
     return hashlib.sha256(
         json.dumps({k: v for k, v in doc.items() if k not in histories}, sort_keys=True, default=str).encode()
     ).hexdigest()
+
+
+#: The coefficient of a model when the library has neither its own nor a 'default' entry.
+_BASELINE = Coefficient("default", 1.0, 0)
 
 
 def parse_ledger_config(doc: dict, source: str = "<config>") -> LedgerConfig:

@@ -24,8 +24,10 @@ def test_coefficient_history_picks_entry_valid_at_time():
     jan = 1_767_225_600_000  # 2026-01-01
     assert cfg.coefficient_at("A", jan + DAY).coefficient == 2.0
     assert cfg.coefficient_at("A", jan + 200 * DAY).version == "A@2026-06-01"
-    with pytest.raises(LedgerConfigError, match="no coefficient"):
-        cfg.coefficient_at("A", jan - DAY)
+    # before its first entry: the earliest default (flagged priced-by-default downstream), never an
+    # error — this runs in the worker, where an exception would stop the metering
+    early = cfg.coefficient_at("A", jan - DAY)
+    assert (early.model, early.coefficient) == ("default", 1.0)  # no default entry: the baseline's 1.0
 
 
 def test_interval_cost_fixed_plus_measured_energy():

@@ -1,6 +1,7 @@
 """Sane values or none; no silent defaults in money (docs/accounting.md §4a–§4c): the energy cap, the
 cost bound, identifier limits, the [unpriced] policy and flag, price history."""
 
+from dataclasses import replace
 import hashlib
 import json
 import tomllib
@@ -300,3 +301,16 @@ def test_old_price_tables_still_read_and_keep_their_fingerprint():
     # dated prices are history, like coefficients: a new entry needs no new definition version
     assert history_config(HISTORY).fingerprint == history_config(HISTORY[:2]).fingerprint
     assert history_config(HISTORY).fingerprint != history_config(HISTORY, power={"pue": 1.2}).fingerprint
+
+
+def test_history_older_than_every_entry_is_priced_by_default_not_an_error():
+    from gpuledger.streams.pricing import load_ledger_config
+    from pathlib import Path
+
+    ledger = load_ledger_config(Path(__file__).parents[1] / "golden" / "ledger.toml")
+    early = 946_684_800_000  # 2000-01-01, before every entry (2020-01-01)
+    assert ledger.coefficient_at("A100-80GB", early).model == "default"
+    assert ledger.coefficient_at("MI300X", early).version == "default@2020-01-01"
+    assert ledger.interval_cost_micros("A100-80GB", 60_000, 0.0, early) > 0
+    bare = replace(ledger, coefficients={})  # no library at all: the baseline's 1.0, flagged by its model
+    assert (bare.coefficient_at("T4", early).coefficient, bare.coefficient_at("T4", early).model) == (1.0, "default")
