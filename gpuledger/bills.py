@@ -169,7 +169,7 @@ def fetch_basis(client, db: str, conds: Sequence[str] = (), params: dict | None 
                             "gpu_ms, effective_gpu_ms, cost_micros")
     sql = (f"SELECT day, cluster, toString(tenant) AS tenant, toString(queue) AS queue, job_id, attempt, "
            "toString(definition_version) AS definition_version, toString(state) AS state, "
-           "sum(gpu_ms) AS gpu_ms, sum(effective_gpu_ms) AS effective_gpu_ms, sum(cost_micros) AS cost_micros "
+           "sum(gpu_ms) AS gpu_ms, sum(effective_gpu_ms) AS effective_gpu_ms, sum(toInt128(cost_micros)) AS cost_micros "
            f"FROM ({inner}) GROUP BY day, cluster, tenant, queue, job_id, attempt, definition_version, state")
     rows = _q(client, sql, params)
     for r in rows:
@@ -264,7 +264,7 @@ def _booked(client, db: str, cluster: str, day_from: dt.date, day_to: dt.date) -
                sum(g) AS gpu_ms, sum(e) AS effective_gpu_ms, sum(c) AS cost_micros
         FROM (
             SELECT day, cluster, tenant, queue, job_id, attempt, definition_version, line,
-                   toInt64(gpu_ms) AS g, toInt64(effective_gpu_ms) AS e, toInt64(cost_micros) AS c
+                   toInt64(gpu_ms) AS g, toInt64(effective_gpu_ms) AS e, toInt128(cost_micros) AS c
             FROM {db}.closed_job_cost
             WHERE cluster = {{cluster:String}} AND day BETWEEN {{day_from:Date}} AND {{day_to:Date}} AND {committed(db)}
             UNION ALL
@@ -476,7 +476,7 @@ def show(client, database: str, day: dt.date, cluster: str | None = None) -> lis
     sql = f"""
         SELECT 'closed' AS kind, day, toString(cluster) AS cluster, toString(tenant) AS tenant, toString(queue) AS queue,
                toString(line) AS line, toString(definition_version) AS definition_version,
-               toInt64(gpu_ms) AS gpu_ms, toInt64(effective_gpu_ms) AS effective_gpu_ms, toInt64(cost_micros) AS cost_micros,
+               toInt64(gpu_ms) AS gpu_ms, toInt64(effective_gpu_ms) AS effective_gpu_ms, toInt128(cost_micros) AS cost_micros,
                toString(currency) AS currency, CAST(NULL AS Nullable(Date)) AS corrects_day, '' AS reason, bill_run_id
         FROM {db}.closed_tenant_bill WHERE day = {{day:Date}}{ccond} AND {committed(db)}
         UNION ALL

@@ -286,7 +286,7 @@ def _job_money(client, db: str, rows: list[dict], currencies: dict[str, str]) ->
     parts = f"""
         SELECT cluster, job_id, definition_version, toUInt8(0) AS open,
                sumIf(toInt64(gpu_ms), line != 'idle') AS x, sumIf(toInt64(gpu_ms), line = 'idle') AS i,
-               sum(toInt64(effective_gpu_ms)) AS e, sum(toInt64(cost_micros)) AS c
+               sum(toInt64(effective_gpu_ms)) AS e, sum(toInt128(cost_micros)) AS c
         FROM {db}.closed_job_cost WHERE {b.committed(db)} AND cluster IN {{clusters:Array(String)}}
         GROUP BY cluster, job_id, definition_version
         UNION ALL
@@ -297,7 +297,7 @@ def _job_money(client, db: str, rows: list[dict], currencies: dict[str, str]) ->
         UNION ALL
         SELECT cluster, job_id, definition_version, toUInt8(1) AS open,
                sumIf(toInt64(gpu_ms), state = 'executing'), sumIf(toInt64(gpu_ms), state = 'allocated_idle'),
-               sum(toInt64(effective_gpu_ms)), sum(toInt64(cost_micros))
+               sum(toInt64(effective_gpu_ms)), sum(toInt128(cost_micros))
         FROM ({b.dedup_usage_sql(db, ["job_id != ''", "state IN ('executing', 'allocated_idle')",
                                       "cluster IN {clusters:Array(String)}",
                                       f"(cluster, day) NOT IN ({b.closed_days_sql(db)})"],

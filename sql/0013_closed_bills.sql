@@ -46,7 +46,7 @@ CREATE TABLE IF NOT EXISTS closed_tenant_bill
     definition_version  LowCardinality(String),
     gpu_ms              UInt64,
     effective_gpu_ms    UInt64,
-    cost_micros         UInt64,
+    cost_micros         Int128,  -- sums of bounded records cannot wrap (docs/accounting.md §4b)
     currency            LowCardinality(String),
     bill_run_id         String,
     closed_at           DateTime64(3, 'UTC') DEFAULT now64(3)
@@ -71,7 +71,7 @@ CREATE TABLE IF NOT EXISTS closed_job_cost
     definition_version  LowCardinality(String),
     gpu_ms              UInt64,
     effective_gpu_ms    UInt64,
-    cost_micros         UInt64,
+    cost_micros         Int128,  -- sums of bounded records cannot wrap (docs/accounting.md §4b)
     currency            LowCardinality(String),
     bill_run_id         String,
     closed_at           DateTime64(3, 'UTC') DEFAULT now64(3)

@@ -22,7 +22,7 @@ CREATE TABLE IF NOT EXISTS bill_adjustments
     reason              LowCardinality(String),
     gpu_ms              Int64,
     effective_gpu_ms    Int64,
-    cost_micros         Int64,
+    cost_micros         Int128,
     currency            LowCardinality(String),
     bill_run_id         String,
     booked_at           DateTime64(3, 'UTC') DEFAULT now64(3)
