@@ -1,5 +1,7 @@
 """Attribution of one GPU stretch: conservation of time and cost, shares, states."""
 
+from pathlib import Path
+
 import orjson
 from hypothesis import given
 from hypothesis import strategies as st
@@ -10,7 +12,9 @@ from gpuledger.streams.attribution import Holder, split_integer
 from gpuledger.streams.attribution import attribute as attribute_dicts
 from gpuledger.streams.pricing import load_ledger_config
 
-LEDGER = load_ledger_config()
+UNIT_LEDGER = Path(__file__).parents[1] / "fixtures" / "unit_ledger.toml"  # never the shipped defaults
+
+LEDGER = load_ledger_config(UNIT_LEDGER)
 
 
 def gpu(**kw) -> GpuSample:

@@ -5,6 +5,7 @@ lifecycle sequences, and what the worker core forwards to lifecycle-accepted."""
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import orjson
 import pytest
@@ -16,6 +17,8 @@ from gpuledger.streams.checks import DAY_MS, MIN_EVENT_MS, dead_letter, rows_pro
 from gpuledger.streams.core import SOURCE_HEADER, WorkerCore
 from gpuledger.streams.join import LifecycleRouter
 from gpuledger.streams.pricing import load_ledger_config
+
+UNIT_LEDGER = Path(__file__).parents[1] / "fixtures" / "unit_ledger.toml"  # never the shipped defaults
 
 T0 = 1_793_577_600_000  # 2026-11-02
 S = 1000
@@ -118,7 +121,7 @@ def test_router_sequence_state_survives_a_snapshot():
 
 # ------------------------------------------------------------------ the worker core: one judge
 def core():
-    return WorkerCore(TOPICS, partitions_gpu_samples=1, partitions_job_events=1, ledger=load_ledger_config(),
+    return WorkerCore(TOPICS, partitions_gpu_samples=1, partitions_job_events=1, ledger=load_ledger_config(UNIT_LEDGER),
                       dead_letter_max_bytes=100_000)
 
 

@@ -100,6 +100,7 @@ def test_bad_ledger_config(capsys, monkeypatch, tmp_path):
     one_line_error(code, err, "nope.toml", "not found")
 
 
+@pytest.mark.integration  # migrates and reads a real chDB
 def test_migrated_warehouse_unknown_job_and_empty_reports(capsys, chdb_dir, monkeypatch):
     monkeypatch.setenv("GPULEDGER_DATABASE", "cli_ok")
     warehouse = f"chdb:{chdb_dir}"

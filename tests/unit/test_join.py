@@ -1,12 +1,14 @@
 """The join without Kafka: router fan-out, watermark clock, node join in event time."""
 
 import random
+from pathlib import Path
 
 from gpuledger.schemas.models import GpuAssignment, GpuSample, JobEvent, NodeTick, NodeWatermark
 from gpuledger.streams.join import LifecycleRouter, NodeJoin, WatermarkClock
 from gpuledger.streams.pricing import load_ledger_config
 
-LEDGER = load_ledger_config()
+UNIT_LEDGER = Path(__file__).parents[1] / "fixtures" / "unit_ledger.toml"  # never the shipped defaults
+LEDGER = load_ledger_config(UNIT_LEDGER)
 T0 = 1_793_577_600_000
 S = 1000
 

@@ -5,6 +5,7 @@ from dataclasses import replace
 import hashlib
 import json
 import tomllib
+from pathlib import Path
 
 import orjson
 import pytest
@@ -23,14 +24,15 @@ from gpuledger.streams.attribution import Holder, attribute
 from gpuledger.streams.core import WorkerCore
 from gpuledger.streams.join import NodeJoin, _tick_from_state, _tick_state
 from gpuledger.streams.pricing import (
-    BUNDLED_CONFIG,
     MAX_RECORD_COST_MICROS,
     LedgerConfigError,
     load_ledger_config,
     parse_ledger_config,
 )
 
-LEDGER = load_ledger_config()
+UNIT_LEDGER = Path(__file__).parents[1] / "fixtures" / "unit_ledger.toml"  # never the shipped defaults
+
+LEDGER = load_ledger_config(UNIT_LEDGER)
 T0 = 1_793_577_600_000  # 2026-11-02
 S = 1000
 DAY = 86_400_000
@@ -207,7 +209,7 @@ def one_record(model, ledger=LEDGER, start=T0):
 
 
 def with_policy(policy):
-    doc = tomllib.loads(BUNDLED_CONFIG.read_text())
+    doc = tomllib.loads(UNIT_LEDGER.read_text())
     doc["unpriced"] = {"policy": policy}
     return parse_ledger_config(doc)
 
@@ -222,7 +224,7 @@ def test_a_model_without_a_price_is_flagged_and_billed_under_the_policy():
     assert one_record("H200-141GB", zero)["cost_micros"] == 0 and one_record("H200-141GB", zero)["priced_by_default"]
     assert one_record("A100-80GB", zero)["cost_micros"] == 480_000
     # a price of its own but no coefficient: priced as itself, still flagged (effective hours by default)
-    doc = tomllib.loads(BUNDLED_CONFIG.read_text())
+    doc = tomllib.loads(UNIT_LEDGER.read_text())
     doc["prices"].append({"model": "H200-141GB", "valid_from": "2020-01-01", "depreciation_per_hour": 1.0,
                           "maintenance_per_hour": 0.1})
     r = one_record("H200-141GB", parse_ledger_config(doc))

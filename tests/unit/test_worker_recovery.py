@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import zlib
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +20,9 @@ from gpuledger.sink import BatchingSink, MemoryProgress, Source, usage_rows
 from gpuledger.streams.core import JOIN, ROUTER, WorkerCore
 from gpuledger.streams.pricing import load_ledger_config
 
-LEDGER = load_ledger_config()
+UNIT_LEDGER = Path(__file__).parents[1] / "fixtures" / "unit_ledger.toml"  # never the shipped defaults
+
+LEDGER = load_ledger_config(UNIT_LEDGER)
 TOPICS = Topics("t.")
 P_SAMPLES, P_EVENTS = 2, 2
 
