@@ -8,7 +8,8 @@ Conventions (they hold for every model here):
 - money is integer micro-units of the configured currency (`*_micros`), so that parts
   add up exactly to wholes;
 - bytes are bytes, percentages are 0–100, power in watts, energy in joules.
-Every message carries `schema_version`; a reader rejects versions it does not know.
+Every message carries `schema_version`; a reader rejects versions it does not know, and ignores
+fields it does not know in a version it knows (schemas/wire.py); a model built in code forbids them.
 """
 
 from __future__ import annotations

@@ -1,7 +1,12 @@
 """orjson on the wire: one place that turns models into bytes and bytes into models.
 
 Decoding never raises anything but DecodeError, whose message is the reason an operator
-reads in the dead-letter topic."""
+reads in the dead-letter topic.
+
+Forward-compatible reading: a decoder ignores fields it does not know, at every level, in a
+message of a schema version it knows; a wrong value in a known field is still a violation. So a
+producer upgraded to send a new (optional) field is read by workers and sinks not yet upgraded
+(a rolling upgrade). Writers stay strict: the models forbid unknown fields when they are built."""
 
 from __future__ import annotations
 
@@ -24,6 +29,10 @@ M = TypeVar("M", bound=BaseModel)
 
 _lifecycle = TypeAdapter(LifecycleMessage)
 _node_allocation = TypeAdapter(NodeAllocationMessage)
+
+
+#: pydantic's per-call override of the models' `extra="forbid"`; it reaches nested models too
+_READ_EXTRA = "ignore"
 
 
 class DecodeError(ValueError):
@@ -56,7 +65,7 @@ def _explain(exc: ValidationError) -> str:
 
 def _validate(validate, obj: dict, label: str):
     try:
-        return validate(obj)
+        return validate(obj, extra=_READ_EXTRA)
     except ValidationError as exc:
         raise DecodeError(f"{label}: {_explain(exc)}") from None
 
@@ -83,7 +92,7 @@ def _decode_ticks(raw: bytes, tick_model: type[BaseModel], batch_model: type[Bas
     # which gives the usual reasons (malformed JSON, unknown schema_version, first violation).
     fast = batch_model if b'"tick_batch"' in raw else tick_model
     try:
-        message = fast.model_validate_json(raw)
+        message = fast.model_validate_json(raw, extra=_READ_EXTRA)
     except (ValidationError, TypeError):
         obj = _load(raw)
         if obj.get("type") == "tick_batch" or "ticks" in obj:

@@ -94,7 +94,7 @@ def _set(field, value):
 # Mutations that always make a valid message unusable (each for the line it applies to).
 TICK_MUTATIONS = [
     _drop("node"), _drop("ts_ms"), _drop("gpus"), _set("ts_ms", -5), _set("ts_ms", 631_152_000_000),  # 1990
-    _set("interval_ms", 0), _set("interval_ms", -10_000), _set("schema_version", 2), _set("surprise", 1),
+    _set("interval_ms", 0), _set("interval_ms", -10_000), _set("schema_version", 2),
     _set("gpus", "many"), _set("ts_ms", "yesterday"),
     lambda d: {**d, "gpus": [{**d["gpus"][0], "util_gpu_pct": 150.0}]},
     lambda d: {**d, "gpus": [{**d["gpus"][0], "power_w": -1.0}]},
