@@ -354,13 +354,13 @@ def _check_broker(settings: Settings, timeout_s: float = 5.0) -> None:
 def cmd_demo(args) -> int:
     from gpuledger.demo import run_demo
 
-    return run_demo(_settings(args), hours=args.hours, nodes=args.nodes, seed=args.seed)
+    return run_demo(_settings(args), hours=args.hours, nodes=args.nodes, seed=args.seed, dump=args.input)
 
 
 def cmd_schemas(args) -> int:
-    from gpuledger.schemas.export import export
+    from gpuledger.schemas.export import default_output_dir, export
 
-    for path in export():
+    for path in export(Path(args.output) if args.output else default_output_dir()):
         print(path)
     return 0
 
@@ -462,9 +462,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["table", "json", "csv"], default="table")
 
     p = add("demo", cmd_demo, "run the whole pipeline on the embedded default (Tansu + chDB) and print the reports")
-    p.add_argument("--hours", type=float, default=6.0)
-    p.add_argument("--nodes", type=int, default=8)
-    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--hours", type=float, default=6.0, help="simulated event time")
+    p.add_argument("--nodes", type=int, default=8, help="simulated nodes (8 GPUs each)")
+    p.add_argument("--seed", type=int, default=7, help="the simulation's random seed")
+    p.add_argument("--input", metavar="DUMP", help="your own data instead of the simulation: a JSON Lines topic dump "
+                                                   "(gpuledger simulate --dump, gpuledger agent slurm --print)")
 
     from gpuledger.superset import register_cli as register_superset_cli
     from gpuledger.traces import register_cli as register_traces_cli
@@ -473,6 +475,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("schemas", cmd_schemas, "export the JSON Schema files from the pydantic models")
     p.add_argument("action", choices=["export"])
+    p.add_argument("--output", metavar="DIR", help="where to write the files (default: schemas/json/ in a checkout, "
+                                                   "else ./gpuledger-schemas)")
     return parser
 
 

@@ -1,8 +1,11 @@
-"""`gpuledger demo`: the simulated cluster through the whole pipeline on the embedded
-default (gpuledger.pipeline.run_embedded), then the reports read back from the ClickHouse
-tables. Leaves no process running; the data directory stays for later `gpuledger report`."""
+"""`gpuledger demo`: the simulated cluster, or your own JSON Lines topic dump (`--input`), through
+the whole pipeline on the embedded default (gpuledger.pipeline.run_embedded), then the reports
+read back from the ClickHouse tables. Leaves no process running; the data directory stays for
+later `gpuledger report`."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from gpuledger.config import Settings
 from gpuledger.pipeline import run_embedded, say
@@ -21,14 +24,43 @@ DEMO_REPORTS = (
 )
 
 
-def run_demo(settings: Settings, *, hours: float = 6.0, nodes: int = 8, seed: int = 7) -> int:
-    from gpuledger.agents.simcluster import SimSpec, simulate
+def run_demo(settings: Settings, *, hours: float = 6.0, nodes: int = 8, seed: int = 7,
+             dump: str | Path | None = None) -> int:
+    """The pipeline over the simulated cluster (hours, nodes, seed), or over `dump`, then the reports."""
+    if dump is None:
+        from gpuledger.agents.simcluster import SimSpec, simulate
+
+        spec = SimSpec(hours=hours, nodes=nodes, seed=seed)
+        say(f"[demo] simulating {spec.nodes} nodes x {spec.gpus_per_node} GPUs for {spec.hours} h of event time")
+        messages = simulate(spec)
+    else:
+        messages = _read_dump(Path(dump), settings.topic_prefix)
+    run = run_embedded(settings, messages)
+    print_reports(settings)
+    say(f"\n[demo] done in {run.seconds:.0f}s. More: gpuledger report "
+        "{bills,jobs,queues,utilization,capacity} [--format json|csv]")
+    return 0
+
+
+def _read_dump(path: Path, prefix: str) -> list:
+    from gpuledger.agents.simcluster import LINE_JOB_EVENTS
+    from gpuledger.replay import logical_line, read_dump
+
+    lines = read_dump(path)
+    if not lines:
+        raise SystemExit(f"{path}: the dump holds no message")
+    say(f"[demo] replaying {len(lines)} messages from {path}")
+    # A tick is closed only once the lifecycle watermark passes it: without one nothing is billed.
+    if not any(line.key is None and logical_line(line.topic, prefix) == LINE_JOB_EVENTS for line in lines):
+        say(f"[demo] warning: {path} has no lifecycle watermark (a job-events line with key null): "
+            "the worker will hold every tick back and the reports will be empty")
+    return lines
+
+
+def print_reports(settings: Settings) -> None:
+    """The demo's reports, as terminal tables, from the warehouse the run left."""
     from gpuledger.reports import fetch, render
     from gpuledger.warehouse import connect
-
-    spec = SimSpec(hours=hours, nodes=nodes, seed=seed)
-    say(f"[demo] simulating {spec.nodes} nodes x {spec.gpus_per_node} GPUs for {spec.hours} h of event time")
-    run = run_embedded(settings, simulate(spec))
 
     client = connect(settings)
     try:
@@ -38,6 +70,3 @@ def run_demo(settings: Settings, *, hours: float = 6.0, nodes: int = 8, seed: in
             print(render(rows, "table"), end="")
     finally:
         client.close()
-    say(f"\n[demo] done in {run.seconds:.0f}s. More: gpuledger report "
-        "{bills,jobs,queues,utilization,capacity} [--format json|csv]")
-    return 0

@@ -41,7 +41,15 @@ import yaml
 
 from gpuledger.config import Settings
 
-DEFAULT_BUNDLE = Path(__file__).resolve().parent.parent / "superset" / "bundle"
+
+
+def _default_bundle() -> Path:
+    """The checkout's superset/bundle, or the copy an installed wheel carries (gpuledger/superset_bundle)."""
+    checkout = Path(__file__).resolve().parent.parent / "superset" / "bundle"
+    return checkout if checkout.is_dir() else Path(__file__).resolve().parent / "superset_bundle"
+
+
+DEFAULT_BUNDLE = _default_bundle()
 DATABASE_FILE = "databases/GPU_Ledger.yaml"
 MASKED = "XXXXXXXXXX"
 RLS_PREFIX = "gpuledger tenant access: "
@@ -386,7 +394,7 @@ def register_cli(subparsers) -> argparse.ArgumentParser:
     imp.add_argument("--username", default=os.environ.get("SUPERSET_ADMIN_USERNAME", "admin"))
     imp.add_argument("--password", default=os.environ.get("SUPERSET_ADMIN_PASSWORD", "admin"))
     imp.add_argument("--bundle", default=os.environ.get("GPULEDGER_SUPERSET_BUNDLE", str(DEFAULT_BUNDLE)),
-                     help="bundle folder (default: the repository's superset/bundle)")
+                     help="bundle folder (default: the checkout's superset/bundle, else the one installed with gpuledger)")
     imp.add_argument("--database-uri", help="SQLAlchemy URI Superset should use instead of the one derived from the settings")
     imp.add_argument("--grant", action="append", metavar="ROLE=TENANT[,TENANT]",
                      help="row-level security: this Superset role sees only these tenants (repeatable)")

@@ -1,4 +1,5 @@
-"""Export every wire model as a JSON Schema file into schemas/json/ (run: gpuledger schemas export)."""
+"""Export every wire model as a JSON Schema file (run: gpuledger schemas export [--output DIR]): into
+schemas/json/ in a checkout, else into ./gpuledger-schemas."""
 
 from __future__ import annotations
 
@@ -8,6 +9,14 @@ from pathlib import Path
 from gpuledger.schemas.models import EXPORTED_MODELS
 
 JSON_DIR = Path(__file__).parent / "json"
+#: where an installed gpuledger (not a checkout) exports: the installed copy is not for editing
+INSTALLED_OUTPUT = Path("gpuledger-schemas")
+
+
+def default_output_dir() -> Path:
+    """schemas/json/ of a checkout (where the files are versioned), else ./gpuledger-schemas."""
+    in_checkout = (Path(__file__).resolve().parent.parent / "pyproject.toml").is_file()
+    return JSON_DIR if in_checkout else INSTALLED_OUTPUT
 
 
 def render_all() -> dict[str, str]:
