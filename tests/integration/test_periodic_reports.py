@@ -1,6 +1,7 @@
 """Periodic reports (inventory, monthly, weekly, job health) on a small chDB filled by hand: numbers
 agree with the ledger's own reports (gpuledger.reports.fetch), hints fire where the data says so,
-and the three renderings hold what they should (HTML self-contained, with SVG plots)."""
+the period's data coverage is stated, and the three renderings hold what they should (HTML
+self-contained, with SVG plots). The renderings' rules on hand-made reports: tests/unit/test_periodic_reports.py."""
 
 from __future__ import annotations
 
@@ -127,7 +128,7 @@ def test_inventory_and_weekly(client):
     assert inv.section("Largest 10 jobs by GPU-hours").rows[0]["job_id"] == "job-1"
     wk = pr.build_report(client, DB, "weekly")
     kinds = {(a["kind"], a["subject"].split()[-1]) for a in wk.section("Anomalies").rows}
-    assert ("gpu_down", "gpu-C") in kinds and ("failed_attempts", "job-1") in kinds and ("straggler", "job-1") in kinds
+    assert ("GPU down", "gpu-C") in kinds and ("Failed attempts", "job-1") in kinds and ("Straggler", "job-1") in kinds
     assert wk.summary["potential_savings"] == pytest.approx(
         sum(b["idle_cost"] + b["failed_retry_cost"] for b in reports.fetch(client, DB, "bills")))
 
@@ -138,11 +139,19 @@ def test_renderings(client, fmt):
     out = pr.render_report(r, fmt)
     assert "job-1" in out and "Cost by attempt" in out
     if fmt == "markdown":
-        assert re.search(r"^\| attempt \|", out, re.M)
+        assert re.search(r"^\| Attempt \| Outcome \| Compute cost \| ", out, re.M)  # human headers
     if fmt == "html":
         assert out.startswith("<!DOCTYPE html>") and out.count("<svg") >= 3
         # self-contained: no scripts, no external resources
         assert "<script" not in out and not re.search(r"(src|href)=['\"]?https?:", out)
+
+
+def test_period_reports_state_their_data_coverage(client):
+    for name in ("inventory", "monthly", "weekly"):
+        r = pr.build_report(client, DB, name)
+        assert r.coverage.partial and r.coverage.hours == pytest.approx(63 / 60), name
+        assert "1.1 h of data in" in pr.render_report(r, "table"), name
+    assert pr.build_report(client, DB, "monthly").coverage.text().startswith("1.1 h of data in 30 days (2026-11-02 00:00")
 
 
 def test_unknown_report_and_job(client):

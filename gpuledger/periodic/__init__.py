@@ -1,0 +1,1 @@
+"""The periodic reports, in pieces; gpuledger.periodic_reports is their entry point."""

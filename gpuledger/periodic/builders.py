@@ -1,0 +1,301 @@
+"""The four periodic reports built from the warehouse: inventory, monthly, weekly, job health.
+
+- `inventory`: cards per GPU model and their utilization (the three layers), the cards that stayed
+  under a utilization threshold (20 %) and the queues that held them, the largest jobs by GPU-hours,
+  requested vs allocated vs executed GPU-time per queue.
+- `monthly`: the three-layer trend per day, the tenants' cost composition (compute / idle /
+  failed-retry), the top-N jobs by cost.
+- `weekly`: anomalies (GPUs down, failed attempts, idle-heavy jobs, stragglers), the top-10 costly
+  jobs, idle reclaimed against the previous week and estimated savings.
+- `job`: utilization distribution, per-GPU balance score, loading-stall and straggler hints, cost by attempt.
+
+Periods end at `as_of` (default: the last day with usage, so a replayed period reports as if it were
+now); every period report states how much of the period has data (`Report.coverage`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from gpuledger import reports as base
+from gpuledger.periodic.model import Plot, Report, Section
+from gpuledger.periodic.queries import (
+    LAYERS,
+    balance_score,
+    coverage,
+    idle_by_queue,
+    period_end,
+    positive_int,
+    query,
+    stragglers,
+    tenant_costs,
+    top_jobs,
+    total,
+)
+
+
+def inventory(client, database: str, *, days: int = 30, as_of: Any = None, low_util_pct: float = 20.0,
+               top: int = 10) -> Report:
+    days, top = positive_int("days", days), positive_int("top", top)
+    end = period_end(client, database, as_of)
+    start = end - dt.timedelta(days=days - 1)
+    db = base._qualify(database)
+    p = {"d0": start, "d1": end, "low": float(low_util_pct)}
+    cards = query(client, f"""
+        SELECT gpu_model, uniqExact(gpu_uuid) AS cards, uniqExact(node) AS nodes,
+               sum(gpu_ms) / 3600000 AS capacity_gpu_hours
+        FROM {db}.usage_raw WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}}
+        GROUP BY gpu_model ORDER BY gpu_model""", p)
+    util = base.fetch(client, database, "utilization", by="gpu_model", day_from=start, day_to=end)
+    by_model = {r["gpu_model"]: r for r in util}
+    for r in cards:
+        u = by_model.get(r["gpu_model"], {})
+        for layer in LAYERS:
+            r[layer] = u.get(layer)
+    # per card: time-weighted utilization over the time it was up (idle and unallocated time count as 0)
+    per_card = query(client, f"""
+        SELECT gpu_uuid, any(node) AS node, any(gpu_model) AS gpu_model,
+               sumIf(assumeNotNull(util_pct) * gpu_ms, state = 'executing' AND util_pct IS NOT NULL)
+                   / nullIf(sumIf(gpu_ms, state != 'down'), 0) AS util_pct,
+               sumIf(gpu_ms, state != 'down') / 3600000 AS up_gpu_hours,
+               arrayStringConcat(arraySort(groupUniqArrayIf(toString(queue), queue != '')), ' ') AS queues
+        FROM {db}.usage_raw WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}}
+        GROUP BY gpu_uuid HAVING up_gpu_hours > 0 AND coalesce(util_pct, 0) < {{low:Float64}}
+        ORDER BY util_pct, node, gpu_uuid""", p)
+    low_queues = query(client, f"""
+        SELECT queue, uniqExact(gpu_uuid) AS low_util_cards, sum(gpu_ms) / 3600000 AS held_gpu_hours
+        FROM {db}.usage_raw
+        WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}} AND queue != '' AND gpu_uuid IN
+            (SELECT gpu_uuid FROM {db}.usage_raw WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}} GROUP BY gpu_uuid
+             HAVING coalesce(sumIf(assumeNotNull(util_pct) * gpu_ms, state = 'executing' AND util_pct IS NOT NULL)
+                    / nullIf(sumIf(gpu_ms, state != 'down'), 0), 0) < {{low:Float64}})
+        GROUP BY queue ORDER BY held_gpu_hours DESC, queue""", p)
+    largest = query(client, f"""
+        SELECT job_id, tenant, queue, attempts, gpu_hours, effective_gpu_hours, idle_gpu_hours, cost
+        FROM {db}.job_cost WHERE last_day >= {{d0:Date}} AND first_day <= {{d1:Date}}
+        ORDER BY gpu_hours DESC, job_id LIMIT {{top:UInt32}}""", {**p, "top": top})
+    queues = base.fetch(client, database, "queues", day_from=start, day_to=end)
+    req: dict[str, dict] = {}
+    for r in queues:
+        q = req.setdefault(r["queue"], {"queue": r["queue"], "attempts": 0, "requested_gpu_hours": 0.0,
+                                        "allocated_gpu_hours": 0.0, "executed_gpu_hours": 0.0})
+        q["attempts"] += r["attempts"]
+        q["requested_gpu_hours"] += (r["requested_gpu_seconds"] or 0) / 3600
+        q["allocated_gpu_hours"] += (r["allocated_gpu_seconds"] or 0) / 3600
+        q["executed_gpu_hours"] += (r["executed_gpu_seconds"] or 0) / 3600
+    requested = sorted(req.values(), key=lambda r: r["queue"])
+    for q in requested:
+        q["used_to_requested"] = q["executed_gpu_hours"] / q["requested_gpu_hours"] if q["requested_gpu_hours"] else None
+        q["gap_gpu_hours"] = q["requested_gpu_hours"] - q["executed_gpu_hours"]
+    report = Report("inventory", "GPU inventory", f"{start} .. {end} ({days} days)", summary={
+        "cards": sum(r["cards"] for r in cards),
+        "cards_under_threshold": len(per_card),
+        "threshold_pct": float(low_util_pct),
+        "requested_gpu_hours": total(requested, "requested_gpu_hours"),
+        "executed_gpu_hours": total(requested, "executed_gpu_hours"),
+    })
+    report.coverage = coverage(client, database, start, end)
+    report.sections = [
+        Section("Cards per GPU model and their utilization", cards,
+                "scheduling = allocated / up time, execution = executing / allocated, hardware = SM activity while executing",
+                Plot("bar", "gpu_model", list(LAYERS))),
+        Section(f"Cards under {low_util_pct:g}% utilization", per_card,
+                "utilization over the time the card was up; idle and unallocated time count as 0"),
+        Section(f"Queues holding the cards under {low_util_pct:g}%", low_queues, "",
+                Plot("bar", "queue", ["held_gpu_hours"])),
+        Section(f"Largest {top} jobs by GPU-hours", largest, "", Plot("bar", "job_id", ["gpu_hours"])),
+        Section("Requested vs used GPU-hours per queue", requested,
+                "requested = requested GPUs x (end - queued); used = executed", Plot("bar", "queue", [
+                    "requested_gpu_hours", "allocated_gpu_hours", "executed_gpu_hours"])),
+    ]
+    return report
+
+
+
+
+def monthly(client, database: str, *, month: str | None = None, as_of: Any = None, top: int = 10) -> Report:
+    top = positive_int("top", top)
+    if month:
+        try:
+            first = dt.date.fromisoformat(f"{month}-01")
+        except ValueError:
+            raise ValueError(f"month must be YYYY-MM, got {month!r}") from None
+    else:
+        first = period_end(client, database, as_of).replace(day=1)
+    last = (first.replace(day=28) + dt.timedelta(days=4)).replace(day=1) - dt.timedelta(days=1)
+    trend = base.fetch(client, database, "utilization", by="day", day_from=first, day_to=last)
+    trend = [{"day": r["day"], **{k: r[k] for k in LAYERS},
+              "executing_gpu_hours": (r["executing_gpu_seconds"] or 0) / 3600} for r in trend]
+    tenants = tenant_costs(client, database, first, last)
+    jobs = top_jobs(client, database, first, last, top)
+    overall = base.fetch(client, database, "utilization", by="cluster", day_from=first, day_to=last)
+    report = Report("monthly", f"Monthly report {first:%Y-%m}", f"{first} .. {last}", summary={
+        "total_cost": total(tenants, "total_cost"),
+        "idle_cost": total(tenants, "idle_cost"),
+        "failed_retry_cost": total(tenants, "failed_retry_cost"),
+        "effective_gpu_hours": total(tenants, "effective_gpu_hours"),
+        **({k: overall[0][k] for k in LAYERS} if len(overall) == 1 else {}),
+    })
+    report.coverage = coverage(client, database, first, last)
+    report.sections = [
+        Section("Three utilization layers per day", trend, "each layer as a ratio of its parent",
+                Plot("line", "day", list(LAYERS))),
+        Section("Tenant cost composition", tenants, "compute / idle (allocated, not executing) / failed retry",
+                Plot("stacked", "tenant", ["compute_cost", "idle_cost", "failed_retry_cost"])),
+        Section(f"Top {top} jobs by cost", jobs, "", Plot("bar", "job_id", ["cost"])),
+    ]
+    return report
+
+
+
+
+def anomalies(client, database: str, start: dt.date, end: dt.date, idle_share: float) -> list[dict]:
+    """One row per anomaly; its size in the column of its unit (GPU-hours down or idle, the cost of
+    failed attempts), never one column mixing hours, money and percent."""
+    db = base._qualify(database)
+    p = {"d0": start, "d1": end, "share": idle_share}
+    out = []
+    for r in query(client, f"""
+            SELECT node, gpu_uuid, gpu_model, sumIf(gpu_ms, state = 'down') / 1000 AS down_seconds
+            FROM {db}.usage_raw WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}}
+            GROUP BY node, gpu_uuid, gpu_model HAVING down_seconds > 0 ORDER BY down_seconds DESC, gpu_uuid""", p):
+        out.append({"kind": "GPU down", "subject": f"{r['node']} {r['gpu_uuid']}",
+                    "detail": f"{r['gpu_model']} down {r['down_seconds'] / 60:.1f} min",
+                    "gpu_hours": r["down_seconds"] / 3600, "cost": None})
+    for r in query(client, f"""
+            SELECT job_id, tenant, failed_attempts, cost FROM {db}.job_cost
+            WHERE failed_attempts > 0 AND last_day >= {{d0:Date}} AND first_day <= {{d1:Date}}
+            ORDER BY cost DESC, job_id""", p):
+        out.append({"kind": "Failed attempts", "subject": r["job_id"],
+                    "detail": f"{r['tenant']}: {r['failed_attempts']} failed attempt(s)", "gpu_hours": None,
+                    "cost": r["cost"]})
+    for r in query(client, f"""
+            SELECT job_id, tenant, idle_gpu_hours, gpu_hours, idle_gpu_hours / gpu_hours AS share
+            FROM {db}.job_cost WHERE gpu_hours > 0 AND idle_gpu_hours / gpu_hours > {{share:Float64}}
+              AND last_day >= {{d0:Date}} AND first_day <= {{d1:Date}}
+            ORDER BY idle_gpu_hours DESC, job_id""", p):
+        out.append({"kind": "Idle-heavy job", "subject": r["job_id"],
+                    "detail": f"{r['tenant']}: {r['share']:.0%} of held GPU-time idle",
+                    "gpu_hours": r["idle_gpu_hours"], "cost": None})
+    for r in stragglers(client, database, start=start, end=end):
+        out.append({"kind": "Straggler", "subject": r["job_id"],
+                    "detail": f"attempt {r['attempt']}: {r['gpu']} at {r['util_pct']:.0f}% vs median {r['median_pct']:.0f}%",
+                    "gpu_hours": None, "cost": None})
+    return out
+
+
+def weekly(client, database: str, *, as_of: Any = None, top: int = 10, idle_share: float = 0.3) -> Report:
+    top = positive_int("top", top)
+    end = period_end(client, database, as_of)
+    start = end - dt.timedelta(days=6)
+    prev_end, prev_start = start - dt.timedelta(days=1), start - dt.timedelta(days=7)
+    now, before = idle_by_queue(client, database, start, end), idle_by_queue(client, database, prev_start, prev_end)
+    reclaimed = []
+    for queue in sorted(set(now) | set(before)):
+        cur, prev = now.get(queue, {}), before.get(queue, {})
+        reclaimed.append({
+            "queue": queue,
+            "idle_gpu_hours_previous": prev.get("idle_gpu_hours", 0.0), "idle_gpu_hours": cur.get("idle_gpu_hours", 0.0),
+            "reclaimed_gpu_hours": max(0.0, prev.get("idle_gpu_hours", 0.0) - cur.get("idle_gpu_hours", 0.0)),
+            "idle_cost_previous": prev.get("idle_cost", 0.0), "idle_cost": cur.get("idle_cost", 0.0),
+            "saved_cost": max(0.0, prev.get("idle_cost", 0.0) - cur.get("idle_cost", 0.0)),
+        })
+    tenants = tenant_costs(client, database, start, end)
+    savings = [
+        {"item": "idle reclaimed vs previous week", "cost": total(reclaimed, "saved_cost")},
+        {"item": "idle still allocated this week (reclaimable)", "cost": total(tenants, "idle_cost")},
+        {"item": "failed-retry GPU time this week (avoidable)", "cost": total(tenants, "failed_retry_cost")},
+    ]
+    report = Report("weekly", f"Weekly report, week ending {end}", f"{start} .. {end}", summary={
+        "total_cost": total(tenants, "total_cost"),
+        "reclaimed_gpu_hours": total(reclaimed, "reclaimed_gpu_hours"),
+        "estimated_savings": savings[0]["cost"],
+        "potential_savings": savings[1]["cost"] + savings[2]["cost"],
+    })
+    report.coverage = coverage(client, database, start, end)
+    report.sections = [
+        Section("Anomalies", anomalies(client, database, start, end, idle_share),
+                f"GPUs down, failed attempts, jobs idle more than {idle_share:.0%} of their held time, stragglers"),
+        Section(f"Top {top} costly jobs", top_jobs(client, database, start, end, top), "", Plot("bar", "job_id", ["cost"])),
+        Section("Idle reclaimed per queue (vs previous week)", reclaimed, f"previous week {prev_start} .. {prev_end}",
+                Plot("bar", "queue", ["idle_gpu_hours_previous", "idle_gpu_hours"])),
+        Section("Estimated savings", savings),
+    ]
+    return report
+
+
+
+
+def job(client, database: str, *, job_id: str, stall_s: float = 60.0) -> Report:
+    if not job_id:
+        raise ValueError("the job report needs a job id")
+    db = base._qualify(database)
+    p = {"job": str(job_id)}
+    summary_rows = base.fetch(client, database, "jobs", job_id=str(job_id))
+    if not summary_rows:
+        raise ValueError(f"no job {job_id!r} in the warehouse")
+    s = summary_rows[0]
+    hist = query(client, f"""
+        SELECT util_bucket, sum(gpu_seconds) / 3600 AS gpu_hours FROM {db}.job_util_histogram
+        WHERE job_id = {{job:String}} GROUP BY util_bucket ORDER BY util_bucket""", p)
+    gpus = query(client, f"""
+        SELECT attempt, gpu, gpu_model, executing_gpu_seconds / 3600 AS executing_gpu_hours,
+               idle_gpu_seconds / 3600 AS idle_gpu_hours, mean_util_pct AS util_pct
+        FROM {db}.job_gpu_balance WHERE job_id = {{job:String}} ORDER BY attempt, gpu""", p)
+    attempts = sorted({g["attempt"] for g in gpus})
+    scores = [{"attempt": a, "gpus": sum(1 for g in gpus if g["attempt"] == a),
+               "balance_score": balance_score([g["util_pct"] for g in gpus if g["attempt"] == a])} for a in attempts]
+    stretches = query(client, f"""
+        SELECT attempt, node, gpu_uuid, stretch_start, duration_seconds, idle_gpu_seconds, offset_ms
+        FROM {db}.job_idle_stretches WHERE job_id = {{job:String}}
+        ORDER BY attempt, stretch_start, gpu_uuid""", p)
+    hints = []
+    for a in attempts:
+        first = [x for x in stretches if x["attempt"] == a and x["offset_ms"] == 0 and x["duration_seconds"] >= stall_s]
+        if first:
+            longest = max(x["duration_seconds"] for x in first)
+            hints.append({"attempt": a, "hint": "loading stall",
+                          "detail": f"{len(first)} GPU(s) idle for up to {longest:.0f} s after allocation "
+                                    "(image pull / data loading before the first step)"})
+        later = [x for x in stretches if x["attempt"] == a and x["offset_ms"] > 0 and x["duration_seconds"] >= stall_s]
+        if later:
+            hints.append({"attempt": a, "hint": "mid-run stalls",
+                          "detail": f"{len(later)} idle stretch(es) of >= {stall_s:.0f} s while running, "
+                                    f"{sum(x['idle_gpu_seconds'] for x in later) / 60:.1f} GPU-minutes "
+                                    "(checkpoints, input pipeline, hangs)"})
+    for r in stragglers(client, database, job_id=str(job_id)):
+        hints.append({"attempt": r["attempt"], "hint": "straggler",
+                      "detail": f"{r['gpu']} at {r['util_pct']:.0f}% vs the attempt's median {r['median_pct']:.0f}%"})
+    cost = query(client, f"""
+        SELECT attempt, any(outcome) AS outcome,
+               sumIf(cost, line = 'compute') AS compute_cost, sumIf(cost, line = 'idle') AS idle_cost,
+               sumIf(cost, line = 'failed_retry') AS failed_retry_cost, sum(cost) AS total_cost,
+               sum(gpu_hours) AS gpu_hours, sum(effective_gpu_hours) AS effective_gpu_hours,
+               arrayStringConcat(arraySort(groupUniqArray(toString(gpu_model))), ' ') AS gpu_models
+        FROM {db}.job_cost_by_attempt WHERE job_id = {{job:String}} GROUP BY attempt ORDER BY attempt""", p)
+    by_model = query(client, f"""
+        SELECT gpu_model, sum(cost) AS cost, sum(gpu_hours) AS gpu_hours, sum(effective_gpu_hours) AS effective_gpu_hours
+        FROM {db}.job_cost_by_attempt WHERE job_id = {{job:String}} GROUP BY gpu_model ORDER BY gpu_model""", p)
+    executing = total(hist, "gpu_hours")
+    low = sum(h["gpu_hours"] for h in hist if h["util_bucket"] < "30")
+    report = Report("job", f"Job health report: {job_id}", f"{s['first_day']} .. {s['last_day']}", summary={
+        "tenant": s["tenant"], "queue": s["queue"], "attempts": s["attempts"], "failed_attempts": s["failed_attempts"],
+        "last_outcome": s["last_outcome"], "gpu_hours": s["gpu_hours"], "idle_gpu_hours": s["idle_gpu_hours"],
+        "cost": s["cost"], "low_util_share": low / executing if executing else None,
+        "balance_score": min((x["balance_score"] for x in scores if x["balance_score"] is not None), default=None),
+    })
+    report.sections = [
+        Section("Utilization distribution", hist, "executing GPU-hours by utilization bucket",
+                Plot("bar", "util_bucket", ["gpu_hours"])),
+        Section("Balance across GPUs", gpus, "time-weighted utilization of each GPU while executing",
+                Plot("bar", "gpu", ["util_pct"])),
+        Section("Balance score per attempt", scores, "mean / max of the per-GPU utilizations (1 = balanced)"),
+        Section("Hints", hints, "loading stalls, mid-run stalls and stragglers"),
+        Section("Idle stretches", stretches, "runs of allocated-but-not-executing time"),
+        Section("Cost by attempt", cost, "", Plot("stacked", "attempt", ["compute_cost", "idle_cost", "failed_retry_cost"])),
+        Section("Cost by GPU model", by_model),
+    ]
+    return report
+
+

@@ -1,0 +1,120 @@
+"""The warehouse queries the periodic reports share: periods, tenant costs, top jobs, idle by queue,
+stragglers and the period's data coverage. Numbers come from the same views as `gpuledger report`
+(gpuledger.reports.fetch) and the dashboards (sql/0010_dashboards_tenant_access.sql), so the three agree."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Sequence
+
+from gpuledger import reports as base
+from gpuledger.periodic.model import Coverage
+
+LAYERS = ("scheduling_utilization", "execution_utilization", "hardware_utilization")
+
+
+def query(client, sql: str, params: dict | None = None) -> list[dict]:
+    return list(client.query(sql, parameters=params or {}).named_results())
+
+
+def as_date(value: Any) -> dt.date:
+    if isinstance(value, dt.datetime):
+        return value.date()
+    if isinstance(value, dt.date):
+        return value
+    return dt.date.fromisoformat(str(value))
+
+
+def last_day(client, database: str) -> dt.date | None:
+    db = base._qualify(database)
+    rows = client.query(f"SELECT max(day) AS d, count() AS n FROM {db}.usage_by_job_daily").result_rows
+    return rows[0][0] if rows and rows[0][1] else None
+
+
+def period_end(client, database: str, as_of: Any) -> dt.date:
+    if as_of is not None:
+        return as_date(as_of)
+    return last_day(client, database) or dt.datetime.now(dt.timezone.utc).date()
+
+
+def positive_int(name: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def total(rows: Sequence[dict], key: str) -> float:
+    return float(sum(r.get(key) or 0 for r in rows))
+
+
+def tenant_costs(client, database: str, start: dt.date, end: dt.date) -> list[dict]:
+    out: dict[str, dict] = {}
+    for r in base.fetch(client, database, "bills", day_from=start, day_to=end):
+        t = out.setdefault(r["tenant"], {"tenant": r["tenant"], "compute_cost": 0.0, "idle_cost": 0.0,
+                                          "failed_retry_cost": 0.0, "total_cost": 0.0, "effective_gpu_hours": 0.0})
+        for k in ("compute_cost", "idle_cost", "failed_retry_cost", "total_cost"):
+            t[k] += r[k]
+        t["effective_gpu_hours"] += r["total_effective_gpu_hours"]
+    rows = sorted(out.values(), key=lambda r: (-r["total_cost"], r["tenant"]))
+    for r in rows:
+        r["idle_share"] = r["idle_cost"] / r["total_cost"] if r["total_cost"] else None
+    return rows
+
+
+def top_jobs(client, database: str, start: dt.date, end: dt.date, top: int) -> list[dict]:
+    cols = ("job_id", "tenant", "queue", "attempts", "failed_attempts", "gpu_hours", "effective_gpu_hours",
+            "idle_gpu_hours", "cost")
+    rows = base.fetch(client, database, "jobs", day_from=start, day_to=end, limit=top)
+    return [{c: r[c] for c in cols} for r in rows]
+
+
+def idle_by_queue(client, database: str, start: dt.date, end: dt.date) -> dict[str, dict]:
+    db = base._qualify(database)
+    rows = query(client, f"""
+        SELECT queue, sum(idle_gpu_hours) AS idle_gpu_hours, sum(idle_cost) AS idle_cost
+        FROM {db}.idle_waste_daily WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}} GROUP BY queue""",
+              {"d0": start, "d1": end})
+    return {r["queue"]: r for r in rows}
+
+
+def stragglers(client, database: str, *, job_id: str | None = None, start: dt.date | None = None,
+                end: dt.date | None = None, ratio: float = 0.8) -> list[dict]:
+    """GPUs of multi-GPU attempts whose utilization is under `ratio` x the attempt's median."""
+    db = base._qualify(database)
+    conds, p = ["util_gpu_ms > 0"], {"ratio": ratio}
+    if job_id is not None:
+        conds.append("job_id = {job:String}")
+        p["job"] = job_id
+    if start is not None:
+        conds.append("toDate(fromUnixTimestamp64Milli(last_end_ms, 'UTC')) >= {d0:Date}")
+        p["d0"] = start
+    if end is not None:
+        conds.append("toDate(fromUnixTimestamp64Milli(first_start_ms, 'UTC')) <= {d1:Date}")
+        p["d1"] = end
+    return query(client, f"""
+        SELECT job_id, attempt, gpu, util_pct, median_pct FROM
+        (
+            SELECT job_id, attempt, gpu, mean_util_pct AS util_pct,
+                   median(mean_util_pct) OVER (PARTITION BY cluster, job_id, attempt) AS median_pct,
+                   count() OVER (PARTITION BY cluster, job_id, attempt) AS gpus
+            FROM {db}.job_gpu_balance WHERE {' AND '.join(conds)}
+        )
+        WHERE gpus > 1 AND util_pct < median_pct * {{ratio:Float64}}
+        ORDER BY job_id, attempt, util_pct""", p)
+
+
+def balance_score(utils: Sequence[float]) -> float | None:
+    """Mean over max of the per-GPU utilizations: 1.0 when every GPU works equally hard."""
+    vals = [u for u in utils if u is not None]
+    if not vals or max(vals) <= 0:
+        return None
+    return sum(vals) / len(vals) / max(vals)
+
+
+def coverage(client, database: str, start: dt.date, end: dt.date) -> Coverage:
+    """The span of usage in the period's days: what a "monthly" report built from six hours is built from."""
+    db = base._qualify(database)
+    (first, last, n), = client.query(
+        f"SELECT min(start_ms), max(end_ms), count() FROM {db}.usage_raw WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}}",
+        parameters={"d0": start, "d1": end}).result_rows
+    return Coverage((end - start).days + 1, first if n else None, last if n else None)
