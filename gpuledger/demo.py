@@ -34,7 +34,7 @@ def run_demo(settings: Settings, *, hours: float = 6.0, nodes: int = 8, seed: in
         say(f"[demo] simulating {spec.nodes} nodes x {spec.gpus_per_node} GPUs for {spec.hours} h of event time")
         messages = simulate(spec)
     else:
-        messages = _read_dump(Path(dump), settings.topic_prefix)
+        messages = load_dump(Path(dump), settings.topic_prefix)
     run = run_embedded(settings, messages)
     print_reports(settings)
     say(f"\n[demo] done in {run.seconds:.0f}s. More: gpuledger report "
@@ -42,7 +42,8 @@ def run_demo(settings: Settings, *, hours: float = 6.0, nodes: int = 8, seed: in
     return 0
 
 
-def _read_dump(path: Path, prefix: str) -> list:
+def load_dump(path: Path, prefix: str) -> list:
+    """The dump's lines for run_embedded; warns when no tick can be billed (no lifecycle watermark)."""
     from gpuledger.agents.simcluster import LINE_JOB_EVENTS
     from gpuledger.replay import logical_line, read_dump
 

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from gpuledger.cli import main
 from gpuledger.config import Settings
-from gpuledger.demo import run_demo
+from gpuledger.demo import DEMO_REPORTS, load_dump, run_demo
+from gpuledger.replay import read_dump
 from gpuledger.reports import fetch
 from gpuledger.warehouse import connect
 
@@ -49,3 +51,39 @@ def test_demo_conserves_capacity_and_leaves_no_process(tmp_path, capsys, assert_
     for row in layers:
         for key in ("scheduling_utilization", "execution_utilization", "hardware_utilization"):
             assert 0 <= row[key] <= 1
+
+
+def test_demo_over_your_own_dump_prints_the_demos_reports(tmp_path, capsys, monkeypatch, assert_conserved):
+    """`gpuledger demo --input DUMP`: a topic dump (here one `gpuledger simulate --dump` wrote) through
+    the same pipeline, the same reports printed; the warehouse holds exactly the dump's GPU-time."""
+    dump = tmp_path / "mine.jsonl"
+    assert main(["simulate", "--hours", "0.25", "--nodes", "1", "--dump", str(dump)]) == 0
+    for name, value in [("PARTITIONS_GPU_SAMPLES", "2"), ("PARTITIONS_JOB_EVENTS", "2"), ("PARTITIONS_USAGE", "2"),
+                        ("WORKER_REBALANCE_TIMEOUT_S", "4")]:
+        monkeypatch.setenv(f"GPULEDGER_{name}", value)
+    data = tmp_path / "data"
+    capsys.readouterr()
+
+    assert main(["demo", "--input", str(dump), "--data-dir", str(data)]) == 0
+    captured = capsys.readouterr()
+    assert f"replaying {len(read_dump(dump))} messages from {dump}" in captured.err
+    for _, title, _, _ in DEMO_REPORTS:
+        assert f"== {title} ==" in captured.out
+
+    settings = Settings(data_dir=data)
+    client = connect(settings)
+    try:
+        capacity = fetch(client, settings.database, "capacity")
+    finally:
+        client.close()
+    assert_conserved(capacity)
+    assert sum(r["capacity_gpu_seconds"] for r in capacity) == pytest.approx(1 * 8 * 900)
+
+
+def test_demo_input_without_a_watermark_says_nothing_will_be_billed(tmp_path, capsys):
+    dump = tmp_path / "no-watermarks.jsonl"
+    dump.write_text('{"topic": "job-events", "key": "j1", "value": {"type": "job_event", "ts_ms": 1}}\n')
+    assert main(["demo", "--input", str(tmp_path / "absent.jsonl"), "--data-dir", str(tmp_path)]) == 2
+    assert "absent.jsonl" in capsys.readouterr().err
+    assert [line.key for line in load_dump(dump, "")] == ["j1"]
+    assert "has no lifecycle watermark" in capsys.readouterr().err
