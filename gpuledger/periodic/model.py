@@ -43,7 +43,7 @@ class Coverage:
 
     @property
     def partial(self) -> bool:
-        return self.hours < self.days * 24 * 0.95  # a few missing minutes at the edges are not a gap
+        return 0 < self.hours < self.days * 24 * 0.95  # a few missing minutes at the edges are not a gap
 
     def text(self) -> str:
         """"6 h of data in 30 days (2026-11-02 00:00 .. 06:00 UTC)"; "no data in 7 days"."""

@@ -2,7 +2,8 @@
 filled by the real pipeline. Imports the bundle through `gpuledger superset import`, checks that
 every chart of every dashboard exists and answers, that chart numbers (chart-data API) equal the
 ledger's own reports for the same data, that two tenant roles see only their own rows (Superset
-row-level security), and screenshots each dashboard in headless Chromium (build/screenshots/).
+row-level security), and screenshots each dashboard in headless Chromium (build/screenshots/), and
+the periodic HTML reports (inventory, monthly, weekly, job) of the same data beside them.
 
 Runs only with GPULEDGER_SUPERSET_CHECK=1; scripts/superset_check.sh installs what it needs
 (Superset venv, chromium, playwright-core) and sets it: `make superset-check`.
@@ -34,6 +35,7 @@ WORK = BUILD / "superset-check"
 SUPERSET_VENV = Path(os.environ.get("GPULEDGER_SUPERSET_VENV", BUILD / "superset-venv"))
 NODE_MODULES = Path(os.environ.get("GPULEDGER_SCREENSHOT_NODE_MODULES", BUILD / "screenshot-node" / "node_modules"))
 SCREENSHOTS = BUILD / "screenshots"
+REPORTS = BUILD / "reports"  # the periodic HTML reports of the check's data
 ADMIN = ("admin", "admin-e2e")
 TENANT_USERS = {"alice": "tenant_a", "bob": "tenant_b"}  # user -> role
 REL = 1e-6
@@ -52,6 +54,7 @@ def ledger():
     from gpuledger.agents.simcluster import SimSpec, simulate
     from gpuledger.config import Settings
     from gpuledger.pipeline import run_embedded
+    from gpuledger.streams.pricing import load_ledger_config
     from gpuledger.superset import read_grants
     from gpuledger.warehouse import connect, insert_rows
 
@@ -77,6 +80,7 @@ def ledger():
             "util_day": reports.fetch(client, db, "utilization", by="day"),
             "capacity": reports.fetch(client, db, "capacity"),
             "job_report": periodic_reports.build_report(client, db, "job", job_id=top_job),
+            "html_reports": _html_reports(client, db, top_job, load_ledger_config(settings.ledger_config).currency),
             "top_job": top_job,
             "gpus": client.query(f"SELECT uniqExact(gpu_uuid) FROM `{db}`.usage_raw").result_rows[0][0],
             "grants": read_grants(client, db),
@@ -86,6 +90,15 @@ def ledger():
         client.close()
     assert len(expected["grants"]) == 2
     return settings, expected
+
+
+def _html_reports(client, db: str, job_id: str, currency: str) -> dict[str, str]:
+    """Every periodic report as its HTML page; the job report of the costliest job."""
+    from gpuledger import periodic_reports as pr
+
+    options = {"job": {"job_id": job_id}}
+    return {name: pr.render_report(pr.build_report(client, db, name, currency=currency, **options.get(name, {})), "html")
+            for name in pr.REPORT_NAMES}
 
 
 # --------------------------------------------------------------------------- Superset
@@ -349,7 +362,7 @@ def test_screenshots(ledger, imported, superset):
 
     charts = by_dashboard(load_bundle())
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    for old in SCREENSHOTS.glob("*.png"):
+    for old in SCREENSHOTS.glob("gpuledger-*.png"):  # the dashboards' (slugs gpuledger-*)
         old.unlink()
     t0 = time.monotonic()
     out = subprocess.run(["node", str(ROOT / "superset" / "screenshot.js"), superset, *ADMIN, str(SCREENSHOTS), *charts],
@@ -364,3 +377,25 @@ def test_screenshots(ledger, imported, superset):
         stats = _png_stats(Path(r["file"]))
         _log(f"{r['file']}: {stats}")
         assert stats["colors"] > 50 and stats["non_white"] > 0.05, (r["file"], stats)
+
+
+def test_report_screenshots(ledger):
+    """The periodic HTML reports as a browser shows them: each page rendered by headless Chromium has
+    content (not blank), and the PNGs sit beside the dashboards' in build/screenshots/."""
+    _, exp = ledger
+    chromium = os.environ.get("CHROMIUM") or shutil.which("chromium")
+    assert chromium, "no chromium: scripts/superset_check.sh installs it (apt-get install chromium)"
+    REPORTS.mkdir(parents=True, exist_ok=True)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    for name, page in exp["html_reports"].items():
+        html, png = REPORTS / f"{name}.html", SCREENSHOTS / f"report-{name}.png"
+        html.write_text(page)
+        png.unlink(missing_ok=True)
+        out = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                              "--window-size=1200,2400", f"--screenshot={png}", html.as_uri()],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and png.exists(), out.stderr[-2000:]
+        stats = _png_stats(png)
+        _log(f"{png}: {stats}")
+        # a page with text, tables and coloured plots; a blank or error page has a handful of colours
+        assert stats["colors"] > 50 and stats["non_white"] > 0.03, (png, stats)

@@ -69,7 +69,7 @@ def test_the_period_says_how_much_of_it_has_data():
     cov = Coverage(30, NOV_2, NOV_2 + 6 * H)
     assert cov.partial and cov.text() == "6.0 h of data in 30 days (2026-11-02 00:00 .. 06:00 UTC)"
     assert not Coverage(7, NOV_2, NOV_2 + 7 * 24 * H).partial
-    assert Coverage(7).text() == "no data in 7 days"
+    assert Coverage(7).text() == "no data in 7 days" and not Coverage(7).partial
     for fmt in ("table", "markdown", "html"):
         out = render_report(report(), fmt)
         assert "6.0 h of data in 30 days" in out and "partial period" in out, fmt
