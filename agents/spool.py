@@ -28,10 +28,10 @@ costs at most the record being written when the agent died.
 Bounded: when an append would take the spool over `max_bytes`, whole segments are deleted,
 oldest first; the unacknowledged records in them are counted in `dropped` (persisted in
 the cursor file, logged). Delivery is at-least-once: the cursor file is written after deliveries
-are acknowledged, so a crash between the two replays a few records. The worker rejects a
-second copy of a tick by (node, ts_ms) — as a "duplicate tick" while the first copy is still
-pending, as a "late tick" once it has been closed — so a replayed duplicate goes to the
-dead-letter topic and is never counted twice.
+are acknowledged, so a crash between the two replays a few records. The worker recognises a
+second copy of a tick by (node, ts_ms), pending or already closed, and drops it as a silent
+duplicate (counted, not dead-lettered; streams/join.py `NodeJoin.add_tick`), so a replayed tick is
+never counted twice.
 """
 
 from __future__ import annotations

@@ -2,9 +2,8 @@
 -- reports them. usage_raw only knows GPUs that produced usage, so CPU-only nodes (an empty GPU list) and
 -- per-node GPU counts live here. One row per node per report; ReplacingMergeTree keeps the newest report
 -- of each node, so read it with FINAL (or argMax by seen_ms).
--- Writers: the trace replays (gpuledger/traces.py: node_inventory_rows, source 'trace-replay') write the
--- rows of their inventory ticks directly; a sink that consumes gpu-samples can write one row per tick with
--- the same function (source 'gpu-samples', with the Kafka coordinates).
+-- Writer: the sink, one row per gpu-samples tick (gpuledger/sink.py: inventory_row, source 'gpu-samples',
+-- with the Kafka coordinates); the trace replays' inventory ticks come the same way, through Kafka.
 CREATE TABLE IF NOT EXISTS node_inventory
 (
     cluster          LowCardinality(String),

@@ -139,7 +139,7 @@ def test_migrate_is_idempotent_and_records_versions(client):
     assert list(recorded) == versions
     for name in files:
         text = resources.files("gpuledger.sql").joinpath(name).read_text(encoding="utf-8")
-        assert recorded[name[:4]]["checksum"] == hashlib.sha256(text.encode()).hexdigest()
+        assert recorded[name[:4]]["checksum"] == warehouse.sql_checksum(text)  # comment lines left out
         assert recorded[name[:4]]["name"] == name[5:-4]
 
 
@@ -149,6 +149,19 @@ def test_migrate_refuses_a_changed_applied_file(client):
     warehouse.insert_rows(client, "schema_migrations", [{"version": "0001", "name": "usage", "checksum": "0" * 64}], database=DB)
     with pytest.raises(warehouse.WarehouseError, match="0001_usage.*must not change"):
         warehouse.migrate(client, DB)
+
+
+def test_migrate_re_records_a_checksum_of_the_earlier_whole_file_rule(client):
+    warehouse.migrate(client, DB)
+    client.command(f"TRUNCATE TABLE {DB}.schema_migrations")
+    before = warehouse.WHOLE_FILE_CHECKSUMS_BEFORE_COMMENT_EDITS  # 0008, as it was before its comments were corrected
+    rows = [{"version": mg.version, "name": mg.name,
+             "checksum": before.get(mg.version, hashlib.sha256(mg.sql.encode()).hexdigest())}
+            for mg in warehouse.load_migrations()]
+    warehouse.insert_rows(client, "schema_migrations", rows, database=DB)
+    assert warehouse.migrate(client, DB) == []
+    assert {v: r["checksum"] for v, r in warehouse.applied_migrations(client, DB).items()} == {
+        mg.version: mg.checksum for mg in warehouse.load_migrations()}
 
 
 def test_ddl_holds_every_wire_field(client):

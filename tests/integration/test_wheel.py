@@ -1,4 +1,4 @@
-"""The wheel carries everything an installed gpuledger reads at run time (JSON Schemas, migrations,
+"""The wheel carries everything an installed gpuledger reads at run time (JSON Schemas, migrations, report templates,
 ledger defaults, the Superset bundle, the PodResources proto), and builds without a setuptools
 warning. Built from a copy of the packaged folders, so the checkout's build/ is left alone."""
 
@@ -18,7 +18,7 @@ PACKAGED = ["gpuledger", "agents", "streams", "schemas", "sql", "superset/bundle
 #: checkout folder -> where its data files land in the wheel
 DATA = {"schemas/json": "gpuledger/schemas/json", "sql": "gpuledger/sql", "superset/bundle": "gpuledger/superset_bundle",
         "gpuledger": "gpuledger", "agents/podresources": "gpuledger/agents/podresources"}
-DATA_SUFFIXES = (".json", ".sql", ".yaml", ".toml", ".proto")
+DATA_SUFFIXES = (".json", ".sql", ".yaml", ".toml", ".proto", ".j2")
 
 
 def _copy_sources(to: Path) -> None:
