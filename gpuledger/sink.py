@@ -693,6 +693,12 @@ def run_sink(
     try:
         if own_client:
             migrate(client, settings.database)
+            # Reopen after migrating: on chDB 26.9 a materialized view created in this session
+            # deduplicates a block by another token than the same view opened afresh, so a block
+            # written again after a crash (same insert_deduplication_token) was counted twice by the
+            # views though once by usage_raw (docs/reliability.md, "Fault injection").
+            client.close()
+            client = connect(settings)
         partitions = _partitions(consumer, list(lines))
         writer: Writer = ClickHouseWriter(client, settings.database)
         if settings.sink_fault_file:
@@ -916,11 +922,21 @@ class RecreatedTopicError(RuntimeError):
 
 def refuse_recreated(consumer: Consumer, sink: "BatchingSink", partitions: list[tuple[str, int]],
                      confirm_s: float = 1.0) -> None:
-    """Refuse to go on when a partition ends below the offset the progress table records as written
-    (the topic was deleted and created again, or truncated): its new messages would otherwise be
-    skipped silently as "already in the warehouse". Asked twice, `confirm_s` apart (a broker may
-    briefly report an end below the log's after a fault)."""
+    """Refuse to go on when a partition was recreated: the group has no committed offset for it (Kafka
+    drops a deleted topic's offsets) AND it ends below the offset the progress table records as
+    written; its new messages would otherwise be skipped silently as "already in the warehouse".
+    Both signs are needed: a broker can report an end below its log's after a fault (Tansu does,
+    for long), and committed offsets expire in a group idle for longer than the broker's offset
+    retention, while the topic itself is intact. Asked twice, `confirm_s` apart."""
     suspects = {key: sink.progress_of(key).done_to for key in partitions if sink.progress_of(key).done_to > 0}
+    if not suspects:
+        return
+    try:
+        committed = consumer.committed([TopicPartition(t, p) for t, p in suspects], timeout=10)
+    except KafkaException as exc:
+        log.debug("cannot read committed offsets to check for recreated topics: %s", exc)
+        return
+    suspects = {(tp.topic, tp.partition): suspects[(tp.topic, tp.partition)] for tp in committed if tp.offset < 0}
     for attempt in range(2):
         still = {}
         for (topic, partition), done_to in suspects.items():

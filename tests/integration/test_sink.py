@@ -245,11 +245,12 @@ def test_a_recreated_topic_is_refused_with_a_clear_error(settings):
 
     create_topics(settings)
     t = settings.topics
+    run_until_caught_up(settings)  # migrates; nothing to read, nothing committed
+    # the warehouse says 1000 messages of scheduler-snapshots[0] are in; the topic holds 1 and the group
+    # has no committed offset for it: it was deleted and created again
     producer = Producer(settings.kafka_client_config())
     producer.produce(t.scheduler_snapshots, encode(queue_snapshot(T, pending_jobs=1)))
     assert producer.flush(30) == 0
-    run_until_caught_up(settings)
-    # the warehouse says 1000 messages of scheduler-snapshots[0] are in; the topic holds 1 (it was recreated)
     client = warehouse.connect(settings)
     try:
         client.insert("sink_progress", [[f"{settings.worker_app_id}-sink", t.scheduler_snapshots, 0, 0, 0, 1000, "done",
@@ -267,3 +268,30 @@ def test_a_recreated_topic_is_refused_with_a_clear_error(settings):
     finally:
         guard.cancel()
     assert not stop.is_set()
+
+
+def test_a_block_written_again_after_a_restart_counts_once_in_the_views(settings):
+    """The sink's crash recovery writes a pending block again with the same token. The views must
+    drop it like usage_raw does — also when the first write came from the process that created the
+    tables (on chDB a view created in the session deduplicated by another token: the chaos suite's
+    kill right after the first usage insert doubled that block in the bills)."""
+    from gpuledger.sink import ClickHouseWriter, Source, usage_rows
+
+    create_topics(settings)
+    t = settings.topics
+    batch = UsageBatch(node="n1", records=[record("gpu-A", 0, "executing", "job-1"), record("gpu-A", 1, "executing", "job-1")])
+    producer = Producer(settings.kafka_client_config())
+    producer.produce(t.usage, encode(batch), partition=0)
+    assert producer.flush(30) == 0
+    run_until_caught_up(settings)  # the first run migrates (creates the views) and writes the block
+    client = warehouse.connect(settings)  # a restarted sink
+    try:
+        db = settings.database
+        counts = lambda: (client.query(f"SELECT count() FROM {db}.usage_raw").result_rows[0][0],  # noqa: E731
+                          client.query(f"SELECT sum(slices) FROM {db}.usage_by_job_daily").result_rows[0][0])
+        assert counts() == (2, 2)
+        ClickHouseWriter(client, db).write("usage_raw", usage_rows(batch, Source(t.usage, 0, 0)),
+                                           token=f"{t.usage}/0/e0/0-1/usage_raw")
+        assert counts() == (2, 2)
+    finally:
+        client.close()
