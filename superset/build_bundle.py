@@ -6,6 +6,10 @@ The YAML under superset/bundle/ is what is imported (`gpuledger superset import`
 how it is kept consistent: stable UUIDs (uuid5 of the names), dataset columns read from the
 migrated schema (a throw-away chDB), every chart placed in its dashboard's `position` with
 `meta.chartId`, native filters targeting datasets by UUID. Edit here, re-run, commit both.
+
+Numbers read like the periodic reports': column headers and units from gpuledger.periodic.columns,
+raw tables rounded per column, axes titled with their units, money metrics, columns and axes in the
+currency of the shipped ledger (gpuledger/ledger_defaults.toml; re-run after changing it).
 """
 
 from __future__ import annotations
@@ -13,18 +17,28 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
+import tomllib
 import uuid
 from pathlib import Path
 
 import yaml
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from gpuledger.periodic.columns import column as report_column  # noqa: E402  (headers and units: the same as the reports')
+
 BUNDLE = HERE / "bundle"
 NS = uuid.UUID("5f0c6a52-8d8e-4a53-9a57-0b6c1d3a7e11")
 DATABASE_NAME = "GPU Ledger"
 DATABASE_FILE = "GPU_Ledger"
 #: placeholder URI; `gpuledger superset import` replaces it (and each dataset's schema) from settings
 PLACEHOLDER_URI = "clickhousedb:///gpuledger?interface=chdb&path=/path/to/chdb"
+#: the currency of the shipped ledger: every money metric, column and axis is labelled with it
+CURRENCY = tomllib.loads((HERE.parent / "gpuledger" / "ledger_defaults.toml").read_text())["currency"]
+CURRENCY_FORMAT = {"symbol": CURRENCY, "symbolPosition": "suffix"}
+#: d3 number format of a column of each unit (gpuledger.periodic.columns): numbers rounded for reading
+D3_FORMAT = {"money": ",.2f", "gpu_hours": ",.2f", "seconds": ",.0f", "pct": ".1f", "ratio": ".1%", "count": ",d",
+             "score": ".2f"}
 
 
 def uid(*parts: str) -> str:
@@ -32,8 +46,11 @@ def uid(*parts: str) -> str:
 
 
 # --------------------------------------------------------------------------- datasets and metrics
-def m(name: str, expression: str, label: str | None = None, fmt: str | None = None, description: str | None = None) -> dict:
-    return {"metric_name": name, "expression": expression, "verbose_name": label, "d3format": fmt, "description": description}
+def m(name: str, expression: str, label: str | None = None, fmt: str | None = None, description: str | None = None,
+      money: bool = False) -> dict:
+    """A metric; `money` ones carry the ledger's currency (in the label and Superset's currency format)."""
+    return {"metric_name": name, "expression": expression, "verbose_name": f"{label} ({CURRENCY})" if money else label,
+            "d3format": fmt, "description": description, "currency": CURRENCY_FORMAT if money else None}
 
 
 LAYERS = {
@@ -76,7 +93,7 @@ DATASETS: dict[str, tuple[str, str | None, list[dict], bool]] = {
         m("idle_gpu_hours", "sum(idle_gpu_seconds) / 3600", "Idle GPU-hours", ".3f"),
     ], True),
     "job_cost_by_attempt": ("Job cost by attempt, GPU model and bill line", "day", [
-        m("cost_sum", "sum(cost)", "Cost", ",.2f"),
+        m("cost_sum", "sum(cost)", "Cost", ",.2f", money=True),
         m("gpu_hours_sum", "sum(gpu_hours)", "GPU-hours", ",.3f"),
         m("effective_gpu_hours_sum", "sum(effective_gpu_hours)", "Effective GPU-hours", ",.3f"),
         m("attempts", "uniqExact(attempt)", "Attempts", ",d"),
@@ -87,23 +104,23 @@ DATASETS: dict[str, tuple[str, str | None, list[dict], bool]] = {
         m("cluster_idle_share", "sum(unallocated_gpu_ms) / nullIf(sum(capacity_gpu_ms), 0)", "Cluster idle (share of capacity)", ".1%"),
     ], False),
     "tenant_daily_bill": ("Tenant bill per day: compute / idle / failed-retry", "day", [
-        m("compute_cost_sum", "sum(compute_cost)", "Compute", ",.2f"),
-        m("idle_cost_sum", "sum(idle_cost)", "Idle", ",.2f"),
-        m("failed_retry_cost_sum", "sum(failed_retry_cost)", "Failed retry", ",.2f"),
-        m("total_cost_sum", "sum(total_cost)", "Total cost", ",.2f"),
+        m("compute_cost_sum", "sum(compute_cost)", "Compute", ",.2f", money=True),
+        m("idle_cost_sum", "sum(idle_cost)", "Idle", ",.2f", money=True),
+        m("failed_retry_cost_sum", "sum(failed_retry_cost)", "Failed retry", ",.2f", money=True),
+        m("total_cost_sum", "sum(total_cost)", "Total cost", ",.2f", money=True),
         m("idle_share", "sum(idle_cost) / nullIf(sum(total_cost), 0)", "Idle share", ".1%"),
         m("effective_gpu_hours", "sum(total_effective_gpu_hours)", "Effective GPU-hours", ",.1f"),
     ], True),
     "idle_waste_daily": ("Allocated-but-idle GPU-time and cost per day, queue and tenant", "day", [
         m("idle_gpu_hours_sum", "sum(idle_gpu_hours)", "Idle GPU-hours", ",.2f"),
-        m("idle_cost_sum", "sum(idle_cost)", "Idle cost", ",.2f"),
+        m("idle_cost_sum", "sum(idle_cost)", "Idle cost", ",.2f", money=True),
     ], True),
     "job_cost": ("Job cost over all attempts and GPUs, with queue waiting", "first_day", [
-        m("cost_sum", "sum(cost)", "Cost", ",.2f"),
+        m("cost_sum", "sum(cost)", "Cost", ",.2f", money=True),
     ], True),
     "capacity_daily": ("Capacity per day and GPU model: down + unallocated + allocated idle + executing", "day", [
         m("unallocated_gpu_hours", "sum(unallocated_gpu_seconds) / 3600", "Unallocated GPU-hours", ",.2f"),
-        m("unallocated_cost_sum", "sum(unallocated_cost)", "Unallocated cost", ",.2f"),
+        m("unallocated_cost_sum", "sum(unallocated_cost)", "Unallocated cost", ",.2f", money=True),
         m("capacity_gpu_hours", "sum(capacity_gpu_seconds) / 3600", "Capacity GPU-hours", ",.1f"),
     ], False),
 }
@@ -112,6 +129,13 @@ TENANT_SCOPED = [name for name, (_, _, _, scoped) in DATASETS.items() if scoped]
 
 
 # --------------------------------------------------------------------------- charts
+def axes(x_title: str, y_title: str, money: bool = False) -> dict:
+    """Axis titles (with units) of an ECharts chart; money axes and tooltips in the ledger's currency."""
+    params = {"x_axis_title": x_title, "x_axis_title_margin": 30, "y_axis_title": y_title, "y_axis_title_margin": 50,
+              "y_axis_title_position": "Left"}
+    return {**params, "currency_format": CURRENCY_FORMAT} if money else params
+
+
 def ts_chart(viz: str, x: str, grain: str, metrics: list[str], groupby=(), fmt=None, **extra) -> dict:
     params = {"viz_type": viz, "x_axis": x, "time_grain_sqla": grain, "metrics": metrics, "groupby": list(groupby),
               "adhoc_filters": [], "row_limit": 10000, "show_legend": True, "legendOrientation": "top",
@@ -135,11 +159,21 @@ def bar_chart(x: str, metrics: list[str], groupby=(), stack=False, fmt=None, **e
     return params
 
 
+def column_config(columns: list[str]) -> dict:
+    """Per-column number formats of a raw table: rounded for reading, money with its currency."""
+    config = {}
+    for name in columns:
+        unit = report_column(name).unit
+        if unit in D3_FORMAT:
+            config[name] = {"d3NumberFormat": D3_FORMAT[unit], **({"currencyFormat": CURRENCY_FORMAT} if unit == "money" else {})}
+    return config
+
+
 def table_raw(columns: list[str], order_by: tuple[str, bool], limit: int) -> dict:
     return {"viz_type": "table", "query_mode": "raw", "all_columns": columns, "groupby": [], "metrics": [],
             "percent_metrics": [], "order_by_cols": [f'["{order_by[0]}", {str(order_by[1]).lower()}]'],
             "adhoc_filters": [], "row_limit": limit, "server_pagination": False, "table_timestamp_format": "smart_date",
-            "include_search": True, "show_cell_bars": True, "color_pn": True}
+            "include_search": True, "show_cell_bars": True, "color_pn": True, "column_config": column_config(columns)}
 
 
 def table_agg(groupby: list[str], metrics: list[str], sort_by: str, limit: int) -> dict:
@@ -149,9 +183,10 @@ def table_agg(groupby: list[str], metrics: list[str], sort_by: str, limit: int) 
             "include_search": False, "show_cell_bars": True, "color_pn": True}
 
 
-def big_number(metric: str, fmt: str, subheader: str) -> dict:
-    return {"viz_type": "big_number_total", "metric": metric, "adhoc_filters": [], "header_font_size": 0.3,
-            "subheader_font_size": 0.125, "y_axis_format": fmt, "time_format": "smart_date", "subheader": subheader}
+def big_number(metric: str, fmt: str, subheader: str, money: bool = False) -> dict:
+    params = {"viz_type": "big_number_total", "metric": metric, "adhoc_filters": [], "header_font_size": 0.3,
+              "subheader_font_size": 0.125, "y_axis_format": fmt, "time_format": "smart_date", "subheader": subheader}
+    return {**params, "currency_format": CURRENCY_FORMAT} if money else params
 
 
 def pie(groupby: list[str], metric: str) -> dict:
@@ -173,14 +208,16 @@ DASHBOARDS = {
               table_raw(["node", "gpu_uuid", "gpu_model", "state", "job_id", "tenant", "queue", "jobs", "util_pct", "last_seen"],
                         ("node", True), 1000), 8)],
             [("gpu_load_by_node", "Load history: hardware utilization % by node", "gpu_load_5m",
-              ts_chart("echarts_timeseries_line", "ts", "PT5M", ["hardware_util_pct"], ["node"], ".0f"), 6),
+              ts_chart("echarts_timeseries_line", "ts", "PT5M", ["hardware_util_pct"], ["node"], ".0f",
+                       **axes("Time (UTC)", "Hardware utilization (%)")), 6),
              ("gpu_states_history", "GPU states over time (GPUs)", "gpu_load_5m",
               ts_chart("echarts_area", "ts", "PT5M", ["executing_gpus", "idle_gpus", "unallocated_gpus", "down_gpus"],
-                       stack="Stack", y_axis_format=".1f"), 6)],
+                       stack="Stack", y_axis_format=".1f", **axes("Time (UTC)", "GPUs")), 6)],
             [("gpu_health_record", "Health record per GPU (down time, temperature, Xid)", "gpu_health_daily",
               table_agg(["node", "gpu_uuid", "gpu_model"], ["down_hours", "max_temperature", "xid_error_count"], "down_hours", 1000), 6),
              ("gpu_temperature", "Temperature: max by node (°C)", "gpu_health_samples",
-              ts_chart("echarts_timeseries_line", "ts", "PT5M", ["max_temperature"], ["node"], ".0f"), 6)],
+              ts_chart("echarts_timeseries_line", "ts", "PT5M", ["max_temperature"], ["node"], ".0f",
+                       **axes("Time (UTC)", "Temperature (°C)")), 6)],
         ],
     ),
     "algorithm": (
@@ -192,16 +229,18 @@ DASHBOARDS = {
             [("job_list", "Jobs: cost and attempts", "job_cost_by_attempt",
               table_agg(["tenant", "job_id"], ["cost_sum", "gpu_hours_sum", "attempts"], "cost_sum", 500), 5),
              ("job_util_distribution", "Utilization distribution (executing GPU-hours by utilization)", "job_util_histogram",
-              bar_chart("util_bucket", ["gpu_hours"], fmt=",.2f"), 7)],
+              bar_chart("util_bucket", ["gpu_hours"], fmt=",.2f", **axes("Utilization bucket", "GPU-hours")), 7)],
             [("job_gpu_balance", "Balance across the job's GPUs (utilization % per GPU)", "job_gpu_balance",
-              bar_chart("gpu", ["util_pct"], fmt=".0f", row_limit=64), 6),
+              bar_chart("gpu", ["util_pct"], fmt=".0f", row_limit=64, **axes("GPU", "Utilization (%)")), 6),
              ("job_gpu_time", "Executing vs idle GPU-hours per GPU", "job_gpu_balance",
-              bar_chart("gpu", ["executing_hours", "idle_hours"], stack=True, fmt=",.2f", row_limit=64), 6)],
+              bar_chart("gpu", ["executing_hours", "idle_hours"], stack=True, fmt=",.2f", row_limit=64,
+                        **axes("GPU", "GPU-hours")), 6)],
             [("job_idle_stretches", "Idle stretches (longest first)", "job_idle_stretches",
               table_raw(["job_id", "attempt", "node", "gpu_uuid", "stretch_start", "duration_seconds", "idle_gpu_seconds"],
                         ("duration_seconds", False), 200), 6),
              ("job_cost_by_model_attempt", "Cost by attempt and GPU model", "job_cost_by_attempt",
-              bar_chart("attempt_label", ["cost_sum"], ["gpu_model"], stack=True, fmt=",.2f"), 6)],
+              bar_chart("attempt_label", ["cost_sum"], ["gpu_model"], stack=True, fmt=",.2f",
+                        **axes("Attempt", f"Cost ({CURRENCY})", money=True)), 6)],
             [("job_cost_by_line", "Cost by bill line (compute / idle / failed retry)", "job_cost_by_attempt",
               pie(["line"], "cost_sum"), 12)],
         ],
@@ -212,22 +251,27 @@ DASHBOARDS = {
         [("tenant", "Tenant", "tenant_daily_bill")],
         [
             [("effective_gpu_hours", "Effective GPU-hours delivered", "utilization_hourly",
-              big_number("effective_gpu_hours", ",.1f", "executing, in baseline-card hours"), 3),
+              big_number("effective_gpu_hours", ",.1f", "GPU-hours executing, in baseline-card hours"), 3),
              ("cluster_idle_share", "Cluster idle", "utilization_hourly",
               big_number("cluster_idle_share", ".1%", "unallocated share of capacity"), 3),
-             ("total_cost", "Billed cost", "tenant_daily_bill", big_number("total_cost_sum", ",.2f", "compute + idle + failed retry"), 3),
+             ("total_cost", "Billed cost", "tenant_daily_bill",
+              big_number("total_cost_sum", ",.2f", f"{CURRENCY}: compute + idle + failed retry", money=True), 3),
              ("idle_share", "Idle share of the bill", "tenant_daily_bill", big_number("idle_share", ".1%", "allocated but not executing"), 3)],
             [("utilization_layers", "Three utilization layers (scheduling, execution, hardware)", "utilization_hourly",
-              ts_chart("echarts_timeseries_line", "hour", "PT1H", list(LAYERS), fmt=".0%", y_axis_bounds=[0, 1]), 12)],
+              ts_chart("echarts_timeseries_line", "hour", "PT1H", list(LAYERS), fmt=".0%", y_axis_bounds=[0, 1],
+                       **axes("Hour (UTC)", "Utilization (%)")), 12)],
             [("tenant_cost_split", "Cost by tenant: compute / idle / failed retry", "tenant_daily_bill",
-              bar_chart("tenant", ["compute_cost_sum", "idle_cost_sum", "failed_retry_cost_sum"], stack=True, fmt=",.0f"), 6),
+              bar_chart("tenant", ["compute_cost_sum", "idle_cost_sum", "failed_retry_cost_sum"], stack=True, fmt=",.0f",
+                        **axes("Tenant", f"Cost ({CURRENCY})", money=True)), 6),
              ("idle_waste_by_queue", "Idle waste by queue (GPU-hours)", "idle_waste_daily",
-              bar_chart("queue", ["idle_gpu_hours_sum"], ["tenant"], stack=True, fmt=",.1f"), 6)],
+              bar_chart("queue", ["idle_gpu_hours_sum"], ["tenant"], stack=True, fmt=",.1f",
+                        **axes("Queue", "Idle GPU-hours")), 6)],
             [("top_costly_jobs", "Top-10 costly jobs", "job_cost",
               table_raw(["job_id", "tenant", "queue", "attempts", "gpu_hours", "effective_gpu_hours", "idle_gpu_hours", "cost"],
                         ("cost", False), 10), 7),
              ("cluster_idle_by_model", "Cluster idle (unallocated GPU-hours) by GPU model", "capacity_daily",
-              bar_chart("gpu_model", ["unallocated_gpu_hours"], fmt=",.1f"), 5)],
+              bar_chart("gpu_model", ["unallocated_gpu_hours"], fmt=",.1f",
+                        **axes("GPU model", "Unallocated GPU-hours")), 5)],
             [("tenant_ranking", "Tenant ranking", "tenant_daily_bill",
               table_agg(["tenant"], ["total_cost_sum", "compute_cost_sum", "idle_cost_sum", "failed_retry_cost_sum", "idle_share",
                                      "effective_gpu_hours"], "total_cost_sum", 100), 12)],
@@ -289,8 +333,9 @@ def build(out: Path = BUNDLE) -> None:
             "normalize_columns": False, "always_filter_main_dttm": False, "uuid": uid("dataset", name),
             "metrics": [{"metric_name": x["metric_name"], "verbose_name": x["verbose_name"], "metric_type": None,
                          "expression": x["expression"], "description": x["description"], "d3format": x["d3format"],
-                         "currency": None, "extra": {}, "warning_text": None} for x in metrics],
-            "columns": [{"column_name": col, "verbose_name": None, "is_dttm": _ch_type_is_dttm(typ), "is_active": True,
+                         "currency": x["currency"], "extra": {}, "warning_text": None} for x in metrics],
+            "columns": [{"column_name": col, "verbose_name": report_column(col).header(CURRENCY),
+                         "is_dttm": _ch_type_is_dttm(typ), "is_active": True,
                          "type": typ, "advanced_data_type": None, "groupby": True, "filterable": True,
                          "expression": None, "description": None, "python_date_format": None, "extra": {}}
                         for col, typ in columns[name]],

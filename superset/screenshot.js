@@ -5,7 +5,7 @@
 //
 // Logs in through the login form, opens each dashboard (standalone), waits until every chart has
 // rendered (no spinner left), saves build/screenshots/<slug>.png and prints one JSON line per
-// dashboard: {slug, file, charts, rendered, errors: [...]}.
+// dashboard: {slug, file, charts, rendered, errors: [...], texts: [...]}.
 const { chromium } = require("playwright-core");
 
 const [base, user, password, outDir, ...slugs] = process.argv.slice(2);
@@ -46,7 +46,9 @@ const executablePath = process.env.CHROMIUM || "/usr/bin/chromium";
           .map((e) => e.innerText.trim()).filter(Boolean));
         const rendered = holders.filter((h) => h.querySelector("canvas, svg, table")
           || /\d/.test(h.innerText)).length;
-        return { charts: holders.length, rendered, errors };
+        // what each chart shows as text (tables, big numbers, axis labels): checked for unrounded numbers
+        const texts = holders.map((h) => h.innerText.trim()).filter(Boolean);
+        return { charts: holders.length, rendered, errors, texts };
       });
       const file = `${outDir}/${slug}.png`;
       await page.screenshot({ path: file, fullPage: true });

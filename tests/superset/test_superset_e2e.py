@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -374,6 +375,11 @@ def test_screenshots(ledger, imported, superset):
     for r in results:
         assert r["charts"] == len(charts[r["slug"]]), r
         assert r["rendered"] == r["charts"] and not r["errors"], r
+        # numbers rounded for reading: no 12.339622222222221 in a table or a big number
+        unrounded = [m for text in r["texts"] for m in re.findall(r"\d+\.\d{5,}", text)]
+        assert not unrounded, (r["slug"], unrounded[:5])
+        if r["slug"] == "gpuledger-cockpit":  # money says its currency (the shipped ledger's)
+            assert "Cost (USD)" in "\n".join(r["texts"]), r["texts"]
         stats = _png_stats(Path(r["file"]))
         _log(f"{r['file']}: {stats}")
         assert stats["colors"] > 50 and stats["non_white"] > 0.05, (r["file"], stats)
