@@ -1,7 +1,7 @@
 """Periodic reports (inventory, monthly, weekly, job health) on a small chDB filled by hand: numbers
 agree with the ledger's own reports (gpuledger.reports.fetch), hints fire where the data says so,
 the period's data coverage is stated, and the three renderings hold what they should (HTML
-self-contained, with SVG plots). The renderings' rules on hand-made reports: tests/unit/test_periodic_reports.py."""
+self-contained, with SVG plots). The renderings' rules on hand-made reports: tests/unit/test_periodic_rendering.py."""
 
 from __future__ import annotations
 
