@@ -13,7 +13,9 @@ help: ## list the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	@# setuptools notes that an editable install of a package-dir mapping (agents/ -> gpuledger.agents)
+	@# uses an import finder: information on every install, not a warning about this project
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install gpuledger with its test extras
