@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 
 from gpuledger.broker import free_port, wait_for_port
 from gpuledger.config import Settings
@@ -186,10 +186,26 @@ class ReplayPublisher:
                 self.producer.poll(0.5)
 
     def poll(self):
-        return self.producer.poll(0)
+        try:
+            return self.producer.poll(0)
+        except (SystemError, KafkaException) as exc:  # see flush
+            print(f"[chaos] replay poll raised {type(exc).__name__}: {exc}", flush=True)
+            return 0
 
     def flush(self, timeout: float = 600) -> int:
-        return self.producer.flush(timeout)
+        """flush(), asked again when it raises instead of answering: confluent-kafka's flush can raise
+        a SystemError ("exception <class 'str'> is not a BaseException subclass") while every
+        connection is cut; the messages are still queued (message.timeout.ms=0), and a delivery that
+        really failed is in `errors`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.producer.flush(max(1.0, deadline - time.monotonic()))
+            except (SystemError, KafkaException) as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                print(f"[chaos] replay flush raised {type(exc).__name__}: {exc}; asking again", flush=True)
+                time.sleep(1)
 
 
 class Supervised:
@@ -300,3 +316,169 @@ def wait_caught_up(settings: Settings, group: str, topics: list[str], known_ends
             say(f"{group} lags by {lag} messages")
         time.sleep(1)
     raise TimeoutError(f"{group} still lags on {topics} after {timeout_s:.0f}s")
+
+
+# --------------------------------------------------------------------------- poison (issue #12)
+DAY_MS = 86_400_000
+
+
+class Poison:
+    """Hostile-producer input, one of each kind the review found, built from a replay's emissions so
+    that it names real nodes and jobs. None of it may change a bill, a queue figure or a table the
+    bills read; each must come back as a dead letter with its reason."""
+
+    def __init__(self, emissions, settings: Settings):
+        from gpuledger.schemas.models import GpuAssignment, GpuSample, JobEvent, NodeTick, QueueState, SchedulerSnapshot
+        from gpuledger.schemas.wire import encode
+
+        self.settings = settings
+        t = settings.topics
+        ticks = [e for e in emissions if e.line == "gpu-samples"]
+        events = [e.message for e in emissions if e.line == "job-events" and e.key is not None]
+        first = ticks[0].message
+        node, gpu = first.node, first.gpus[0].gpu_uuid
+        start = first.ts_ms
+        completed = next(e for e in events if e.kind.value == "completed")
+        self.completed_job = completed.job_id
+        held = [GpuAssignment(node=node, gpu_uuid=gpu)]
+
+        def event(job, n, kind, ts_ms, attempt=0, gpus=(), template=completed):
+            return encode(JobEvent(event_id=f"poison-{job}-{n}", ts_ms=ts_ms, kind=kind, cluster=template.cluster,
+                                   job_id=job, attempt=attempt, tenant=template.tenant, queue=template.queue,
+                                   gpus=list(gpus)))
+
+        future_tick = NodeTick(cluster=first.cluster, node=node, ts_ms=int(time.time() * 1000) + 400 * DAY_MS,
+                               interval_ms=first.interval_ms,
+                               gpus=[GpuSample(gpu_uuid=gpu, index=0, model=first.gpus[0].model, power_w=100.0)])
+        #: before the replay (no watermark yet): (topic, key, value, kind)
+        self.before = [
+            (t.gpu_samples, node.encode(), encode(future_tick), "far-future tick before any watermark"),
+            # a real job's attempt that was never allocated, and a job that was never allocated at all
+            (t.job_events, completed.job_id.encode(),
+             event(completed.job_id, 1, "started", start + 30_000, attempt=9, gpus=held), "never-allocated attempt"),
+            (t.job_events, completed.job_id.encode(),
+             event(completed.job_id, 2, "completed", start + 90_000, attempt=9), "never-allocated attempt"),
+            (t.job_events, b"poison-ghost", event("poison-ghost", 1, "started", start + 30_000, gpus=held),
+             "never-allocated attempt"),
+            # completed before allocated: the end comes first, the allocation after it
+            (t.job_events, b"poison-backwards", event("poison-backwards", 1, "completed", start + 20_000),
+             "completed before allocated"),
+            (t.job_events, b"poison-backwards", event("poison-backwards", 2, "allocated", start + 60_000, gpus=held),
+             "completed before allocated"),
+        ]
+        snap = lambda ts: encode(SchedulerSnapshot(  # noqa: E731
+            cluster=first.cluster, ts_ms=ts, queues=[QueueState(queue="poison", quota_gpus=1, allocated_gpus=0,
+                                                                pending_jobs=1, pending_gpus=1)]))
+        #: during the replay
+        self.during = (
+            [(t.scheduler_snapshots, first.cluster.encode(), snap(k * 31 * DAY_MS), "1970 snapshots a month apart")
+             for k in range(150)]
+            + [(t.job_events, completed.job_id.encode(),
+                event(completed.job_id, 3, "failed", 86_400_000, attempt=completed.attempt),
+                "1970 failed event for a completed job"),
+               (t.gpu_samples, node.encode(), b'{"schema_version": 1, "node": "' + b"x" * 5_000_000,
+                "5 MB malformed message")]
+        )
+        self.producer = Producer({**settings.kafka_client_config(), "partitioner": "murmur2_random",
+                                  "message.max.bytes": 8_000_000, "message.timeout.ms": 0})
+        self.errors: list[str] = []
+
+    def _send(self, messages) -> None:
+        def delivered(err, _msg):
+            if err is not None:
+                self.errors.append(str(err))
+        for topic, key, value, _kind in messages:
+            self.producer.produce(topic, key=key, value=value, on_delivery=delivered)
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                left = self.producer.flush(max(1.0, deadline - time.monotonic()))
+                break
+            except (SystemError, KafkaException) as exc:  # see ReplayPublisher.flush
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(1)
+        if left > 0:
+            self.errors.append("poison not delivered")
+
+    def send_before(self) -> None:
+        self._send(self.before)
+
+    def send_during(self) -> None:
+        self._send(self.during)
+
+    @property
+    def count(self) -> int:
+        return len(self.before) + len(self.during)
+
+
+def read_dead_letters(settings: Settings, quiet_s: float = 3.0) -> list[bytes]:
+    """Every message of the dead-letter topic, read by assignment until nothing new came for `quiet_s`."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic = settings.topics.dead_letters
+    consumer = Consumer({**settings.kafka_client_config(), "group.id": "chaos-letters", "enable.auto.commit": False})
+    try:
+        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+        out, last = [], time.monotonic()
+        while time.monotonic() - last < quiet_s:
+            for msg in consumer.consume(500, 0.3):
+                if msg.error() is None:
+                    out.append(msg.value())
+                    last = time.monotonic()
+        return out
+    finally:
+        consumer.close()
+
+
+SECOND_WRITER_SCRIPT = r"""
+import sys
+from gpuledger.config import Settings
+from gpuledger.warehouse import connect
+s = Settings(warehouse="chdb:" + sys.argv[1])
+c = connect(s)
+try:
+    # another writer (a backfill, a second sink) inserts rows already there, as plain inserts
+    c.command("INSERT INTO usage_raw SELECT * FROM usage_raw WHERE cityHash64(record_id) % 7 = 0")
+    c.command("INSERT INTO usage_raw SELECT * FROM usage_raw WHERE cityHash64(record_id) % 11 = 0")
+finally:
+    c.close()
+"""
+
+DEDUP_BILLS_SCRIPT = r"""
+import json, sys
+from gpuledger.config import Settings
+from gpuledger.warehouse import connect
+s = Settings(warehouse="chdb:" + sys.argv[1])
+c = connect(s)
+try:
+    # the bills from usage deduplicated by record_id (what a dedup-aware warehouse bills)
+    rows = c.query(
+        "SELECT toString(day) AS day, tenant, state, definition_version, sum(cost_micros) AS cost_micros, "
+        "sum(gpu_ms) AS gpu_ms, sum(effective_gpu_ms) AS effective_gpu_ms, count() AS records "
+        "FROM (SELECT * FROM usage_raw ORDER BY record_id LIMIT 1 BY record_id) "
+        "GROUP BY day, tenant, state, definition_version ORDER BY day, tenant, state, definition_version"
+    ).named_results()
+    out = {"bills": [{k: (v if isinstance(v, (int, float, str)) else str(v)) for k, v in r.items()} for r in rows]}
+    (n, ids), = c.query("SELECT count(), uniqExact(record_id) FROM usage_raw").result_rows
+    out["usage_raw"] = {"rows": n, "record_ids": ids}
+finally:
+    c.close()
+print(json.dumps(out))
+"""
+
+
+def second_writer(chdb_dir: Path) -> None:
+    out = subprocess.run([sys.executable, "-c", SECOND_WRITER_SCRIPT, str(chdb_dir)], capture_output=True, text=True,
+                         timeout=300)
+    if out.returncode != 0:
+        raise RuntimeError(f"second writer failed: {out.stderr[-3000:]}")
+
+
+def dedup_bills(chdb_dir: Path) -> dict:
+    out = subprocess.run([sys.executable, "-c", DEDUP_BILLS_SCRIPT, str(chdb_dir)], capture_output=True, text=True,
+                         timeout=300)
+    if out.returncode != 0:
+        raise RuntimeError(f"reading deduplicated bills failed: {out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
