@@ -243,6 +243,22 @@ def test_one_set_of_rules_what_the_worker_rejects_never_reaches_the_warehouse(br
         for rec in decode(UsageBatch, value).records:
             by[(rec.state.value, rec.job_id)] += rec.gpu_ms
     assert dict(by) == {("unallocated", ""): 20_000, ("allocated_idle", "j0"): 15_000, ("executing", "j0"): 25_000}
+    # what the worker accepted, on lifecycle-accepted, each with the job-events position it repeats
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**s.kafka_client_config(), "group.id": "accepted-reader", "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition(t.lifecycle_accepted, 0, 0)])
+        forwarded, last = [], time.monotonic()
+        while time.monotonic() - last < 2:
+            for msg in consumer.consume(100, 0.2):
+                if msg.error() is None:
+                    forwarded.append((dict(msg.headers() or []), decode(JobEvent, msg.value()).kind.value))
+                    last = time.monotonic()
+    finally:
+        consumer.close()
+    assert [kind for _, kind in forwarded] == ["submitted", "allocated", "started", "completed"]
+    assert [h["gpuledger-source"] for h, _ in forwarded] == [b"0:4", b"0:5", b"0:6", b"0:7"]  # after the 4 poison events
 
     stop = threading.Event()
     guard = threading.Timer(90, stop.set)
