@@ -70,7 +70,7 @@ class Settings(BaseSettings):
     worker_snapshot_interval_s: float = Field(2.0, gt=0, description="how often the worker snapshots its state to the worker-state topic and commits its input offsets, seconds")
     worker_watermark_flush_s: float = Field(0.1, gt=0, description="how long the worker may hold lifecycle watermarks back to send only the latest of a burst on to the join (fewer messages while it works through a backlog), seconds")
     worker_retention_s: float = Field(86400.0, gt=0, description="event time behind the closed horizon for which the worker recognises duplicate allocation changes and accepts late ones, seconds")
-    worker_max_ahead_s: float = Field(604800.0, gt=0, description="input more than this ahead of the lifecycle watermark is rejected as an absurd timestamp, seconds")
+    worker_max_ahead_s: float = Field(604800.0, gt=0, description="input more than this ahead of the lifecycle watermark, or of the receiving process's clock (also before the first watermark), is rejected as an absurd timestamp, seconds; worker and sink alike")
     sink_retry_max_s: float = Field(30.0, gt=0, description="longest pause between the sink's retries of a failed warehouse write, seconds (it retries until it succeeds)")
     dead_letter_max_bytes: int = Field(900_000, ge=16_384, description="largest dead letter the worker and sink produce, bytes; a larger original is cut (its size and SHA-256 kept). Keep it under the broker's message size (Kafka's default 1 MB)")
     sink_fault_file: Path | None = Field(None, description="testing only: fault-injection control file read by the sink (docs/reliability.md)")
