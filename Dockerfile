@@ -22,7 +22,8 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
  && pip wheel --wheel-dir /wheels -r requirements.txt
 
 # The package itself as a regular (non-editable) wheel: package data (sql/*.sql,
-# schemas/json/*.json, gpuledger/ledger_defaults.toml) is declared in pyproject.toml.
+# schemas/json/*.json, gpuledger/ledger_defaults.toml, the Superset bundle, the report templates,
+# the PodResources proto) is declared in pyproject.toml.
 COPY . .
 RUN pip wheel --no-deps --wheel-dir /wheels .
 

@@ -8,7 +8,7 @@ Three layers, each replaceable:
   insert-deduplication token per block, retrying with backoff until the backend takes them;
   a `ProgressStore` records each block's range before ("pending") and after ("done") the insert;
 - `ClickHouseWriter` / `ClickHouseProgress`: the backend (one insert per table and block) and the
-  progress table (`sink_progress`, sql/0007).
+  progress table (`sink_progress`, sql/0009).
 
 Exactly-once effect (docs/reliability.md, "Exactly-once into ClickHouse"):
 - a block is the rows of messages [from, to) of one partition; its token names that range, so a
@@ -304,7 +304,7 @@ def _progress_from_row(r: dict) -> Progress:
 
 
 class ClickHouseProgress:
-    """The `sink_progress` table (sql/0007): the latest row per (consumer, topic, partition) wins."""
+    """The `sink_progress` table (sql/0009): the latest row per (consumer, topic, partition) wins."""
 
     TABLE = "sink_progress"
 
