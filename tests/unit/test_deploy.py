@@ -22,9 +22,10 @@ MANIFESTS = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
 
 
 def parse_command(argv: list[str]) -> tuple[str, object]:
-    """argv after the `gpuledger` executable -> (agent kind, the agent's parsed arguments)."""
+    """argv after the `gpuledger` executable -> (agent kind or command, its parsed arguments)."""
     args = build_parser().parse_args(argv)
-    assert args.command == "agent", f"deploy files run agents, got {argv}"
+    if args.command != "agent":
+        return args.command, args
     module = importlib.import_module(f"gpuledger.agents.{AGENT_MODULES[args.kind]}")
     return args.kind, module.build_parser(Settings()).parse_args(args.agent_args)
 
@@ -37,7 +38,8 @@ def check_settings(env: dict[str, str], where: str) -> None:
             continue
         field = name.removeprefix("GPULEDGER_").lower()
         assert field in fields, f"{where}: {name} is not a setting (docs/configuration.md lists them)"
-        overrides[field] = value
+        if not field.endswith("_password_file"):  # a secret on the target host, not here
+            overrides[field] = value
     Settings(**overrides)  # every value valid
 
 
@@ -55,7 +57,9 @@ def env_file(path: Path) -> dict[str, str]:
 
 def test_there_are_units_and_manifests_for_every_agent_that_deploys():
     kinds = {parse_command(shlex.split(unit(u)["Service"]["ExecStart"])[1:])[0] for u in UNITS}
-    assert kinds == {"gpu", "slurm"}
+    assert kinds == {"gpu", "slurm", "bills"}
+    timer = unit(DEPLOY / "systemd" / "gpuledger-bills-close.timer")["Timer"]
+    assert timer["OnUnitActiveSec"] and (DEPLOY / "systemd" / "gpuledger-bills-close.service").exists()
     assert {p.name for p in MANIFESTS} >= {"gpu-agent-daemonset.yaml", "kubernetes-agent.yaml",
                                              "namespace-and-config.yaml"}
 
@@ -66,6 +70,9 @@ def test_systemd_units_run_real_commands_with_real_settings(path):
     argv = shlex.split(service["ExecStart"])
     assert argv[0].endswith("/gpuledger")
     kind, args = parse_command(argv[1:])
+    for extra in ("ExecStartPost",):
+        if extra in service:
+            parse_command(shlex.split(service[extra])[1:])
     env_path = service["EnvironmentFile"].lstrip("-")
     assert env_path == "/etc/gpuledger/gpuledger.env"
     env = env_file(DEPLOY / "systemd" / "gpuledger.env")
@@ -77,7 +84,10 @@ def test_systemd_units_run_real_commands_with_real_settings(path):
     assert env["GPULEDGER_DATA_DIR"] == "/var/lib/gpuledger" and service["StateDirectory"] == "gpuledger"
     if kind == "slurm":
         assert str(args.state_file).startswith("/var/lib/gpuledger/")  # kept across restarts
-    assert service["Restart"] == "always"
+    if kind == "bills":
+        assert args.action == "close" and service["Type"] == "oneshot"
+    else:
+        assert service["Restart"] == "always"
 
 
 def documents() -> list[tuple[str, dict]]:
