@@ -21,6 +21,7 @@ import time
 import urllib.request
 from typing import Any, Callable, NoReturn, Sequence
 
+from gpuledger.agents.gpu_agent import add_tick_options
 from gpuledger.agents.dcgm import (DcgmState, ExpositionError, Row, exposition_hostnames, gpu_samples,
                                   parse_exposition)
 from gpuledger.schemas.models import GpuSample
@@ -105,39 +106,26 @@ def build_parser(settings: Any) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuledger agent dcgm",
                                 description="GPU samples (NodeTicks) from a dcgm-exporter /metrics endpoint.")
     p.add_argument("--url", default=DEFAULT_URL, help="dcgm-exporter metrics URL (default %(default)s)")
-    p.add_argument("--cluster", default=settings.cluster)
     p.add_argument("--node", default=None,
                    help="node name (default: the exposition's Hostname label if it names one host, else this host's "
                         "name); when the endpoint serves several hosts only this one's rows are taken")
-    p.add_argument("--interval", type=float, default=settings.agent_interval_s, help="seconds between ticks (default %(default)s)")
     p.add_argument("--timeout", type=float, default=None,
                    help="scrape timeout, seconds (default: the interval, at most 10)")
-    p.add_argument("--ticks-per-message", type=int, default=settings.agent_ticks_per_message,
-                   help="ticks sent per message (a NodeTickBatch when > 1; default GPULEDGER_AGENT_TICKS_PER_MESSAGE=%(default)s)")
-    p.add_argument("--once", action="store_true", help="take one tick now and exit")
-    p.add_argument("--print", dest="print_", action="store_true", help="write ticks to stdout as JSON instead of Kafka")
-    p.add_argument("--metrics-port", type=int, default=settings.agent_metrics_port,
-                   help="serve Prometheus /metrics on this port (0: off; default GPULEDGER_AGENT_METRICS_PORT)")
-    p.add_argument("--log-level", default="INFO")
+    add_tick_options(p, settings)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from gpuledger.agents.gpu_agent import build_tick, serve_ticks
+    from gpuledger.agents.gpu_agent import build_tick, check_tick_options, serve_ticks
     from gpuledger.config import load_settings
     from gpuledger.schemas.wire import encode
 
     settings = load_settings()
     p = build_parser(settings)
     args = p.parse_args(argv)
-    if args.interval <= 0:
-        p.error("--interval must be positive")
-    if args.ticks_per_message < 1:
-        p.error("--ticks-per-message must be at least 1")
     if args.timeout is not None and args.timeout <= 0:
         p.error("--timeout must be positive")
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    check_tick_options(p, args)
 
     backend = DcgmBackend(args.url, node=args.node, timeout_s=args.timeout or min(args.interval, 10.0))
     node = backend.node = args.node or default_node(backend)

@@ -274,24 +274,39 @@ def serve_ticks(backend: GpuBackend, settings: Any, *, cluster: str, node: str, 
     return 0
 
 
-def build_parser(settings: Any) -> argparse.ArgumentParser:
-    """The agent's command line (defaults from `settings`); deploy/ files are checked against it."""
-    p = argparse.ArgumentParser(prog="gpuledger agent gpu", description="Sample this node's GPUs into NodeTicks.")
-    p.add_argument("--backend", choices=("nvml", "sim", "sim-slurm"), default="nvml")
+def add_tick_options(p: argparse.ArgumentParser, settings: Any) -> None:
+    """The options of every agent that publishes line 1 through `serve_ticks` (NVML, dcgm)."""
     p.add_argument("--cluster", default=settings.cluster)
-    p.add_argument("--node", default=socket.gethostname())
     p.add_argument("--interval", type=float, default=settings.agent_interval_s, help="seconds between ticks (default %(default)s)")
     p.add_argument("--ticks-per-message", type=int, default=settings.agent_ticks_per_message,
                    help="ticks sent per message (a NodeTickBatch when > 1; default GPULEDGER_AGENT_TICKS_PER_MESSAGE=%(default)s)")
     p.add_argument("--once", action="store_true", help="take one tick now and exit")
     p.add_argument("--print", dest="print_", action="store_true", help="write ticks to stdout as JSON instead of Kafka")
+    p.add_argument("--metrics-port", type=int, default=settings.agent_metrics_port,
+                   help="serve Prometheus /metrics on this port (0: off; default GPULEDGER_AGENT_METRICS_PORT)")
+    p.add_argument("--log-level", default="INFO")
+
+
+def check_tick_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse impossible values of `add_tick_options` (argparse exits with the message), then set up logging."""
+    if args.interval <= 0:
+        p.error("--interval must be positive")
+    if args.ticks_per_message < 1:
+        p.error("--ticks-per-message must be at least 1")
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def build_parser(settings: Any) -> argparse.ArgumentParser:
+    """The agent's command line (defaults from `settings`); deploy/ files are checked against it."""
+    p = argparse.ArgumentParser(prog="gpuledger agent gpu", description="Sample this node's GPUs into NodeTicks.")
+    p.add_argument("--backend", choices=("nvml", "sim", "sim-slurm"), default="nvml")
+    p.add_argument("--node", default=socket.gethostname())
+    add_tick_options(p, settings)
     p.add_argument("--bench", type=int, metavar="N", help="time N back-to-back ticks, print a JSON summary, exit")
     p.add_argument("--sim-gpus", default="8xA100-80GB", help="simulated GPUs, e.g. 4xA100-80GB,2xT4")
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated backend")
     p.add_argument("--proc-root", default="/proc", help="host /proc (for container ids), e.g. /host/proc")
-    p.add_argument("--metrics-port", type=int, default=settings.agent_metrics_port,
-                   help="serve Prometheus /metrics on this port (0: off; default GPULEDGER_AGENT_METRICS_PORT)")
-    p.add_argument("--log-level", default="INFO")
     return p
 
 
@@ -303,12 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.bench is not None and args.bench < 1:
         p.error("--bench needs at least 1 tick")
-    if args.interval <= 0:
-        p.error("--interval must be positive")
-    if args.ticks_per_message < 1:
-        p.error("--ticks-per-message must be at least 1")
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    check_tick_options(p, args)
 
     try:
         backend = make_backend(args.backend, sim_gpus=args.sim_gpus, seed=args.seed, node=args.node,

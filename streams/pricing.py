@@ -189,15 +189,9 @@ class LedgerConfig:
     def price_at(self, model: str, ts_ms: int) -> PriceEntry:
         """The price entry valid at ts_ms for this model; the `default` model's when it has none (then
         the record is flagged `priced_by_default` and charged under the [unpriced] policy)."""
-        for name in (model, "default"):
-            entries = self.price_history.get(name)
-            if not entries:
-                continue
-            if ts_ms >= entries[-1].valid_from_ms:  # the usual case: the latest entry (hot path)
-                return entries[-1]
-            i = bisect.bisect_right(entries, ts_ms, key=lambda e: e.valid_from_ms) - 1
-            if i >= 0:
-                return entries[i]
+        entry = _valid_at(self.price_history, model, ts_ms)
+        if entry is not None:
+            return entry
         # Before every entry (history older than the price list): the earliest default price, flagged
         # as priced by default like any unpriced model. Never an error here: this runs in the worker.
         entries = self.price_history.get("default") or self.price_history.get(model)
@@ -214,15 +208,9 @@ class LedgerConfig:
 
     def coefficient_at(self, model: str, ts_ms: int) -> Coefficient:
         """The coefficient entry valid at ts_ms for this model (falls back to 'default')."""
-        for name in (model, "default"):
-            entries = self.coefficients.get(name)
-            if not entries:
-                continue
-            if ts_ms >= entries[-1].valid_from_ms:  # the usual case: the latest entry (hot path)
-                return entries[-1]
-            i = bisect.bisect_right(entries, ts_ms, key=lambda e: e.valid_from_ms) - 1
-            if i >= 0:
-                return entries[i]
+        entry = _valid_at(self.coefficients, model, ts_ms)
+        if entry is not None:
+            return entry
         # Before every entry, or no entry at all: the earliest default coefficient, else the baseline's
         # 1.0 (the record is flagged priced by default). Never an error here: this runs in the worker.
         entries = self.coefficients.get("default")
@@ -323,6 +311,21 @@ def _fingerprint(doc: dict) -> str:
     return hashlib.sha256(
         json.dumps({k: v for k, v in doc.items() if k not in histories}, sort_keys=True, default=str).encode()
     ).hexdigest()
+
+
+def _valid_at(history: dict, model: str, ts_ms: int):
+    """The entry of `model` (else of 'default') valid at ts_ms in a dated history (entries sorted by
+    valid_from_ms); None when ts_ms is before every entry of both."""
+    for name in (model, "default"):
+        entries = history.get(name)
+        if not entries:
+            continue
+        if ts_ms >= entries[-1].valid_from_ms:  # the usual case: the latest entry (hot path)
+            return entries[-1]
+        i = bisect.bisect_right(entries, ts_ms, key=lambda e: e.valid_from_ms) - 1
+        if i >= 0:
+            return entries[i]
+    return None
 
 
 #: The coefficient of a model when the library has neither its own nor a 'default' entry.
