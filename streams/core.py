@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from gpuledger.config import Topics
 from gpuledger.schemas.models import SCHEMA_VERSION, LifecycleWatermark, NodeWatermark
 from gpuledger.schemas.wire import DecodeError, decode_lifecycle, decode_metered_ticks, decode_node_allocation, encode
 from gpuledger.streams.join import (
@@ -38,6 +37,7 @@ from gpuledger.streams.join import (
 )
 from gpuledger.streams.checks import dead_letter
 from gpuledger.streams.pricing import LedgerConfig
+from gpuledger.streams.topic_names import TopicNames
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ def _letter(topic: str, partition: int, offset: int, raw: bytes | None, reason: 
 class WorkerCore:
     """All of the worker's state and logic; the Faust app only moves bytes in and out."""
 
-    def __init__(self, topics: Topics, *, partitions_gpu_samples: int, partitions_job_events: int,
+    def __init__(self, topics: TopicNames, *, partitions_gpu_samples: int, partitions_job_events: int,
                  ledger: LedgerConfig, retention_ms: int = DAY_MS, max_ahead_ms: int = 7 * DAY_MS,
                  defer_watermarks: bool = False, dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES):
         self.topics = topics
