@@ -34,8 +34,9 @@ from faust.transport.drivers import aiokafka as aiokafka_driver
 from confluent_kafka import Consumer, TopicPartition
 
 from gpuledger.config import Settings
+from gpuledger.ledger_files import load_ledger_config
 from gpuledger.streams.core import JOIN, ROUTER, Out, WorkerCore
-from gpuledger.streams.pricing import LedgerConfig, load_ledger_config
+from gpuledger.streams.pricing import LedgerConfig
 
 log = logging.getLogger(__name__)
 
