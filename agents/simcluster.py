@@ -24,10 +24,10 @@ import heapq
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, NamedTuple
+from typing import Any, Callable, Iterable, Iterator
 
-from pydantic import BaseModel
 
+from gpuledger.schemas.lines import LINE_JOB_EVENTS, LINE_SAMPLES, LINE_SNAPSHOTS, Emission
 from gpuledger.schemas.models import (
     GpuAssignment,
     GpuHealth,
@@ -44,10 +44,6 @@ from gpuledger.schemas.models import (
     SchedulerSnapshot,
 )
 
-LINE_SAMPLES = "gpu-samples"
-LINE_JOB_EVENTS = "job-events"
-LINE_SNAPSHOTS = "scheduler-snapshots"
-LINES = (LINE_SAMPLES, LINE_JOB_EVENTS, LINE_SNAPSHOTS)
 
 #: 2026-11-02T00:00:00Z — a fixed UTC midnight, so default runs are reproducible.
 DEFAULT_START_MS = calendar.timegm((2026, 11, 2, 0, 0, 0)) * 1000
@@ -55,14 +51,6 @@ DEFAULT_START_MS = calendar.timegm((2026, 11, 2, 0, 0, 0)) * 1000
 _MIB = 1024 * 1024
 _MINUTE = 60_000
 _HOUR = 3_600_000
-
-
-class Emission(NamedTuple):
-    """One message of one data line. `key` is the Kafka key (None: broadcast watermark)."""
-
-    line: str
-    key: str | None
-    message: BaseModel
 
 
 # --------------------------------------------------------------------------- specs

@@ -17,7 +17,7 @@ import time
 from gpuledger.agents.gpu_agent import build_tick, next_grid_ms
 from gpuledger.agents.publisher import ListPublisher
 from gpuledger.agents.sim_backend import SimBackend, SimProcess, parse_sim_models
-from gpuledger.processes import ChildProcess
+from gpuledger.embedded.processes import ChildProcess
 from gpuledger.schemas.wire import encode
 from gpuledger.topics import create_topics
 
@@ -95,7 +95,7 @@ def run(bootstrap: str | None) -> dict:
 
 
 if __name__ == "__main__":
-    from gpuledger.broker import EmbeddedBroker
+    from gpuledger.embedded.broker import EmbeddedBroker
 
     with EmbeddedBroker() as broker:
         for k, v in run(broker.bootstrap).items():

@@ -17,7 +17,8 @@ from collections import defaultdict
 
 import orjson
 
-from gpuledger.agents.simcluster import LINE_JOB_EVENTS, LINE_SAMPLES, SimSpec, batch_ticks, simulate
+from gpuledger.schemas.lines import LINE_JOB_EVENTS, LINE_SAMPLES
+from gpuledger.agents.simcluster import SimSpec, batch_ticks, simulate
 from gpuledger.schemas.models import LifecycleWatermark, NodeWatermark
 from gpuledger.schemas.wire import decode_lifecycle, decode_metered_ticks, decode_node_allocation, encode
 from gpuledger.streams.join import LifecycleRouter, NodeJoin, WatermarkClock

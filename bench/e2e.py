@@ -23,10 +23,10 @@ import threading
 import time
 
 from gpuledger.agents.publisher import KafkaPublisher
-from gpuledger.processes import ChildProcess
+from gpuledger.embedded.processes import ChildProcess
 from gpuledger.schemas.models import GpuAssignment, GpuSample, JobEvent, LifecycleWatermark, NodeTick
 from gpuledger.schemas.wire import encode
-from gpuledger.sink import run_sink
+from gpuledger.sink.loop import run_sink
 from gpuledger.topics import create_topics
 from gpuledger.warehouse import connect, migrate
 
@@ -180,7 +180,7 @@ def run(bootstrap: str) -> dict:
 
 
 if __name__ == "__main__":
-    from gpuledger.broker import EmbeddedBroker
+    from gpuledger.embedded.broker import EmbeddedBroker
 
     with EmbeddedBroker(log_path=workdir() / "tansu.log") as broker:
         for key, value in run(broker.bootstrap).items():

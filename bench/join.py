@@ -32,9 +32,10 @@ import orjson
 from confluent_kafka import Consumer, TopicPartition
 
 from gpuledger.agents.publisher import KafkaPublisher
-from gpuledger.agents.simcluster import DEFAULT_START_MS, LINE_JOB_EVENTS, LINE_SAMPLES, SimSpec, batch_ticks, simulate
+from gpuledger.agents.simcluster import DEFAULT_START_MS, SimSpec, batch_ticks, simulate
+from gpuledger.schemas.lines import LINE_JOB_EVENTS, LINE_SAMPLES
 from gpuledger.config import Settings
-from gpuledger.processes import ChildProcess, group_lag, settings_env
+from gpuledger.embedded.processes import ChildProcess, group_lag, settings_env
 from gpuledger.schemas.models import GpuSample, LifecycleWatermark, NodeTick
 from gpuledger.schemas.wire import encode
 from gpuledger.topics import create_topics
@@ -413,7 +414,7 @@ def _trim(text: str) -> str:
 
 
 if __name__ == "__main__":
-    from gpuledger.broker import EmbeddedBroker
+    from gpuledger.embedded.broker import EmbeddedBroker
 
     with EmbeddedBroker(log_path=workdir() / "tansu.log") as broker:
         if "--profile" in sys.argv:

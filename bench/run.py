@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     stage("core", core.measure)
     needs_broker = {"agent", "join", "profile", "e2e"} & set(stages)
     if needs_broker:
-        from gpuledger.broker import EmbeddedBroker
+        from gpuledger.embedded.broker import EmbeddedBroker
 
         with EmbeddedBroker(log_path=workdir() / "tansu.log") as broker:
             stage("agent", lambda: agent.run(broker.bootstrap))

@@ -24,7 +24,8 @@ import time
 from gpuledger.agents.simcluster import SimSpec
 from gpuledger.config import Settings
 from gpuledger.schemas.models import UsageBatch
-from gpuledger.sink import ClickHouseWriter, Source, usage_rows
+from gpuledger.sink.writer import ClickHouseWriter
+from gpuledger.sink.rows import Source, usage_rows
 from gpuledger.warehouse import connect, insert_rows, migrate
 
 from bench.common import SIZES, median, say, workdir

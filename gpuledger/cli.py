@@ -12,7 +12,7 @@ from pathlib import Path
 from gpuledger.config import Settings
 
 TABLE_REPORTS = ("bills", "jobs", "queues", "utilization", "capacity", "unmatched")
-PERIODIC_REPORTS = ("inventory", "monthly", "weekly", "job")  # gpuledger.periodic_reports.REPORT_NAMES
+PERIODIC_REPORTS = ("inventory", "monthly", "weekly", "job")  # gpuledger.warehouse.periodic.commands.REPORT_NAMES
 REPORT_NAMES = TABLE_REPORTS + PERIODIC_REPORTS
 
 
@@ -38,7 +38,7 @@ def cmd_topics(args) -> int:
 
 
 def cmd_migrate(args) -> int:
-    from gpuledger.coefficients import sync_library
+    from gpuledger.warehouse.library import sync_library
     from gpuledger.streams.pricing import load_ledger_config
     from gpuledger.warehouse import connect, migrate
 
@@ -58,8 +58,8 @@ def cmd_migrate(args) -> int:
 def cmd_coefficients(args) -> int:
     from datetime import date
 
-    from gpuledger.coefficients import add_coefficient, history_rows, sync_library
-    from gpuledger.reports import render
+    from gpuledger.warehouse.library import add_coefficient, history_rows, sync_library
+    from gpuledger.warehouse.reports import render
     from gpuledger.streams.pricing import load_ledger_config
     from gpuledger.warehouse import connect
 
@@ -87,8 +87,8 @@ def cmd_coefficients(args) -> int:
 def cmd_rebill(args) -> int:
     from datetime import date
 
-    from gpuledger.coefficients import rebill, rebill_bill, sync_library
-    from gpuledger.reports import render
+    from gpuledger.warehouse.library import rebill, rebill_bill, sync_library
+    from gpuledger.warehouse.reports import render
     from gpuledger.streams.pricing import load_ledger_config
     from gpuledger.warehouse import connect
 
@@ -117,7 +117,7 @@ def cmd_worker(args) -> int:
 
 def cmd_sink(args) -> int:
     from gpuledger.metrics import start_metrics_server
-    from gpuledger.sink import run_sink
+    from gpuledger.sink.loop import run_sink
 
     settings = _settings(args)
     start_metrics_server(settings.sink_metrics_port)  # 0 = off
@@ -147,7 +147,7 @@ def cmd_agent(args) -> int:
 
 def cmd_simulate(args) -> int:
     from gpuledger.agents.simcluster import SimSpec, simulate
-    from gpuledger.replay import publish, write_dump
+    from gpuledger.embedded.replay import publish, write_dump
 
     spec = SimSpec(hours=args.hours, nodes=args.nodes, seed=args.seed)
     if args.dump:
@@ -165,7 +165,7 @@ def cmd_simulate(args) -> int:
 
 def cmd_replay(args) -> int:
     from gpuledger.agents.publisher import KafkaPublisher
-    from gpuledger.replay import publish, read_dump
+    from gpuledger.embedded.replay import publish, read_dump
 
     settings = _settings(args)
     lines = read_dump(Path(args.file))
@@ -190,7 +190,7 @@ def cmd_report(args) -> int:
         return _periodic_report(args, settings)
     if args.format not in ("table", "json", "csv"):
         raise SystemExit(f"report {args.report} is printed as table, json or csv")
-    from gpuledger.reports import fetch, render
+    from gpuledger.warehouse.reports import fetch, render
     from gpuledger.streams.pricing import load_ledger_config
     from gpuledger.warehouse import connect_readonly
 
@@ -229,7 +229,7 @@ def _day(flag: str, value: str):
 
 def _report_filters(args) -> dict:
     """The filters given on the command line, checked against what the report takes."""
-    from gpuledger.reports import _REPORT_FILTERS
+    from gpuledger.warehouse.reports import _REPORT_FILTERS
 
     out = {}
     for name, flag in REPORT_FILTER_FLAGS.items():
@@ -245,7 +245,7 @@ def _report_filters(args) -> dict:
 
 
 def _periodic_report(args, settings: Settings) -> int:
-    from gpuledger import periodic_reports as pr
+    from gpuledger.warehouse.periodic import commands as pr
     from gpuledger.streams.pricing import load_ledger_config
     from gpuledger.warehouse import connect_readonly
 
@@ -272,9 +272,9 @@ def _periodic_report(args, settings: Settings) -> int:
 
 
 def cmd_bills(args) -> int:
-    """`gpuledger bills close|list|show|audit|publish` (gpuledger/bills.py)."""
-    from gpuledger import bills
-    from gpuledger.reports import render
+    """`gpuledger bills close|list|show|audit|publish` (gpuledger/warehouse/bills.py)."""
+    from gpuledger.warehouse import bills
+    from gpuledger.warehouse.reports import render
     from gpuledger.streams.pricing import load_ledger_config
     from gpuledger.warehouse import connect, connect_readonly
 
@@ -352,7 +352,7 @@ def _check_broker(settings: Settings, timeout_s: float = 5.0) -> None:
 
 
 def cmd_demo(args) -> int:
-    from gpuledger.demo import run_demo
+    from gpuledger.embedded.demo import run_demo
 
     return run_demo(_settings(args), hours=args.hours, nodes=args.nodes, seed=args.seed, dump=args.input)
 
@@ -442,7 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", help="bills, jobs, queues, utilization, capacity, unmatched: only this cluster")
     p.add_argument("--from", dest="day_from", help="first UTC day, YYYY-MM-DD (inclusive)")
     p.add_argument("--to", dest="day_to", help="last UTC day, YYYY-MM-DD (inclusive)")
-    from gpuledger.periodic_reports import register_report_cli
+    from gpuledger.warehouse.periodic.commands import register_report_cli
     register_report_cli(p)
 
     p = add("bills", cmd_bills, "closed billing periods: close due days (and publish them to the bills topic), list "
@@ -468,8 +468,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", metavar="DUMP", help="your own data instead of the simulation: a JSON Lines topic dump "
                                                    "(gpuledger simulate --dump, gpuledger agent slurm --print)")
 
-    from gpuledger.superset import register_cli as register_superset_cli
-    from gpuledger.traces import register_cli as register_traces_cli
+    from gpuledger.integrations.superset import register_cli as register_superset_cli
+    from gpuledger.traces.run import register_cli as register_traces_cli
     register_superset_cli(sub)
     register_traces_cli(sub)
 
@@ -485,6 +485,7 @@ def error_message(exc: BaseException) -> str | None:
     from clickhouse_connect.driver.exceptions import ClickHouseError
     from pydantic import ValidationError
 
+    from gpuledger.embedded.pipeline import PipelineError
     from gpuledger.streams.pricing import LedgerConfigError
     from gpuledger.warehouse import WarehouseError
 
@@ -492,7 +493,7 @@ def error_message(exc: BaseException) -> str | None:
         problems = "; ".join(
             f"GPULEDGER_{str(e['loc'][0]).upper()}: {e['msg']}" if e.get("loc") else e["msg"] for e in exc.errors())
         return f"bad settings: {problems}"
-    if isinstance(exc, (WarehouseError, LedgerConfigError)):
+    if isinstance(exc, (WarehouseError, LedgerConfigError, PipelineError)):
         return str(exc)
     if isinstance(exc, ClickHouseError):
         first = next((line for line in str(exc).splitlines() if line.strip()), repr(exc))

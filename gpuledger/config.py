@@ -73,7 +73,6 @@ class Settings(BaseSettings):
     worker_max_ahead_s: float = Field(604800.0, gt=0, description="input more than this ahead of the lifecycle watermark, or of the receiving process's clock (also before the first watermark), is rejected as an absurd timestamp, seconds; worker and sink alike")
     sink_retry_max_s: float = Field(30.0, gt=0, description="longest pause between the sink's retries of a failed warehouse write, seconds (it retries until it succeeds)")
     dead_letter_max_bytes: int = Field(900_000, ge=16_384, description="largest dead letter the worker and sink produce, bytes; a larger original is cut (its size and SHA-256 kept). Keep it under the broker's message size (Kafka's default 1 MB)")
-    sink_fault_file: Path | None = Field(None, description="testing only: fault-injection control file read by the sink (docs/reliability.md)")
     agent_interval_s: float = Field(5.0, gt=0, description="GPU agent sampling interval, seconds")
     cluster: str = Field("default", description="cluster name the agent reports")
     slurm_agent_interval_s: float = Field(10.0, gt=0, description="Slurm agent: seconds between polls of squeue/sinfo")

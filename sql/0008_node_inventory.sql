@@ -2,7 +2,7 @@
 -- reports them. usage_raw only knows GPUs that produced usage, so CPU-only nodes (an empty GPU list) and
 -- per-node GPU counts live here. One row per node per report; ReplacingMergeTree keeps the newest report
 -- of each node, so read it with FINAL (or argMax by seen_ms).
--- Writer: the sink, one row per gpu-samples tick (gpuledger/sink.py: inventory_row, source 'gpu-samples',
+-- Writer: the sink, one row per gpu-samples tick (gpuledger/sink/rows.py: inventory_row, source 'gpu-samples',
 -- with the Kafka coordinates); the trace replays' inventory ticks come the same way, through Kafka.
 CREATE TABLE IF NOT EXISTS node_inventory
 (

@@ -1,5 +1,5 @@
 -- Read models behind the Superset dashboards (superset/bundle) and the periodic reports
--- (gpuledger/periodic_reports.py), GPU health samples, and per-tenant access.
+-- (gpuledger/warehouse/periodic/commands.py), GPU health samples, and per-tenant access.
 --
 -- Every view here is plain SQL over the ledger's tables, so the dashboards, the reports and ad-hoc
 -- SQL agree by construction. Units: *_gpu_ms / *_gpu_seconds / *_gpu_hours as named, cost in

@@ -1,6 +1,6 @@
 -- Closed periods (docs/accounting.md §6a, docs/reliability.md "Closed periods"). A billing day of a
 -- cluster closes once the warehouse's event-time horizon of that cluster (max end_ms of usage_raw) has
--- passed the end of the day plus GPULEDGER_BILLS_CLOSE_GRACE_S. Closing (gpuledger/bills.py) writes the
+-- passed the end of the day plus GPULEDGER_BILLS_CLOSE_GRACE_S. Closing (gpuledger/warehouse/bills.py) writes the
 -- day's bill rows here, computed from usage deduplicated by record_id. Every table here is append-only:
 -- rows are inserted once by a close run and never updated or deleted. Later data for a closed day is
 -- booked as adjustments (sql/0014), never by changing these rows.

@@ -7,7 +7,7 @@ how it is kept consistent: stable UUIDs (uuid5 of the names), dataset columns re
 migrated schema (a throw-away chDB), every chart placed in its dashboard's `position` with
 `meta.chartId`, native filters targeting datasets by UUID. Edit here, re-run, commit both.
 
-Numbers read like the periodic reports': column headers and units from gpuledger.periodic.columns,
+Numbers read like the periodic reports': column headers and units from gpuledger.warehouse.periodic.columns,
 raw tables rounded per column, axes titled with their units, money metrics, columns and axes in the
 currency of the shipped ledger (gpuledger/ledger_defaults.toml; re-run after changing it).
 """
@@ -25,7 +25,7 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from gpuledger.periodic.columns import column as report_column  # noqa: E402  (headers and units: the same as the reports')
+from gpuledger.warehouse.periodic.columns import column as report_column  # noqa: E402  (headers and units: the same as the reports')
 
 BUNDLE = HERE / "bundle"
 NS = uuid.UUID("5f0c6a52-8d8e-4a53-9a57-0b6c1d3a7e11")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger.broker import EmbeddedBroker
+from gpuledger.embedded.broker import EmbeddedBroker
 from gpuledger.config import Settings
 
 SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"

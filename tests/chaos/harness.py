@@ -16,9 +16,9 @@ from pathlib import Path
 
 from confluent_kafka import KafkaException, Producer
 
-from gpuledger.broker import free_port, wait_for_port
+from gpuledger.embedded.broker import free_port, wait_for_port
 from gpuledger.config import Settings
-from gpuledger.processes import ChildProcess
+from gpuledger.embedded.processes import ChildProcess
 
 
 class TcpProxy:
@@ -156,7 +156,7 @@ class Tansu:
 
 
 class ReplayPublisher:
-    """The Publisher protocol of gpuledger.replay over an idempotent producer that never gives up
+    """The Publisher protocol of gpuledger.embedded.replay over an idempotent producer that never gives up
     on a message (a 60 s outage must not lose input)."""
 
     def __init__(self, settings: Settings):
@@ -211,13 +211,14 @@ class ReplayPublisher:
 class Supervised:
     """A `gpuledger <args>` child restarted whenever it exits (as systemd or Kubernetes would)."""
 
-    def __init__(self, settings: Settings, *args: str, log_path: Path):
+    def __init__(self, settings: Settings, *args: str, log_path: Path, **child_options):
         self.settings, self.args, self.log_path = settings, args, log_path
+        self.child_options = child_options  # ChildProcess(command=..., extra_env=...)
         self.child: ChildProcess | None = None
         self.starts = 0
         self.paused = False  # while True, a dead child is not restarted
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True, name=f"supervise-{args[0]}")
+        self._thread = threading.Thread(target=self._watch, daemon=True, name=f"supervise-{log_path.stem}")
 
     def start(self) -> "Supervised":
         self._spawn()
@@ -225,7 +226,7 @@ class Supervised:
         return self
 
     def _spawn(self) -> None:
-        self.child = ChildProcess(self.settings, *self.args, log_path=self.log_path).start()
+        self.child = ChildProcess(self.settings, *self.args, log_path=self.log_path, **self.child_options).start()
         self.starts += 1
 
     def _watch(self) -> None:

@@ -34,12 +34,13 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger.sink import sink_topics
+from gpuledger.sink.loop import sink_topics
 
 from gpuledger.agents.simcluster import SimSpec, simulate
 from gpuledger.config import Settings
-from gpuledger.replay import publish
+from gpuledger.embedded.replay import publish
 from gpuledger.topics import create_topics
+from sink_faults import CONTROL_ENV, sink_command
 
 from .harness import (
     Poison,
@@ -69,7 +70,7 @@ def say(text: str) -> None:
 @pytest.fixture(scope="module")
 def network(tmp_path_factory):
     logs = tmp_path_factory.mktemp("chaos-broker")
-    proxy_port = __import__("gpuledger.broker", fromlist=["free_port"]).free_port()
+    proxy_port = __import__("gpuledger.embedded.broker", fromlist=["free_port"]).free_port()
     broker = Tansu(proxy_port, logs / "tansu.log").start()
     proxy = TcpProxy(broker.port, proxy_port).start()
     try:
@@ -148,11 +149,12 @@ def test_bills_survive_crashes_freezes_partitions_outages_and_poison(network, tm
     # ------------------------------------------------------------------ the same replay, with faults
     control = tmp_path / "sink-fault"
     control.write_text("")
-    chaos = make_settings("chaos", tmp_path, bootstrap, sink_fault_file=control)
+    chaos = make_settings("chaos", tmp_path, bootstrap)
     create_topics(chaos)
     started = time.monotonic()
     worker = Supervised(chaos, "worker", log_path=tmp_path / "chaos-worker.log").start()
-    sink = Supervised(chaos, "sink", log_path=tmp_path / "chaos-sink.log").start()
+    sink = Supervised(chaos, log_path=tmp_path / "chaos-sink.log", command=sink_command(),
+                      extra_env={CONTROL_ENV: str(control)}).start()
     published: dict = {}
     publisher = ReplayPublisher(chaos)
     poison = Poison(emissions, chaos)

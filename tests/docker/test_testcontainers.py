@@ -44,7 +44,7 @@ except ImportError:  # pragma: no cover - older testcontainers
     from testcontainers.kafka import KafkaContainer
 
 from gpuledger.config import Settings
-from gpuledger.processes import ChildProcess, settings_env, wait_until_caught_up
+from gpuledger.embedded.processes import ChildProcess, settings_env, wait_until_caught_up
 
 KAFKA_IMAGE = "confluentinc/cp-kafka:7.6.0"   # what KafkaContainer is built for; KRaft from 7.0
 CLICKHOUSE_IMAGE = "clickhouse/clickhouse-server:25.8"
@@ -143,7 +143,7 @@ def bills_exact(settings: Settings) -> list[tuple]:
 def run_pipeline(settings: Settings, dump, tmp_path, during=None) -> None:
     """Topics, migrations, the dump replayed, worker and sink as child processes until everything is
     consumed; `during()` runs while they work (the fault)."""
-    from gpuledger.sink import sink_topics
+    from gpuledger.sink.loop import sink_topics
 
     gpuledger(settings, "topics", "create")
     gpuledger(settings, "migrate")

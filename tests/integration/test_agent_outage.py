@@ -23,7 +23,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from gpuledger.agents.gpu_agent import open_spooled_publisher, run_agent, spool_dir
 from gpuledger.agents.sim_backend import SimBackend
 from gpuledger.agents.spool import Spool
-from gpuledger.broker import free_port, wait_for_port
+from gpuledger.embedded.broker import free_port, wait_for_port
 from gpuledger.schemas.models import NodeTick
 from gpuledger.schemas.wire import decode
 from gpuledger.topics import create_topics

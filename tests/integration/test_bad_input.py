@@ -13,7 +13,7 @@ from confluent_kafka import Producer
 from hypothesis import HealthCheck, Phase, given, settings as hsettings
 from hypothesis import strategies as st
 
-from gpuledger.processes import ChildProcess, wait_until_caught_up
+from gpuledger.embedded.processes import ChildProcess, wait_until_caught_up
 from gpuledger.schemas.models import DeadLetter, GpuAssignment, GpuSample, JobEvent, LifecycleWatermark, NodeTick, UsageBatch
 from gpuledger.schemas.wire import decode, encode
 from gpuledger.topics import create_topics
@@ -194,7 +194,7 @@ def test_one_set_of_rules_what_the_worker_rejects_never_reaches_the_warehouse(br
 
     from gpuledger import warehouse
     from gpuledger.config import Settings
-    from gpuledger.sink import run_sink
+    from gpuledger.sink.loop import run_sink
 
     s = Settings(kafka_bootstrap=broker.bootstrap, topic_prefix=f"r{uuid.uuid4().hex[:8]}.", data_dir=tmp_path / "data",
                  warehouse=f"chdb:{tmp_path / 'chdb'}", worker_app_id=f"r{uuid.uuid4().hex[:8]}",

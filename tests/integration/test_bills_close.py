@@ -30,10 +30,11 @@ import datetime as dt
 import orjson
 import pytest
 
-from gpuledger import bills, reports, warehouse
+from gpuledger import warehouse
+from gpuledger.warehouse import bills, reports
 from gpuledger.config import Settings
 from gpuledger.schemas.models import BillRow, GpuAssignment, JobEvent, UsageBatch, UsageRecord
-from gpuledger.sink import Source, job_event_row, usage_rows
+from gpuledger.sink.rows import Source, job_event_row, usage_rows
 from gpuledger.streams.pricing import load_ledger_config
 
 pytestmark = pytest.mark.integration

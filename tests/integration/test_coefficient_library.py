@@ -6,7 +6,7 @@ from datetime import date
 import pytest
 
 from gpuledger.cli import main
-from gpuledger.coefficients import add_coefficient, history_rows, sync_library
+from gpuledger.warehouse.library import add_coefficient, history_rows, sync_library
 from gpuledger.streams.pricing import BUNDLED_CONFIG, LedgerConfigError, load_ledger_config
 from gpuledger.warehouse import connect, migrate
 

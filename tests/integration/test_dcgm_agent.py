@@ -13,7 +13,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from gpuledger.agents.dcgm_agent import DcgmBackend, fetch_text, main
 from gpuledger.agents.gpu_agent import open_spooled_publisher, run_agent
-from gpuledger.processes import read_topic, settings_env
+from gpuledger.embedded.processes import read_topic, settings_env
 from gpuledger.schemas.wire import decode_node_ticks
 from gpuledger.topics import create_topics
 

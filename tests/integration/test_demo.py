@@ -8,9 +8,9 @@ import pytest
 
 from gpuledger.cli import main
 from gpuledger.config import Settings
-from gpuledger.demo import DEMO_REPORTS, load_dump, run_demo
-from gpuledger.replay import read_dump
-from gpuledger.reports import fetch
+from gpuledger.embedded.demo import DEMO_REPORTS, load_dump, run_demo
+from gpuledger.embedded.replay import read_dump
+from gpuledger.warehouse.reports import fetch
 from gpuledger.warehouse import connect
 
 pytestmark = pytest.mark.integration

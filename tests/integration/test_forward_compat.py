@@ -7,8 +7,8 @@ import pytest
 from newer_producer import newer
 
 from gpuledger.config import Settings
-from gpuledger.pipeline import run_embedded
-from gpuledger.replay import DumpLine
+from gpuledger.embedded.pipeline import run_embedded
+from gpuledger.embedded.replay import DumpLine
 from gpuledger.schemas.models import (
     GpuAssignment,
     GpuSample,

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger.agents.simcluster import Emission
-from gpuledger.coefficients import rebill, rebill_bill
+from gpuledger.schemas.lines import Emission
+from gpuledger.warehouse.library import rebill, rebill_bill
 from gpuledger.config import Settings
-from gpuledger.pipeline import run_embedded
-from gpuledger.reports import fetch
+from gpuledger.embedded.pipeline import run_embedded
+from gpuledger.warehouse.reports import fetch
 from gpuledger.schemas.models import (
     GpuAssignment,
     GpuSample,
@@ -391,7 +391,7 @@ def test_idle_redistribution_policy_conserves_cluster_idle(warehouse):
 def test_closing_keeps_the_hand_worked_bills(warehouse):
     """Closing (docs/accounting.md §6a) writes the same hand-worked figures as the live bills, labels
     them closed, and a second close books nothing. Runs last: it adds closed rows to the warehouse."""
-    from gpuledger import bills as closing
+    from gpuledger.warehouse import bills as closing
 
     client, settings = warehouse
     live = {(str(r["day"]), r["tenant"]): lines(r) for r in fetch(client, settings.database, "bills")}

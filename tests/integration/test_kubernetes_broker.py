@@ -13,8 +13,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gpuledger.agents.simcluster import Emission
-from gpuledger.processes import ChildProcess, read_topic
+from gpuledger.schemas.lines import Emission
+from gpuledger.embedded.processes import ChildProcess, read_topic
 from gpuledger.schemas.models import GpuSample, JobEvent, LifecycleWatermark, MigDevice, NodeTick, SchedulerSnapshot
 from gpuledger.topics import create_topics
 from kube.objects import ms, shift_times
@@ -103,7 +103,7 @@ def test_the_agent_process_publishes_each_event_once_to_the_broker(make_settings
 def test_a_pods_gpu_seconds_through_worker_and_sink(make_settings, tmp_path):
     """The events the agent derives from the recorded cluster, with one node's GPU samples, through
     the real pipeline (Tansu, Faust worker, sink, chDB)."""
-    from gpuledger.pipeline import run_embedded
+    from gpuledger.embedded.pipeline import run_embedded
     from gpuledger.warehouse import connect
     from kube.harness import Run
 

@@ -10,11 +10,12 @@ import re
 
 import pytest
 
-from gpuledger import periodic_reports as pr
-from gpuledger import reports, warehouse
+from gpuledger.warehouse.periodic import commands as pr
+from gpuledger import warehouse
+from gpuledger.warehouse import reports
 from gpuledger.config import Settings
 from gpuledger.schemas.models import JobEvent, UsageBatch, UsageRecord
-from gpuledger.sink import Source, job_event_row, usage_rows
+from gpuledger.sink.rows import Source, job_event_row, usage_rows
 
 pytestmark = pytest.mark.integration  # the real engine (chDB)
 

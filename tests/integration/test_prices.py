@@ -19,12 +19,12 @@ import orjson
 import pytest
 import tomli_w
 
-from gpuledger.agents.simcluster import Emission
+from gpuledger.schemas.lines import Emission
 from gpuledger.cli import main
-from gpuledger.coefficients import rebill, rebill_bill
+from gpuledger.warehouse.library import rebill, rebill_bill
 from gpuledger.config import Settings
-from gpuledger.pipeline import run_embedded
-from gpuledger.reports import fetch, render
+from gpuledger.embedded.pipeline import run_embedded
+from gpuledger.warehouse.reports import fetch, render
 from gpuledger.schemas.models import GpuAssignment, GpuSample, JobEvent, LifecycleWatermark, NodeTick
 from gpuledger.streams.pricing import MAX_RECORD_COST_MICROS, parse_ledger_config
 from gpuledger.warehouse import connect, migrate

@@ -9,6 +9,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from gpuledger import warehouse
+from sink_faults import fault_injecting
 from gpuledger.schemas.models import (
     DeadLetter,
     GpuAssignment,
@@ -22,7 +23,7 @@ from gpuledger.schemas.models import (
     UsageRecord,
 )
 from gpuledger.schemas.wire import decode, encode
-from gpuledger.sink import run_sink
+from gpuledger.sink.loop import run_sink
 from gpuledger.topics import create_topics
 
 pytestmark = pytest.mark.integration
@@ -224,7 +225,7 @@ def test_an_outage_longer_than_the_poll_interval_keeps_the_sink_in_its_group(mak
     control = tmp_path / "fault"
     control.write_text("down")
     # max.poll.interval.ms = 6 s (the minimum session): the outage below lasts 15 s
-    settings = make_settings(kafka_bootstrap=broker.bootstrap, sink_fault_file=control, worker_rebalance_timeout_s=4.0,
+    settings = make_settings(kafka_bootstrap=broker.bootstrap, worker_rebalance_timeout_s=4.0,
                              sink_retry_max_s=2.0)
     create_topics(settings)
     producer = Producer(settings.kafka_client_config())
@@ -233,7 +234,7 @@ def test_an_outage_longer_than_the_poll_interval_keeps_the_sink_in_its_group(mak
     assert producer.flush(30) == 0
     threading.Timer(15.0, lambda: control.write_text("")).start()
     started = time.monotonic()
-    stats = run_until_caught_up(settings)
+    stats = run_until_caught_up(settings, wrap_writer=fault_injecting(control))
     assert time.monotonic() - started >= 15
     assert stats["rows"] == {"usage_raw": 1}
     assert stats["assignments"] == 1, "the sink left its group during the outage (max.poll.interval exceeded)"
@@ -241,7 +242,7 @@ def test_an_outage_longer_than_the_poll_interval_keeps_the_sink_in_its_group(mak
 
 
 def test_a_recreated_topic_is_refused_with_a_clear_error(settings):
-    from gpuledger.sink import RecreatedTopicError
+    from gpuledger.sink.loop import RecreatedTopicError
 
     create_topics(settings)
     t = settings.topics
@@ -275,7 +276,8 @@ def test_a_block_written_again_after_a_restart_counts_once_in_the_views(settings
     drop it like usage_raw does — also when the first write came from the process that created the
     tables (on chDB a view created in the session deduplicated by another token: the chaos suite's
     kill right after the first usage insert doubled that block in the bills)."""
-    from gpuledger.sink import ClickHouseWriter, Source, usage_rows
+    from gpuledger.sink.writer import ClickHouseWriter
+    from gpuledger.sink.rows import Source, usage_rows
 
     create_topics(settings)
     t = settings.topics

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger.traces import main, replay_genai, replay_v2023
+from gpuledger.traces.run import main, replay_genai, replay_v2023
 
 pytestmark = pytest.mark.integration
 
@@ -170,7 +170,7 @@ def assert_matches(actual, expected, where: str = "summary") -> None:
 
 
 def capacity_rows(settings) -> list[dict]:
-    from gpuledger.reports import fetch
+    from gpuledger.warehouse.reports import fetch
     from gpuledger.warehouse import connect
 
     client = connect(settings)

@@ -26,10 +26,11 @@ from importlib import resources
 
 import pytest
 
-from gpuledger import reports, warehouse
+from gpuledger import warehouse
+from gpuledger.warehouse import reports
 from gpuledger.config import Settings
 from gpuledger.schemas.models import GpuAssignment, JobEvent, UsageBatch, UsageRecord
-from gpuledger.sink import Source, job_event_row, usage_rows
+from gpuledger.sink.rows import Source, job_event_row, usage_rows
 
 pytestmark = pytest.mark.integration
 

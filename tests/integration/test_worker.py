@@ -8,7 +8,7 @@ from collections import defaultdict
 import pytest
 from confluent_kafka import Producer
 
-from gpuledger.processes import ChildProcess, read_topic, wait_until_caught_up
+from gpuledger.embedded.processes import ChildProcess, read_topic, wait_until_caught_up
 from gpuledger.schemas.models import (
     GpuAssignment,
     GpuSample,
@@ -18,8 +18,8 @@ from gpuledger.schemas.models import (
     UsageBatch,
 )
 from gpuledger.schemas.wire import decode, encode, encode_node_ticks
-from gpuledger.reports import fetch
-from gpuledger.sink import run_sink
+from gpuledger.warehouse.reports import fetch
+from gpuledger.sink.loop import run_sink
 from gpuledger.topics import create_topics
 from gpuledger.warehouse import connect, migrate
 

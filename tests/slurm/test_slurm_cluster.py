@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger.broker import EmbeddedBroker
+from gpuledger.embedded.broker import EmbeddedBroker
 from gpuledger.config import Settings
-from gpuledger.processes import ChildProcess, wait_until_caught_up
+from gpuledger.embedded.processes import ChildProcess, wait_until_caught_up
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
@@ -288,7 +288,7 @@ def test_ledger_matches_sacct(cluster, tmp_path):
             say("waiting for the worker and the sink")
             wait_until_caught_up(s, s.worker_app_id, [t.gpu_samples, t.job_events, t.node_allocations],
                                  alive=worker, timeout_s=180)
-            from gpuledger.sink import sink_topics
+            from gpuledger.sink.loop import sink_topics
             wait_until_caught_up(s, f"{s.worker_app_id}-sink", sink_topics(s), alive=sink, timeout_s=180)
         finally:
             for p in reversed(procs):

@@ -51,12 +51,13 @@ def _log(msg: str) -> None:
 def ledger():
     """Fill a chDB with the real pipeline, add health samples and two tenant grants, compute the
     ledger's own reports, and release the directory for Superset."""
-    from gpuledger import periodic_reports, reports
+    from gpuledger.warehouse import reports
+    from gpuledger.warehouse.periodic import commands as periodic_reports
     from gpuledger.agents.simcluster import SimSpec, simulate
     from gpuledger.config import Settings
-    from gpuledger.pipeline import run_embedded
+    from gpuledger.embedded.pipeline import run_embedded
     from gpuledger.streams.pricing import load_ledger_config
-    from gpuledger.superset import read_grants
+    from gpuledger.integrations.superset import read_grants
     from gpuledger.warehouse import connect, insert_rows
 
     t0 = time.monotonic()
@@ -95,7 +96,7 @@ def ledger():
 
 def _html_reports(client, db: str, job_id: str, currency: str) -> dict[str, str]:
     """Every periodic report as its HTML page; the job report of the costliest job."""
-    from gpuledger import periodic_reports as pr
+    from gpuledger.warehouse.periodic import commands as pr
 
     options = {"job": {"job_id": job_id}}
     return {name: pr.render_report(pr.build_report(client, db, name, currency=currency, **options.get(name, {})), "html")
@@ -141,7 +142,7 @@ def _metadata(home: Path, env: dict) -> None:
 
 @pytest.fixture(scope="module")
 def superset(ledger):
-    from gpuledger.superset import wait_until_up
+    from gpuledger.integrations.superset import wait_until_up
 
     if not (SUPERSET_VENV / "bin" / "gunicorn").exists():
         pytest.fail(f"no Superset venv at {SUPERSET_VENV}: run scripts/superset_check.sh")
@@ -174,13 +175,13 @@ def superset(ledger):
 @pytest.fixture(scope="module")
 def imported(ledger, superset):
     """`gpuledger superset import` (the CLI) with the two tenant grants; then an admin API session."""
-    from gpuledger.superset import SupersetAPI
+    from gpuledger.integrations.superset import SupersetAPI
 
     settings, expected = ledger
     grants = [f"--grant={role}={','.join(ts)}" for role, ts in expected["grants"].items()]
     t0 = time.monotonic()
     out = subprocess.run(
-        [sys.executable, "-m", "gpuledger.superset", "superset", "import", "--url", superset,
+        [sys.executable, "-m", "gpuledger.integrations.superset", "superset", "import", "--url", superset,
          "--username", ADMIN[0], "--password", ADMIN[1], "--warehouse", f"chdb:{settings.embedded_warehouse_dir}",
          *grants], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
@@ -212,7 +213,7 @@ def query_for(params: dict, grain: str | None = None) -> dict:
 
 
 def bundle_charts() -> dict[str, dict]:
-    from gpuledger.superset import load_bundle
+    from gpuledger.integrations.superset import load_bundle
 
     files = load_bundle()
     datasets = {f["uuid"]: f["table_name"] for n, f in files.items() if n.startswith("datasets/")}
@@ -231,7 +232,7 @@ def close(a, b) -> bool:
 
 # --------------------------------------------------------------------------- the checks
 def test_every_chart_of_every_dashboard_exists_and_answers(imported):
-    from gpuledger.superset import bundle_charts as by_dashboard, load_bundle
+    from gpuledger.integrations.superset import bundle_charts as by_dashboard, load_bundle
 
     api = imported
     files = load_bundle()
@@ -318,7 +319,7 @@ def test_operations_and_algorithm_numbers(ledger, imported):
 
 
 def test_each_tenant_sees_only_its_rows(ledger, imported, superset):
-    from gpuledger.superset import SupersetAPI
+    from gpuledger.integrations.superset import SupersetAPI
 
     _, exp = ledger
     admin = imported
@@ -359,7 +360,7 @@ def _png_stats(path: Path) -> dict:
 
 
 def test_screenshots(ledger, imported, superset):
-    from gpuledger.superset import bundle_charts as by_dashboard, load_bundle
+    from gpuledger.integrations.superset import bundle_charts as by_dashboard, load_bundle
 
     charts = by_dashboard(load_bundle())
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""The pure parts of closing (gpuledger/bills.py): lines, due days, the adjustment diff, the bills
+"""The pure parts of closing (gpuledger/warehouse/bills.py): lines, due days, the adjustment diff, the bills
 topic's rows, and the UTC labels of the reports. No warehouse."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import datetime as dt
 
 import pytest
 
-from gpuledger import bills
-from gpuledger.reports import render, utc_labels
+from gpuledger.warehouse import bills
+from gpuledger.warehouse.reports import render, utc_labels
 from gpuledger.schemas.models import BillRow
 
 D = dt.date(2024, 3, 1)

@@ -3,7 +3,7 @@
 import pytest
 
 from gpuledger import warehouse
-from gpuledger.broker import EmbeddedBroker
+from gpuledger.embedded.broker import EmbeddedBroker
 from gpuledger.config import Settings
 
 

@@ -15,7 +15,7 @@ from gpuledger.agents.gpu_agent import run_agent
 from gpuledger.agents.publisher import ListPublisher
 from gpuledger.agents.sim_backend import SimBackend
 from gpuledger.agents.spool import Forwarder, Spool, SpoolingPublisher
-from gpuledger.broker import free_port
+from gpuledger.embedded.broker import free_port
 
 EXPECTED = {
     # agents

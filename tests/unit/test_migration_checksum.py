@@ -1,4 +1,4 @@
-"""The migration checksum rule (gpuledger/warehouse.py, sql/README.md): comments of an applied
+"""The migration checksum rule (gpuledger/warehouse/migrations.py, sql/README.md): comments of an applied
 migration may be corrected, its SQL may not change; records of the earlier whole-file rule are
 accepted and re-recorded."""
 

@@ -9,10 +9,10 @@ import re
 
 import pytest
 
-from gpuledger.periodic.charts import svg_plot
-from gpuledger.periodic.columns import column
-from gpuledger.periodic.model import Coverage, Plot, Report, Section
-from gpuledger.periodic.render import render_report
+from gpuledger.warehouse.periodic.charts import svg_plot
+from gpuledger.warehouse.periodic.columns import column
+from gpuledger.warehouse.periodic.model import Coverage, Plot, Report, Section
+from gpuledger.warehouse.periodic.render import render_report
 
 H = 3_600_000
 NOV_2 = 1_793_577_600_000  # 2026-11-02 00:00 UTC

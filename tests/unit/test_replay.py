@@ -10,7 +10,7 @@ import pytest
 
 from gpuledger.agents.simcluster import SimSpec, simulate
 from gpuledger.config import Settings
-from gpuledger.replay import (
+from gpuledger.embedded.replay import (
     DumpError,
     DumpLine,
     publish,

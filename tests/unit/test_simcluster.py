@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from gpuledger.agents.simcluster import GPU_MODELS, Emission, SimSpec, simulate
+from gpuledger.agents.simcluster import GPU_MODELS, SimSpec, simulate
+from gpuledger.schemas.lines import Emission
 from gpuledger.schemas.models import (
     TERMINAL_KINDS,
     GpuHealth,

@@ -10,7 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuledger.sink import BatchingSink, MemoryProgress, Source
+from gpuledger.sink.batching import BatchingSink
+from gpuledger.sink.progress import MemoryProgress
+from gpuledger.sink.rows import Source
 
 USAGE = "p.usage"
 EVENTS = "p.job-events"
@@ -236,7 +238,8 @@ def test_property_any_crash_any_batching_same_records(seed, crash_call, when, ba
 def test_a_batch_of_ticks_gives_health_and_inventory_rows_for_each_tick():
     from gpuledger.schemas.models import GpuSample, NodeTick
     from gpuledger.schemas.wire import DecodeError, encode_node_ticks
-    from gpuledger.sink import SAMPLES, process_message
+    from gpuledger.sink.rows import SAMPLES
+    from gpuledger.sink.rows import process_message
 
     ticks = [NodeTick(cluster="c", node="n", ts_ms=1_793_577_600_000 + 1000 * i, interval_ms=1000,
                       gpus=[GpuSample(gpu_uuid=f"G{g}", index=g, model="T4", temperature_c=40.0 + i) for g in range(2)])

@@ -8,17 +8,11 @@ import pytest
 
 from gpuledger.schemas.models import QueueState, SchedulerSnapshot
 from gpuledger.schemas.wire import DecodeError, encode
-from gpuledger.sink import (
-    JOB_EVENTS,
-    SNAPSHOTS,
-    BatchingSink,
-    MemoryProgress,
-    PermanentWriteError,
-    Source,
-    error_code,
-    is_permanent,
-    process_message,
-)
+from gpuledger.sink.rows import JOB_EVENTS, SNAPSHOTS
+from gpuledger.sink.batching import BatchingSink
+from gpuledger.sink.progress import MemoryProgress
+from gpuledger.sink.writer import PermanentWriteError, error_code, is_permanent
+from gpuledger.sink.rows import Source, process_message
 from gpuledger.streams.checks import DAY_MS
 
 T0 = 1_793_577_600_000
@@ -191,7 +185,7 @@ def test_accepted_events_sent_again_by_a_restarted_worker_are_dropped_by_their_s
 
 def test_the_job_events_line_is_the_accepted_topic():
     from gpuledger.config import Settings
-    from gpuledger.sink import _lines, sink_topics
+    from gpuledger.sink.loop import _lines, sink_topics
 
     s = Settings(topic_prefix="x.")
     assert _lines(s)[s.topics.lifecycle_accepted] == JOB_EVENTS and s.topics.job_events not in sink_topics(s)

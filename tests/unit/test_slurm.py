@@ -401,7 +401,7 @@ def test_print_sink_writes_replayable_dump_lines(capsys):
     sink.put("job-events", None, b'{"a":1}', partition=0)
     sink.put("job-events", None, b'{"a":1}', partition=1)   # a broadcast watermark is printed once
     sink.put("job-events", "7", b'{"b":2}')
-    from gpuledger.replay import parse_dump_line
+    from gpuledger.embedded.replay import parse_dump_line
     lines = [parse_dump_line(line) for line in out.getvalue().splitlines()]
     assert [(d.topic, d.key) for d in lines] == [("job-events", None), ("job-events", "7")]
 

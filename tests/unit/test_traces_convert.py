@@ -1,4 +1,4 @@
-"""The pure part of the trace replays (gpuledger/traces.py): reading the trace files and turning
+"""The pure part of the trace replays (gpuledger/traces/): reading the trace files and turning
 them into the ledger's data lines. No broker, no engine."""
 
 from __future__ import annotations
@@ -9,24 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger.agents.simcluster import LINE_JOB_EVENTS, LINE_SAMPLES
+from gpuledger.schemas.lines import LINE_JOB_EVENTS, LINE_SAMPLES
 from gpuledger.schemas.models import JobEvent, JobEventKind, LifecycleWatermark, NodeTick, SchedulerSnapshot
-from gpuledger.traces import (
-    EPOCH_BASE_MS,
-    FirstFitPlacer,
-    Sample,
-    TraceError,
-    TraceNode,
-    TracePod,
-    convert_genai,
-    convert_v2023,
-    genai_ticks,
-    main,
-    parse_gpu_spec,
-    read_genai_samples,
-    read_nodes,
-    read_pods,
-)
+from gpuledger.traces.readers import EPOCH_BASE_MS, TraceError
+from gpuledger.traces.v2023 import FirstFitPlacer, TraceNode, TracePod, convert_v2023, parse_gpu_spec, read_nodes, read_pods
+from gpuledger.traces.genai import Sample, convert_genai, genai_ticks, read_genai_samples
+from gpuledger.traces.run import main
 
 NODES_CSV = """sn,cpu_milli,memory_mib,gpu,model
 n-cpu,32000,262144,0,
@@ -226,7 +214,8 @@ def test_v2023_releases_before_allocations_at_the_same_instant(tmp_path):
 
 
 def test_inventory_tick_becomes_a_node_inventory_row_in_the_sink():
-    from gpuledger.sink import SAMPLES, Source, process_message
+    from gpuledger.sink.rows import SAMPLES
+    from gpuledger.sink.rows import Source, process_message
     from gpuledger.schemas.wire import encode
 
     tick = convert_v2023([TracePod("p", 0, 0, (), "LS", "Pending", 0, 1, None)], [TraceNode("n", 1, 1, 2, "T4")]).inventory_ticks[0]
@@ -310,7 +299,7 @@ def test_cli_needs_the_trace_files(capsys, tmp_path):
 def test_register_cli_adds_the_subcommand():
     import argparse
 
-    from gpuledger.traces import cmd_replay_trace, register_cli
+    from gpuledger.traces.run import cmd_replay_trace, register_cli
 
     parser = argparse.ArgumentParser()
     register_cli(parser.add_subparsers(dest="command"))

@@ -16,7 +16,9 @@ from gpuledger.agents.simcluster import SimSpec, batch_ticks, simulate
 from gpuledger.config import Topics
 from gpuledger.schemas.models import LifecycleWatermark, NodeWatermark, UsageBatch
 from gpuledger.schemas.wire import decode, encode
-from gpuledger.sink import BatchingSink, MemoryProgress, Source, usage_rows
+from gpuledger.sink.batching import BatchingSink
+from gpuledger.sink.progress import MemoryProgress
+from gpuledger.sink.rows import Source, usage_rows
 from gpuledger.streams.core import JOIN, ROUTER, WorkerCore
 from gpuledger.streams.pricing import load_ledger_config
 

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
@@ -31,18 +32,24 @@ def settings_env(settings: Settings) -> dict[str, str]:
 
 
 class ChildProcess:
-    """A `gpuledger <args>` child process; stopped with SIGTERM (then SIGKILL) on exit."""
+    """A `gpuledger <args>` child process; stopped with SIGTERM (then SIGKILL) on exit.
 
-    def __init__(self, settings: Settings, *args: str, log_path: Path | None = None):
+    `command` replaces `python -m gpuledger.cli` (a test's own entry point); `extra_env` is added
+    to the environment that carries the settings."""
+
+    def __init__(self, settings: Settings, *args: str, log_path: Path | None = None,
+                 command: Sequence[str] | None = None, extra_env: Mapping[str, str] | None = None):
         self.settings = settings
         self.args = args
         self.log_path = log_path
+        self.command = list(command) if command else [sys.executable, "-m", "gpuledger.cli"]
+        self.extra_env = dict(extra_env or {})
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "ChildProcess":
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen([sys.executable, "-m", "gpuledger.cli", *self.args],
-                                     env=settings_env(self.settings), stdout=out, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen([*self.command, *self.args], env={**settings_env(self.settings), **self.extra_env},
+                                     stdout=out, stderr=subprocess.STDOUT)
         return self
 
     def check_alive(self) -> None:

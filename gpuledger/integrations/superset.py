@@ -404,8 +404,8 @@ def register_cli(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-if __name__ == "__main__":  # pragma: no cover - `python -m gpuledger.superset import ...`
-    parser = argparse.ArgumentParser(prog="python -m gpuledger.superset")
+if __name__ == "__main__":  # pragma: no cover - `python -m gpuledger.integrations.superset import ...`
+    parser = argparse.ArgumentParser(prog="python -m gpuledger.integrations.superset")
     register_cli(parser.add_subparsers(dest="command", required=True))
     ns = parser.parse_args()
     sys.exit(ns.func(ns))

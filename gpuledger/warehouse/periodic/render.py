@@ -10,9 +10,9 @@ from functools import cache
 import jinja2
 from markupsafe import Markup
 
-from gpuledger.periodic.charts import svg_plot
-from gpuledger.periodic.columns import column
-from gpuledger.periodic.model import Report
+from gpuledger.warehouse.periodic.charts import svg_plot
+from gpuledger.warehouse.periodic.columns import column
+from gpuledger.warehouse.periodic.model import Report
 
 FORMATS = ("table", "markdown", "html")
 
@@ -47,7 +47,7 @@ def markdown_escape(text: str) -> str:
 
 @cache
 def _templates() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.PackageLoader("gpuledger.periodic", "templates"),
+    env = jinja2.Environment(loader=jinja2.PackageLoader("gpuledger.warehouse.periodic", "templates"),
                              autoescape=jinja2.select_autoescape(["html.j2"]), trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
     env.filters["md"] = markdown_escape

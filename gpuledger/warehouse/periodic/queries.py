@@ -7,8 +7,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Sequence
 
-from gpuledger import reports as base
-from gpuledger.periodic.model import Coverage
+from gpuledger.warehouse import reports as base
+from gpuledger.warehouse.periodic.model import Coverage
 
 LAYERS = ("scheduling_utilization", "execution_utilization", "hardware_utilization")
 

@@ -1,5 +1,5 @@
 """The warehouse: one ClickHouse client (clickhouse-connect) for the embedded chDB engine or a server,
-and the migrator that applies `gpuledger.sql`'s numbered DDL files.
+and plain inserts (the migrator is in migrations.py).
 
 chDB through clickhouse-connect (`get_client(interface="chdb", path=DIR)`), as found by trying it
 (clickhouse-connect 1.12, chdb-core 26.9):
@@ -17,11 +17,8 @@ chDB through clickhouse-connect (`get_client(interface="chdb", path=DIR)`), as f
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
-from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -30,18 +27,21 @@ from clickhouse_connect.driver.exceptions import ProgrammingError
 
 from gpuledger.config import Settings
 
+
+
 log = logging.getLogger(__name__)
 
-MIGRATIONS_TABLE = "schema_migrations"
+
+
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_MIGRATION_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
 
 
 class WarehouseError(RuntimeError):
     """The warehouse cannot be reached or its schema is not in a state the ledger can use."""
 
 
-def _identifier(name: str, what: str) -> str:
+def checked_identifier(name: str, what: str) -> str:
     if not _IDENTIFIER.match(name):
         raise WarehouseError(f"invalid {what} name {name!r}: letters, digits and _ only")
     return name
@@ -107,7 +107,7 @@ def _open(settings: Settings, *, create_dir: bool = True):
 
 def connect(settings: Settings):
     """A clickhouse-connect client on the configured warehouse, its current database created if missing."""
-    database = _identifier(settings.database, "database")
+    database = checked_identifier(settings.database, "database")
     client = _open(settings)
     try:
         client.command(f"CREATE DATABASE IF NOT EXISTS `{database}`")
@@ -122,7 +122,10 @@ def connect_readonly(settings: Settings):
     """A client for readers (reports, `bills list|show|audit`): it never creates anything, so it works
     with a ClickHouse account that has SELECT only. Raises WarehouseError saying to run
     `gpuledger migrate` when the database, the migrations table or a migration is missing."""
-    database = _identifier(settings.database, "database")
+    # imported here: the migrator imports this module (WarehouseError, checked_identifier)
+    from gpuledger.warehouse.migrations import MIGRATIONS_TABLE, load_migrations
+
+    database = checked_identifier(settings.database, "database")
     client = _open(settings, create_dir=False)
     try:
         try:
@@ -144,130 +147,6 @@ def connect_readonly(settings: Settings):
     return client
 
 
-# --------------------------------------------------------------------------- migrations
-def sql_checksum(text: str) -> str:
-    """sha256 of a migration's SQL, whole-line comments (`--` first on the line) and blank lines left
-    out: the prose of an applied migration may be corrected, any change to its SQL is refused."""
-    sql = "\n".join(line.rstrip() for line in text.splitlines()
-                    if line.strip() and not line.lstrip().startswith("--"))
-    return hashlib.sha256(sql.encode()).hexdigest()
-
-
-#: Whole-file sha256s that ledgers before the comment-blind rule recorded, of files whose comments
-#: were corrected since (same SQL): a warehouse migrated back then is accepted and re-recorded.
-WHOLE_FILE_CHECKSUMS_BEFORE_COMMENT_EDITS = {
-    "0008": "eb19d323e79039b6bec172cdfec31181a2bb85a3467726104382ed59c9c96885",
-}
-
-
-@dataclass(frozen=True)
-class Migration:
-    version: str
-    name: str
-    sql: str
-
-    @property
-    def checksum(self) -> str:
-        return sql_checksum(self.sql)
-
-    @property
-    def earlier_checksums(self) -> set[str]:
-        """What older ledgers recorded for this same SQL: the whole file's sha256 (the rule before
-        comments were left out), and the one of the file before its comments were corrected."""
-        before = WHOLE_FILE_CHECKSUMS_BEFORE_COMMENT_EDITS.get(self.version)
-        return {hashlib.sha256(self.sql.encode()).hexdigest(), *([before] if before else [])}
-
-    def recorded_as_earlier(self, recorded: str) -> bool:
-        """Whether an applied migration's recorded checksum is this file's; True when it was recorded
-        under the earlier rule (re-record it). Raises WarehouseError when the SQL changed."""
-        if recorded == self.checksum:
-            return False
-        if recorded in self.earlier_checksums:
-            return True
-        raise WarehouseError(
-            f"migration {self.version}_{self.name} was applied with checksum {recorded[:12]}… but its SQL now has "
-            f"{self.checksum[:12]}…; applied migrations must not change (comments may; add a new migration)")
-
-    def statements(self) -> list[str]:
-        """Statements end with ';' at the end of a line; comment-only chunks are dropped."""
-        out = []
-        for chunk in re.split(r";[ \t]*(?:\n|$)", self.sql):
-            body = "\n".join(line for line in chunk.splitlines() if not line.strip().startswith("--")).strip()
-            if body:
-                out.append(chunk.strip())
-        return out
-
-
-def load_migrations() -> list[Migration]:
-    """The packaged migrations in version order."""
-    found = []
-    for entry in resources.files("gpuledger.sql").iterdir():
-        m = _MIGRATION_FILE.match(entry.name)
-        if m:
-            found.append(Migration(m.group(1), m.group(2), entry.read_text(encoding="utf-8")))
-        elif entry.name.endswith(".sql"):
-            raise WarehouseError(f"migration file {entry.name!r} does not follow NNNN_name.sql")
-    found.sort(key=lambda mg: mg.version)
-    versions = [mg.version for mg in found]
-    if len(set(versions)) != len(versions):
-        raise WarehouseError(f"duplicate migration versions in gpuledger.sql: {versions}")
-    return found
-
-
-def applied_migrations(client, database: str) -> dict[str, dict]:
-    db = _identifier(database, "database")
-    # a re-recorded version has a newer row (see migrate): the latest row of each version wins
-    rows = client.query(f"SELECT version, name, checksum, applied_at FROM `{db}`.{MIGRATIONS_TABLE} "
-                        "ORDER BY version, applied_at")
-    return {r["version"]: r for r in rows.named_results()}
-
-
-def migrate(client, database: str) -> list[str]:
-    """Apply pending migrations in order; returns the versions applied now ([] when up to date).
-
-    Each file is recorded in `schema_migrations` with the sha256 of its SQL (`sql_checksum`: whole-line
-    comments left out) after all its statements ran; statements are IF NOT EXISTS, so a file
-    interrupted halfway is safe to run again. Refuses to run when the SQL of a file already applied
-    has changed: add a new migration. A checksum recorded under the earlier whole-file rule is
-    re-recorded (a newer row) under this one."""
-    db = _identifier(database, "database")
-    client.command(f"CREATE DATABASE IF NOT EXISTS `{db}`")
-    previous = client.database
-    client.database = db  # unqualified names in the DDL resolve here (USE on chDB)
-    try:
-        client.command(
-            f"CREATE TABLE IF NOT EXISTS `{db}`.{MIGRATIONS_TABLE} "
-            "(version String, name String, checksum String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) "
-            "ENGINE = MergeTree ORDER BY version"
-        )
-        applied = applied_migrations(client, db)
-        migrations = load_migrations()
-        earlier = [mg for mg in migrations
-                   if mg.version in applied and mg.recorded_as_earlier(applied[mg.version]["checksum"])]
-        for mg in earlier:
-            log.info("re-recording migration %s_%s under the comment-blind checksum", mg.version, mg.name)
-            _record(client, db, mg)
-        now: list[str] = []
-        for mg in migrations:
-            if mg.version in applied:
-                continue
-            log.info("applying migration %s_%s to %s", mg.version, mg.name, db)
-            for statement in mg.statements():
-                try:
-                    client.command(statement)
-                except Exception as exc:
-                    raise WarehouseError(f"migration {mg.version}_{mg.name} failed: {exc}") from exc
-            _record(client, db, mg)
-            now.append(mg.version)
-        return now
-    finally:
-        if previous and previous != db:
-            client.database = previous
-
-
-def _record(client, db: str, mg: Migration) -> None:
-    client.insert(MIGRATIONS_TABLE, [[mg.version, mg.name, mg.checksum]], column_names=["version", "name", "checksum"],
-                  database=db)
 
 
 # --------------------------------------------------------------------------- inserts
@@ -280,7 +159,7 @@ def insert_rows(
 ) -> int:
     """Insert rows given as a list of dicts (every dict with the same keys) or as columns
     ({column: [values...]}); returns the number of rows. Columns left out take their DEFAULT."""
-    _identifier(table, "table")
+    checked_identifier(table, "table")
     if isinstance(rows, Mapping):
         names = list(rows)
         columns = [list(rows[n]) for n in names]

@@ -3,7 +3,7 @@
     report = build_report(client, "gpuledger", "inventory", days=30, currency="USD")
     print(render_report(report, "markdown"))          # or "table", "html"
 
-The pieces live in gpuledger/periodic/: `queries` (shared SQL), `builders` (the four reports),
+The pieces live in gpuledger/warehouse/periodic/: `queries` (shared SQL), `builders` (the four reports),
 `model` (Report, Section, Plot, Coverage), `columns` (headers and units of every column),
 `charts` (matplotlib plots as inline SVG), `render` (text, and Jinja2 templates for Markdown and HTML).
 HTML is one self-contained page: inline CSS and SVG plots, no script, nothing fetched.
@@ -11,10 +11,10 @@ HTML is one self-contained page: inline CSS and SVG plots, no script, nothing fe
 
 from __future__ import annotations
 
-from gpuledger.periodic import builders
-from gpuledger.periodic.model import Coverage, Plot, Report, Section
-from gpuledger.periodic.queries import LAYERS, balance_score, last_day
-from gpuledger.periodic.render import FORMATS, render_report
+from gpuledger.warehouse.periodic import builders
+from gpuledger.warehouse.periodic.model import Coverage, Plot, Report, Section
+from gpuledger.warehouse.periodic.queries import LAYERS, balance_score, last_day
+from gpuledger.warehouse.periodic.render import FORMATS, render_report
 
 __all__ = ["REPORT_NAMES", "FORMATS", "LAYERS", "Coverage", "Plot", "Report", "Section", "balance_score",
            "build_report", "last_day", "register_report_cli", "render_report", "report_options"]

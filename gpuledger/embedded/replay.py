@@ -23,7 +23,8 @@ from typing import Any, NamedTuple, Protocol
 import orjson
 from pydantic import TypeAdapter, ValidationError
 
-from gpuledger.agents.simcluster import LINE_JOB_EVENTS, LINE_SAMPLES, LINE_SNAPSHOTS, LINES, Emission, SimSpec, simulate
+from gpuledger.schemas.lines import LINE_JOB_EVENTS, LINE_SAMPLES, LINE_SNAPSHOTS, LINES, Emission
+from gpuledger.agents.simcluster import SimSpec, simulate
 from gpuledger.config import Settings
 from gpuledger.schemas.models import LifecycleMessage, NodeTick, SchedulerSnapshot
 from gpuledger.schemas.wire import encode

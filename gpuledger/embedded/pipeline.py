@@ -14,14 +14,32 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from gpuledger.broker import EmbeddedBroker
+from gpuledger.embedded.broker import EmbeddedBroker
 from gpuledger.config import Settings
-from gpuledger.processes import ChildProcess, wait_until_caught_up
+from gpuledger.embedded.processes import ChildProcess, wait_until_caught_up
 
 
 def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
+
+
+class PipelineError(RuntimeError):
+    """The embedded pipeline cannot run with these settings (the message says why)."""
+
+
+class Stage(NamedTuple):
+    """A step of `run_embedded`, reported to its `on_stage` callback as it begins.
+
+    `name`: "publishing", "worker" (waiting for the worker to consume everything), "sink"
+    (waiting for the sink), "done". `settings` point at the embedded broker; `group` and
+    `topics` name what is being waited on (None / empty for publishing and done)."""
+
+    name: str
+    settings: Settings
+    group: str | None = None
+    topics: tuple[str, ...] = ()
 
 
 @dataclass
@@ -38,23 +56,26 @@ def run_embedded(
     fresh: bool = True,
     progress: Callable[[int, int], None] | None = None,
     log: Callable[[str], None] = say,
+    on_stage: Callable[[Stage], None] | None = None,
     timeout_s: float = 3600,
 ) -> PipelineRun:
     """Push `emissions` (simulator Emissions or dump lines) through broker, worker and sink
     into the embedded warehouse. `fresh` empties the warehouse first: the broker always
-    starts empty, so old rows would otherwise mix with a new run."""
+    starts empty, so old rows would otherwise mix with a new run. `log` gets one line per
+    step for people; `on_stage` gets each `Stage` for programs (e.g. a progress reporter)."""
+    stage = on_stage or (lambda _stage: None)
     from gpuledger.agents.publisher import KafkaPublisher
-    from gpuledger.coefficients import sync_library
+    from gpuledger.warehouse.library import sync_library
     from gpuledger.streams.pricing import load_ledger_config
-    from gpuledger.replay import publish
-    from gpuledger.sink import run_sink, sink_topics
+    from gpuledger.embedded.replay import publish
+    from gpuledger.sink.loop import run_sink, sink_topics
     from gpuledger.topics import create_topics
     from gpuledger.warehouse import connect, migrate
 
     started = time.monotonic()
     warehouse_dir = settings.embedded_warehouse_dir
     if warehouse_dir is None:
-        raise SystemExit("this command runs on the embedded warehouse; unset GPULEDGER_WAREHOUSE (or set it to 'chdb')")
+        raise PipelineError("this command runs on the embedded warehouse; unset GPULEDGER_WAREHOUSE (or set it to 'chdb')")
     logs = settings.data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     if fresh and warehouse_dir.exists():
@@ -87,15 +108,18 @@ def run_embedded(
             sink = threading.Thread(target=sink_thread, name="sink", daemon=True)
             sink.start()
             try:
+                stage(Stage("publishing", s))
                 with KafkaPublisher(s) as publisher:
                     run.published = publish(emissions, publisher, s, progress=progress)
                 log(f"[pipeline] published {run.published}; waiting for the worker ...")
-                wait_until_caught_up(s, s.worker_app_id, [t.gpu_samples, t.job_events, t.node_allocations],
-                                     alive=worker, timeout_s=timeout_s)
+                worker_inputs = [t.gpu_samples, t.job_events, t.node_allocations]
+                stage(Stage("worker", s, s.worker_app_id, tuple(worker_inputs)))
+                wait_until_caught_up(s, s.worker_app_id, worker_inputs, alive=worker, timeout_s=timeout_s)
             except BaseException:
                 stop_sink.set()
                 raise
         log("[pipeline] worker done; waiting for the sink ...")
+        stage(Stage("sink", s, f"{s.worker_app_id}-sink", tuple(sink_topics(s))))
         try:
             wait_until_caught_up(s, f"{s.worker_app_id}-sink", sink_topics(s),
                                  timeout_s=timeout_s)
@@ -106,5 +130,6 @@ def run_embedded(
             raise sink_result["error"]
         run.sink = sink_result
         log(f"[pipeline] sink wrote {sink_result}")
+        stage(Stage("done", s))
     run.seconds = time.monotonic() - started
     return run

@@ -18,9 +18,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from gpuledger import reports as base
-from gpuledger.periodic.model import Plot, Report, Section
-from gpuledger.periodic.queries import (
+from gpuledger.warehouse import reports as base
+from gpuledger.warehouse.periodic.model import Plot, Report, Section
+from gpuledger.warehouse.periodic.queries import (
     LAYERS,
     balance_score,
     coverage,

@@ -1,6 +1,6 @@
 """The report model: a report is a summary and titled sections of rows, some with a plot. Rows keep
 the warehouse's column names and raw numbers (tests and programs read them); how a column reads is
-gpuledger.periodic.columns, how a report is written gpuledger.periodic.render."""
+gpuledger.periodic.columns, how a report is written gpuledger.warehouse.periodic.render."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpuledger.config import Settings
-from gpuledger.pipeline import run_embedded, say
+from gpuledger.embedded.pipeline import run_embedded, say
 
 # (report, title, filters, columns shown in the terminal; `gpuledger report NAME` shows all)
 DEMO_REPORTS = (
@@ -44,12 +44,12 @@ def run_demo(settings: Settings, *, hours: float = 6.0, nodes: int = 8, seed: in
 
 def load_dump(path: Path, prefix: str) -> list:
     """The dump's lines for run_embedded; warns when no tick can be billed (no lifecycle watermark)."""
-    from gpuledger.agents.simcluster import LINE_JOB_EVENTS
-    from gpuledger.replay import logical_line, read_dump
+    from gpuledger.schemas.lines import LINE_JOB_EVENTS
+    from gpuledger.embedded.replay import logical_line, read_dump
 
     lines = read_dump(path)
     if not lines:
-        raise SystemExit(f"{path}: the dump holds no message")
+        raise ValueError(f"{path}: the dump holds no message")
     say(f"[demo] replaying {len(lines)} messages from {path}")
     # A tick is closed only once the lifecycle watermark passes it: without one nothing is billed.
     if not any(line.key is None and logical_line(line.topic, prefix) == LINE_JOB_EVENTS for line in lines):
@@ -60,7 +60,7 @@ def load_dump(path: Path, prefix: str) -> list:
 
 def print_reports(settings: Settings) -> None:
     """The demo's reports, as terminal tables, from the warehouse the run left."""
-    from gpuledger.reports import fetch, render
+    from gpuledger.warehouse.reports import fetch, render
     from gpuledger.warehouse import connect
 
     client = connect(settings)

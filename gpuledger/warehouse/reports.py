@@ -165,9 +165,9 @@ def _bills(client, db: str, filters: dict[str, Any]) -> list[dict]:
       which never change;
     - open: live figures from usage deduplicated by record id;
     - adjustment: corrections of a closed day (`corrects_day`, `reason`) booked on `day`, the next day
-      that was open when they were found (gpuledger/bills.py).
+      that was open when they were found (gpuledger/warehouse/bills.py).
     Money carries its `currency`."""
-    from gpuledger import bills as b
+    from gpuledger.warehouse import bills as b
 
     policy = filters.get("idle_redistribution") or "none"
     if policy not in ("none", "even", "usage"):
@@ -277,7 +277,7 @@ def _jobs(client, db: str, filters: dict[str, Any]) -> list[dict]:
 def _job_money(client, db: str, rows: list[dict], currencies: dict[str, str]) -> None:
     """GPU-time and money of each job from its closed rows and adjustments on closed days, and live
     deduplicated usage on open days; `status` closed when all its usage days are closed, else open."""
-    from gpuledger import bills as b
+    from gpuledger.warehouse import bills as b
 
     if not rows:
         return
@@ -325,7 +325,7 @@ def _queues(client, db: str, filters: dict[str, Any]) -> list[dict]:
     """Queue efficiency per cohort day, cluster and queue (and tenant, with the tenant filter):
     closed rows (closed_queue_efficiency) for closed days, live figures from deduplicated usage for
     open ones; `status` says which."""
-    from gpuledger import bills as b
+    from gpuledger.warehouse import bills as b
 
     conds, params = _where(filters, sorted(_REPORT_FILTERS["queues"] - {"tenant"}))
     by_tenant = filters.get("tenant") is not None

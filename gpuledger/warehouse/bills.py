@@ -136,7 +136,7 @@ def _q(client, sql: str, params: dict | None = None) -> list[dict]:
 
 
 def _db(database: str) -> str:
-    from gpuledger.reports import _qualify
+    from gpuledger.warehouse.reports import _qualify
 
     return _qualify(database)
 

@@ -7,8 +7,8 @@ import io
 import math
 from typing import Sequence
 
-from gpuledger.periodic.columns import axis_title, column
-from gpuledger.periodic.model import Plot
+from gpuledger.warehouse.periodic.columns import axis_title, column
+from gpuledger.warehouse.periodic.model import Plot
 
 _MAX_LABEL = 24  # characters of an x tick label; job ids and GPU names can be long
 

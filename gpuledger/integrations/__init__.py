@@ -1,0 +1,1 @@
+"""What connects the ledger to tools around it: Superset (superset.py)."""

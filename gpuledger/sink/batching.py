@@ -1,0 +1,256 @@
+"""Rows buffered per (topic, partition), written in blocks at recorded offset ranges with an insert-deduplication token each (docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+from gpuledger.sink.progress import MemoryProgress, Progress, ProgressStore
+from gpuledger.sink.rows import Source
+from gpuledger.sink.writer import PermanentWriteError, Writer, is_permanent
+
+
+
+
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Buffer:
+    """Rows of one partition not yet written: messages [first, next)."""
+
+    first: int | None = None
+    next: int = 0
+    rows: dict[str, list[dict]] = field(default_factory=dict)
+    running: dict[str, int] = field(default_factory=dict)  # horizons including the buffered rows
+    count: int = 0
+
+
+@dataclass
+class BatchingSink:
+    """Rows buffered per (topic, partition), written in blocks at recorded offset ranges.
+
+    `add()` takes one message's rows (or none: watermark, dead letter) and returns False for a
+    message the warehouse already holds (skipped). `flush()` writes every buffered partition —
+    pending progress rows, one insert per table with the block's token, done progress rows,
+    retrying each step until it succeeds — and returns (rows written per table, offsets to commit).
+    Call `assign()` for partitions (re)gained: it loads their progress from the store."""
+
+    writer: Writer
+    progress: ProgressStore = field(default_factory=MemoryProgress)
+    batch_rows: int = 20_000
+    batch_interval_s: float = 1.0
+    backoff_s: float = 0.5
+    backoff_max_s: float = 30.0
+    usage_topic: str | None = None
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    should_stop: Callable[[], bool] = lambda: False
+    #: called with (key, offset, table, rows, reason) for a message whose rows a table can never
+    #: take (found by splitting the failed block); the run loop dead-letters it
+    on_poison: Callable[[tuple[str, int], int, str, list[dict], str], None] | None = None
+    #: called once a write succeeds after failures (the run loop resumes its paused partitions)
+    on_recovered: Callable[[], None] | None = None
+    _state: dict[tuple[str, int], Progress] = field(default_factory=dict, init=False)
+    _buffers: dict[tuple[str, int], _Buffer] = field(default_factory=dict, init=False)
+    _since: float | None = field(default=None, init=False)
+    _reported: dict[tuple[str, int], int] = field(default_factory=dict, init=False)
+    buffered: int = field(default=0, init=False)
+    skipped_duplicates: int = field(default=0, init=False)
+    dropped_records: int = field(default=0, init=False)
+    retries: int = field(default=0, init=False)
+    poisoned: int = field(default=0, init=False)
+    splits: int = field(default=0, init=False)
+
+    # -- partitions
+    def assign(self, partitions: list[tuple[str, int]]) -> None:
+        """Load the progress of (re)gained partitions; buffered rows of theirs are dropped (the
+        messages come again from the committed offset)."""
+        if not partitions:
+            return
+        loaded = self._retry(lambda: self.progress.load(list(partitions)), "loading sink progress")
+        for key in partitions:
+            self._drop(key)
+            self._state[key] = loaded.get(key, Progress())
+            self._reported.pop(key, None)  # what the group has committed for it is not known any more
+
+    def progress_of(self, key: tuple[str, int]) -> Progress:
+        return self._state.get(key, Progress())
+
+    def revoke(self, partitions: list[tuple[str, int]]) -> None:
+        for key in partitions:
+            self._drop(key)
+            self._state.pop(key, None)
+            self._reported.pop(key, None)
+
+    def _drop(self, key) -> None:
+        buf = self._buffers.pop(key, None)
+        if buf:
+            self.buffered -= buf.count
+
+    # -- input
+    def add(self, rows_by_table: dict[str, list[dict]], source: Source, origin: tuple[int, int] | None = None) -> bool:
+        """`origin`: (partition, offset) of the job-events message a lifecycle-accepted message repeats;
+        one at or below an origin already taken is a worker's re-emission and gives no rows."""
+        key = (source.topic, source.partition)
+        state = self._state.setdefault(key, Progress())
+        buf = self._buffers.get(key)
+        if source.offset < state.done_to or (buf is not None and source.offset < buf.next):
+            self.skipped_duplicates += 1
+            return False
+        if state.pending and buf is not None and source.offset >= state.pending[1]:
+            self.flush_partition(key)  # the replayed range is complete (its end was a gap)
+            buf = None
+        if buf is None:
+            buf = self._buffers[key] = _Buffer(first=source.offset, next=source.offset,
+                                              running=dict(state.horizons))
+        if source.topic == self.usage_topic and "usage_raw" in rows_by_table:
+            rows_by_table = {**rows_by_table, "usage_raw": self._new_usage(rows_by_table["usage_raw"], buf.running)}
+        if origin is not None:
+            mark = f"source:{origin[0]}"
+            if origin[1] < buf.running.get(mark, 0):
+                self.dropped_records += sum(len(r) for r in rows_by_table.values())
+                rows_by_table = {}
+            else:
+                buf.running[mark] = origin[1] + 1
+        for table, rows in rows_by_table.items():
+            if rows:
+                buf.rows.setdefault(table, []).extend(rows)
+                buf.count += len(rows)
+                self.buffered += len(rows)
+        buf.next = source.offset + 1
+        if self._since is None:
+            self._since = self.clock()
+        if state.pending and buf.next >= state.pending[1]:
+            self.flush_partition(key)  # a pending range is written again exactly as it was cut
+        return True
+
+    def _new_usage(self, rows: list[dict], running: dict[str, int]) -> list[dict]:
+        """One message's usage rows minus those of GPUs already taken up to a later time; then
+        advance the running horizons. A message holds whole ticks, so the check is per message."""
+        horizon_before = {gpu: running.get(gpu, 0) for gpu in {r["gpu_uuid"] for r in rows}}
+        kept = [r for r in rows if r["start_ms"] >= horizon_before[r["gpu_uuid"]]]
+        self.dropped_records += len(rows) - len(kept)
+        for r in kept:
+            if r["end_ms"] > running.get(r["gpu_uuid"], 0):
+                running[r["gpu_uuid"]] = r["end_ms"]
+        return kept
+
+    def due(self) -> bool:
+        if self._since is None:
+            return False
+        return self.buffered >= self.batch_rows or self.clock() - self._since >= self.batch_interval_s
+
+    # -- output
+    def flush(self) -> tuple[dict[str, int], dict[tuple[str, int], int]]:
+        """Write every buffered partition; returns (rows written per table, offsets to commit)."""
+        written = self._write_blocks(sorted(self._buffers))
+        self._since = None
+        # every partition whose progress moved (also by skipping messages the warehouse already held)
+        offsets = {key: st.done_to for key, st in self._state.items()
+                   if st.done_to > 0 and self._reported.get(key) != st.done_to and key not in self._buffers}
+        self._reported.update(offsets)
+        return written, offsets
+
+    def commit_failed(self, offsets: dict[tuple[str, int], int]) -> None:
+        """The offsets `flush` returned could not be committed: report them again next time (else a
+        partition with nothing new to read would show that lag for ever)."""
+        for key, offset in offsets.items():
+            if self._reported.get(key) == offset:
+                del self._reported[key]
+
+    def flush_partition(self, key) -> dict[str, int]:
+        return self._write_blocks([key])
+
+    def _write_blocks(self, keys) -> dict[str, int]:
+        written: dict[str, int] = {}
+        plans = []
+        for key in keys:
+            buf = self._buffers.get(key)
+            if buf is None:
+                continue
+            state = self._state[key]
+            start, end = buf.first, buf.next
+            if state.pending and state.pending[0] == start and end < state.pending[1]:
+                end = state.pending[1]  # the rest of a pending range was a gap (no messages)
+            plans.append((key, buf, state, start, end))
+        if not plans:
+            return written
+        pending_rows = [self._row(key, state.epoch, start, end, "pending", state.horizons)
+                        for key, buf, state, start, end in plans]
+        self._retry(lambda: self.progress.save(pending_rows), "recording a pending block")
+        for key, buf, state, start, end in plans:
+            for table, rows in buf.rows.items():
+                token = f"{key[0]}/{key[1]}/e{state.epoch}/{start}-{end}/{table}"
+                n = self._write_table(key, table, rows, token)
+                written[table] = written.get(table, 0) + n
+        done_rows = [self._row(key, state.epoch, start, end, "done", buf.running)
+                     for key, buf, state, start, end in plans]
+        self._retry(lambda: self.progress.save(done_rows), "recording a done block")
+        for key, buf, state, start, end in plans:
+            self._state[key] = Progress(state.epoch, end, None, dict(buf.running))
+            self._drop(key)
+        return written
+
+    def _write_table(self, key, table: str, rows: list[dict], token: str) -> int:
+        """Insert one table's block; on an error that can never succeed, split it in halves by message
+        (each half with its own token, derived from the block's: a block rebuilt after a crash fails
+        and splits the same way, so the halves already in are dropped by ClickHouse) down to single
+        messages, whose rows are handed to `on_poison`. Returns the rows written."""
+        try:
+            self._retry(lambda: self.writer.write(table, rows, token=token), f"writing {len(rows)} rows to {table}",
+                        permanent=True)
+            return len(rows)
+        except PermanentWriteError as exc:
+            offsets = sorted({r["kafka_offset"] for r in rows})
+            if len(offsets) == 1:
+                self.poisoned += 1
+                reason = f"warehouse refused the rows for {table} (not retried): {exc}"
+                log.error("%s[%d]@%d: %s", key[0], key[1], offsets[0], reason)
+                if self.on_poison:
+                    self.on_poison(key, offsets[0], table, rows, reason)
+                return 0
+            self.splits += 1
+            mid = offsets[len(offsets) // 2]
+            log.warning("splitting %d rows of %s[%d] for %s after %s", len(rows), key[0], key[1], table, exc)
+            n = 0
+            for half in ([r for r in rows if r["kafka_offset"] < mid], [r for r in rows if r["kafka_offset"] >= mid]):
+                lo, hi = half[0]["kafka_offset"], max(r["kafka_offset"] for r in half) + 1
+                n += self._write_table(key, table, half, f"{token}/{lo}-{hi}")
+            return n
+
+    #: progress rows' `seq` (their version in the ReplacingMergeTree): from the epoch and offsets, not
+    #: the wall clock; above every time_ns() value written by earlier versions
+    SEQ_BASE = 1 << 62
+
+    @classmethod
+    def _row(cls, key, epoch, start, end, phase, horizons) -> dict:
+        seq = cls.SEQ_BASE + (epoch << 44) + 2 * end + (1 if phase == "done" else 0)
+        return {"topic": key[0], "partition": key[1], "epoch": epoch, "from_offset": start, "to_offset": end,
+                "phase": phase, "horizons": dict(horizons), "seq": seq}
+
+    def _retry(self, action, what: str, permanent: bool = False):
+        """Run `action` until it succeeds, with capped exponential backoff (the warehouse may be down
+        for a while; nothing is lost meanwhile: offsets are not committed). With `permanent`, an error
+        that can never succeed is raised at once as PermanentWriteError. The wait goes through
+        `sleep` (the run loop keeps polling Kafka there, its partitions paused)."""
+        attempt = 0
+        while True:
+            try:
+                result = action()
+                if attempt and self.on_recovered:
+                    self.on_recovered()
+                return result
+            except Exception as exc:
+                if permanent and is_permanent(exc):
+                    raise PermanentWriteError(exc) from exc
+                if self.should_stop():
+                    raise
+                delay = min(self.backoff_max_s, self.backoff_s * 2**attempt)
+                attempt += 1
+                self.retries += 1
+                log.warning("%s failed (%s: %s); retry %d in %.1fs", what, type(exc).__name__, exc, attempt, delay)
+                self.sleep(delay)

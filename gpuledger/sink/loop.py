@@ -1,0 +1,389 @@
+"""The sink's Kafka loop: consume the ledger's output topics, convert, batch, write, commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import orjson
+from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from gpuledger.config import Settings
+from gpuledger.schemas.wire import DecodeError
+from gpuledger.streams.checks import dead_letter
+from gpuledger.streams.core import SOURCE_HEADER
+from gpuledger.sink.batching import BatchingSink
+from gpuledger.sink.progress import ClickHouseProgress
+from gpuledger.sink.rows import JOB_EVENTS, SAMPLES, SNAPSHOTS, USAGE, Source, process_message
+from gpuledger.sink.writer import ClickHouseWriter, Writer
+
+
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- the Kafka loop
+@dataclass
+class SinkStats:
+    messages: int = 0
+    skipped: int = 0  # decoded, nothing to store (watermarks, empty batches)
+    dead_letters: int = 0
+    batches: int = 0
+    duplicates: int = 0  # messages the warehouse already held (redelivered after a restart)
+    rows: dict[str, int] = field(default_factory=dict)
+    assignments: int = 0  # partition assignments received (1 when the sink never left its group)
+    retries: int = 0  # warehouse steps retried (transient errors)
+
+    def as_dict(self) -> dict:
+        return {
+            "messages": self.messages,
+            "rows": dict(self.rows),
+            "dead_letters": self.dead_letters,
+            "skipped": self.skipped,
+            "batches": self.batches,
+            "duplicates": self.duplicates,
+            "assignments": self.assignments,
+            "retries": self.retries,
+        }
+
+
+def _lines(settings: Settings) -> dict[str, str]:
+    t = settings.topics
+    # job events come from lifecycle-accepted: only what the worker's router accepted (one set of rules)
+    return {t.usage: USAGE, t.lifecycle_accepted: JOB_EVENTS, t.scheduler_snapshots: SNAPSHOTS,
+            t.gpu_samples: SAMPLES}
+
+
+def sink_topics(settings: Settings) -> list[str]:
+    """The topics the sink consumes (what callers wait on to know the warehouse is complete)."""
+    return list(_lines(settings))
+
+
+def run_sink(
+    settings: Settings,
+    *,
+    stop: threading.Event | None = None,
+    until_caught_up: bool = False,
+    idle_s: float = 2.0,
+    batch_rows: int = 20000,
+    batch_interval_s: float = 1.0,
+    client=None,
+    wrap_writer: Callable[[Writer], Writer] | None = None,
+) -> dict:
+    """Consume the usage, job-events, scheduler-snapshots and gpu-samples topics into the warehouse.
+
+    Runs until `stop` is set, or with `until_caught_up=True` until every partition of those
+    topics is committed up to its end offset and nothing arrived for `idle_s`. Without `client`
+    it connects to the configured warehouse, applies pending migrations and closes the client
+    at the end; a given client is used as is (already migrated) and left open. `wrap_writer` wraps
+    the ClickHouse writer (the tests' fault injection: tests/sink_faults.py).
+    Returns {"messages", "rows": {table: n}, "dead_letters", "skipped", "batches", "duplicates"}."""
+    from gpuledger.metrics import InstrumentedWriter, sink_metrics
+    from gpuledger.warehouse import connect, migrate
+
+    _dump_stacks_on_sigusr1()
+    metrics = sink_metrics()
+    stop = stop or threading.Event()
+    lines = _lines(settings)
+    own_client = client is None
+    if own_client:
+        client = connect(settings)
+    kafka = settings.kafka_client_config()
+    group = f"{settings.worker_app_id}-sink"
+    assigned: list[tuple[str, int]] = []
+    revoked: list[tuple[str, int]] = []
+
+    def on_assign(_consumer, partitions):
+        assigned.extend((tp.topic, tp.partition) for tp in partitions)
+
+    def on_revoke(_consumer, partitions):
+        revoked.extend((tp.topic, tp.partition) for tp in partitions)
+
+    consumer = Consumer(
+        {
+            **kafka,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "enable.partition.eof": False,
+            "fetch.wait.max.ms": settings.kafka_fetch_max_wait_ms,  # see the setting: a hop's worst case
+            **_group_timeouts(settings),
+        }
+    )
+    producer = Producer({**kafka, "enable.idempotence": False, "linger.ms": 5})
+    stats = SinkStats()
+    delivery_errors: list[str] = []
+    max_ahead_ms = int(settings.worker_max_ahead_s * 1000)  # the worker's window (one set of rules)
+    try:
+        if own_client:
+            migrate(client, settings.database)
+            # Reopen after migrating: on chDB 26.9 a materialized view created in this session
+            # deduplicates a block by another token than the same view opened afresh, so a block
+            # written again after a crash (same insert_deduplication_token) was counted twice by the
+            # views though once by usage_raw (docs/reliability.md, "Fault injection").
+            client.close()
+            client = connect(settings)
+        partitions = _partitions(consumer, list(lines))
+        writer: Writer = ClickHouseWriter(client, settings.database)
+        if wrap_writer is not None:
+            writer = wrap_writer(writer)
+        writer = InstrumentedWriter(writer)  # rows inserted, insert failures and time, per table
+        paused: list[TopicPartition] = []
+        reread: dict[tuple[str, int], int] = {}  # messages polled while paused: read them again
+
+        def wait_polling(delay: float) -> None:
+            """The backoff between retries of a failed warehouse write: the partitions are paused and
+            the consumer keeps polling, so the group keeps the sink as a member however long the
+            outage lasts (max.poll.interval.ms)."""
+            if not paused:
+                try:
+                    paused.extend(consumer.assignment())
+                    consumer.pause(paused)
+                except KafkaException as exc:
+                    log.warning("could not pause the partitions: %s", exc)
+                log.warning("warehouse writes failing: %d partitions paused, polling on", len(paused))
+            deadline = time.monotonic() + delay
+            while not stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                for msg in consumer.consume(num_messages=100, timeout=min(0.5, left)):
+                    if msg.error() is None:
+                        key = (msg.topic(), msg.partition())
+                        reread[key] = min(reread.get(key, msg.offset()), msg.offset())
+                producer.poll(0)
+
+        def recovered() -> None:
+            if not paused:
+                return
+            try:
+                consumer.resume(paused)
+                for (t, p), offset in reread.items():
+                    consumer.seek(TopicPartition(t, p, offset))
+            except KafkaException as exc:  # a partition revoked meanwhile: the next assignment sorts it out
+                log.warning("resuming the partitions: %s", exc)
+            log.warning("warehouse writes succeed again: %d partitions resumed", len(paused))
+            paused.clear()
+            reread.clear()
+
+        def poisoned(key, offset, table, rows, reason) -> None:
+            stats.dead_letters += 1
+            metrics.dead_letter(key[0], reason)
+            produce_letter(key[0], key[1], offset, None, orjson.dumps(rows, default=str), reason)
+
+        sink = BatchingSink(writer, ClickHouseProgress(client, settings.database, group), batch_rows=batch_rows,
+                            batch_interval_s=batch_interval_s, backoff_max_s=settings.sink_retry_max_s,
+                            usage_topic=settings.topics.usage, should_stop=stop.is_set, sleep=wait_polling,
+                            on_poison=poisoned, on_recovered=recovered)
+        consumer.subscribe(list(lines), on_assign=on_assign, on_revoke=on_revoke)
+
+        def on_delivery(err, _msg):
+            if err is not None:
+                delivery_errors.append(str(err))
+
+        def produce_letter(topic, partition, offset, key, raw, reason) -> None:
+            log.warning("dead letter %s[%d]@%d: %s", topic, partition, offset, reason[:500])
+            value = dead_letter(topic, partition, offset, raw, reason, seen_ms=int(time.time() * 1000),
+                                max_bytes=settings.dead_letter_max_bytes)
+            while True:
+                try:
+                    producer.produce(settings.topics.dead_letters, key=key, value=value, on_delivery=on_delivery)
+                    return
+                except BufferError:
+                    producer.poll(0.5)
+
+        def confirm_letters() -> None:
+            # dead letters must be durable before their offsets are committed
+            if producer.flush(30) > 0 or delivery_errors:
+                raise RuntimeError(f"could not deliver dead letters to {settings.topics.dead_letters}: {delivery_errors[:3]}")
+
+        def flush_and_commit() -> None:
+            confirm_letters()
+            written, offsets = sink.flush()
+            recovered()
+            confirm_letters()  # those of rows the warehouse refused
+            metrics.batch_flushed(written)
+            if written:
+                stats.batches += 1
+                for table, n in written.items():
+                    stats.rows[table] = stats.rows.get(table, 0) + n
+            if offsets:
+                try:
+                    consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False)
+                except KafkaException as exc:
+                    # harmless: the progress table, not the committed offset, says what the warehouse holds
+                    log.warning("could not commit offsets (%s); the progress table covers them", exc)
+                    sink.commit_failed(offsets)
+
+        def rebalanced() -> None:
+            if revoked:
+                sink.revoke(list(revoked))
+                revoked.clear()
+            if assigned:
+                gained = list(assigned)
+                assigned.clear()
+                stats.assignments += 1
+                sink.assign(gained)
+                recovered()
+                refuse_recreated(consumer, sink, gained)
+
+        last_message = time.monotonic()
+        last_check = 0.0
+        while not stop.is_set():
+            messages = consumer.consume(num_messages=500, timeout=0.2)
+            rebalanced()
+            for msg in messages:
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    if err.fatal():
+                        raise RuntimeError(f"Kafka consumer failed: {err}")
+                    log.warning("consumer error: %s", err)
+                    continue
+                last_message = time.monotonic()
+                stats.messages += 1
+                metrics.message_in(msg.topic())
+                source = Source(msg.topic(), msg.partition(), msg.offset())
+                try:
+                    rows = process_message(lines[msg.topic()], msg.value(), source, now_ms=int(time.time() * 1000),
+                                           max_ahead_ms=max_ahead_ms)
+                except Exception as exc:  # any failure to turn the message into rows is its own fault
+                    reason = str(exc) if isinstance(exc, DecodeError) else f"cannot convert: {type(exc).__name__}: {exc}"
+                    rows = None
+                else:
+                    reason = None
+                if not sink.add(rows or {}, source, origin=_origin(msg) if lines[msg.topic()] == JOB_EVENTS else None):
+                    stats.duplicates += 1
+                    metrics.duplicate()
+                    continue
+                if reason is not None:
+                    metrics.dead_letter(msg.topic(), reason)
+                    produce_letter(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), reason)
+                    stats.dead_letters += 1
+                elif not any(rows.values()):
+                    stats.skipped += 1
+                if sink.buffered >= batch_rows:
+                    flush_and_commit()
+            producer.poll(0)
+            if sink.due():
+                flush_and_commit()
+            now = time.monotonic()
+            if until_caught_up and now - last_message >= idle_s and now - last_check >= 0.5:
+                last_check = now
+                flush_and_commit()
+                if _caught_up(consumer, partitions):
+                    break
+        flush_and_commit()
+        stats.retries = sink.retries
+    finally:
+        consumer.close()
+        producer.flush(10)
+        if own_client:
+            client.close()
+    return stats.as_dict()
+
+
+def _dump_stacks_on_sigusr1() -> None:
+    """`kill -USR1 <pid>` prints every thread's stack to stderr (diagnosing a stuck sink or worker)."""
+    import faulthandler
+    import signal
+
+    if threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
+def _group_timeouts(settings: Settings) -> dict:
+    """A group join waits up to the rebalance timeout (librdkafka: max.poll.interval.ms) for
+    members; Tansu holds it for a good part of that, so keep it short (worker_rebalance_timeout_s).
+    librdkafka wants max.poll.interval.ms >= session.timeout.ms, and Kafka's minimum session is 6 s."""
+    rebalance_ms = int(settings.worker_rebalance_timeout_s * 1000)
+    session_ms = max(6000, min(rebalance_ms, 45000))
+    return {"session.timeout.ms": session_ms, "max.poll.interval.ms": max(rebalance_ms, session_ms)}
+
+
+def _partitions(consumer: Consumer, topics: list[str]) -> list[TopicPartition]:
+    meta = consumer.list_topics(timeout=30)
+    missing = [t for t in topics if t not in meta.topics or meta.topics[t].error is not None]
+    if missing:
+        raise RuntimeError(f"topics missing: {', '.join(missing)} (create them first: gpuledger topics create)")
+    return [TopicPartition(t, p) for t in topics for p in sorted(meta.topics[t].partitions)]
+
+
+def _caught_up(consumer: Consumer, partitions: list[TopicPartition]) -> bool:
+    """Every partition's committed offset (for this group) is at its end offset."""
+    try:
+        committed = {(tp.topic, tp.partition): tp.offset for tp in consumer.committed(partitions, timeout=10)}
+        ends = [consumer.get_watermark_offsets(tp, timeout=10, cached=False) for tp in partitions]
+    except KafkaException as exc:  # e.g. the coordinator is busy with a group join: ask again later
+        log.debug("cannot tell whether the sink caught up yet: %s", exc)
+        return False
+    for tp, (low, high) in zip(partitions, ends):
+        position = committed.get((tp.topic, tp.partition), OFFSET_INVALID)
+        if position < 0:  # nothing committed yet: only an empty partition is caught up
+            position = low
+        if position < high:
+            return False
+    return True
+
+
+def _origin(msg) -> tuple[int, int] | None:
+    """(partition, offset) of the job-events message a lifecycle-accepted message repeats (its
+    `gpuledger-source` header, set by the worker), or None."""
+    for name, value in msg.headers() or ():
+        if name == SOURCE_HEADER and value:
+            try:
+                partition, offset = value.decode().split(":")
+                return int(partition), int(offset)
+            except ValueError:
+                return None
+    return None
+
+
+class RecreatedTopicError(RuntimeError):
+    """A partition holds fewer messages than the warehouse already took from it."""
+
+
+def refuse_recreated(consumer: Consumer, sink: "BatchingSink", partitions: list[tuple[str, int]],
+                     confirm_s: float = 1.0) -> None:
+    """Refuse to go on when a partition was recreated: the group has no committed offset for it (Kafka
+    drops a deleted topic's offsets) AND it ends below the offset the progress table records as
+    written; its new messages would otherwise be skipped silently as "already in the warehouse".
+    Both signs are needed: a broker can report an end below its log's after a fault (Tansu does,
+    for long), and committed offsets expire in a group idle for longer than the broker's offset
+    retention, while the topic itself is intact. Asked twice, `confirm_s` apart."""
+    suspects = {key: sink.progress_of(key).done_to for key in partitions if sink.progress_of(key).done_to > 0}
+    if not suspects:
+        return
+    try:
+        committed = consumer.committed([TopicPartition(t, p) for t, p in suspects], timeout=10)
+    except KafkaException as exc:
+        log.debug("cannot read committed offsets to check for recreated topics: %s", exc)
+        return
+    suspects = {(tp.topic, tp.partition): suspects[(tp.topic, tp.partition)] for tp in committed if tp.offset < 0}
+    for attempt in range(2):
+        still = {}
+        for (topic, partition), done_to in suspects.items():
+            try:
+                _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)
+            except KafkaException as exc:
+                log.debug("cannot check %s[%d]'s end offset: %s", topic, partition, exc)
+                continue
+            if high < done_to:
+                still[(topic, partition)] = (high, done_to)
+        if not still:
+            return
+        suspects = {key: done for key, (_high, done) in still.items()}
+        if attempt == 0:
+            time.sleep(confirm_s)
+    (topic, partition), (high, done_to) = next(iter(still.items()))
+    raise RecreatedTopicError(
+        f"{topic}[{partition}] ends at offset {high}, but the warehouse already holds its messages up to offset "
+        f"{done_to} (sink_progress): the topic was recreated or truncated, and its new messages would be skipped. "
+        f"Either start a new epoch for it (insert a sink_progress row for this consumer, topic and partition with "
+        f"a higher epoch and seq, from_offset = to_offset = 0, phase 'done') or empty sink_progress together with "
+        f"the warehouse; see docs/reliability.md, 'Exactly-once into ClickHouse'.")

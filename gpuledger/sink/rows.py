@@ -1,0 +1,158 @@
+"""Pure conversion: one Kafka message -> rows per warehouse table (or DecodeError). No Kafka, no ClickHouse.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+
+from gpuledger.schemas.models import JobEvent, LifecycleWatermark, NodeTick, SchedulerSnapshot, UsageBatch
+from gpuledger.schemas.wire import DecodeError, decode, decode_lifecycle, decode_node_ticks
+from gpuledger.streams.checks import DAY_MS, rows_problem, time_problem
+
+
+
+log = logging.getLogger(__name__)
+
+
+USAGE, JOB_EVENTS, SNAPSHOTS, SAMPLES = "usage", "job_events", "scheduler_snapshots", "gpu_samples"
+
+
+# --------------------------------------------------------------------------- pure conversion
+@dataclass(frozen=True)
+class Source:
+    """Where a message came from; stored with every row it produced."""
+
+    topic: str
+    partition: int
+    offset: int
+
+    def columns(self) -> dict:
+        return {"kafka_topic": self.topic, "kafka_partition": self.partition, "kafka_offset": self.offset}
+
+
+def usage_rows(batch: UsageBatch, source: Source) -> list[dict]:
+    meta = source.columns()
+    # mode="json" turns enums into their string values; every other field is already plain
+    return [{**record.model_dump(mode="json"), **meta} for record in batch.records]
+
+
+def job_event_row(event: JobEvent, source: Source) -> dict:
+    return {
+        "schema_version": event.schema_version,
+        "event_id": event.event_id,
+        "ts_ms": event.ts_ms,
+        "kind": event.kind.value,
+        "cluster": event.cluster,
+        "job_id": event.job_id,
+        "attempt": event.attempt,
+        "tenant": event.tenant,
+        "queue": event.queue,
+        "priority": event.priority,
+        "requested_gpus": event.requested_gpus,
+        "gpu_nodes": [g.node for g in event.gpus],
+        "gpu_uuids": [g.ref for g in event.gpus],  # a UUID, or node#index until resolved
+        "gpu_share_milli": [g.share_milli for g in event.gpus],
+        "gpu_container_ids": [g.container_id or "" for g in event.gpus],
+        "aliases": dict(event.aliases),
+        "reason": event.reason or "",
+        **source.columns(),
+    }
+
+
+def snapshot_rows(snapshot: SchedulerSnapshot, source: Source) -> dict[str, list[dict]]:
+    meta = source.columns()
+    queues = [
+        {
+            "schema_version": snapshot.schema_version,
+            "cluster": snapshot.cluster,
+            "ts_ms": snapshot.ts_ms,
+            "queue": q.queue,
+            "queue_priority": q.priority,
+            "quota_gpus": q.quota_gpus,
+            "allocated_gpus": q.allocated_gpus,
+            "pending_jobs": q.pending_jobs,
+            "pending_gpus": q.pending_gpus,
+            "pending_priorities": [p.priority for p in q.pending_by_priority],
+            "pending_jobs_by_priority": [p.jobs for p in q.pending_by_priority],
+            "pending_gpus_by_priority": [p.gpus for p in q.pending_by_priority],
+            **meta,
+        }
+        for q in snapshot.queues
+    ]
+    preemptions = [
+        {
+            "cluster": snapshot.cluster,
+            "ts_ms": snapshot.ts_ms,
+            "queue": p.queue,
+            "job_id": p.job_id,
+            "by_job_id": p.by_job_id or "",
+            "rule": p.rule,
+            **meta,
+        }
+        for p in snapshot.preemptions
+    ]
+    out = {"scheduler_snapshots": queues}
+    if preemptions:
+        out["scheduler_preemptions"] = preemptions
+    return out
+
+
+def health_rows(tick: NodeTick, source: Source) -> list[dict]:
+    """`gpu_health` rows of one tick (line 1), one per GPU: the health record of the operations view."""
+    meta = source.columns()
+    return [{
+        "cluster": tick.cluster, "node": tick.node, "gpu_uuid": g.gpu_uuid, "gpu_model": g.model,
+        "ts_ms": tick.ts_ms, "interval_ms": tick.interval_ms, "health": g.health.value,
+        "down_reason": g.down_reason or "", "temperature_c": g.temperature_c, "power_w": g.power_w,
+        "util_gpu_pct": g.util_gpu_pct, "mem_used_bytes": g.mem_used_bytes, "xid_errors": list(g.xid_errors),
+        "ecc_dbe_total": g.ecc_dbe_total, **meta,
+    } for g in tick.gpus]
+
+
+def inventory_row(tick: NodeTick, source: Source) -> dict:
+    """`node_inventory` row of one tick: the node and the GPUs (uuid, model) it reports."""
+    return {
+        "cluster": tick.cluster, "node": tick.node, "seen_ms": tick.ts_ms, "gpu_count": len(tick.gpus),
+        "gpu_uuids": [g.gpu_uuid for g in tick.gpus], "gpu_models": [g.model for g in tick.gpus],
+        "source": "gpu-samples", **source.columns(),
+    }
+
+
+def process_message(kind: str, raw: bytes | None, source: Source, *, now_ms: int | None = None,
+                    max_ahead_ms: int = 7 * DAY_MS) -> dict[str, list[dict]]:
+    """Rows per table for one message of the given line (USAGE, JOB_EVENTS, SNAPSHOTS, SAMPLES).
+
+    Watermarks give no rows (the warehouse does not need them). Raises DecodeError — also for a
+    message outside the time window (streams/checks.py, the worker's rules; `now_ms` is the sink's
+    clock at receipt) and for values their column cannot hold, so no insert ever sees them."""
+    if raw is None:
+        raise DecodeError("empty message (no value)")
+    if kind == USAGE:
+        rows = {"usage_raw": usage_rows(decode(UsageBatch, raw), source)}
+    elif kind == JOB_EVENTS:  # what the worker accepted (lifecycle-accepted): it judged time and sequence
+        message = decode_lifecycle(raw)
+        if isinstance(message, LifecycleWatermark):
+            return {}
+        rows = {"job_events": [job_event_row(message, source)]}
+    elif kind == SNAPSHOTS:  # the worker never sees these: the same checks here
+        snapshot = decode(SchedulerSnapshot, raw)
+        problem = time_problem(f"snapshot of {snapshot.cluster}", snapshot.ts_ms, 0, max_ahead_ms, now_ms)
+        if problem:
+            raise DecodeError(problem)
+        rows = snapshot_rows(snapshot, source)
+    elif kind == SAMPLES:
+        ticks = decode_node_ticks(raw)  # one NodeTick or a node's NodeTickBatch
+        for tick in ticks:
+            problem = time_problem(f"tick of {tick.node}", tick.ts_ms, 0, max_ahead_ms, now_ms)
+            if problem:
+                raise DecodeError(problem)
+        rows = {"gpu_health": [row for tick in ticks for row in health_rows(tick, source)],
+                "node_inventory": [inventory_row(tick, source) for tick in ticks]}
+    else:
+        raise ValueError(f"unknown line {kind!r}")
+    problem = rows_problem(rows)
+    if problem:
+        raise DecodeError(problem)
+    return rows

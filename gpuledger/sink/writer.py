@@ -1,0 +1,86 @@
+"""Writing one table's block to ClickHouse, and telling errors that retrying can never fix from transient ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import struct
+from typing import Protocol
+
+
+
+
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- error classes
+#: ClickHouse error codes that the same block can never get past (retrying it is pointless):
+#: CANNOT_PARSE_* (6, 26, 27, 38, 41, 72), BAD_ARGUMENTS (36), ILLEGAL_TYPE_OF_ARGUMENT (43),
+#: ILLEGAL_COLUMN (44), TYPE_MISMATCH (53), ARGUMENT_OUT_OF_BOUND (69), CANNOT_CONVERT_TYPE (70),
+#: TOO_LARGE_STRING_SIZE (131), TOO_MANY_PARTITIONS for one INSERT block (252),
+#: VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE (321), CANNOT_INSERT_NULL_IN_ORDINARY_COLUMN (349),
+#: DECIMAL_OVERFLOW (407). Unknown tables/columns (a migration not applied yet) stay transient.
+PERMANENT_CODES = frozenset({6, 26, 27, 36, 38, 41, 43, 44, 53, 69, 70, 72, 131, 252, 321, 349, 407})
+_CODE = re.compile(r"Code:\s*(\d+)")
+
+
+def error_code(exc: BaseException) -> int | None:
+    """The ClickHouse error code of an exception (clickhouse-connect's `code`, or "Code: NNN" in the
+    text, as chDB's errors carry it), or None."""
+    code = getattr(exc, "code", None)
+    if isinstance(code, int):
+        return code
+    m = _CODE.search(str(exc))
+    return int(m.group(1)) if m else None
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """An insert error the same rows can never get past: a data error by its ClickHouse code, or a
+    value the client cannot even serialize. Anything else (the warehouse down, a timeout, a schema
+    not migrated yet) is transient and retried."""
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return False
+    code = error_code(exc)
+    if code is not None:
+        return code in PERMANENT_CODES
+    return isinstance(exc, (OverflowError, struct.error, TypeError, UnicodeError))
+
+
+class PermanentWriteError(Exception):
+    """A block's insert failed with an error that can never succeed (see `is_permanent`)."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.cause = cause
+
+
+# --------------------------------------------------------------------------- sink abstraction
+class Writer(Protocol):
+    """A sink backend: writes one table's block, or raises (the block is then retried). `token`
+    identifies the block: a backend that sees the same token again must not store it twice."""
+
+    def write(self, table: str, rows: list[dict], token: str | None = None) -> None: ...
+
+
+class ClickHouseWriter:
+    def __init__(self, client, database: str):
+        self.client = client
+        self.database = database
+
+    def write(self, table: str, rows: list[dict], token: str | None = None) -> None:
+        settings = None
+        if token is not None:
+            settings = {"insert_deduplication_token": token, "insert_deduplicate": 1,
+                        "deduplicate_blocks_in_dependent_materialized_views": 1}
+        insert_block(self.client, table, rows, self.database, settings)
+
+
+def insert_block(client, table: str, rows: list[dict], database: str, settings: dict | None = None) -> None:
+    """One INSERT of rows given as dicts with the same keys (one block: one dedup token)."""
+    if not rows:
+        return
+    names = list(rows[0])
+    client.insert(table, [[row[n] for n in names] for row in rows], column_names=names, database=database,
+                  settings=settings)

@@ -1,0 +1,212 @@
+"""alibaba-genai (cluster-trace-v2026-GenAI): reading the duty-cycle and memory samples of 143 serving pods and the pure conversion into the ledger's data lines.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpuledger.schemas.lines import LINE_JOB_EVENTS, LINE_SAMPLES, Emission
+from gpuledger.agents.simcluster import gpu_uuid
+from gpuledger.schemas.models import (
+    GpuAssignment,
+    GpuSample,
+    JobEvent,
+    JobEventKind,
+    LifecycleWatermark,
+    NodeTick,
+)
+from gpuledger.traces.readers import (CLUSTER_GENAI, EPOCH_BASE_MS, HOUR_MS, KIND_ORDER, ORDER_LIFECYCLE, ORDER_SNAPSHOT,
+                                    ORDER_WATERMARK, TENANT, Emissions, TraceError, at_ms, csv_rows, watermark_times)
+
+
+
+GENAI_GPU_MODEL = "undisclosed"
+
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One GenAI sample: trace time (s), pod (container_ip hash), value."""
+
+    ts_s: float
+    pod: str
+    value: float
+
+
+def read_genai_samples(path: str | Path) -> list[Sample]:
+    """pod_gpu_duty_cycle_anon / pod_gpu_memory_used_bytes_anon (.tar.gz or the CSV inside):
+    columns value, timestamp_anon, container_ip in any order."""
+    out = []
+    for lineno, row in csv_rows(Path(path), ("value", "timestamp_anon", "container_ip")):
+        where = f"{path}:{lineno}"
+        pod = (row["container_ip"] or "").strip()
+        if not pod:
+            raise TraceError(f"{where}: container_ip is empty")
+        try:
+            ts, value = float(row["timestamp_anon"]), float(row["value"])
+        except (TypeError, ValueError):
+            raise TraceError(f"{where}: timestamp_anon and value must be numbers, got {row['timestamp_anon']!r}, {row['value']!r}") from None
+        if value != value or ts != ts:  # NaN
+            continue
+        out.append(Sample(ts, pod, value))
+    if not out:
+        raise TraceError(f"{path}: no samples")
+    return out
+
+
+
+# =========================================================================== genai: conversion
+@dataclass
+class GenaiReplay:
+    cluster: str
+    base_ms: int
+    end_ms: int
+    emissions: Emissions
+    inventory_ticks: list[NodeTick]  # the first tick of every pod
+    pods: list[str]
+    median_interval_ms: int
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GenaiTick:
+    pod: str
+    attempt: int
+    ts_ms: int
+    interval_ms: int
+    duty_pct: float
+    mem_bytes: int | None
+
+
+def genai_ticks(duty: Sequence[Sample], memory: Sequence[Sample], *, base_ms: int = EPOCH_BASE_MS,
+                gap_split_s: float = 600.0, max_pods: int | None = None) -> tuple[list[GenaiTick], int, list[str]]:
+    """Per-pod ticks: each duty-cycle sample covers the time to the pod's next sample; the last
+    sample of a stretch covers the median sampling interval. A gap longer than `gap_split_s`
+    (no telemetry for > 10 intervals) ends the pod's holding (stretch = attempt); the next
+    sample starts a new attempt. Memory is joined by pod and the nearest timestamp within one
+    median interval. Trace time is mapped so that the first duty sample is at `base_ms`.
+    `max_pods`: only the first N pods in order of first appearance in the duty file.
+    Returns (ticks sorted by time, median interval in ms, pods)."""
+    if not duty:
+        raise TraceError("no duty-cycle samples")
+    order: dict[str, None] = {}
+    by_pod: dict[str, list[Sample]] = {}
+    for s in duty:
+        order.setdefault(s.pod)
+        by_pod.setdefault(s.pod, []).append(s)
+    pods = list(order)[:max_pods] if max_pods else list(order)
+    origin = min(s.ts_s for s in duty)
+    gaps = []
+    for p in by_pod.values():
+        p.sort(key=lambda s: s.ts_s)
+        gaps.extend(b.ts_s - a.ts_s for a, b in zip(p, p[1:]) if b.ts_s > a.ts_s)
+    median_s = statistics.median(gaps) if gaps else 60.0
+    median_ms = max(1, round(median_s * 1000))
+
+    mem_by_pod: dict[str, tuple[list[float], list[float]]] = {}
+    for s in sorted(memory, key=lambda s: (s.pod, s.ts_s)):
+        ts_list, values = mem_by_pod.setdefault(s.pod, ([], []))
+        ts_list.append(s.ts_s)
+        values.append(s.value)
+
+    def memory_at(pod: str, ts: float) -> int | None:
+        found = mem_by_pod.get(pod)
+        if not found:
+            return None
+        ts_list, values = found
+        i = bisect.bisect_left(ts_list, ts)
+        best = None
+        for j in (i - 1, i):
+            if 0 <= j < len(ts_list) and abs(ts_list[j] - ts) <= median_s and (best is None or abs(ts_list[j] - ts) < abs(ts_list[best] - ts)):
+                best = j
+        return None if best is None or values[best] < 0 else int(values[best])
+
+    ticks: list[GenaiTick] = []
+    for pod in pods:
+        samples = by_pod[pod]
+        attempt = 0
+        for k, s in enumerate(samples):
+            if k and samples[k - 1].ts_s == s.ts_s:
+                continue  # duplicate timestamp: keep the first
+            nxt = samples[k + 1].ts_s if k + 1 < len(samples) else None
+            if nxt is not None and nxt - s.ts_s > gap_split_s:
+                interval = median_ms
+            elif nxt is not None:
+                interval = round((nxt - s.ts_s) * 1000)
+            else:
+                interval = median_ms
+            interval = min(interval, HOUR_MS)
+            ticks.append(GenaiTick(pod, attempt, at_ms(base_ms, s.ts_s - origin), interval,
+                                   min(100.0, max(0.0, s.value)), memory_at(pod, s.ts_s)))
+            if nxt is not None and nxt - s.ts_s > gap_split_s:
+                attempt += 1
+    ticks.sort(key=lambda t: (t.ts_ms, t.pod))
+    return ticks, median_ms, pods
+
+
+def convert_genai(
+    duty: Sequence[Sample],
+    memory: Sequence[Sample],
+    *,
+    cluster: str = CLUSTER_GENAI,
+    base_ms: int = EPOCH_BASE_MS,
+    gap_split_s: float = 600.0,
+    watermark_every_ms: int = 300_000,
+    max_pods: int | None = None,
+) -> GenaiReplay:
+    """The GenAI trace as the ledger's data lines: each pod (container_ip) is a node with one GPU
+    that the pod holds; per stretch of samples (see `genai_ticks`) `allocated` + `started` at its
+    first sample and `completed` at its last sample + interval; a NodeTick per sample with
+    util_gpu_pct = duty cycle and mem_used_bytes from the memory file; LifecycleWatermarks every
+    `watermark_every_ms` (5 min: a tick waits at most that long to be closed) and a final one."""
+    ticks, median_ms, pods = genai_ticks(duty, memory, base_ms=base_ms, gap_split_s=gap_split_s, max_pods=max_pods)
+    if not ticks:
+        raise TraceError("no ticks (max_pods=0?)")
+    uuids = {pod: gpu_uuid(cluster, pod, 0) for pod in pods}
+    items: list[tuple] = []  # (ts_ms, class, seq, kind, payload)
+    stretches: dict[tuple[str, int], list[int]] = {}
+    for t in ticks:
+        span = stretches.setdefault((t.pod, t.attempt), [t.ts_ms, t.ts_ms + t.interval_ms])
+        span[1] = t.ts_ms + t.interval_ms
+    for (pod, attempt), (start, end) in sorted(stretches.items()):
+        gpus = [GpuAssignment(node=pod, gpu_uuid=uuids[pod], share_milli=1000, container_id=pod)]
+        for kind, ts, with_gpus in ((JobEventKind.allocated, start, True), (JobEventKind.started, start, False),
+                                    (JobEventKind.completed, end, False)):
+            items.append((ts, ORDER_LIFECYCLE, KIND_ORDER[kind], (pod, attempt), ("event", pod, attempt, kind, with_gpus)))
+    for i, t in enumerate(ticks):
+        items.append((t.ts_ms, ORDER_SNAPSHOT, i, ("", 0), ("tick", t)))  # after the lifecycle at equal times
+    end_ms = max(t.ts_ms + t.interval_ms for t in ticks)
+    for ts in watermark_times(base_ms, end_ms, watermark_every_ms):
+        items.append((ts, ORDER_WATERMARK, 0, ("", 0), ("watermark", ts)))
+    items.sort(key=lambda it: it[:4])
+
+    first_ticks: dict[str, NodeTick] = {}
+
+    def make(item: tuple) -> Emission:
+        what = item[4]
+        if what[0] == "tick":
+            t: GenaiTick = what[1]
+            tick = NodeTick(cluster=cluster, node=t.pod, ts_ms=t.ts_ms, interval_ms=t.interval_ms, gpus=[
+                GpuSample(gpu_uuid=uuids[t.pod], index=0, model=GENAI_GPU_MODEL, util_gpu_pct=t.duty_pct,
+                          mem_used_bytes=t.mem_bytes)])
+            return Emission(LINE_SAMPLES, t.pod, tick)
+        if what[0] == "event":
+            _, pod, attempt, kind, with_gpus = what
+            gpus = [GpuAssignment(node=pod, gpu_uuid=uuids[pod], share_milli=1000, container_id=pod)] if with_gpus else []
+            ev = JobEvent(event_id=f"{pod}/{attempt}/{kind.value}", ts_ms=item[0], kind=kind, cluster=cluster, job_id=pod,
+                          attempt=attempt, tenant=TENANT, queue="serving", requested_gpus=1.0, gpus=gpus)
+            return Emission(LINE_JOB_EVENTS, pod, ev)
+        return Emission(LINE_JOB_EVENTS, None, LifecycleWatermark(cluster=cluster, ts_ms=what[1]))
+
+    for t in ticks:
+        if t.pod not in first_ticks:
+            first_ticks[t.pod] = NodeTick(cluster=cluster, node=t.pod, ts_ms=t.ts_ms, interval_ms=t.interval_ms, gpus=[
+                GpuSample(gpu_uuid=uuids[t.pod], index=0, model=GENAI_GPU_MODEL)])
+    counts = {"pods": len(pods), "ticks": len(ticks), "attempts": len(stretches), "events": 3 * len(stretches),
+              "watermarks": len(items) - len(ticks) - 3 * len(stretches)}
+    return GenaiReplay(cluster=cluster, base_ms=base_ms, end_ms=end_ms, emissions=Emissions(items, make, base_ms, end_ms),
+                       inventory_ticks=list(first_ticks.values()), pods=pods, median_interval_ms=median_ms, counts=counts)

@@ -1,0 +1,1 @@
+"""The periodic reports, in pieces; gpuledger.warehouse.periodic.commands is their entry point."""
