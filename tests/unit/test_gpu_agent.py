@@ -183,19 +183,39 @@ class SlowBackend:
         pass
 
 
-def test_overrun_skips_missed_grid_points_and_never_double_publishes(caplog: pytest.LogCaptureFixture) -> None:
+class CountingMetrics:
+    """What run_agent reports to its `metrics` (gpuledger.metrics.AgentMetrics), recorded."""
+
+    def __init__(self) -> None:
+        self.sampled: list[int] = []
+        self.skipped: list[int] = []
+        self.failed = 0
+
+    def tick_sampled(self, ts_ms: int) -> None:
+        self.sampled.append(ts_ms)
+
+    def ticks_skipped(self, n: int) -> None:
+        self.skipped.append(n)
+
+    def tick_failed(self) -> None:
+        self.failed += 1
+
+
+def test_overrun_skips_missed_grid_points_and_never_double_publishes() -> None:
     clock = FakeClock(100.0)
     backend = SlowBackend(SimBackend(["T4"]), clock, delays=[12.0, 0.5, 0.0])
     pub = ListPublisher()
-    run_agent(backend, pub, "t", cluster="c", node="n", interval_s=5, clock=clock, sleep=clock.sleep, max_ticks=3)
+    metrics = CountingMetrics()
+    run_agent(backend, pub, "t", cluster="c", node="n", interval_s=5, clock=clock, sleep=clock.sleep, max_ticks=3,
+              metrics=metrics)
     stamps = [decode(NodeTick, v).ts_ms for v in pub.values()]
-    # tick at 100 s took until 112 s: 105 s and 110 s are skipped, not published late.
+    # tick at 100 s took until 112 s: 105 s is skipped (counted), not published late; 110 s is taken at 112 s.
     assert stamps == [100_000, 110_000, 115_000]
     assert len(set(stamps)) == len(stamps)
-    assert "skipping 1 tick" in caplog.text
+    assert metrics.skipped == [1] and metrics.sampled == stamps
 
 
-def test_stop_event_and_failed_tick_is_skipped(caplog: pytest.LogCaptureFixture) -> None:
+def test_stop_event_and_failed_tick_is_skipped() -> None:
     import threading
 
     clock = FakeClock(0.0)
@@ -213,11 +233,12 @@ def test_stop_event_and_failed_tick_is_skipped(caplog: pytest.LogCaptureFixture)
             return super().sample(now_ms)
 
     pub = ListPublisher()
+    metrics = CountingMetrics()
     n = run_agent(Flaky(["T4"]), pub, "t", cluster="c", node="n", interval_s=5,
-                  clock=clock, sleep=clock.sleep, stop=stop)
+                  clock=clock, sleep=clock.sleep, stop=stop, metrics=metrics)
     assert n == 2
     assert [decode(NodeTick, v).ts_ms for v in pub.values()] == [0, 10_000]
-    assert "device hiccup" in caplog.text
+    assert metrics.failed == 1 and metrics.skipped == []  # a failed tick is counted as failed, not as skipped
 
 
 def test_bad_interval() -> None:
