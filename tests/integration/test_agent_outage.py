@@ -5,20 +5,24 @@ The broker (Tansu) keeps its data in memory, so it is never restarted: the agent
 through a Tansu proxy that advertises itself, and the test cuts the path by stopping the proxy
 and restores it by starting it again on the same port. The agent's clock is injected, so 600
 one-second ticks take a fraction of a second of real time; the forwarder, producer and broker
-run in real time."""
+run in real time. No step waits a fixed time and no check reads a log: each waits for the signal
+it needs (the forwarder's and producer's counters, the spool's depth, the agent process's own
+/metrics counters) and the broker is read up to its end offsets."""
 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpuledger.agents.gpu_agent import open_spooled_publisher, run_agent, spool_dir
 from gpuledger.agents.sim_backend import SimBackend
@@ -92,25 +96,39 @@ def agent_settings(make_settings, proxy, broker, tmp_path):
                          agent_spool_fsync="interval")
 
 
-def ticks_of(broker_bootstrap: str, topic: str, node: str, expect: int, timeout_s: float = 60) -> list[int]:
-    """ts_ms of every tick of `node` on `topic`, in partition order (read straight from the broker)."""
+def wait_until(check: Callable[[], bool], what: str, timeout_s: float = 60, alive: subprocess.Popen | None = None) -> None:
+    """Poll `check` until it holds. The deadline is only a fail-safe: the step waits for its
+    signal, however long the machine takes within it."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if alive is not None and alive.poll() is not None:
+            raise AssertionError(f"the agent exited ({alive.returncode}) while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def ticks_of(broker_bootstrap: str, topic: str, node: str, timeout_s: float = 60) -> list[int]:
+    """ts_ms of every tick of `node` on `topic`, in partition order, read straight from the broker
+    up to the end offsets it has now (everything acknowledged so far, duplicates included)."""
     consumer = Consumer({"bootstrap.servers": broker_bootstrap, "group.id": "outage-reader", "enable.auto.commit": False})
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+                for p in partitions}
+        todo = {p for p, end in ends.items() if end > 0}
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in todo])
         got: list[int] = []
         deadline = time.monotonic() + timeout_s
-        idle_until = None
-        while time.monotonic() < deadline:
-            batch = [m for m in consumer.consume(num_messages=500, timeout=0.5) if m.error() is None]
-            for msg in batch:
+        while todo:
+            assert time.monotonic() < deadline, f"partitions {sorted(todo)} of {topic} not read to their end"
+            for msg in consumer.consume(num_messages=500, timeout=0.5):
+                if msg.error() is not None:
+                    continue
                 if msg.key() == node.encode():
                     got.append(decode(NodeTick, msg.value()).ts_ms)
-            if len(got) >= expect:
-                # keep reading briefly: anything beyond `expect` is a duplicate the test must see
-                idle_until = idle_until or time.monotonic() + 1.0
-                if time.monotonic() >= idle_until and not batch:
-                    break
+                if msg.offset() + 1 >= ends[msg.partition()]:
+                    todo.discard(msg.partition())
         return got
     finally:
         consumer.close()
@@ -135,13 +153,16 @@ def test_ten_minute_outage_loses_nothing_and_keeps_order(agent_settings, proxy, 
     try:
         run_ticks(pub, agent_settings, clock, 20, node)
         wait_drained(pub)
+        delivered, produced = pub.forwarder.delivered, pub.forwarder.publisher.produced
 
         proxy.stop()  # the broker is unreachable from here on
         run_ticks(pub, agent_settings, clock, OUTAGE_TICKS, node)
-        time.sleep(1.0)  # let the forwarder try
-        assert pub.spool.depth == OUTAGE_TICKS  # nothing acknowledged, nothing dropped
-        assert pub.forwarder.inflight <= window and pub.forwarder.publisher.pending <= window
-        assert pub.spool.dropped == 0
+        # the forwarder tries: it hands a full window to the producer, and no more
+        wait_until(lambda: pub.forwarder.inflight == window, "the forwarder to fill its window")
+        assert pub.forwarder.publisher.produced - produced == window
+        assert pub.forwarder.delivered == delivered  # nothing acknowledged ...
+        assert pub.spool.depth == OUTAGE_TICKS and pub.spool.dropped == 0  # ... nothing dropped
+        assert pub.forwarder.publisher.pending <= window
 
         proxy.start()
         wait_drained(pub)
@@ -151,20 +172,21 @@ def test_ten_minute_outage_loses_nothing_and_keeps_order(agent_settings, proxy, 
         pub.close()
 
     expected = [int(T0 * 1000) + i * 1000 for i in range(20 + OUTAGE_TICKS + 10)]
-    got = ticks_of(broker.bootstrap, agent_settings.topics.gpu_samples, node, len(expected))
+    got = ticks_of(broker.bootstrap, agent_settings.topics.gpu_samples, node)
     assert got == expected  # every tick, once, in order, no gap
 
 
 def test_spool_survives_an_agent_restart_mid_outage(agent_settings, proxy, broker):
     node = "restart-node"
     clock = FakeClock(T0)
-    pub = open_spooled_publisher(agent_settings, node, window=50)
+    window = 50
+    pub = open_spooled_publisher(agent_settings, node, window=window)
     run_ticks(pub, agent_settings, clock, 5, node)
     wait_drained(pub)
     proxy.stop()
     run_ticks(pub, agent_settings, clock, 300, node)
-    time.sleep(0.5)
-    # The agent dies: what librdkafka held in memory is gone with it (purged), the spool stays.
+    wait_until(lambda: pub.forwarder.inflight == window, "the forwarder to fill its window")
+    # The agent dies: what librdkafka held in memory (a full window) is gone with it (purged), the spool stays.
     pub.forwarder.stop(flush_s=0)
     pub.forwarder.publisher._producer.purge(in_queue=True, in_flight=True, blocking=False)
     pub.spool.close()
@@ -173,7 +195,7 @@ def test_spool_survives_an_agent_restart_mid_outage(agent_settings, proxy, broke
         assert spool.depth == 300 and spool.acked == 5
 
     # The next agent starts while the broker is still unreachable, samples on, then the path returns.
-    pub = open_spooled_publisher(agent_settings, node, window=50)
+    pub = open_spooled_publisher(agent_settings, node, window=window)
     try:
         assert pub.spool.depth == 300
         run_ticks(pub, agent_settings, clock, 100, node)
@@ -184,11 +206,44 @@ def test_spool_survives_an_agent_restart_mid_outage(agent_settings, proxy, broke
         pub.close()
 
     expected = [int(T0 * 1000) + i * 1000 for i in range(5 + 300 + 100)]
-    got = ticks_of(broker.bootstrap, agent_settings.topics.gpu_samples, node, len(expected))
+    got = ticks_of(broker.bootstrap, agent_settings.topics.gpu_samples, node)
     # the dead agent's in-flight messages were lost with it and resent from the spool: at most
     # at-least-once duplicates, which the worker rejects by (node, ts_ms); never a gap or a reordering
     assert sorted(set(got)) == expected
     assert got == sorted(got)
+
+
+class AgentProcess:
+    """`python -m gpuledger.agents.gpu_agent` with its Prometheus endpoint on a free port: the test
+    follows the process through its own counters, never through its log."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], node: str):
+        self.port = free_port()
+        self.node = node
+        self.proc = subprocess.Popen([*argv, "--metrics-port", str(self.port)], env=env, stderr=subprocess.DEVNULL)
+
+    def metrics(self) -> dict[str, float]:
+        """sample name -> value for this node ({} while the endpoint is not up yet)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as response:
+                text = response.read().decode()
+        except OSError:
+            return {}
+        return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
+                if s.labels.get("node") == self.node}
+
+    def wait_for(self, metric: str, at_least: float, what: str, timeout_s: float = 60) -> None:
+        wait_until(lambda: self.metrics().get(metric, 0) >= at_least, f"{what} ({metric} >= {at_least})",
+                   timeout_s, alive=self.proc)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+SAMPLED, SKIPPED = "gpuledger_agent_ticks_sampled_total", "gpuledger_agent_ticks_skipped_total"
+PUBLISHED, SPOOLED = "gpuledger_agent_messages_published_total", "gpuledger_agent_spool_records"
 
 
 def test_agent_killed_mid_outage_loses_nothing(agent_settings, proxy, broker):
@@ -200,49 +255,44 @@ def test_agent_killed_mid_outage_loses_nothing(agent_settings, proxy, broker):
            "GPULEDGER_AGENT_SPOOL_FSYNC": "always"}
     argv = [sys.executable, "-m", "gpuledger.agents.gpu_agent", "--backend", "sim", "--sim-gpus", "2xT4",
             "--node", node, "--interval", "0.2", "--log-level", "ERROR"]
-    first = subprocess.Popen(argv, env=env, stderr=subprocess.DEVNULL)
+    first = AgentProcess(argv, env, node)
     try:
-        time.sleep(3.0)
+        first.wait_for(PUBLISHED, 3, "the first agent to reach the broker")
         proxy.stop()
-        time.sleep(2.0)
-        first.send_signal(signal.SIGKILL)
-        first.wait(timeout=10)
+        # every tick it samples now stays in its spool (fsync always: on disk when counted)
+        first.wait_for(SPOOLED, 5, "ticks to pile up in the first agent's spool")
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait(timeout=10)
     finally:
-        if first.poll() is None:
-            first.kill()
+        first.kill()
     with Spool(spool_dir(agent_settings, node)) as spool:
         spooled = [decode(NodeTick, r.value).ts_ms for r in spool.read(100_000)]
     assert len(spooled) >= 5, "the outage should have left ticks in the spool"
 
-    # the second process logs warnings: a grid point it skips because it fell behind (by design,
-    # on a busy machine) is reported there, and only such points may be missing from its run
-    second_log = Path(agent_settings.data_dir) / "second-agent.log"
-    second_log.parent.mkdir(parents=True, exist_ok=True)
-    with open(second_log, "wb") as log_file:
-        second = subprocess.Popen([*argv[:-2], "--log-level", "WARNING"], env=env, stderr=log_file)
+    second = AgentProcess(argv, env, node)
     try:
-        time.sleep(2.0)
+        second.wait_for(SAMPLED, 3, "the second agent to sample while the broker is unreachable")
+        assert second.metrics().get(PUBLISHED, 0) == 0
         proxy.start()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # until the backlog is through (librdkafka reconnects with backoff)
-            got = ticks_of(broker.bootstrap, agent_settings.topics.gpu_samples, node, 0, timeout_s=3)
-            if set(spooled) <= set(got) and len(got) > len(spooled) + 5:
-                break
-        second.send_signal(signal.SIGTERM)  # a clean stop: flush what it can, keep the rest
-        assert second.wait(timeout=30) == 0
+        # the backlog, then some of its own ticks (librdkafka reconnects with backoff)
+        second.wait_for(PUBLISHED, len(spooled) + 5, "the second agent to deliver its backlog")
+        counted = second.metrics()  # the skip counter rises before the tick after the gap is sampled
+        second.proc.send_signal(signal.SIGTERM)  # a clean stop: flush what it can, keep the rest
+        assert second.proc.wait(timeout=30) == 0
     finally:
-        if second.poll() is None:
-            second.kill()
+        second.kill()
 
-    got = ticks_of(broker.bootstrap, agent_settings.topics.gpu_samples, node, 0, timeout_s=5)
+    got = ticks_of(broker.bootstrap, agent_settings.topics.gpu_samples, node)
     assert set(spooled) <= set(got), f"lost: {sorted(set(spooled) - set(got))[:5]}"
     assert got == sorted(got), "ticks out of order"
     with Spool(spool_dir(agent_settings, node)) as spool:
         left = [decode(NodeTick, r.value).ts_ms for r in spool.read(100_000)]
     assert left == []  # a clean stop with the broker reachable delivers everything
-    # each process sampled every grid point while it ran (no gap inside a run)
-    second_run = [t for t in got if t > max(spooled)]
+    # the second process sampled every grid point while it ran, but those it skipped because it
+    # fell behind (by design, on a busy machine) and counted: checked over the ticks it had
+    # sampled when its counters were read
+    second_run = [t for t in got if t > max(spooled)][:int(counted[SAMPLED])]
+    assert len(second_run) == int(counted[SAMPLED])
     grid = list(range(second_run[0], second_run[-1] + 1, 200))
-    skipped = sum(int(n) for n in re.findall(rb"skipping (\d+) tick", second_log.read_bytes()))
-    assert set(second_run) <= set(grid) and len(grid) - len(second_run) <= skipped, \
-        f"{len(grid) - len(second_run)} grid points missing, {skipped} skipped as reported"
+    assert set(second_run) <= set(grid) and len(grid) - len(second_run) <= counted.get(SKIPPED, 0), \
+        f"{len(grid) - len(second_run)} grid points missing, {counted.get(SKIPPED, 0)} skipped as counted"
