@@ -436,3 +436,75 @@ EXPORTED_MODELS: dict[str, type[BaseModel]] = {
     "node_watermark": NodeWatermark,
     "bill_row": BillRow,
 }
+
+
+# --------------------------------------------------------------------------- alerts and reclaim suggestions
+class Alert(_Wire):
+    """A behaviour alert on one job attempt (docs/alerts.md). Topic: `<prefix>alerts`, key: job_id.
+    Published when it opens and again, with the same alert_id, when it closes; a consumer keeps the
+    latest message per alert_id. At most one alert per (job attempt, rule) is open at a time."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    alert_id: str = Field(min_length=1, description="deterministic id: hash of cluster/job_id/attempt/rule/opened_at_ms")
+    rule: Literal["util_drop", "low_util", "straggler", "hung", "gpu_down"]
+    definition_version: str = Field(description="'<ledger definition_version>/<rule>.v<n>': the rule's parameters and logic")
+    cluster: str
+    job_id: str
+    attempt: int = Field(ge=0)
+    tenant: str
+    queue: str
+    gpus: list[str] = Field(description="GPU UUIDs concerned (straggler: the lagging GPU; gpu_down: the GPU that went down)")
+    status: Literal["open", "closed"]
+    opened_at_ms: EpochMs = Field(description="event time at which the shape was seen")
+    closed_at_ms: EpochMs | None = Field(None, description="event time it recovered or the job ended; null while open")
+    window_start_ms: EpochMs = Field(description="start of the usage window the rule looked at")
+    window_end_ms: EpochMs = Field(description="end of that window (for a closed alert: of the window that closed it)")
+    message: str = Field(description="a short human sentence")
+
+
+class SuggestedJob(_Wire):
+    """A job a reclaim suggestion names, least productive first."""
+
+    job_id: str
+    attempt: int = Field(ge=0)
+    tenant: str
+    gpus: list[str] = Field(description="GPU UUIDs the job holds")
+    gpus_freed: float = Field(ge=0, description="GPUs its release frees (shares of GPUs add up)")
+    execution_rate: float = Field(ge=0, le=1, description="its executing / allocated GPU-time over the window")
+    idle_cost_micros: int = Field(ge=0, description="cost of its allocated-but-not-executing time so far, micros")
+
+
+class WaitingDemand(_Wire):
+    """Higher-priority work waiting in the scheduler (its latest snapshot)."""
+
+    gpus: float = Field(ge=0, description="GPUs the waiting jobs request")
+    jobs: int = Field(ge=0)
+    priority: int = Field(description="the highest priority among them")
+    queues: list[str] = Field(description="queues they wait in")
+    snapshot_ms: EpochMs = Field(description="time of the scheduler snapshot it comes from")
+
+
+class ReclaimSuggestion(_Wire):
+    """A reclaim suggestion for one queue (docs/alerts.md, "Reclaim"). Topic: `<prefix>reclaim-suggestions`,
+    key: queue. Published when it opens and again, with the same suggestion_id, when it is withdrawn."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    suggestion_id: str = Field(min_length=1, description="deterministic id: hash of cluster/queue/opened_at_ms")
+    definition_version: str = Field(description="'<ledger definition_version>/reclaim.v<n>'")
+    cluster: str
+    queue: str
+    status: Literal["open", "withdrawn"]
+    opened_at_ms: EpochMs
+    withdrawn_at_ms: EpochMs | None = Field(None, description="event time the condition cleared; null while open")
+    execution_rate: float = Field(ge=0, le=1, description="the queue's executing / allocated GPU-time over the window, at opening")
+    window_ms: int = Field(gt=0, description="length of the rolling window")
+    jobs: list[SuggestedJob] = Field(description="jobs to reclaim, least productive first (none in its first minutes)")
+    gpus_freed: float = Field(ge=0)
+    waiting_demand: WaitingDemand
+    idle_cost_micros: int = Field(ge=0, description="idle cost of the named jobs so far, micros")
+    currency: str
+    message: str
+
+
+EXPORTED_MODELS["alert"] = Alert
+EXPORTED_MODELS["reclaim_suggestion"] = ReclaimSuggestion

@@ -16,6 +16,8 @@ from functools import cached_property
 from datetime import date, datetime, timezone
 from pathlib import Path
 
+from gpuledger.streams.watchdefs import WatchDefinitions, parse_watch_definitions
+
 BUNDLED_CONFIG = Path(str(importlib.resources.files("gpuledger") / "ledger_defaults.toml"))
 MS_PER_HOUR = 3_600_000
 JOULES_PER_KWH = 3_600_000.0
@@ -182,6 +184,8 @@ class LedgerConfig:
     power_limit_tolerance: float = DEFAULT_POWER_LIMIT_TOLERANCE
     #: what a model without its own price is charged: "default" (the default price) or "zero"
     unpriced_policy: str = "default"
+    #: the behaviour alerts' and reclaim suggestions' definitions ([alerts], [reclaim]; streams/watchdefs.py)
+    watch: WatchDefinitions = field(default_factory=WatchDefinitions)
 
     def price(self, model: str) -> UnitPrice:
         return self.prices.get(model) or self.prices["default"]
@@ -367,6 +371,7 @@ def parse_ledger_config(doc: dict, source: str = "<config>") -> LedgerConfig:
             power_limit_tolerance=_bounded(power.get("limit_tolerance", DEFAULT_POWER_LIMIT_TOLERANCE), 1.0, 2.0,
                                            f"{source}: power.limit_tolerance"),
             unpriced_policy=policy,
+            watch=parse_watch_definitions(doc),
         )
     except KeyError as exc:
         raise LedgerConfigError(f"{source}: missing key {exc}") from None

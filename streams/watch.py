@@ -1,0 +1,674 @@
+"""The watcher's logic without Kafka: behaviour alerts on jobs and reclaim suggestions on queues.
+
+`Watcher` is fed the ledger's own output and the scheduler's snapshots, one message at a time:
+- usage batches (`<prefix>usage`): per GPU slice, its state, holder, utilization, memory, cost;
+- the lifecycle events the worker accepted (`<prefix>lifecycle-accepted`): when an attempt started,
+  its checkpoint windows, when it ended;
+- scheduler snapshots (`<prefix>scheduler-snapshots`): queue priorities and pending demand.
+It returns the messages to publish on `<prefix>alerts` and `<prefix>reclaim-suggestions`.
+
+Time is event time only (the records' and events' own times): replaying the same messages in the
+same order gives the same alerts with the same ids. A usage record is a time slice
+[start_ms, end_ms), of any length (a 5-s tick or a 60-s segment): it is split by duration into
+buckets of `[alerts] bucket_s`, and the rules read buckets. A job's rules are evaluated up to the
+last bucket every GPU of the job has covered (its horizon), a queue's up to the cluster's newest
+record less one bucket. The rules, their parameters and versions are in docs/alerts.md.
+
+The state (`to_state`/`from_state`) is plain JSON data; the process (gpuledger/watch.py) snapshots it
+with the input offsets it covers before it commits them, as the worker does (docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+
+import orjson
+
+from gpuledger.schemas.models import (
+    TERMINAL_KINDS,
+    Alert,
+    JobEvent,
+    JobEventKind,
+    ReclaimSuggestion,
+    SchedulerSnapshot,
+    SuggestedJob,
+    UsageState,
+    WaitingDemand,
+)
+from gpuledger.schemas.wire import DecodeError, decode, decode_lifecycle, encode
+from gpuledger.streams.core import Out
+from gpuledger.streams.watchdefs import RECLAIM_VERSION, RULE_VERSIONS, WatchDefinitions
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+#: a GPU of a job that has sent nothing for this long behind the job's newest GPU no longer holds
+#: the job's horizon back (it went down, or was released)
+STALE_GPU_MS = 300_000
+#: ended attempts are remembered this long (event time) so their late usage reopens nothing
+ENDED_RETENTION_MS = 86_400_000
+#: a GPU going down this soon after its holder's last slice went down under that holder
+DOWN_GAP_MS = 300_000
+
+# fields of a bucket (a list, for compact state)
+DUR, GPU_MS, EXEC, UTIL_MS, MEASURED, UTIL_MAX, MEM_MIN, IDLE_COST = range(8)
+MEM_NONE, MEM_UNKNOWN = -2, -1  # no slice yet / some slice did not measure memory
+
+EXECUTING, IDLE, DOWN = UsageState.executing.value, UsageState.allocated_idle.value, UsageState.down.value
+
+
+def _id(*parts) -> str:
+    return hashlib.sha256("/".join(str(p) for p in parts).encode()).hexdigest()[:32]
+
+
+def _minutes(ms: float) -> str:
+    return f"{ms / 60_000:.0f} min"
+
+
+@dataclass
+class Attempt:
+    """What the watcher knows of one job attempt."""
+
+    cluster: str
+    job_id: str
+    attempt: int
+    tenant: str = ""
+    queue: str = ""
+    #: when it started (its `started` event; else `allocated`; else its first usage)
+    start_ms: int | None = None
+    started_by_event: bool = False
+    checkpoints: list[list] = field(default_factory=list)   # [begin_ms, end_ms or None]
+    buckets: dict[str, dict[int, list]] = field(default_factory=dict)  # gpu -> bucket index -> bucket
+    last_end: dict[str, int] = field(default_factory=dict)  # gpu -> end of its newest slice
+    shares: dict[str, int] = field(default_factory=dict)    # gpu -> share_milli of its newest slice
+    idle_cost_micros: int = 0
+    evaluated_bucket: int = 0
+    #: rule -> {"alert": open Alert wire dict, "ref": reference the rule closes against}
+    open: dict[str, dict] = field(default_factory=dict)
+    down: list[str] = field(default_factory=list)            # its GPUs down now
+    #: rule -> the bucket its last alert closed at: a new one judges only time after it (no flapping)
+    rearm: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.cluster, self.job_id, self.attempt)
+
+    def to_state(self) -> dict:
+        return {"cluster": self.cluster, "job_id": self.job_id, "attempt": self.attempt, "tenant": self.tenant,
+                "queue": self.queue, "start_ms": self.start_ms, "started_by_event": self.started_by_event,
+                "checkpoints": self.checkpoints,
+                "buckets": {g: [[i, *b] for i, b in sorted(bs.items())] for g, bs in self.buckets.items()},
+                "last_end": self.last_end, "shares": self.shares, "idle_cost_micros": self.idle_cost_micros,
+                "evaluated_bucket": self.evaluated_bucket, "open": self.open, "down": self.down, "rearm": self.rearm}
+
+    @classmethod
+    def from_state(cls, s: dict) -> "Attempt":
+        return cls(s["cluster"], s["job_id"], s["attempt"], s["tenant"], s["queue"], s["start_ms"],
+                   s["started_by_event"], [list(c) for c in s["checkpoints"]],
+                   {g: {row[0]: list(row[1:]) for row in rows} for g, rows in s["buckets"].items()},
+                   dict(s["last_end"]), dict(s["shares"]), s["idle_cost_micros"], s["evaluated_bucket"],
+                   dict(s["open"]), list(s["down"]), dict(s["rearm"]))
+
+
+class Watcher:
+    """All of the watcher's state and logic; the process only moves bytes in and out."""
+
+    def __init__(self, definitions: WatchDefinitions, *, definition_version: str, currency: str,
+                 alerts_topic: str, suggestions_topic: str, usage_topic: str, lifecycle_topic: str,
+                 snapshots_topic: str):
+        self.d = definitions
+        self.definition_version = definition_version
+        self.currency = currency
+        self.alerts_topic, self.suggestions_topic = alerts_topic, suggestions_topic
+        self.usage_topic, self.lifecycle_topic, self.snapshots_topic = usage_topic, lifecycle_topic, snapshots_topic
+        self.bucket_ms = int(definitions.alerts.bucket_s * 1000)
+        a, r = definitions.alerts, definitions.reclaim
+        lookback_s = max(a.util_drop.baseline_s + a.util_drop.recover_s, a.low_util.for_s, 2 * a.straggler.window_s,
+                         a.hung.for_s, r.window_s)
+        # judged time skips checkpoints: look back over the longest one as well
+        self.lookback_buckets = self._n(lookback_s + a.checkpoint_max_s) + 2
+        self.attempts: dict[tuple[str, str, int], Attempt] = {}
+        self.ended: dict[tuple[str, str, int], int] = {}
+        self.holders: dict[tuple[str, str], list] = {}         # (cluster, gpu) -> [job_id, attempt, last end]
+        self.queues: dict[tuple[str, str], dict[int, list]] = {}  # (cluster, queue) -> bucket -> [gpu_ms, exec]
+        self.horizon: dict[str, int] = {}                        # cluster -> newest record end
+        self.reclaim_evaluated: dict[str, int] = {}              # cluster -> bucket evaluated up to
+        self.snapshots: dict[str, dict] = {}                     # cluster -> compact latest snapshot
+        self.suggestions: dict[tuple[str, str], dict] = {}       # (cluster, queue) -> open suggestion wire dict
+        self.next_offsets: dict[str, dict[int, int]] = {}        # topic -> partition -> next offset
+        self.counters: Counter[str] = Counter()
+
+    # ------------------------------------------------------------------ input
+    def on_message(self, topic: str, partition: int, offset: int, raw: bytes | None) -> list[Out]:
+        """One input message (any of the three topics); messages already seen are skipped."""
+        offsets = self.next_offsets.setdefault(topic, {})
+        if offset < offsets.get(partition, 0):
+            self.counters["redelivered"] += 1
+            return []
+        offsets[partition] = offset + 1
+        try:
+            if topic == self.usage_topic:
+                return self.on_usage(raw)
+            if topic == self.lifecycle_topic:
+                return self.on_lifecycle(raw)
+            if topic == self.snapshots_topic:
+                return self.on_snapshot(raw)
+        except DecodeError as exc:
+            # the worker and sink set bad input aside with the reason; here it is only skipped
+            self.counters["bad_input"] += 1
+            log.warning("watch: skipping %s[%d]@%d: %s", topic, partition, offset, str(exc)[:300])
+            return []
+        raise ValueError(f"the watcher does not read topic {topic!r}")
+
+    def on_usage(self, raw: bytes | None) -> list[Out]:
+        try:
+            records = orjson.loads(raw or b"")["records"]
+            parsed = [(r["cluster"], r["gpu_uuid"], int(r["start_ms"]), int(r["end_ms"]), r["state"], r) for r in records]
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise DecodeError(f"not a usage batch: {type(exc).__name__}: {exc}") from None
+        outs: list[Out] = []
+        touched: set[tuple[str, str, int]] = set()
+        clusters: set[str] = set()
+        for cluster, gpu, start, end, state, r in sorted(parsed, key=lambda p: (p[2], p[0], p[1])):
+            if end <= start:
+                continue
+            clusters.add(cluster)
+            self.horizon[cluster] = max(self.horizon.get(cluster, 0), end)
+            if state == DOWN:
+                outs += self._gpu_down(cluster, gpu, start, end)
+                continue
+            outs += self._gpu_up(cluster, gpu, start, end)
+            job_id = r.get("job_id") or ""
+            if state not in (EXECUTING, IDLE) or not job_id:
+                continue
+            key = (cluster, job_id, int(r.get("attempt") or 0))
+            if key in self.ended:
+                continue
+            self._add_slice(key, gpu, start, end, state, r)
+            touched.add(key)
+        for key in sorted(touched):
+            if key in self.attempts:
+                outs += self._evaluate(self.attempts[key])
+        for cluster in sorted(clusters):
+            outs += self._evaluate_reclaim(cluster)
+            self._prune(cluster)
+        return outs
+
+    def on_lifecycle(self, raw: bytes | None) -> list[Out]:
+        message = decode_lifecycle(raw or b"")
+        if not isinstance(message, JobEvent):
+            return []
+        e = message
+        key = (e.cluster, e.job_id, e.attempt)
+        if key in self.ended:
+            return []
+        if e.kind in TERMINAL_KINDS:
+            self.ended[key] = e.ts_ms
+            a = self.attempts.pop(key, None)
+            outs = [] if a is None else [self._close(a, rule, e.ts_ms, e.ts_ms, e.ts_ms, f"the job {e.kind.value}")
+                                         for rule in sorted(a.open)]
+            return outs + self._job_ended(e.cluster, e.queue, e.job_id, e.attempt, e.ts_ms)
+        if e.kind not in (JobEventKind.allocated, JobEventKind.started, JobEventKind.checkpoint_begin,
+                          JobEventKind.checkpoint_end):
+            return []
+        a = self._attempt(key, e.tenant, e.queue)
+        if e.kind is JobEventKind.started and not a.started_by_event:
+            a.start_ms, a.started_by_event = e.ts_ms, True
+        elif e.kind is JobEventKind.allocated and not a.started_by_event:
+            a.start_ms = e.ts_ms if a.start_ms is None else min(a.start_ms, e.ts_ms)
+        elif e.kind is JobEventKind.checkpoint_begin:
+            a.checkpoints.append([e.ts_ms, None])
+        elif e.kind is JobEventKind.checkpoint_end:
+            opened = [c for c in a.checkpoints if c[1] is None and c[0] <= e.ts_ms]
+            if opened:
+                opened[-1][1] = e.ts_ms
+        return []
+
+    def on_snapshot(self, raw: bytes | None) -> list[Out]:
+        snap = decode(SchedulerSnapshot, raw or b"")
+        known = self.snapshots.get(snap.cluster)
+        if known is not None and known["ts_ms"] > snap.ts_ms:
+            return []  # an older snapshot says nothing new
+        self.snapshots[snap.cluster] = {
+            "ts_ms": snap.ts_ms,
+            "queues": {q.queue: {"priority": q.priority,
+                                 "pending": [[p.priority, p.jobs, p.gpus] for p in q.pending_by_priority]
+                                 or ([[q.priority, q.pending_jobs, q.pending_gpus]] if q.pending_gpus > 0 else [])}
+                       for q in snap.queues}}
+        return []
+
+    # ------------------------------------------------------------------ usage
+    def _attempt(self, key: tuple[str, str, int], tenant: str, queue: str) -> Attempt:
+        a = self.attempts.get(key)
+        if a is None:
+            a = self.attempts[key] = Attempt(*key, tenant=tenant, queue=queue)
+        a.tenant, a.queue = tenant or a.tenant, queue or a.queue
+        return a
+
+    def _add_slice(self, key, gpu: str, start: int, end: int, state: str, r: dict) -> None:
+        a = self._attempt(key, r.get("tenant") or "", r.get("queue") or "")
+        if a.start_ms is None:
+            a.start_ms = start
+        a.last_end[gpu] = max(a.last_end.get(gpu, 0), end)
+        a.shares[gpu] = int(r.get("share_milli") or 1000)
+        self.holders[(a.cluster, gpu)] = [a.job_id, a.attempt, a.last_end[gpu]]
+        gpu_ms, cost = float(r.get("gpu_ms") or 0), float(r.get("cost_micros") or 0)
+        util, mem = r.get("util_pct"), r.get("mem_used_bytes")
+        if cost and state == IDLE:
+            a.idle_cost_micros += int(cost)
+        buckets = a.buckets.setdefault(gpu, {})
+        queue = self.queues.setdefault((a.cluster, a.queue), {})
+        t = start
+        while t < end:  # split the slice by duration over the buckets it covers
+            i = t // self.bucket_ms
+            piece_end = min(end, (i + 1) * self.bucket_ms)
+            frac = (piece_end - t) / (end - start)
+            b = buckets.get(i)
+            if b is None:
+                b = buckets[i] = [0, 0.0, 0.0, 0.0, 0, 0.0, MEM_NONE, 0.0]
+            dur = piece_end - t
+            b[DUR] += dur
+            b[GPU_MS] += gpu_ms * frac
+            if state == EXECUTING:
+                b[EXEC] += gpu_ms * frac
+            else:
+                b[IDLE_COST] += cost * frac
+            if util is not None:
+                b[UTIL_MS] += float(util) * dur
+                b[MEASURED] += dur
+                b[UTIL_MAX] = max(b[UTIL_MAX], float(util))
+            if mem is None or b[MEM_MIN] == MEM_UNKNOWN:
+                b[MEM_MIN] = MEM_UNKNOWN
+            else:
+                b[MEM_MIN] = int(mem) if b[MEM_MIN] == MEM_NONE else min(b[MEM_MIN], int(mem))
+            q = queue.setdefault(i, [0.0, 0.0])
+            q[0] += gpu_ms * frac
+            if state == EXECUTING:
+                q[1] += gpu_ms * frac
+            t = piece_end
+
+    def _holder(self, cluster: str, gpu: str, start: int) -> Attempt | None:
+        held = self.holders.get((cluster, gpu))
+        if held is None:
+            return None
+        a = self.attempts.get((cluster, held[0], held[1]))
+        if a is None or start - held[2] > DOWN_GAP_MS:
+            return None
+        return a
+
+    def _gpu_down(self, cluster: str, gpu: str, start: int, end: int) -> list[Out]:
+        a = self._holder(cluster, gpu, start)
+        if a is None or gpu in a.down:
+            return []
+        a.down.append(gpu)
+        if not self.d.alerts.gpu_down.enabled or "gpu_down" in a.open:
+            return []
+        return [self._open(a, "gpu_down", [gpu], start, start, end,
+                           f"GPU {gpu} went down under running job {a.job_id} (attempt {a.attempt})")]
+
+    def _gpu_up(self, cluster: str, gpu: str, start: int, end: int) -> list[Out]:
+        held = self.holders.get((cluster, gpu))
+        a = self.attempts.get((cluster, held[0], held[1])) if held else None
+        if a is None or gpu not in a.down:
+            return []
+        a.down.remove(gpu)
+        if a.down or "gpu_down" not in a.open:
+            return []
+        return [self._close(a, "gpu_down", start, start, end, f"GPU {gpu} is back in service")]
+
+    # ------------------------------------------------------------------ alerts
+    def _n(self, seconds: float) -> int:
+        return max(1, math.ceil(seconds * 1000 / self.bucket_ms))
+
+    def _definition(self, rule: str) -> str:
+        return f"{self.definition_version}/{rule}.v{RULE_VERSIONS[rule]}"
+
+    def _open(self, a: Attempt, rule: str, gpus: list[str], at_ms: int, window_start: int, window_end: int,
+              message: str, ref: float | None = None) -> Out:
+        alert = Alert(alert_id=_id(a.cluster, a.job_id, a.attempt, rule, at_ms), rule=rule,
+                      definition_version=self._definition(rule), cluster=a.cluster, job_id=a.job_id,
+                      attempt=a.attempt, tenant=a.tenant, queue=a.queue, gpus=gpus, status="open",
+                      opened_at_ms=at_ms, window_start_ms=window_start, window_end_ms=window_end, message=message)
+        a.open[rule] = {"alert": alert.model_dump(mode="json"), "ref": ref}
+        self.counters[f"alerts_opened_{rule}"] += 1
+        return Out(self.alerts_topic, encode(alert), key=a.job_id.encode())
+
+    def _close(self, a: Attempt, rule: str, at_ms: int, window_start: int, window_end: int, why: str) -> Out:
+        opened = a.open.pop(rule)["alert"]
+        a.rearm[rule] = at_ms // self.bucket_ms
+        alert = Alert.model_validate({**opened, "status": "closed", "closed_at_ms": max(at_ms, opened["opened_at_ms"]),
+                                      "window_start_ms": window_start, "window_end_ms": max(window_end, window_start),
+                                      "message": f"{opened['message']}; closed: {why}"})
+        self.counters[f"alerts_closed_{rule}"] += 1
+        return Out(self.alerts_topic, encode(alert), key=a.job_id.encode())
+
+    def _eligible(self, a: Attempt, i: int) -> bool:
+        """A bucket the shape rules may judge: after the startup grace, outside checkpoint windows."""
+        start, end = i * self.bucket_ms, (i + 1) * self.bucket_ms
+        if a.start_ms is None or start < a.start_ms + self.d.alerts.startup_grace_s * 1000:
+            return False
+        longest = self.d.alerts.checkpoint_max_s * 1000
+        return not any(b < end and (e if e is not None else b + longest) > start for b, e in a.checkpoints)
+
+    def _job_util(self, a: Attempt, gpus: list[str], i: int) -> float | None:
+        measured = sum(a.buckets[g][i][MEASURED] for g in gpus if i in a.buckets[g])
+        if not measured:
+            return None
+        return sum(a.buckets[g][i][UTIL_MS] for g in gpus if i in a.buckets[g]) / measured
+
+    def _mean(self, a: Attempt, gpus: list[str], indices) -> float | None:
+        """Duration-weighted mean utilization over the buckets."""
+        util = measured = 0.0
+        for i in indices:
+            measured += sum(a.buckets[g][i][MEASURED] for g in gpus if i in a.buckets[g])
+            util += sum(a.buckets[g][i][UTIL_MS] for g in gpus if i in a.buckets[g])
+        return util / measured if measured else None
+
+    def _judged(self, a: Attempt, gpus: list[str], hb: int, count: int, rule: str) -> list[int]:
+        """The newest `count` buckets below hb the rules may judge (after the grace, outside
+        checkpoints, measured), newest first: a rule's "N minutes" are N minutes of judged time, so
+        a checkpoint neither counts towards a drop nor hides one."""
+        found = []
+        oldest = hb - self.lookback_buckets
+        if rule not in a.open:
+            oldest = max(oldest, a.rearm.get(rule, oldest))
+        for i in range(hb - 1, oldest - 1, -1):
+            if len(found) == count:
+                break
+            if self._eligible(a, i) and any(i in a.buckets[g] and a.buckets[g][i][MEASURED] for g in gpus):
+                found.append(i)
+        return found
+
+    def _evaluate(self, a: Attempt) -> list[Out]:
+        if not a.last_end:
+            return []
+        newest = max(a.last_end.values())
+        gpus = sorted(g for g, t in a.last_end.items() if t >= newest - STALE_GPU_MS and g not in a.down)
+        if not gpus:
+            return []
+        hb = min(a.last_end[g] for g in gpus) // self.bucket_ms  # buckets below hb are complete
+        if hb <= a.evaluated_bucket:
+            return []
+        a.evaluated_bucket = hb
+        horizon = hb * self.bucket_ms
+        for g in list(a.buckets):  # keep what the longest window needs
+            for i in [i for i in a.buckets[g] if i < hb - self.lookback_buckets]:
+                del a.buckets[g][i]
+        outs: list[Out] = []
+        for rule, judge in (("util_drop", self._util_drop), ("low_util", self._low_util),
+                            ("straggler", self._straggler), ("hung", self._hung)):
+            if getattr(self.d.alerts, rule).enabled:
+                out = judge(a, gpus, hb, horizon)
+                if out is not None:
+                    outs.append(out)
+        return outs
+
+    def _util_drop(self, a: Attempt, gpus: list[str], hb: int, horizon: int) -> Out | None:
+        p = self.d.alerts.util_drop
+        nr, nb = self._n(p.recover_s), self._n(p.baseline_s)
+        if "util_drop" in a.open:
+            ref = a.open["util_drop"]["ref"]
+            latest = self._judged(a, gpus, hb, 1, "util_drop")
+            util = self._job_util(a, gpus, latest[0]) if latest else None
+            if util is not None and util > ref * (1 - p.drop_pct / 100):
+                return self._close(a, "util_drop", horizon, latest[0] * self.bucket_ms, horizon,
+                                   f"utilization back at {util:.0f}%")
+            return None
+        judged = self._judged(a, gpus, hb, nr + nb, "util_drop")
+        recent, base_idx = judged[:nr], judged[nr:]
+        if len(recent) < nr or len(base_idx) * 2 < nb:
+            return None
+        base = self._mean(a, gpus, base_idx)
+        if base is None or base < p.min_baseline_pct:
+            return None
+        utils = [self._job_util(a, gpus, i) for i in recent]
+        if max(utils) > base * (1 - p.drop_pct / 100):
+            return None
+        mean = sum(utils) / len(utils)
+        return self._open(a, "util_drop", gpus, horizon, judged[-1] * self.bucket_ms, horizon,
+                          f"{a.job_id}: utilization fell from {base:.0f}% to {mean:.0f}% and has not recovered "
+                          f"for {_minutes(nr * self.bucket_ms)}", ref=base)
+
+    def _low_util(self, a: Attempt, gpus: list[str], hb: int, horizon: int) -> Out | None:
+        p = self.d.alerts.low_util
+        if "low_util" in a.open:
+            n = self._n(p.recover_s)
+            judged = self._judged(a, gpus, hb, n, "low_util")
+            mean = self._mean(a, gpus, judged)
+            if len(judged) == n and mean is not None and mean >= p.floor_pct:
+                return self._close(a, "low_util", horizon, judged[-1] * self.bucket_ms, horizon,
+                                   f"utilization averaged {mean:.1f}% over {_minutes(n * self.bucket_ms)}")
+            return None
+        n = self._n(p.for_s)
+        judged = self._judged(a, gpus, hb, n, "low_util")
+        mean = self._mean(a, gpus, judged)
+        if len(judged) < n or mean is None or mean >= p.floor_pct:
+            return None
+        return self._open(a, "low_util", gpus, horizon, judged[-1] * self.bucket_ms, horizon,
+                          f"{a.job_id}: utilization averaged {mean:.1f}% over {_minutes(n * self.bucket_ms)}, "
+                          f"below the {p.floor_pct:g}% floor")
+
+    def _spread(self, a: Attempt, gpus: list[str], indices: list[int]) -> tuple[float, str] | None:
+        means = {}
+        for g in gpus:
+            covered = [i for i in indices if i in a.buckets[g] and a.buckets[g][i][MEASURED]]
+            if len(covered) * 2 >= len(indices):
+                means[g] = self._mean(a, [g], covered)
+        if len(means) < 2:
+            return None
+        lagging = min(means, key=lambda g: (means[g], g))
+        return max(means.values()) - means[lagging], lagging
+
+    def _straggler(self, a: Attempt, gpus: list[str], hb: int, horizon: int) -> Out | None:
+        p = self.d.alerts.straggler
+        n = self._n(p.window_s)
+        judged = self._judged(a, gpus, hb, 2 * n, "straggler")
+        now = self._spread(a, gpus, judged[:n]) if len(judged) >= n else None
+        if "straggler" in a.open:
+            if now is not None and now[0] < p.min_spread_pct:
+                return self._close(a, "straggler", horizon, judged[n - 1] * self.bucket_ms, horizon,
+                                   f"spread across the job's GPUs down to {now[0]:.0f} points")
+            return None
+        before = self._spread(a, gpus, judged[n:]) if len(judged) == 2 * n else None
+        if now is None or before is None or now[0] < p.min_spread_pct or now[0] - before[0] < p.widen_pct:
+            return None
+        spread, lagging = now
+        return self._open(a, "straggler", [lagging], horizon, judged[-1] * self.bucket_ms, horizon,
+                          f"GPU {lagging} of {a.job_id} lags: {spread:.0f} points below the job's busiest GPU "
+                          f"over {_minutes(n * self.bucket_ms)} (spread was {before[0]:.0f})")
+
+    def _quiet_with_memory(self, a: Attempt, gpus: list[str], i: int) -> bool | None:
+        """True: every GPU holds memory and is idle in bucket i; None: not measured."""
+        p = self.d.alerts.hung
+        for g in gpus:
+            b = a.buckets[g].get(i)
+            if b is None or not b[MEASURED] or b[MEM_MIN] < 0:
+                return None
+            if b[UTIL_MAX] > p.util_max_pct or b[MEM_MIN] < p.min_mem_bytes:
+                return False
+        return True
+
+    def _hung(self, a: Attempt, gpus: list[str], hb: int, horizon: int) -> Out | None:
+        p = self.d.alerts.hung
+        if "hung" in a.open:
+            latest = self._judged(a, gpus, hb, 1, "hung")
+            if latest and self._quiet_with_memory(a, gpus, latest[0]) is False:
+                return self._close(a, "hung", horizon, latest[0] * self.bucket_ms, horizon, "the job is working again")
+            return None
+        n = self._n(p.for_s)
+        judged = self._judged(a, gpus, hb, n, "hung")
+        if len(judged) < n or not all(self._quiet_with_memory(a, gpus, i) for i in judged):
+            return None
+        return self._open(a, "hung", gpus, horizon, judged[-1] * self.bucket_ms, horizon,
+                          f"{a.job_id} holds memory on {len(gpus)} GPU(s) with no utilization for "
+                          f"{_minutes(n * self.bucket_ms)}: hung?")
+
+    # ------------------------------------------------------------------ reclaim
+    def _waiting(self, cluster: str, queue: str, at_ms: int) -> WaitingDemand | None:
+        """Work of higher priority than the queue's waiting at at_ms; None when unknown (no fresh
+        snapshot, or the queue is not in it)."""
+        snap = self.snapshots.get(cluster)
+        if snap is None or at_ms - snap["ts_ms"] > self.d.reclaim.snapshot_max_age_s * 1000 or queue not in snap["queues"]:
+            return None
+        own = snap["queues"][queue]["priority"]
+        gpus, jobs, top, names = 0.0, 0, own, set()
+        for name, q in snap["queues"].items():
+            for priority, n_jobs, n_gpus in q["pending"]:
+                if priority > own and n_gpus > 0:
+                    gpus, jobs, top = gpus + n_gpus, jobs + n_jobs, max(top, priority)
+                    names.add(name)
+        return WaitingDemand(gpus=round(gpus, 3), jobs=jobs, priority=top, queues=sorted(names),
+                             snapshot_ms=snap["ts_ms"])
+
+    @staticmethod
+    def _rate(buckets: dict[int, list], indices: range, total: int = 0, executing: int = 1) -> float | None:
+        alloc = sum(buckets[i][total] for i in indices if i in buckets)
+        return None if alloc <= 0 else min(1.0, sum(buckets[i][executing] for i in indices if i in buckets) / alloc)
+
+    def _evaluate_reclaim(self, cluster: str) -> list[Out]:
+        r = self.d.reclaim
+        hb = self.horizon[cluster] // self.bucket_ms - 1  # the newest bucket may still be filling
+        if not r.enabled or hb <= self.reclaim_evaluated.get(cluster, 0):
+            return []
+        self.reclaim_evaluated[cluster] = hb
+        horizon, n = hb * self.bucket_ms, self._n(r.window_s)
+        window = range(hb - n, hb)
+        outs = []
+        for (c, queue), buckets in sorted(self.queues.items()):
+            if c != cluster:
+                continue
+            open_ = self.suggestions.get((cluster, queue))
+            rate = self._rate(buckets, window, 0, 1)
+            waiting = self._waiting(cluster, queue, horizon)
+            if waiting is None or (rate is None and open_ is None):
+                continue  # nothing known: keep what stands
+            holds = rate is not None and rate < r.execution_rate_below and waiting.gpus > 0
+            if open_ is not None:
+                if not holds:
+                    why = (f"execution rate back at {rate:.0%}" if rate is not None and rate >= r.execution_rate_below
+                           else "no higher-priority work waits" if waiting.gpus <= 0 else "the queue holds no GPUs")
+                    outs.append(self._withdraw(cluster, queue, horizon, why))
+                continue
+            if not holds or min(buckets, default=hb) > hb - n:
+                continue  # not observed for a whole window yet
+            outs += self._suggest(cluster, queue, rate, waiting, window, horizon)
+        return outs
+
+    def _suggest(self, cluster: str, queue: str, rate: float, waiting: WaitingDemand, window: range,
+                 horizon: int) -> list[Out]:
+        r = self.d.reclaim
+        candidates = []
+        for a in self.attempts.values():
+            if a.cluster != cluster or a.queue != queue or a.start_ms is None or \
+                    horizon - a.start_ms < r.min_job_age_s * 1000:
+                continue
+            gpus = sorted(g for g in a.last_end if g not in a.down and a.last_end[g] >= horizon - STALE_GPU_MS)
+            merged: dict[int, list] = {}
+            for g in gpus:
+                for i, b in a.buckets[g].items():
+                    m = merged.setdefault(i, [0.0, 0.0])
+                    m[0] += b[GPU_MS]
+                    m[1] += b[EXEC]
+            job_rate = self._rate(merged, window, 0, 1)
+            if gpus and job_rate is not None and job_rate < r.execution_rate_below:
+                candidates.append((job_rate, -a.idle_cost_micros, a.job_id, a.attempt, a, gpus))
+        chosen, freed = [], 0.0
+        for job_rate, _, _, _, a, gpus in sorted(candidates, key=lambda c: c[:4]):
+            if freed >= waiting.gpus:
+                break
+            frees = round(sum(a.shares.get(g, 1000) for g in gpus) / 1000, 3)
+            chosen.append(SuggestedJob(job_id=a.job_id, attempt=a.attempt, tenant=a.tenant, gpus=gpus, gpus_freed=frees,
+                                       execution_rate=round(job_rate, 4), idle_cost_micros=a.idle_cost_micros))
+            freed += frees
+        if not chosen:
+            return []
+        idle = sum(j.idle_cost_micros for j in chosen)
+        suggestion = ReclaimSuggestion(
+            suggestion_id=_id(cluster, queue, horizon), definition_version=f"{self.definition_version}/reclaim.v{RECLAIM_VERSION}",
+            cluster=cluster, queue=queue, status="open", opened_at_ms=horizon, execution_rate=round(rate, 4),
+            window_ms=len(window) * self.bucket_ms, jobs=chosen, gpus_freed=round(freed, 3), waiting_demand=waiting,
+            idle_cost_micros=idle, currency=self.currency,
+            message=f"queue {queue} executed {rate:.0%} of its allocated GPU-time over the last "
+                    f"{_minutes(len(window) * self.bucket_ms)} while {waiting.gpus:g} GPU(s) of priority up to "
+                    f"{waiting.priority} wait: releasing {len(chosen)} job(s) frees {freed:g} GPU(s), "
+                    f"idle so far {idle / 1e6:.2f} {self.currency}")
+        self.suggestions[(cluster, queue)] = suggestion.model_dump(mode="json")
+        self.counters["suggestions_opened"] += 1
+        return [Out(self.suggestions_topic, encode(suggestion), key=queue.encode())]
+
+    def _withdraw(self, cluster: str, queue: str, at_ms: int, why: str) -> Out:
+        opened = self.suggestions.pop((cluster, queue))
+        suggestion = ReclaimSuggestion.model_validate(
+            {**opened, "status": "withdrawn", "withdrawn_at_ms": max(at_ms, opened["opened_at_ms"]),
+             "message": f"{opened['message']}; withdrawn: {why}"})
+        self.counters["suggestions_withdrawn"] += 1
+        return Out(self.suggestions_topic, encode(suggestion), key=queue.encode())
+
+    def _job_ended(self, cluster: str, queue: str, job_id: str, attempt: int, ts_ms: int) -> list[Out]:
+        """A suggestion all of whose jobs have ended is withdrawn: the scheduler (or the owners) acted."""
+        s = self.suggestions.get((cluster, queue))
+        if s is None:
+            return []
+        if all((cluster, j["job_id"], j["attempt"]) in self.ended for j in s["jobs"]):
+            return [self._withdraw(cluster, queue, ts_ms, "every named job has released its GPUs")]
+        return []
+
+    # ------------------------------------------------------------------ housekeeping
+    def _prune(self, cluster: str) -> None:
+        horizon = self.horizon[cluster]
+        oldest = horizon // self.bucket_ms - self.lookback_buckets
+        for (c, _), buckets in self.queues.items():
+            if c == cluster:
+                for i in [i for i in buckets if i < oldest]:
+                    del buckets[i]
+        for key in [k for k, t in self.ended.items() if k[0] == cluster and t < horizon - ENDED_RETENTION_MS]:
+            del self.ended[key]
+        # attempts whose end was never seen: forgotten after a day without usage
+        for key in [k for k, a in self.attempts.items()
+                    if k[0] == cluster and a.last_end and max(a.last_end.values()) < horizon - ENDED_RETENTION_MS]:
+            del self.attempts[key]
+        for key in [k for k, h in self.holders.items()
+                    if k[0] == cluster and (k[0], h[0], h[1]) not in self.attempts]:
+            del self.holders[key]
+
+    # ------------------------------------------------------------------ state
+    def to_state(self) -> dict:
+        return {"version": STATE_VERSION,
+                "attempts": [a.to_state() for _, a in sorted(self.attempts.items())],
+                "ended": [[*k, t] for k, t in sorted(self.ended.items())],
+                "holders": [[*k, *h] for k, h in sorted(self.holders.items())],
+                "queues": [[c, q, [[i, *b] for i, b in sorted(bs.items())]] for (c, q), bs in sorted(self.queues.items())],
+                "horizon": self.horizon, "reclaim_evaluated": self.reclaim_evaluated, "snapshots": self.snapshots,
+                "suggestions": [s for _, s in sorted(self.suggestions.items())],
+                "next_offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in self.next_offsets.items()}}
+
+    def load_state(self, state: dict) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"watcher state version {state.get('version')!r} is not {STATE_VERSION}")
+        attempts = [Attempt.from_state(s) for s in state["attempts"]]
+        self.attempts = {a.key: a for a in attempts}
+        self.ended = {(c, j, n): t for c, j, n, t in state["ended"]}
+        self.holders = {(c, g): [j, n, t] for c, g, j, n, t in state["holders"]}
+        self.queues = {(c, q): {row[0]: list(row[1:]) for row in rows} for c, q, rows in state["queues"]}
+        self.horizon = dict(state["horizon"])
+        self.reclaim_evaluated = dict(state["reclaim_evaluated"])
+        self.snapshots = dict(state["snapshots"])
+        self.suggestions = {(s["cluster"], s["queue"]): s for s in state["suggestions"]}
+        self.next_offsets = {t: {int(p): o for p, o in ps.items()} for t, ps in state["next_offsets"].items()}
+
+    def snapshot(self) -> bytes:
+        """The whole state with the input offsets it covers, compressed JSON."""
+        return zlib.compress(orjson.dumps(self.to_state()), 1)
+
+    def restore(self, blob: bytes | None) -> None:
+        if blob is not None:
+            self.load_state(orjson.loads(zlib.decompress(blob)))
+
+    def open_alerts(self) -> list[dict]:
+        """The alerts open now (wire dicts), for tests and tools."""
+        return [o["alert"] for a in self.attempts.values() for o in a.open.values()]

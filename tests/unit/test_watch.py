@@ -1,0 +1,343 @@
+"""The watcher's rules on worked scenarios (docs/alerts.md): which alerts open and close, when, on
+which GPUs; reclaim suggestions and their withdrawal; the same answers from 5-s records and from
+60-s segments; a restored snapshot continues exactly like an uninterrupted run.
+
+Pure: streams/watch.py without Kafka, on the unit fixture ledger (never the shipped defaults)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import orjson
+import pytest
+
+from gpuledger.schemas.models import (
+    Alert,
+    JobEvent,
+    PendingByPriority,
+    QueueState,
+    ReclaimSuggestion,
+    SchedulerSnapshot,
+    UsageRecord,
+)
+from gpuledger.schemas.wire import encode
+from gpuledger.ledger_files import load_ledger_config
+from gpuledger.streams.pricing import LedgerConfigError, parse_ledger_config
+from gpuledger.streams.watch import Watcher
+from gpuledger.streams.watchdefs import parse_watch_definitions
+
+UNIT_LEDGER = Path(__file__).parents[1] / "fixtures" / "unit_ledger.toml"  # never the shipped defaults
+LEDGER = load_ledger_config(UNIT_LEDGER)
+MIN = 60_000
+T0 = 28_333_334 * MIN  # a whole minute
+GIB = 1 << 30
+USAGE, LIFE, SNAP = "p.usage", "p.lifecycle-accepted", "p.scheduler-snapshots"
+
+
+def watcher(**alerts) -> Watcher:
+    d = LEDGER.watch
+    for name, values in alerts.items():
+        d = replace(d, alerts=replace(d.alerts, **{name: replace(getattr(d.alerts, name), **values)}))
+    return Watcher(d, definition_version=LEDGER.definition_version, currency=LEDGER.currency, alerts_topic="p.alerts",
+                   suggestions_topic="p.reclaim-suggestions", usage_topic=USAGE, lifecycle_topic=LIFE,
+                   snapshots_topic=SNAP)
+
+
+def record(gpu, start, end, *, state="executing", job="j1", util=90.0, mem=10 * GIB, queue="batch", cost=0,
+           attempt=0):
+    held = state in ("executing", "allocated_idle")
+    return UsageRecord(
+        record_id=f"{gpu}/{start}/0", cluster="c1", node="n1", gpu_uuid=gpu, gpu_model="A100-80GB", start_ms=start,
+        end_ms=end, state=state, job_id=job if held else "", attempt=attempt if held else 0,
+        tenant="acme" if held else "", queue=queue if held else "", share_milli=1000, gpu_ms=end - start,
+        util_pct=util, mem_used_bytes=mem, coefficient=1.0, coefficient_version="V100-32GB@2020-01-01",
+        effective_gpu_ms=end - start, cost_micros=cost, definition_version="unit-1").model_dump(mode="json")
+
+
+def event(kind, minute, job="j1", attempt=0, queue="batch"):
+    return encode(JobEvent(event_id=f"{job}-{attempt}-{kind}-{minute}", ts_ms=T0 + minute * MIN, kind=kind,
+                           cluster="c1", job_id=job, attempt=attempt, tenant="acme", queue=queue))
+
+
+class Feed:
+    """Feeds a watcher minute by minute; collects what it publishes."""
+
+    def __init__(self, w: Watcher, tick_ms: int = MIN):
+        self.w, self.tick_ms, self.offsets, self.out = w, tick_ms, {}, []
+
+    def send(self, topic, raw):
+        offset = self.offsets.get(topic, 0)
+        self.offsets[topic] = offset + 1
+        self.out += self.w.on_message(topic, 0, offset, raw)
+
+    def minute(self, m, records_of):
+        """records_of(gpu_start, gpu_end) -> records; called per tick of the minute."""
+        recs = []
+        for t in range(T0 + m * MIN, T0 + (m + 1) * MIN, self.tick_ms):
+            recs += records_of(t, t + self.tick_ms)
+        self.send(USAGE, orjson.dumps({"schema_version": 1, "node": "n1", "records": recs}))
+
+    def alerts(self):
+        return [Alert.model_validate_json(o.value) for o in self.out if o.topic == "p.alerts"]
+
+    def suggestions(self):
+        return [ReclaimSuggestion.model_validate_json(o.value) for o in self.out if o.topic == "p.reclaim-suggestions"]
+
+
+def summary(alerts):
+    return [(a.rule, a.status, (a.closed_at_ms if a.status == "closed" else a.opened_at_ms) - T0, a.gpus)
+            for a in alerts]
+
+
+def training_job(feed: Feed, minutes=80, *, down=None):
+    """load (5%) 0-15 min, train (95%) 15-45, checkpoint (30%) 45-50, hang (0%, memory held) 50-70,
+    train again 70-80, completed at 80. Two GPUs."""
+    feed.send(LIFE, event("allocated", 0))
+    feed.send(LIFE, event("started", 0))
+    for m in range(minutes):
+        if m == 45:
+            feed.send(LIFE, event("checkpoint_begin", 45))
+        if m == 50:
+            feed.send(LIFE, event("checkpoint_end", 50))
+        util = 5.0 if m < 15 else 95.0 if m < 45 else 30.0 if m < 50 else 0.0 if m < 70 else 95.0
+        feed.minute(m, lambda s, e: [record(g, s, e, util=util) for g in ("GPU-a", "GPU-b")])
+    feed.send(LIFE, event("completed", minutes))
+
+
+@pytest.mark.parametrize("tick_ms", [MIN, 5000], ids=["60s-segments", "5s-ticks"])
+def test_load_train_checkpoint_hang_recover_opens_and_closes_exactly(tick_ms):
+    feed = Feed(watcher(), tick_ms)
+    training_job(feed)
+    alerts = feed.alerts()
+    # loading (grace) and the checkpoint raise nothing; the hang is a drop and a hang, both closed
+    # on the first minute of recovery; 5 % for 15 min and 0 % for 20 min is never "low" for 30 min
+    assert summary(alerts) == [
+        ("util_drop", "open", 60 * MIN, ["GPU-a", "GPU-b"]),
+        ("hung", "open", 60 * MIN, ["GPU-a", "GPU-b"]),
+        ("util_drop", "closed", 71 * MIN, ["GPU-a", "GPU-b"]),
+        ("hung", "closed", 71 * MIN, ["GPU-a", "GPU-b"]),
+    ]
+    drop_open, hung_open, drop_closed, _ = alerts
+    assert drop_open.window_start_ms == T0 + 35 * MIN and drop_open.window_end_ms == T0 + 60 * MIN
+    assert hung_open.window_start_ms == T0 + 50 * MIN
+    assert drop_closed.alert_id == drop_open.alert_id and drop_closed.opened_at_ms == drop_open.opened_at_ms
+    assert "fell from 95% to 0%" in drop_open.message
+    assert drop_open.definition_version == "unit-1/util_drop.v1" and drop_open.tenant == "acme"
+    assert feed.w.open_alerts() == [] and ("c1", "j1", 0) in feed.w.ended
+
+
+def test_without_the_checkpoint_window_the_checkpoint_is_a_drop():
+    """The same job with its checkpoint events dropped: 30 % after 95 % would not recover within
+    10 min only if it lasted 10 min; it lasts 5, so still no drop; the hang is still reported."""
+    feed = Feed(watcher(util_drop={"recover_s": 240}))
+    training_job(feed)
+    assert ("util_drop", "open") in [(a.rule, a.status) for a in feed.alerts()]
+    with_events = [(a.rule, a.opened_at_ms) for a in feed.alerts() if a.status == "open"]
+    quiet = Feed(watcher(util_drop={"recover_s": 240}))
+    quiet.send(LIFE, event("started", 0))
+    for m in range(50):
+        util = 5.0 if m < 15 else 95.0 if m < 45 else 30.0
+        quiet.minute(m, lambda s, e: [record(g, s, e, util=util) for g in ("GPU-a", "GPU-b")])
+    # 45-49 at 30 % with no checkpoint events: a drop from 95 % that did not recover within 4 min
+    assert summary(quiet.alerts()) == [("util_drop", "open", 49 * MIN, ["GPU-a", "GPU-b"])]
+    # with the checkpoint window the same minutes are excluded: the first drop is the hang's
+    assert with_events[0] == ("util_drop", T0 + 54 * MIN)
+
+
+def test_a_job_that_ends_closes_its_alerts_and_late_usage_reopens_nothing():
+    feed = Feed(watcher())
+    feed.send(LIFE, event("started", 0))
+    for m in range(62):
+        feed.minute(m, lambda s, e: [record("GPU-a", s, e, util=0.0 if m >= 20 else 90.0)])
+    # idle from 20 min: a drop and a hang after 10 min; low at 47 min, when the last 30 min average
+    # (3 x 90 + 27 x 0) / 30 = 9 % < 10 %
+    assert summary(feed.alerts()) == [("util_drop", "open", 30 * MIN, ["GPU-a"]), ("hung", "open", 30 * MIN, ["GPU-a"]),
+                                      ("low_util", "open", 47 * MIN, ["GPU-a"])]
+    feed.send(LIFE, event("cancelled", 62))
+    assert summary(feed.alerts()[3:]) == [("hung", "closed", 62 * MIN, ["GPU-a"]),
+                                          ("low_util", "closed", 62 * MIN, ["GPU-a"]),
+                                          ("util_drop", "closed", 62 * MIN, ["GPU-a"])]
+    assert "the job cancelled" in feed.alerts()[-1].message
+    for m in range(62, 70):  # the worker's last records of the job come after its end event
+        feed.minute(m, lambda s, e: [record("GPU-a", s, e, util=0.0)])
+    assert len(feed.alerts()) == 6
+
+
+def test_low_utilization_after_grace_opens_once_and_closes_on_recovery():
+    feed = Feed(watcher())
+    feed.send(LIFE, event("started", 0))
+    for m in range(70):
+        feed.minute(m, lambda s, e: [record("GPU-a", s, e, util=5.0 if m < 60 else 50.0)])
+    # the first 30-min window wholly after the 15-min grace ends at 45 min; one alert, not one a minute;
+    # closed when a 5-min stretch averages >= 10 %: (4 x 5 + 50) / 5 = 14 at 61 min
+    assert summary(feed.alerts()) == [("low_util", "open", 45 * MIN, ["GPU-a"]),
+                                      ("low_util", "closed", 61 * MIN, ["GPU-a"])]
+    assert feed.alerts()[0].window_start_ms == T0 + 15 * MIN
+
+
+def test_low_utilization_inside_checkpoint_windows_is_not_judged():
+    feed = Feed(watcher())
+    feed.send(LIFE, event("started", 0))
+    for m in range(80):
+        if m % 20 == 0:
+            feed.send(LIFE, event("checkpoint_begin", m))
+        if m % 20 == 12:
+            feed.send(LIFE, event("checkpoint_end", m))
+        # low only inside the checkpoints (12 of every 20 min), 60 % otherwise
+        feed.minute(m, lambda s, e: [record("GPU-a", s, e, util=2.0 if m % 20 < 12 else 60.0)])
+    assert [a.rule for a in feed.alerts()] == []
+
+
+def test_straggler_names_the_lagging_gpu():
+    feed = Feed(watcher())
+    feed.send(LIFE, event("started", 0))
+    gpus = ("GPU-a", "GPU-b", "GPU-c", "GPU-d")
+    for m in range(70):
+        feed.minute(m, lambda s, e: [record(g, s, e, util=40.0 if g == "GPU-c" and 30 <= m < 50 else 90.0)
+                                     for g in gpus])
+    # window 10 min: at 36 min GPU-c's mean is (4 x 90 + 6 x 40) / 10 = 60, spread 30 (was 0);
+    # after it is back at 50 min the spread is 5 x (60 - t) points, below 30 from 55 min
+    assert summary(feed.alerts()) == [("straggler", "open", 36 * MIN, ["GPU-c"]),
+                                      ("straggler", "closed", 55 * MIN, ["GPU-c"])]
+    assert "GPU GPU-c of j1 lags: 30 points" in feed.alerts()[0].message
+
+
+def test_gpu_down_under_a_running_job_names_the_job_and_closes_when_it_is_back():
+    feed = Feed(watcher())
+    feed.send(LIFE, event("started", 0))
+    for m in range(40):
+        def records(s, e):
+            if 20 <= m < 30:  # GPU-b out of service: the worker records it down, held by no one
+                return [record("GPU-a", s, e), record("GPU-b", s, e, state="down")]
+            return [record(g, s, e) for g in ("GPU-a", "GPU-b")]
+        feed.minute(m, records)
+    assert summary(feed.alerts()) == [("gpu_down", "open", 20 * MIN, ["GPU-b"]),
+                                      ("gpu_down", "closed", 30 * MIN, ["GPU-b"])]
+    assert feed.alerts()[0].message == "GPU GPU-b went down under running job j1 (attempt 0)"
+
+
+def test_a_down_gpu_that_no_running_job_held_raises_nothing():
+    feed = Feed(watcher())
+    for m in range(10):
+        feed.minute(m, lambda s, e: [record("GPU-a", s, e, state="down")])
+    assert feed.alerts() == []
+
+
+def snapshot(minute, pending_gpus=2.0):
+    return encode(SchedulerSnapshot(cluster="c1", ts_ms=T0 + minute * MIN, queues=[
+        QueueState(queue="batch", priority=0, quota_gpus=8, allocated_gpus=6, pending_jobs=0, pending_gpus=0),
+        QueueState(queue="prod", priority=10, quota_gpus=8, allocated_gpus=0, pending_jobs=1, pending_gpus=pending_gpus,
+                   pending_by_priority=[PendingByPriority(priority=10, jobs=1, gpus=pending_gpus)]
+                   if pending_gpus else [])]))
+
+
+def queue_minute(feed, m):
+    def records(s, e):
+        recs = [record(g, s, e, state="allocated_idle", job="idle-job", util=0.0, cost=1000 * (e - s) // MIN)
+                for g in ("GPU-1", "GPU-2", "GPU-3")]
+        recs.append(record("GPU-4", s, e, job="busy-job"))
+        if m >= 20:  # young: never named, however idle
+            recs += [record(g, s, e, state="allocated_idle", job="young-job", util=0.0, cost=5000)
+                     for g in ("GPU-5", "GPU-6")]
+        return recs
+    feed.minute(m, records)
+
+
+def test_reclaim_suggestion_names_the_least_productive_old_jobs_and_is_withdrawn():
+    feed = Feed(watcher())
+    for job, start in (("idle-job", 0), ("busy-job", 0), ("young-job", 20)):
+        feed.send(LIFE, event("started", start, job=job))
+    for m in range(40):
+        if m % 2 == 0:
+            feed.send(SNAP, snapshot(m, pending_gpus=2.0 if m < 36 else 0.0))
+        queue_minute(feed, m)
+    opened, withdrawn = feed.suggestions()
+    # the first whole 30-min window ends at 30 min (the newest minute may still be filling):
+    # executing 1 GPU x 30 min of 3 x 30 + 1 x 30 + 2 x 10 allocated
+    assert opened.status == "open" and opened.opened_at_ms == T0 + 30 * MIN and opened.window_ms == 30 * MIN
+    assert opened.execution_rate == round(30 / 140, 4)
+    assert [(j.job_id, j.gpus, j.gpus_freed, j.execution_rate) for j in opened.jobs] == \
+        [("idle-job", ["GPU-1", "GPU-2", "GPU-3"], 3.0, 0.0)]
+    assert opened.gpus_freed == 3.0 and opened.waiting_demand.gpus == 2.0 and opened.waiting_demand.priority == 10
+    assert opened.waiting_demand.queues == ["prod"] and opened.currency == "USD"
+    # idle cost so far: 3 GPUs x 1000 micros a minute, for the 31 minutes seen when it opened
+    assert opened.idle_cost_micros == opened.jobs[0].idle_cost_micros == 3 * 31 * 1000
+    assert opened.definition_version == "unit-1/reclaim.v1"
+    # the prod work stops waiting at 36 min: withdrawn at the next evaluation
+    assert withdrawn.suggestion_id == opened.suggestion_id and withdrawn.status == "withdrawn"
+    assert withdrawn.withdrawn_at_ms == T0 + 36 * MIN and "no higher-priority work waits" in withdrawn.message
+
+
+def test_a_suggestion_whose_jobs_all_ended_is_withdrawn():
+    feed = Feed(watcher())
+    for job in ("idle-job", "busy-job"):
+        feed.send(LIFE, event("started", 0, job=job))
+    for m in range(32):
+        feed.send(SNAP, snapshot(m))
+        queue_minute(feed, m)
+    assert [s.status for s in feed.suggestions()] == ["open"]
+    feed.send(LIFE, event("preempted", 33, job="idle-job"))
+    assert [(s.status, s.withdrawn_at_ms) for s in feed.suggestions()] == [("open", None), ("withdrawn", T0 + 33 * MIN)]
+
+
+def test_no_suggestion_without_a_fresh_snapshot_or_without_higher_priority_work():
+    stale = Feed(watcher())
+    stale.send(SNAP, snapshot(0))
+    fresh_but_equal = Feed(watcher())
+    for m in range(40):
+        queue_minute(stale, m)
+        fresh_but_equal.send(SNAP, snapshot(m, pending_gpus=0.0))
+        queue_minute(fresh_but_equal, m)
+    assert stale.suggestions() == [] and fresh_but_equal.suggestions() == []
+
+
+def test_restored_snapshot_continues_like_an_uninterrupted_run():
+    whole = Feed(watcher())
+    training_job(whole)
+    first = Feed(watcher())
+    first.send(LIFE, event("allocated", 0))
+    first.send(LIFE, event("started", 0))
+    for m in range(55):
+        if m == 45:
+            first.send(LIFE, event("checkpoint_begin", 45))
+        if m == 50:
+            first.send(LIFE, event("checkpoint_end", 50))
+        util = 5.0 if m < 15 else 95.0 if m < 45 else 30.0 if m < 50 else 0.0
+        first.minute(m, lambda s, e: [record(g, s, e, util=util) for g in ("GPU-a", "GPU-b")])
+    blob = first.w.snapshot()
+    second = Feed(watcher())
+    second.w.restore(blob)
+    second.offsets = dict(first.offsets)
+    # a redelivered message (offset below the snapshot's) is skipped
+    assert second.w.on_message(USAGE, 0, 3, b"{}") == [] and second.w.counters["redelivered"] == 1
+    for m in range(55, 80):
+        util = 0.0 if m < 70 else 95.0
+        second.minute(m, lambda s, e: [record(g, s, e, util=util) for g in ("GPU-a", "GPU-b")])
+    second.send(LIFE, event("completed", 80))
+    assert [o.value for o in first.out + second.out] == [o.value for o in whole.out]
+
+
+def test_bad_input_is_skipped_and_counted():
+    w = watcher()
+    assert w.on_message(USAGE, 0, 0, b"not json") == []
+    assert w.on_message(LIFE, 0, 0, b'{"type": "job_event"}') == []
+    assert w.on_message(SNAP, 0, 0, b"[]") == []
+    assert w.counters["bad_input"] == 3
+
+
+def test_definitions_are_parsed_and_checked():
+    doc = {"alerts": {"startup_grace_s": 60, "hung": {"for_s": 120, "min_mem_bytes": 5}},
+           "reclaim": {"execution_rate_below": 0.3}}
+    d = parse_watch_definitions(doc)
+    assert (d.alerts.startup_grace_s, d.alerts.hung.for_s, d.alerts.hung.min_mem_bytes) == (60.0, 120.0, 5)
+    assert d.reclaim.execution_rate_below == 0.3 and d.alerts.low_util.floor_pct == 10.0
+    assert LEDGER.watch.alerts.low_util.for_s == 1800.0  # the fixture spells them out
+    for bad, says in (({"alerts": {"hung": {"for_s": -1}}}, "alerts.hung.for_s"),
+                      ({"alerts": {"low_util": {"floor": 3}}}, r"unknown key\(s\) floor"),
+                      ({"reclaim": {"execution_rate_below": 1.5}}, "reclaim.execution_rate_below"),
+                      ({"alerts": {"util_drop": {"enabled": "yes"}}}, "enabled must be true or false")):
+        raw = UNIT_LEDGER.read_text().split("\n# Behaviour alerts")[0]
+        import tomllib
+        with pytest.raises(LedgerConfigError, match=says):
+            parse_ledger_config({**tomllib.loads(raw), **bad}, "x.toml")
