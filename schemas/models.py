@@ -307,8 +307,11 @@ class UsageState(StrEnum):
 class UsageRecord(_Wire):
     """One slice of one GPU's time: [start_ms, end_ms) × share, in one state, for at most one job.
 
-    For every GPU and every sample interval the records' gpu_ms add up to the interval's
-    duration (conservation), and their cost_micros to the GPU's cost for it."""
+    A record is a *segment*: the stretch of consecutive samples in which the GPU's holders and
+    states stayed the same, cut at the ledger's aligned window (`[segments]`, default 60 s;
+    docs/accounting.md "Segments"). A GPU's segments tile its reported time: for every GPU and
+    segment the records' gpu_ms add up to the segment's duration (conservation), and their
+    cost_micros to the GPU's cost for it (the sum of its samples' costs, to the micro-unit)."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
     record_id: str = Field(description="deterministic id: gpu_uuid/start_ms/slot; replays produce the same ids")
@@ -338,6 +341,9 @@ class UsageRecord(_Wire):
                                                "for a model without a price of its own); empty in records made before")
     priced_by_default: bool = Field(False, description="the GPU model has no price or no coefficient of its own: "
                                                        "priced under the ledger's [unpriced] policy (docs/accounting.md)")
+    sample_count: int = Field(1, ge=1, description="samples (ticks) the segment covers; utilization and memory are "
+                                                   "their gpu_ms-weighted means, energy and cost their sums (1 in "
+                                                   "records made before segments)")
 
 
 class UsageBatch(_Wire):

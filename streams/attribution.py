@@ -24,6 +24,20 @@ class Holder:
     container_id: str | None = None
 
 
+class Piece(NamedTuple):
+    """One slot of one GPU over one stretch of one sample: what a usage record of it carries."""
+
+    state: str
+    holder: Holder | None
+    share_milli: int
+    util_pct: float | None
+    mem_used_bytes: int | None
+    gpu_ms: int
+    energy_j: float
+    cost_micros: int
+    effective_gpu_ms: int       # gpu_ms x coefficient, rounded per sample (segments add these up)
+
+
 class Slice(NamedTuple):
     state: str                  # a UsageState value
     holder: Holder | None
@@ -190,19 +204,25 @@ class RecordMaker:
                 "price_version": price.version,
                 # no price or no coefficient of its own: priced under the [unpriced] policy (pricing.py)
                 "priced_by_default": price.model != gpu.model or coef.model != gpu.model,
+                "sample_count": 1,
             }
         return template
 
-    def records(self, gpu: Gpu, holders: list[Holder], start_ms: int, end_ms: int, energy_j: float) -> list[dict]:
-        """Usage records of one GPU over [start_ms, end_ms) given the attempts holding it."""
+    def pieces(self, gpu: Gpu, holders: list[Holder], start_ms: int, end_ms: int,
+               energy_j: float) -> tuple[dict, list[Piece]] | None:
+        """How one GPU's [start_ms, end_ms) splits, given the attempts holding it: the record template
+        (cluster, node, model, coefficient and price entries) and one Piece per slot, whose gpu_ms add
+        up to the duration and whose costs to the GPU's cost for it. None for an empty stretch. The
+        node join adds the pieces of consecutive ticks up into segments (streams/join.py)."""
         duration = end_ms - start_ms
         if duration <= 0:
-            return []
+            return None
         ledger = self.ledger
         price = ledger.price_at(gpu.model, start_ms)
         cost = ledger.entry_cost_micros(price, gpu.model, duration, energy_j)
         coef = ledger.coefficient_at(gpu.model, start_ms)
         template = self._template(gpu, coef, price)
+        coefficient = coef.coefficient
         # the join caps energy at the card's power limit; this is the backstop of pricing.py (no GPU draws
         # more than MAX_POWER_W), so a record's energy is always a finite, believable number
         most = MAX_POWER_W * duration / 1000.0
@@ -210,22 +230,35 @@ class RecordMaker:
         whole = _whole(gpu, holders)
         if whole is not None:
             state, holder, util, mem = whole
-            return [self._fill(template, gpu, start_ms, end_ms, 0, state, holder, 1000, util, mem, duration,
-                               energy_j * duration / duration, cost, coef.coefficient)]
+            return template, [Piece(state, holder, 1000, util, mem, duration, energy_j * duration / duration, cost,
+                                    round(duration * coefficient))]
         slices = _shared_slices(gpu, holders, ledger.definitions)
         gpu_ms = split_integer(duration, [s.weight for s in slices])
         costs = split_integer(cost, gpu_ms)
-        return [self._fill(template, gpu, start_ms, end_ms, slot, piece.state, piece.holder,
-                           round(piece.weight / 1000), piece.util_pct, piece.mem_used_bytes, g_ms,
-                           energy_j * g_ms / duration, piece_cost, coef.coefficient)
-                for slot, (piece, g_ms, piece_cost) in enumerate(zip(slices, gpu_ms, costs))]
+        return template, [Piece(piece.state, piece.holder, round(piece.weight / 1000), piece.util_pct,
+                                piece.mem_used_bytes, g_ms, energy_j * g_ms / duration, piece_cost,
+                                round(g_ms * coefficient))
+                          for piece, g_ms, piece_cost in zip(slices, gpu_ms, costs)]
 
-    def _fill(self, template: dict, gpu: Gpu, start_ms: int, end_ms: int, slot: int, state: str,
+    def records(self, gpu: Gpu, holders: list[Holder], start_ms: int, end_ms: int, energy_j: float) -> list[dict]:
+        """Usage records of one GPU over [start_ms, end_ms) given the attempts holding it (one sample's
+        records; the worker adds samples up into segments instead)."""
+        made = self.pieces(gpu, holders, start_ms, end_ms, energy_j)
+        if made is None:
+            return []
+        template, pieces = made
+        return [self._fill(template, gpu.gpu_uuid, start_ms, end_ms, slot, p.state, p.holder, p.share_milli,
+                           p.util_pct, p.mem_used_bytes, p.gpu_ms, p.energy_j, p.cost_micros, p.effective_gpu_ms)
+                for slot, p in enumerate(pieces)]
+
+    def _fill(self, template: dict, gpu_uuid: str, start_ms: int, end_ms: int, slot: int, state: str,
               holder: Holder | None, share_milli: int, util: float | None, mem: int | None, gpu_ms: int,
-              energy_j: float, cost_micros: int, coefficient: float) -> dict:
-        """One UsageRecord in its wire form (None fields left out)."""
+              energy_j: float, cost_micros: int, effective_gpu_ms: int, util_metric: float | None = None,
+              sample_count: int = 1) -> dict:
+        """One UsageRecord in its wire form (None fields left out). `util_metric`: the utilization
+        under the agreed definition when it is not the metric of `util` (a segment's mean of it)."""
         record = template.copy()
-        record["record_id"] = f"{gpu.gpu_uuid}/{start_ms}/{slot}"
+        record["record_id"] = f"{gpu_uuid}/{start_ms}/{slot}"
         record["start_ms"] = start_ms
         record["end_ms"] = end_ms
         record["state"] = state
@@ -237,13 +270,14 @@ class RecordMaker:
         record["share_milli"] = share_milli
         record["gpu_ms"] = gpu_ms
         record["energy_j"] = energy_j
-        record["effective_gpu_ms"] = round(gpu_ms * coefficient)
+        record["effective_gpu_ms"] = effective_gpu_ms
         record["cost_micros"] = cost_micros
         if util is not None:
             record["util_pct"] = util
-            record["util_metric_pct"] = self.metric(util)
+            record["util_metric_pct"] = self.metric(util) if util_metric is None else util_metric
         if mem is not None:
             record["mem_used_bytes"] = mem
+        record["sample_count"] = sample_count
         return record
 
 

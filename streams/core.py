@@ -85,15 +85,21 @@ class JoinPartition:
     nodes: dict[str, NodeJoin] = field(default_factory=dict)
     clock: WatermarkClock = field(default_factory=WatermarkClock)
     next_offsets: dict[str, int] = field(default_factory=dict)  # input topic -> next offset
+    #: samples clock: the latest tick end accepted on this partition, from any node (flushes the open
+    #: segments of a node that stopped reporting, streams/join.py `NodeJoin._flush`)
+    data_ms: int = 0
+    #: the last window (data_ms - flush_after, in windows) for which every node was checked for a flush
+    flush_scan: int = field(default=0, compare=False)
 
     def to_state(self) -> dict:
         return {"nodes": [j.to_state() for _, j in sorted(self.nodes.items())], "clock": self.clock.to_state(),
-                "next_offsets": dict(self.next_offsets)}
+                "next_offsets": dict(self.next_offsets), "data_ms": self.data_ms}
 
     @classmethod
     def from_state(cls, state: dict) -> "JoinPartition":
         nodes = [NodeJoin.from_state(n) for n in state["nodes"]]
-        return cls({n.node: n for n in nodes}, WatermarkClock.from_state(state["clock"]), dict(state["next_offsets"]))
+        return cls({n.node: n for n in nodes}, WatermarkClock.from_state(state["clock"]), dict(state["next_offsets"]),
+                   state.get("data_ms", 0))
 
 
 def _letter(topic: str, partition: int, offset: int, raw: bytes | None, reason: str, *, seen_ms: int = 0,
@@ -164,8 +170,8 @@ class WorkerCore:
             if self.on_unmatched:
                 self.on_unmatched(kind, amount)
 
-    def _emit(self, join: NodeJoin, watermark_ms: int) -> list[Out]:
-        records = join.close_until(watermark_ms, self.ledger)
+    def _emit(self, join: NodeJoin, watermark_ms: int, data_ms: int | None = None) -> list[Out]:
+        records = join.close_until(watermark_ms, self.ledger, data_ms)
         if join.unmatched:
             self._take_unmatched(join)
         if not records:
@@ -253,7 +259,7 @@ class WorkerCore:
             for join in jp.nodes.values():
                 if join.report_unknown_node(watermark, UNKNOWN_NODE_GRACE_MS):
                     self._take_unmatched(join)
-            return [out for name in sorted(jp.nodes) for out in self._emit(jp.nodes[name], watermark)]
+            return [out for name in sorted(jp.nodes) for out in self._emit(jp.nodes[name], watermark, jp.data_ms)]
         verdict = self._node(jp, message.node).add_change(message)
         if verdict.status == DUPLICATE:
             self.counters["duplicate_changes"] += 1
@@ -287,6 +293,7 @@ class WorkerCore:
                 problems.append(verdict.reason)
             else:
                 self.counters["ticks"] += 1
+                jp.data_ms = max(jp.data_ms, tick.ts_ms + tick.interval_ms)
                 if self.on_tick:
                     self.on_tick(tick.node, tick.ts_ms)
         outs = []
@@ -296,7 +303,13 @@ class WorkerCore:
                 reason += f" ({len(problems)} of the batch's {len(ticks)} ticks rejected; the others counted)"
             outs.append(self._dead(topic, partition, offset, raw, reason))
         if join is not None:
-            outs.extend(self._emit(join, jp.clock.value))
+            outs.extend(self._emit(join, jp.clock.value, jp.data_ms))
+            # once a window: the other nodes' open segments may be due for a flush (a node that stopped)
+            scan = (jp.data_ms - self.ledger.segment_flush_after_ms) // self.ledger.segment_window_ms
+            if scan > jp.flush_scan and self.ledger.segment_window_ms > 1:
+                jp.flush_scan = scan
+                outs.extend(out for name in sorted(jp.nodes) if jp.nodes[name] is not join and jp.nodes[name].segments
+                            for out in self._emit(jp.nodes[name], jp.clock.value, jp.data_ms))
         return outs
 
     # ------------------------------------------------------------------ snapshots

@@ -9,6 +9,16 @@ Event time rules (docs/architecture.md):
 - the energy of a tick is the NVML counter delta since the node's previous contiguous tick
   (the last interval's measurement), power x duration when there is none.
 
+Segments (docs/accounting.md, "Segments"): the records of consecutive closed ticks add up into one
+record per GPU, holder and state (a *segment*) until the holders or states change, the GPU misses a
+tick, or the tick starts at or after the segment's window end (`[segments] window_s`, aligned to
+UTC). A tick goes whole to the window it starts in, so every piece of GPU time lands in the same
+day and hour as in per-tick records, and costs, GPU-ms and effective GPU-ms are sums of the
+per-tick figures: bills are those of per-tick records to the micro-unit. A segment is emitted when
+it closes; one of a node that stopped reporting is flushed once the watermark is `flush_after_s`
+past its window's end, and the node's closed horizon moves to that end (a tick of the flushed
+window arriving later is late and rejected, so a record is never extended after it was emitted).
+
 Late, duplicate and out-of-order input (docs/reliability.md, "Late, duplicate and out-of-order data"):
 - a lifecycle event is applied once per node: every node join remembers the event ids it has seen
   for `retention_ms` of event time behind its closed horizon, so a redelivered or re-emitted change
@@ -41,7 +51,7 @@ from gpuledger.schemas.models import (
     NodeTick,
     NodeWatermark,
 )
-from gpuledger.streams.attribution import Holder, RecordMaker, whole_gpu_util
+from gpuledger.streams.attribution import Holder, Piece, RecordMaker, whole_gpu_util
 from gpuledger.streams.checks import DAY_MS, MIN_EVENT_MS, time_problem  # noqa: F401 (re-exported)
 from gpuledger.streams.execution import ExecutionJudge
 from gpuledger.streams.pricing import LedgerConfig
@@ -302,6 +312,107 @@ def _tick_from_state(state: list | dict) -> MeteredTick:
                  for g in gpus]})
 
 
+def _piece_key(template: dict, pieces: list[Piece]) -> tuple:
+    """What must stay the same for samples to add up into one segment: the record template's entries
+    and, per slot, state, holder and whether utilization and memory are measured at all (so that
+    views weighting util by gpu_ms over the records that have it stay exact)."""
+    return (template["gpu_model"], template["coefficient_version"], template["price_version"],
+            tuple((p.state, p.holder, p.util_pct is None, p.mem_used_bytes is None) for p in pieces))
+
+
+def _segment_key(template: dict, slots: list[list]) -> tuple:
+    """`_piece_key` of the pieces a segment's slots started with (a restored segment)."""
+    return (template["gpu_model"], template["coefficient_version"], template["price_version"],
+            tuple((sl[0], sl[1], sl[7] is None, sl[9] is None) for sl in slots))
+
+
+#: a segment slot, as a list: state, holder, Σ share × ms, gpu_ms, energy_j, cost_micros,
+#: effective_gpu_ms, then the first piece's util, metric, memory (a one-piece record keeps them
+#: exact), Σ util × gpu_ms, Σ metric × gpu_ms, Σ mem × gpu_ms, Σ util × ms, Σ metric × ms, Σ mem × ms
+_SLOT_SUMS = 16
+
+
+def _new_slot(p: Piece, metric, duration: int) -> list:
+    util, mem, g = p.util_pct, p.mem_used_bytes, p.gpu_ms
+    m = None if util is None else metric(util)
+    return [p.state, p.holder, p.share_milli * duration, g, p.energy_j, p.cost_micros, p.effective_gpu_ms,
+            util, m, mem,
+            0.0 if util is None else util * g, 0.0 if m is None else m * g, 0 if mem is None else mem * g,
+            0.0 if util is None else util * duration, 0.0 if m is None else m * duration,
+            0 if mem is None else mem * duration]
+
+
+@dataclass(slots=True)
+class Segment:
+    """One GPU's open segment: consecutive pieces of closed ticks with the same key, summed."""
+
+    start_ms: int
+    end_ms: int
+    window_end_ms: int
+    template: dict
+    key: tuple
+    slots: list[list]
+    samples: int = 1
+    pieces: int = 1
+    last_tick_ms: int = 0
+
+    def add(self, pieces: list[Piece], metric, start_ms: int, end_ms: int, tick_ms: int) -> None:
+        duration = end_ms - start_ms
+        for sl, p in zip(self.slots, pieces):
+            g = p.gpu_ms
+            sl[2] += p.share_milli * duration
+            sl[3] += g
+            sl[4] += p.energy_j
+            sl[5] += p.cost_micros
+            sl[6] += p.effective_gpu_ms
+            util = p.util_pct
+            if util is not None:
+                m = metric(util)
+                sl[10] += util * g
+                sl[11] += m * g
+                sl[13] += util * duration
+                sl[14] += m * duration
+            mem = p.mem_used_bytes
+            if mem is not None:
+                sl[12] += mem * g
+                sl[15] += mem * duration
+        self.end_ms = end_ms
+        self.pieces += 1
+        if tick_ms != self.last_tick_ms:
+            self.samples += 1
+            self.last_tick_ms = tick_ms
+
+    def records(self, fill) -> list[dict]:
+        """The segment's usage records (wire dicts): sums, and gpu_ms-weighted means of utilization
+        and memory (time-weighted where a slot has no GPU time at all)."""
+        duration = self.end_ms - self.start_ms
+        out = []
+        uuid = self.template["gpu_uuid"]
+        for slot, sl in enumerate(self.slots):
+            state, holder, share_ms, gpu_ms, energy, cost, effective, util, metric, mem = sl[:10]
+            if self.pieces > 1:
+                weight, at = (gpu_ms, 10) if gpu_ms else (duration, 13)
+                if util is not None:
+                    util, metric = sl[at] / weight, sl[at + 1] / weight
+                if mem is not None:
+                    mem = round(sl[at + 2] / weight)
+            out.append(fill(self.template, uuid, self.start_ms, self.end_ms, slot, state, holder,
+                            min(1000, round(share_ms / duration)), util, mem, gpu_ms, energy, cost, effective,
+                            metric, self.samples))
+        return out
+
+    def to_state(self) -> list:
+        return [self.start_ms, self.end_ms, self.window_end_ms, self.template, self.samples, self.pieces,
+                self.last_tick_ms,
+                [[sl[0], None if sl[1] is None else _holder_state(sl[1]), *sl[2:]] for sl in self.slots]]
+
+    @classmethod
+    def from_state(cls, state: list) -> "Segment":
+        start, end, window_end, template, samples, pieces, last_tick, slots = state
+        slots = [[sl[0], None if sl[1] is None else Holder(**sl[1]), *sl[2:]] for sl in slots]
+        return cls(start, end, window_end, template, _segment_key(template, slots), slots, samples, pieces, last_tick)
+
+
 @dataclass
 class NodeJoin:
     """One node: who holds each of its GPUs, ticks waiting for the watermark, and the
@@ -330,6 +441,8 @@ class NodeJoin:
     unmatched: dict[str, float] = field(default_factory=dict, compare=False)
     #: changes of a node that never sent a tick are reported once, up to this event time
     unknown_reported_ms: int = 0
+    #: gpu_uuid -> its open segment (records not emitted yet: part of the state)
+    segments: dict[str, Segment] = field(default_factory=dict)
 
     # -- input
     def add_tick(self, tick: MeteredTick | NodeTick, offset: int | None = None) -> Verdict:
@@ -486,19 +599,26 @@ class NodeJoin:
         return power * seconds
 
     # -- output
-    def close_until(self, watermark_ms: int, ledger: LedgerConfig) -> list[dict]:
-        """Turn every tick that ends at or before the watermark into usage records (wire dicts)."""
+    def close_until(self, watermark_ms: int, ledger: LedgerConfig, data_ms: int | None = None) -> list[dict]:
+        """Close every tick that ends at or before the watermark into the GPUs' segments; return the
+        usage records (wire dicts) of the segments that closed, and of those flushed (see `_flush`).
+        `data_ms`: the samples clock of the node's input partition (the latest tick end received
+        there, from any node); None: the watermark stands in for it (tools, tests)."""
+        data_ms = watermark_ms if data_ms is None else data_ms
         pending = self.pending_ticks
         n = 0
         while n < len(pending) and pending[n].ts_ms + pending[n].interval_ms <= watermark_ms:
             n += 1
         if not n:
-            return []
+            return self._flush(data_ms, ledger, None) if self.segments else []
         closing, self.pending_ticks = pending[:n], pending[n:]
         del self.pending_offsets[:n]
         records: list[dict] = []
         maker = None
         definitions = ledger.definitions
+        metric = definitions.utilization_metric
+        window = ledger.segment_window_ms
+        segments = self.segments
         for tick in closing:
             start, end = tick.ts_ms, tick.ts_ms + tick.interval_ms
             while self.pending_changes and self.pending_changes[0].ts_ms <= start:
@@ -512,12 +632,14 @@ class NodeJoin:
                     cuts.append(change.ts_ms)
             cuts.append(end)
             energies = [self._tick_energy(tick, gpu, ledger) for gpu in tick.gpus]
+            if maker is None or maker.cluster != tick.cluster:
+                if maker is not None:  # another cluster's records: nothing of the old one continues
+                    records += self._close_segments(maker, None)
+                maker = RecordMaker(ledger, tick.cluster, self.node)
             for seg_start, seg_end in zip(cuts, cuts[1:]):
                 while inside and inside[0].ts_ms <= seg_start:
                     self._apply(inside.pop(0), tick)
                 share = (seg_end - seg_start) / tick.interval_ms
-                if maker is None or maker.cluster != tick.cluster:
-                    maker = RecordMaker(ledger, tick.cluster, self.node)
                 for gpu, energy in zip(tick.gpus, energies):
                     held = self.holders.get(gpu.gpu_uuid)
                     holders = list(held.values()) if held else []
@@ -525,13 +647,61 @@ class NodeJoin:
                         holders = self.judge.judge(gpu, holders, seg_start, definitions)
                     elif gpu.health is GpuHealth.ok and _busy(gpu, definitions.execution_util_floor_pct):
                         self._count("busy_unallocated_gpu_seconds", (seg_end - seg_start) / 1000)
-                    records += maker.records(gpu, holders, seg_start, seg_end, energy * share)
+                    made = maker.pieces(gpu, holders, seg_start, seg_end, energy * share)
+                    if made is None:
+                        continue
+                    template, pieces = made
+                    uuid = gpu.gpu_uuid
+                    key = _piece_key(template, pieces)
+                    seg = segments.get(uuid)
+                    if seg is not None:
+                        if seg.end_ms == seg_start and seg_start < seg.window_end_ms and seg.key == key:
+                            seg.add(pieces, metric, seg_start, seg_end, tick.ts_ms)
+                            continue
+                        records += seg.records(maker._fill)
+                    segments[uuid] = Segment(seg_start, seg_end, (seg_start // window + 1) * window, template, key,
+                                             [_new_slot(p, metric, seg_end - seg_start) for p in pieces],
+                                             1, 1, tick.ts_ms)
+            # closed with this tick: segments that reached their window's end, and those of GPUs it did not report
+            records += self._close_segments(maker, end)
             self.closed_until_ms = end
             if self.closed_ranges and self.closed_ranges[-1][1] == start:
                 self.closed_ranges[-1][1] = end
             else:
                 self.closed_ranges.append([start, end])
+        if segments:
+            records += self._flush(data_ms, ledger, maker)
         self._prune()
+        return records
+
+    def _close_segments(self, maker: RecordMaker, tick_end: int | None) -> list[dict]:
+        """Emit the segments that cannot grow after a tick ending at tick_end (None: all of them)."""
+        records: list[dict] = []
+        for uuid, seg in list(self.segments.items()):
+            if tick_end is None or seg.end_ms != tick_end or seg.end_ms >= seg.window_end_ms:
+                records += seg.records(maker._fill)
+                del self.segments[uuid]
+        return records
+
+    def _flush(self, data_ms: int, ledger: LedgerConfig, maker: RecordMaker | None) -> list[dict]:
+        """Emit the open segments of a node that stopped reporting: those whose window ended at least
+        `segment_flush_after_ms` before the samples clock of the partition (other nodes have sent
+        ticks that far on; this one has sent none of that window after the segment's end), unless a
+        pending tick of the node starts before that end (it is waiting for the watermark and will
+        extend or close the segment). The lifecycle watermark is not the judge: a worker catching up
+        on a samples backlog has it far ahead of every tick. The closed horizon moves to the window's
+        end, so no tick can extend a record already emitted: a tick of that window arriving later is
+        late (rejected, like any tick behind the horizon; docs/accounting.md "Segments")."""
+        limit = data_ms - ledger.segment_flush_after_ms
+        first_pending = self.pending_ticks[0].ts_ms if self.pending_ticks else None
+        records: list[dict] = []
+        for uuid, seg in list(self.segments.items()):
+            if seg.window_end_ms <= limit and (first_pending is None or first_pending >= seg.window_end_ms):
+                if maker is None:
+                    maker = RecordMaker(ledger, self.cluster, self.node)
+                records += seg.records(maker._fill)
+                del self.segments[uuid]
+                self.closed_until_ms = max(self.closed_until_ms, seg.window_end_ms)
         return records
 
     def _prune(self) -> None:
@@ -566,6 +736,7 @@ class NodeJoin:
             "duplicates": self.duplicates,
             "quiet_since": self.judge.to_state(),
             "unknown_reported_ms": self.unknown_reported_ms,
+            "segments": {gpu: seg.to_state() for gpu, seg in self.segments.items()},
         }
 
     @classmethod
@@ -590,4 +761,5 @@ class NodeJoin:
             duplicates=state["duplicates"],
             judge=ExecutionJudge.from_state(state.get("quiet_since")),
             unknown_reported_ms=state.get("unknown_reported_ms", 0),
+            segments={gpu: Segment.from_state(seg) for gpu, seg in state.get("segments", {}).items()},
         )

@@ -42,6 +42,11 @@ DEFAULT_POWER_LIMIT_W = 1500.0
 DEFAULT_POWER_LIMIT_TOLERANCE = 1.2
 #: [unpriced] policy: what a GPU model without its own price is charged
 UNPRICED_POLICIES = ("default", "zero")
+#: [segments] defaults (streams/join.py): one usage record per GPU, holder and state for at most a
+#: window of this many seconds, aligned to UTC; a silent node's open segment is flushed once the
+#: samples of other nodes are this far past its window's end
+DEFAULT_SEGMENT_WINDOW_S = 60
+DEFAULT_SEGMENT_FLUSH_AFTER_S = 60
 
 
 class LedgerConfigError(ValueError):
@@ -184,6 +189,10 @@ class LedgerConfig:
     power_limit_tolerance: float = DEFAULT_POWER_LIMIT_TOLERANCE
     #: what a model without its own price is charged: "default" (the default price) or "zero"
     unpriced_policy: str = "default"
+    #: [segments]: usage-record window, ms (1: one record per tick, the old form), and how far the
+    #: samples clock must be past a window's end before a silent node's open segment is flushed, ms
+    segment_window_ms: int = DEFAULT_SEGMENT_WINDOW_S * 1000
+    segment_flush_after_ms: int = DEFAULT_SEGMENT_FLUSH_AFTER_S * 1000
     #: the behaviour alerts' and reclaim suggestions' definitions ([alerts], [reclaim]; streams/watchdefs.py)
     watch: WatchDefinitions = field(default_factory=WatchDefinitions)
 
@@ -308,10 +317,23 @@ def parse_prices(raw, source: str) -> dict[str, tuple[PriceEntry, ...]]:
     return {m: tuple(sorted(v, key=lambda e: e.valid_from_ms)) for m, v in by_model.items()}
 
 
+def _segments(seg: dict, source: str) -> dict:
+    """[segments] window_s (0: a record per tick; else it divides an hour, so windows split hours and
+    UTC days exactly) and flush_after_s (>= 0)."""
+    window = seg.get("window_s", DEFAULT_SEGMENT_WINDOW_S)
+    if not isinstance(window, int) or isinstance(window, bool) or window < 0 or (window and 3600 % window):
+        raise LedgerConfigError(f"{source}: segments.window_s must be 0 or a whole number of seconds that divides "
+                                f"3600; got {window!r}")
+    flush = _bounded(seg.get("flush_after_s", DEFAULT_SEGMENT_FLUSH_AFTER_S), 0, 7 * 86400,
+                     f"{source}: segments.flush_after_s")
+    return {"segment_window_ms": window * 1000 or 1, "segment_flush_after_ms": round(flush * 1000)}
+
+
 def _fingerprint(doc: dict) -> str:
     """sha256 of the definitions: everything but the histories (coefficients; prices given as
     [[prices]] entries), which records name entry by entry. Old [prices.MODEL] tables stay in it."""
-    histories = {"coefficients"} | ({"prices"} if isinstance(doc.get("prices"), list) else set())
+    # [segments] is left out too: it changes how GPU time is cut into records, never what it costs
+    histories = {"coefficients", "segments"} | ({"prices"} if isinstance(doc.get("prices"), list) else set())
     return hashlib.sha256(
         json.dumps({k: v for k, v in doc.items() if k not in histories}, sort_keys=True, default=str).encode()
     ).hexdigest()
@@ -372,6 +394,7 @@ def parse_ledger_config(doc: dict, source: str = "<config>") -> LedgerConfig:
                                            f"{source}: power.limit_tolerance"),
             unpriced_policy=policy,
             watch=parse_watch_definitions(doc),
+            **_segments(doc.get("segments", {}), source),
         )
     except KeyError as exc:
         raise LedgerConfigError(f"{source}: missing key {exc}") from None

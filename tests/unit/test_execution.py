@@ -28,7 +28,8 @@ TICK = 10 * S
 def ledger(source="both", floor=1.0, min_idle_s=0.0):
     d = replace(FIXTURE_LEDGER.definitions, execution_source=source, execution_util_floor_pct=floor,
                 execution_min_idle_s=min_idle_s)
-    return replace(FIXTURE_LEDGER, definitions=d)
+    # one record per tick (no segments): these tests read the judge's verdict tick by tick
+    return replace(FIXTURE_LEDGER, definitions=d, segment_window_ms=1)
 
 
 def gpu(uuid="GPU-a", index=0, util=None, processes=(), mig=()):
