@@ -60,7 +60,8 @@ def load_dump(path: Path, prefix: str) -> list:
 
 def print_reports(settings: Settings) -> None:
     """The demo's reports, as terminal tables, from the warehouse the run left."""
-    from gpuledger.warehouse.reports import fetch, render
+    from gpuledger.warehouse.reports import fetch
+    from gpuledger.warehouse.report_text import render
     from gpuledger.warehouse import connect
 
     client = connect(settings)

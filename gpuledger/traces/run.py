@@ -12,7 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpuledger.sink.loop import sink_topics
 from gpuledger.embedded.pipeline import Stage
 from gpuledger.embedded.processes import group_lag
 from gpuledger.traces.genai import convert_genai, read_genai_samples
@@ -122,7 +121,7 @@ def replay_genai(settings, duty_path: str | Path, memory_path: str | Path, *, ma
     execution definition (into DATA_DIR/default-definition, keeping only its idle figure), then under
     GENAI_EXECUTION into DATA_DIR, whose warehouse the summary reads."""
     from gpuledger.embedded.pipeline import run_embedded
-    from gpuledger.streams.pricing import load_ledger_config, write_ledger_variant
+    from gpuledger.ledger_files import load_ledger_config, write_ledger_variant
 
     t0 = time.monotonic()
     duty, memory = read_genai_samples(duty_path), read_genai_samples(memory_path)

@@ -25,6 +25,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+from gpuledger.warehouse.client import quoted_database
+
 log = logging.getLogger(__name__)
 
 DAY_MS = 86_400_000
@@ -133,12 +135,6 @@ def diff_adjustments(booked: Mapping[tuple, Amount], now: Mapping[tuple, Amount]
 # --------------------------------------------------------------------------- SQL helpers
 def _q(client, sql: str, params: dict | None = None) -> list[dict]:
     return list(client.query(sql, parameters=params or {}).named_results())
-
-
-def _db(database: str) -> str:
-    from gpuledger.warehouse.reports import _qualify
-
-    return _qualify(database)
 
 
 COMMITTED = "bill_run_id IN (SELECT bill_run_id FROM {db}.bill_runs)"
@@ -294,7 +290,7 @@ def close_due(client, settings, ledger, now: dt.datetime | None = None, publishe
     from gpuledger.warehouse import insert_rows
 
     db_name = database or settings.database
-    db = _db(db_name)
+    db = quoted_database(db_name)
     now = now or dt.datetime.now(dt.timezone.utc)
     run_id = f"br-{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
     grace = float(settings.bills_close_grace_s)
@@ -433,7 +429,7 @@ def publish(publisher, settings, messages: Sequence) -> int:
 
 def run_messages(client, database: str, run_id: str) -> list:
     """The BillRows of a committed run, rebuilt from the warehouse (to publish again)."""
-    db = _db(database)
+    db = quoted_database(database)
     params = {"run": run_id}
     tenant_rows = _q(client, f"SELECT day, toString(cluster) AS cluster, toString(tenant) AS tenant, toString(queue) AS queue, "
                              f"toString(line) AS line, toString(definition_version) AS definition_version, gpu_ms, "
@@ -450,7 +446,7 @@ def run_messages(client, database: str, run_id: str) -> list:
 
 # --------------------------------------------------------------------------- reading
 def list_runs(client, database: str, limit: int | None = None) -> list[dict]:
-    db = _db(database)
+    db = quoted_database(database)
     sql = (f"SELECT bill_run_id, created_at, days, clusters, definition_version, grace_s, closed_rows, adjustment_rows "
            f"FROM {db}.bill_runs ORDER BY created_at DESC, bill_run_id")
     params = {}
@@ -467,7 +463,7 @@ def list_runs(client, database: str, limit: int | None = None) -> list[dict]:
 def show(client, database: str, day: dt.date, cluster: str | None = None) -> list[dict]:
     """A closed day's bill: its closed tenant lines, the adjustments booked on it, and the
     adjustments booked later that correct it. Empty when the day is not closed."""
-    db = _db(database)
+    db = quoted_database(database)
     params: dict[str, Any] = {"day": day}
     ccond = ""
     if cluster is not None:
@@ -496,7 +492,7 @@ def show(client, database: str, day: dt.date, cluster: str | None = None) -> lis
 # --------------------------------------------------------------------------- dedup audit
 def audit(client, database: str, day_from: dt.date | None = None, day_to: dt.date | None = None) -> list[dict]:
     """Rows vs distinct (cluster, record_id) per UTC day and table (view usage_dedup_audit, sql/0014)."""
-    db = _db(database)
+    db = quoted_database(database)
     conds, params = [], {}
     if day_from is not None:
         conds.append("day >= {day_from:Date}")

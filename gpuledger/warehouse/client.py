@@ -47,6 +47,12 @@ def checked_identifier(name: str, what: str) -> str:
     return name
 
 
+def quoted_database(database: str) -> str:
+    """The database name, checked and back-quoted: queries qualify every table with it, so any
+    client works whatever its current database."""
+    return f"`{checked_identifier(database, 'database')}`"
+
+
 # --------------------------------------------------------------------------- connect
 def _chdb_holder(path: Path) -> str | None:
     """Who holds a chDB directory: the engine flocks `status` (which names its PID) while open."""

@@ -16,14 +16,13 @@ from dataclasses import asdict
 from datetime import date
 from pathlib import Path
 
+from gpuledger.ledger_files import BUNDLED_CONFIG, load_ledger_config
 from gpuledger.streams.pricing import (
-    BUNDLED_CONFIG,
     JOULES_PER_KWH,
     LedgerConfig,
     LedgerConfigError,
     PriceEntry,
     date_ms,
-    load_ledger_config,
 )
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")

@@ -10,18 +10,14 @@ utilizations as ratios 0..1.
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
-import io
 import math
-import re
 from typing import Any, Iterable, Sequence
 
-import orjson
+
+from gpuledger.warehouse.client import quoted_database
 
 REPORTS = ("bills", "jobs", "queues", "utilization", "capacity", "unmatched")
-FORMATS = ("table", "json", "csv")
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 #: filter name -> (column, ClickHouse type, operator); the column is quoted SQL, never user input
 _FILTERS: dict[str, tuple[str, str, str]] = {
@@ -35,7 +31,7 @@ _FILTERS: dict[str, tuple[str, str, str]] = {
     "definition_version": ("definition_version", "String", "="),
 }
 
-_REPORT_FILTERS: dict[str, frozenset[str]] = {
+REPORT_FILTERS: dict[str, frozenset[str]] = {
     "bills": frozenset({"day_from", "day_to", "cluster", "tenant", "queue", "definition_version"}),
     "jobs": frozenset({"day_from", "day_to", "cluster", "tenant", "queue", "job_id", "definition_version"}),
     "queues": frozenset({"day_from", "day_to", "cluster", "tenant", "queue"}),
@@ -87,7 +83,7 @@ def _where(filters: dict[str, Any], names: Iterable[str], prefix: str = "") -> t
 def _check(name: str, filters: dict[str, Any]) -> None:
     if name not in REPORTS:
         raise ValueError(f"unknown report {name!r}; reports: {', '.join(REPORTS)}")
-    allowed = _REPORT_FILTERS[name] | _REPORT_OPTIONS[name]
+    allowed = REPORT_FILTERS[name] | _REPORT_OPTIONS[name]
     unknown = sorted(set(filters) - allowed)
     if unknown:
         raise ValueError(f"report {name!r} takes no {', '.join(unknown)}; it takes {', '.join(sorted(allowed))}")
@@ -109,13 +105,6 @@ def _and(conds: Sequence[str]) -> str:
 
 def _query(client, sql: str, params: dict[str, Any]) -> list[dict]:
     return list(client.query(sql, parameters=params).named_results())
-
-
-def _qualify(database: str) -> str:
-    """Names are qualified with the database, so any client (whatever its current one) works."""
-    if not _IDENTIFIER.match(database):
-        raise ValueError(f"invalid database name {database!r}")
-    return f"`{database}`"
 
 
 # --------------------------------------------------------------------------- the reports
@@ -174,7 +163,7 @@ def _bills(client, db: str, filters: dict[str, Any]) -> list[dict]:
         raise ValueError(f"idle_redistribution must be none, even or usage; got {policy!r}")
     # Redistribution shares depend on every tenant billed that day, so the tenant filter is
     # applied after the shares are computed.
-    names = sorted(_REPORT_FILTERS["bills"] - ({"tenant"} if policy != "none" else set()))
+    names = sorted(REPORT_FILTERS["bills"] - ({"tenant"} if policy != "none" else set()))
     conds, params = _where(filters, names)
     adj_conds = [c.replace("day ", "booked_day ", 1) if c.startswith("day ") else c for c in conds]
     currencies = _currencies(client, db, filters.get("currency"))
@@ -246,7 +235,7 @@ def _redistribute_cluster_idle(client, db: str, rows: list[dict], policy: str) -
 
 
 def _jobs(client, db: str, filters: dict[str, Any]) -> list[dict]:
-    names = _REPORT_FILTERS["jobs"] - {"day_from", "day_to"}
+    names = REPORT_FILTERS["jobs"] - {"day_from", "day_to"}
     conds, params = _where(filters, sorted(names))
     # a job belongs to a period when its usage overlaps it
     if filters.get("day_from") is not None:
@@ -327,7 +316,7 @@ def _queues(client, db: str, filters: dict[str, Any]) -> list[dict]:
     open ones; `status` says which."""
     from gpuledger.warehouse import bills as b
 
-    conds, params = _where(filters, sorted(_REPORT_FILTERS["queues"] - {"tenant"}))
+    conds, params = _where(filters, sorted(REPORT_FILTERS["queues"] - {"tenant"}))
     by_tenant = filters.get("tenant") is not None
     if by_tenant:
         params["tenant"] = str(filters["tenant"])
@@ -356,7 +345,7 @@ def _queues(client, db: str, filters: dict[str, Any]) -> list[dict]:
 
 
 def _capacity(client, db: str, filters: dict[str, Any]) -> list[dict]:
-    conds, params = _where(filters, sorted(_REPORT_FILTERS["capacity"]))
+    conds, params = _where(filters, sorted(REPORT_FILTERS["capacity"]))
     sql = f"SELECT * FROM {db}.capacity_daily WHERE {_and(conds)} ORDER BY day, cluster, gpu_model, definition_version"
     rows = _query(client, sql + _limit(filters, params), params)
     currencies = _currencies(client, db, filters.get("currency")) if rows else {}
@@ -376,7 +365,7 @@ def _unmatched(client, db: str, filters: dict[str, Any]) -> list[dict]:
       so that MIG use is visible; `gpus_billed` says whether they resolved);
     - busy_unallocated: GPU time that no allocation holds while the GPU works (use above
       `busy_floor_pct`, default 1 %): a job the scheduler does not know, or a missing event."""
-    conds, params = _where(filters, sorted(_REPORT_FILTERS["unmatched"]))
+    conds, params = _where(filters, sorted(REPORT_FILTERS["unmatched"]))
     where = _and(conds)
     params["floor"] = float(filters.get("busy_floor_pct", 1.0))
     sql = f"""
@@ -436,7 +425,7 @@ def _utilization(client, db: str, filters: dict[str, Any]) -> list[dict]:
     day/cluster/gpu_model (tenants hold no capacity), so tenants' scheduling shares add up."""
     dims = _dimensions(filters.get("by"))
     cap_dims = [d for d in dims if d in _CAPACITY_DIMENSIONS]
-    cap_conds, params = _where(filters, sorted(_REPORT_FILTERS["utilization"] - {"tenant", "queue"}))
+    cap_conds, params = _where(filters, sorted(REPORT_FILTERS["utilization"] - {"tenant", "queue"}))
     job_conds, job_params = _where(filters, ["tenant", "queue"])
     params.update(job_params)
     use_conds = cap_conds + job_conds
@@ -489,83 +478,7 @@ def fetch(client, database: str, name: str, **filters) -> list[dict]:
     None leaves opportunity_cost empty); utilization takes `by`: any of day, cluster, gpu_model,
     queue, tenant (a list or comma-separated; default day,cluster)."""
     _check(name, filters)
-    return _FETCHERS[name](client, _qualify(database), filters)
-
-
-# --------------------------------------------------------------------------- rendering
-def _plain(value: Any) -> Any:
-    if isinstance(value, (dt.date, dt.datetime)):
-        return value.isoformat()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _columns(rows: Sequence[dict]) -> list[str]:
-    cols = list(rows[0]) if rows else []
-    for row in rows[1:]:
-        cols.extend(k for k in row if k not in cols)
-    return cols
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return ""
-        text = f"{value:,.4f}".rstrip("0").rstrip(".")
-        return "0" if text in ("-0", "") else text
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, (dt.date, dt.datetime)):
-        return value.isoformat()
-    return str(value)
-
-
-def _render_table(rows: Sequence[dict]) -> str:
-    if not rows:
-        return "(no rows)\n"
-    cols = _columns(rows)
-    cells = [[_cell(row.get(c)) for c in cols] for row in rows]
-    numeric = [
-        all(isinstance(row.get(c), (int, float)) and not isinstance(row.get(c), bool) for row in rows if row.get(c) is not None)
-        for c in cols
-    ]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(cols)]
-
-    def line(values: Sequence[str]) -> str:
-        parts = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)]
-        return "  ".join(parts).rstrip()
-
-    out = [line(cols), "  ".join("-" * w for w in widths)]
-    out.extend(line(r) for r in cells)
-    return "\n".join(out) + "\n"
-
-
-def _render_csv(rows: Sequence[dict]) -> str:
-    if not rows:
-        return ""
-    cols = _columns(rows)
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(cols)
-    for row in rows:
-        writer.writerow("" if row.get(c) is None else _plain(row.get(c)) for c in cols)
-    return buf.getvalue()
-
-
-def utc_labels(rows: Sequence[dict]) -> list[dict]:
-    """Rows with every day column labelled as a UTC day: `day` -> `day_utc`, `first_day` ->
-    `first_day_utc`, `corrects_day` -> `corrects_day_utc` (the same names in table, CSV and JSON)."""
-    def name(key: str) -> str:
-        return f"{key}_utc" if key == "day" or key.endswith("_day") else key
-
-    return [{name(k): v for k, v in row.items()} for row in rows]
+    return _FETCHERS[name](client, quoted_database(database), filters)
 
 
 def _flag_priced_by_default(client, db: str, rows: list[dict]) -> None:
@@ -580,29 +493,3 @@ def _flag_priced_by_default(client, db: str, rows: list[dict]) -> None:
         if row.get("status") != "adjustment":
             row["priced_by_default_gpu_hours"] = hours.get(
                 (row["day"], row["cluster"], row["tenant"], row["definition_version"]), 0.0)
-
-
-def _priced_by_default_note(rows: Sequence[dict]) -> str:
-    """The footnote of a table whose rows hold GPU time priced under the [unpriced] policy (a GPU
-    model without its own price or coefficient; docs/accounting.md). JSON and CSV carry the column."""
-    hours = sum(r.get("priced_by_default_gpu_hours") or 0 for r in rows)
-    if not hours:
-        return ""
-    return (f"\nNote: {hours:,.4f} GPU-hours in these rows were priced by default (GPU models without a price or "
-            "coefficient of their own, billed under the ledger's [unpriced] policy); see column "
-            "priced_by_default_gpu_hours.\n")
-
-
-def render(rows: Sequence[dict], fmt: str = "table", *, utc_days: bool = False) -> str:
-    """rows as `table` (aligned text, numbers right-aligned), `json` (an array of objects; numbers
-    stay numbers, dates ISO strings, absent values null) or `csv` (header + rows, full precision).
-    `utc_days` labels day columns as UTC days (`utc_labels`), as the CLI prints them."""
-    if utc_days:
-        rows = utc_labels(rows)
-    if fmt == "table":
-        return _render_table(rows) + _priced_by_default_note(rows)
-    if fmt == "json":
-        return orjson.dumps([{k: _plain(v) for k, v in row.items()} for row in rows], option=orjson.OPT_INDENT_2).decode() + "\n"
-    if fmt == "csv":
-        return _render_csv(rows)
-    raise ValueError(f"unknown format {fmt!r}; formats: {', '.join(FORMATS)}")

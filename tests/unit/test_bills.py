@@ -8,7 +8,7 @@ import datetime as dt
 import pytest
 
 from gpuledger.warehouse import bills
-from gpuledger.warehouse.reports import render, utc_labels
+from gpuledger.warehouse.report_text import render, utc_labels
 from gpuledger.schemas.models import BillRow
 
 D = dt.date(2024, 3, 1)

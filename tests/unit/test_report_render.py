@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from gpuledger.warehouse.reports import FORMATS, REPORTS, render
+from gpuledger.warehouse.reports import REPORTS
+from gpuledger.warehouse.report_text import FORMATS, render
 
 ROWS = [
     {"day": dt.date(2024, 3, 1), "tenant": "alpha", "compute_gpu_hours": 0.5, "total_cost_micros": 2_700_000, "ratio": 2 / 3},

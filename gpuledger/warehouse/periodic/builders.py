@@ -19,6 +19,7 @@ import datetime as dt
 from typing import Any
 
 from gpuledger.warehouse import reports as base
+from gpuledger.warehouse.client import quoted_database
 from gpuledger.warehouse.periodic.model import Plot, Report, Section
 from gpuledger.warehouse.periodic.queries import (
     LAYERS,
@@ -40,7 +41,7 @@ def inventory(client, database: str, *, days: int = 30, as_of: Any = None, low_u
     days, top = positive_int("days", days), positive_int("top", top)
     end = period_end(client, database, as_of)
     start = end - dt.timedelta(days=days - 1)
-    db = base._qualify(database)
+    db = quoted_database(database)
     p = {"d0": start, "d1": end, "low": float(low_util_pct)}
     cards = query(client, f"""
         SELECT gpu_model, uniqExact(gpu_uuid) AS cards, uniqExact(node) AS nodes,
@@ -153,7 +154,7 @@ def monthly(client, database: str, *, month: str | None = None, as_of: Any = Non
 def anomalies(client, database: str, start: dt.date, end: dt.date, idle_share: float) -> list[dict]:
     """One row per anomaly; its size in the column of its unit (GPU-hours down or idle, the cost of
     failed attempts), never one column mixing hours, money and percent."""
-    db = base._qualify(database)
+    db = quoted_database(database)
     p = {"d0": start, "d1": end, "share": idle_share}
     out = []
     for r in query(client, f"""
@@ -230,7 +231,7 @@ def weekly(client, database: str, *, as_of: Any = None, top: int = 10, idle_shar
 def job(client, database: str, *, job_id: str, stall_s: float = 60.0) -> Report:
     if not job_id:
         raise ValueError("the job report needs a job id")
-    db = base._qualify(database)
+    db = quoted_database(database)
     p = {"job": str(job_id)}
     summary_rows = base.fetch(client, database, "jobs", job_id=str(job_id))
     if not summary_rows:

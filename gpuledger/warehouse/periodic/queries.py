@@ -8,6 +8,7 @@ import datetime as dt
 from typing import Any, Sequence
 
 from gpuledger.warehouse import reports as base
+from gpuledger.warehouse.client import quoted_database
 from gpuledger.warehouse.periodic.model import Coverage
 
 LAYERS = ("scheduling_utilization", "execution_utilization", "hardware_utilization")
@@ -26,7 +27,7 @@ def as_date(value: Any) -> dt.date:
 
 
 def last_day(client, database: str) -> dt.date | None:
-    db = base._qualify(database)
+    db = quoted_database(database)
     rows = client.query(f"SELECT max(day) AS d, count() AS n FROM {db}.usage_by_job_daily").result_rows
     return rows[0][0] if rows and rows[0][1] else None
 
@@ -69,7 +70,7 @@ def top_jobs(client, database: str, start: dt.date, end: dt.date, top: int) -> l
 
 
 def idle_by_queue(client, database: str, start: dt.date, end: dt.date) -> dict[str, dict]:
-    db = base._qualify(database)
+    db = quoted_database(database)
     rows = query(client, f"""
         SELECT queue, sum(idle_gpu_hours) AS idle_gpu_hours, sum(idle_cost) AS idle_cost
         FROM {db}.idle_waste_daily WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}} GROUP BY queue""",
@@ -80,7 +81,7 @@ def idle_by_queue(client, database: str, start: dt.date, end: dt.date) -> dict[s
 def stragglers(client, database: str, *, job_id: str | None = None, start: dt.date | None = None,
                 end: dt.date | None = None, ratio: float = 0.8) -> list[dict]:
     """GPUs of multi-GPU attempts whose utilization is under `ratio` x the attempt's median."""
-    db = base._qualify(database)
+    db = quoted_database(database)
     conds, p = ["util_gpu_ms > 0"], {"ratio": ratio}
     if job_id is not None:
         conds.append("job_id = {job:String}")
@@ -113,7 +114,7 @@ def balance_score(utils: Sequence[float]) -> float | None:
 
 def coverage(client, database: str, start: dt.date, end: dt.date) -> Coverage:
     """The span of usage in the period's days: what a "monthly" report built from six hours is built from."""
-    db = base._qualify(database)
+    db = quoted_database(database)
     (first, last, n), = client.query(
         f"SELECT min(start_ms), max(end_ms), count() FROM {db}.usage_raw WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}}",
         parameters={"d0": start, "d1": end}).result_rows

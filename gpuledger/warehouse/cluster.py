@@ -1,0 +1,208 @@
+"""Rendering the migrations for a ClickHouse cluster (GPULEDGER_CLICKHOUSE_CLUSTER; docs/architecture.md,
+"Production layout"). Pure: SQL text in, SQL text out.
+
+Every statement is first parsed and printed back by ClickHouse's own parser (`formatQuery`), whose
+canonical text (one clause per line, one column per line) is what the rules below edit; each rendered
+statement is parsed again, so a rendering ClickHouse cannot read never leaves this module.
+
+  CREATE TABLE t           -> t_local ON CLUSTER, Replicated* engine ('/clickhouse/tables/{shard}/
+                              {database}/{table}', '{replica}'), replicated_deduplication_window;
+                              and t ON CLUSTER AS t_local ENGINE = Distributed(cluster, db, t_local, key)
+  CREATE MATERIALIZED VIEW -> ON CLUSTER, TO t_local, reading its source's t_local: a view fires on the
+                              shard that stores the rows, so aggregates are built where the rows are
+  CREATE [OR REPLACE] VIEW -> ON CLUSTER, over the Distributed tables (unchanged body)
+  ALTER TABLE t            -> ON CLUSTER, on t_local; column changes also on t (Distributed);
+                              non_replicated_deduplication_window becomes replicated_deduplication_window
+  ALTER TABLE mv MODIFY QUERY -> ON CLUSTER, reading the source's t_local
+  INSERT ... SELECT        -> unchanged: run once, through the Distributed tables (back-fills)
+
+Views and reports read the Distributed tables; every view over an aggregate groups again, so partial
+aggregates of one key on several shards add up (the sharding keys below keep most keys on one shard).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+#: Sharding key of each table's Distributed table. Usage and health rows go by GPU, so a GPU's
+#: records, its latest state and its idle segments live on one shard; job events and per-job
+#: aggregates go by job. Tables not named here shard by a hash of their sorting key, which keeps
+#: the rows a ReplacingMergeTree or AggregatingMergeTree folds together on one shard.
+SHARDING_KEYS: dict[str, str] = {
+    "usage_raw": "cityHash64(gpu_uuid)",
+    "gpu_health": "cityHash64(gpu_uuid)",
+    "gpu_latest": "cityHash64(gpu_uuid)",
+    "gpu_health_hourly": "cityHash64(gpu_uuid)",
+    "usage_gpu_5m": "cityHash64(gpu_uuid)",
+    "usage_gpu_hourly": "cityHash64(gpu_uuid)",
+    "job_idle_segments": "cityHash64(gpu_uuid)",
+    "job_events": "cityHash64(cluster, job_id)",
+    "job_attempts_state": "cityHash64(cluster, job_id)",
+    "job_gpu_usage": "cityHash64(cluster, job_id)",
+    "usage_by_job_daily": "cityHash64(cluster, job_id)",
+    "node_inventory": "cityHash64(cluster, node)",
+}
+
+LOCAL_SUFFIX = "_local"
+REPLICA_PATH = "'/clickhouse/tables/{shard}/{database}/{table}', '{replica}'"
+
+Formatter = Callable[[str], str]
+
+
+class RenderError(ValueError):
+    """A statement the cluster rendering does not know how to handle, or ClickHouse cannot parse."""
+
+
+def chdb_formatter() -> Formatter:
+    """formatQuery of the embedded engine (chDB). Use it in a process that holds no chDB directory;
+    elsewhere pass `server_formatter(client)`."""
+    import chdb
+
+    def fmt(sql: str) -> str:
+        return chdb.query("SELECT formatQuery({q:String})", "TSVRaw", params={"q": _tsv_escape(sql)}).bytes().decode()
+    return fmt
+
+
+def server_formatter(client) -> Formatter:
+    """formatQuery of the warehouse the client is connected to (a server, or this process's chDB)."""
+    def fmt(sql: str) -> str:
+        return client.query("SELECT formatQuery({q:String})", parameters={"q": sql}).result_rows[0][0]
+    return fmt
+
+
+def _tsv_escape(text: str) -> str:
+    # chDB reads query parameters as TSV-escaped values
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
+
+
+def _ident(name: str) -> str:
+    return name.strip("`")
+
+
+def sharding_key(table: str, order_by: str | None) -> str:
+    if table in SHARDING_KEYS:
+        return SHARDING_KEYS[table]
+    if order_by:
+        inner = order_by.strip()
+        if inner.startswith("(") and inner.endswith(")"):
+            inner = inner[1:-1]
+        return f"cityHash64({inner})"
+    return "rand()"
+
+
+_CREATE_TABLE = re.compile(r"^CREATE TABLE (IF NOT EXISTS )?(`?\w+`?)\n")
+_CREATE_MV = re.compile(r"^CREATE MATERIALIZED VIEW (IF NOT EXISTS )?(`?\w+`?) TO (`?\w+`?)\n")
+_CREATE_VIEW = re.compile(r"^CREATE (OR REPLACE )?VIEW (IF NOT EXISTS )?(`?\w+`?)\n")
+_ALTER = re.compile(r"^ALTER TABLE (`?\w+`?)\n")
+_ENGINE = re.compile(r"^ENGINE = (\w*)MergeTree(?:\((.*)\))?$", re.MULTILINE)
+_ORDER_BY = re.compile(r"^ORDER BY (.+)$", re.MULTILINE)
+_FROM = re.compile(r"\bFROM (`?\w+`?)")
+
+
+class ClusterRenderer:
+    """Renders statements for cluster `cluster` and database `database`; keeps, across the statements
+    of all migrations in order, which names are tables (they get a _local twin) and which are views."""
+
+    def __init__(self, cluster: str, database: str, formatter: Formatter):
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_\-]*", cluster):
+            raise RenderError(f"cluster name {cluster!r}: letters, digits, '_' and '-' only")
+        self.cluster = cluster
+        self.database = database
+        self.fmt = formatter
+        self.tables: set[str] = set()
+        self.materialized_views: set[str] = set()
+
+    def _on_cluster(self) -> str:
+        return f"ON CLUSTER `{self.cluster}`"
+
+    def parse(self, sql: str) -> str:
+        try:
+            return self.fmt(sql).strip()
+        except Exception as exc:
+            raise RenderError(f"ClickHouse cannot parse: {exc}\n{sql}") from exc
+
+    def render(self, statement: str) -> list[str]:
+        canonical = self.parse(statement)
+        if m := _CREATE_TABLE.match(canonical):
+            out = self._table(canonical, m)
+        elif m := _CREATE_MV.match(canonical):
+            out = self._materialized_view(canonical, m)
+        elif m := _CREATE_VIEW.match(canonical):
+            head = m.group(0).rstrip("\n")
+            out = [f"{head} {self._on_cluster()}\n{canonical[m.end():]}"]
+        elif m := _ALTER.match(canonical):
+            out = self._alter(canonical, m)
+        elif canonical.startswith("INSERT INTO "):
+            out = [canonical]
+        else:
+            raise RenderError(f"no cluster rendering for statement:\n{canonical}")
+        for sql in out:
+            self.parse(sql)  # every rendered statement must parse
+        return out
+
+    def _table(self, canonical: str, m: re.Match) -> list[str]:
+        name = _ident(m.group(2))
+        if_not = m.group(1) or ""
+        engine = _ENGINE.search(canonical)
+        if engine is None:
+            raise RenderError(f"table {name}: only *MergeTree engines are rendered for a cluster")
+        kind, args = engine.group(1), engine.group(2)
+        if kind.startswith("Replicated"):
+            raise RenderError(f"table {name} is already replicated")
+        replicated = f"ENGINE = Replicated{kind}MergeTree({REPLICA_PATH}{', ' + args if args else ''})"
+        body = canonical[m.end():]
+        body = _ENGINE.sub(lambda _: replicated, body, count=1)
+        body = body.replace("non_replicated_deduplication_window", "replicated_deduplication_window")
+        local = f"CREATE TABLE {if_not}`{name}{LOCAL_SUFFIX}` {self._on_cluster()}\n{body}"
+        order = _ORDER_BY.search(canonical)
+        key = sharding_key(name, order.group(1) if order else None)
+        dist = (f"CREATE TABLE {if_not}`{name}` {self._on_cluster()} AS `{name}{LOCAL_SUFFIX}`\n"
+                f"ENGINE = Distributed(`{self.cluster}`, `{self.database}`, `{name}{LOCAL_SUFFIX}`, {key})")
+        self.tables.add(name)
+        return [local, dist]
+
+    def _local_source(self, select: str) -> str:
+        """The first FROM of a materialized view's query, and its qualified column references, read the
+        local table (the view fires on inserts into it)."""
+        f = _FROM.search(select)
+        if f is None:
+            raise RenderError(f"materialized view without FROM:\n{select}")
+        source = _ident(f.group(1))
+        if source not in self.tables:
+            raise RenderError(f"materialized view reads {source}, which is not a table of these migrations")
+        return re.sub(rf"(?<![\w.`])`?{source}`?(?=\.|\s|$|\))", f"`{source}{LOCAL_SUFFIX}`", select)
+
+    def _materialized_view(self, canonical: str, m: re.Match) -> list[str]:
+        name, target = _ident(m.group(2)), _ident(m.group(3))
+        if target not in self.tables:
+            raise RenderError(f"materialized view {name} writes to {target}, which is not a table of these migrations")
+        self.materialized_views.add(name)
+        select = self._local_source(canonical[m.end():])
+        return [f"CREATE MATERIALIZED VIEW {m.group(1) or ''}`{name}` {self._on_cluster()} "
+                f"TO `{target}{LOCAL_SUFFIX}`\n{select}"]
+
+    def _alter(self, canonical: str, m: re.Match) -> list[str]:
+        name = _ident(m.group(1))
+        body = canonical[m.end():]
+        if name in self.materialized_views:
+            if "MODIFY QUERY" not in body:
+                raise RenderError(f"ALTER of materialized view {name}: only MODIFY QUERY is rendered")
+            return [f"ALTER TABLE `{name}` {self._on_cluster()}\n{self._local_source(body)}"]
+        if name not in self.tables:
+            raise RenderError(f"ALTER TABLE {name}: not a table of these migrations")
+        local_body = body.replace("non_replicated_deduplication_window", "replicated_deduplication_window")
+        out = [f"ALTER TABLE `{name}{LOCAL_SUFFIX}` {self._on_cluster()}\n{local_body}"]
+        # a Distributed table carries the columns too (no settings, no TTL)
+        if re.search(r"\((?:ADD|MODIFY|DROP|RENAME) COLUMN ", body):
+            out.append(f"ALTER TABLE `{name}` {self._on_cluster()}\n{body}")
+        return out
+
+
+def render_statements(statements: list[str], cluster: str | None, database: str,
+                      formatter: Formatter | None = None) -> list[str]:
+    """All statements (every migration's, in order) for one server (cluster None: unchanged) or for a cluster."""
+    if not cluster:
+        return list(statements)
+    renderer = ClusterRenderer(cluster, database, formatter or chdb_formatter())
+    return [sql for statement in statements for sql in renderer.render(statement)]

@@ -1,0 +1,110 @@
+"""Retention of every warehouse table (docs/retention.md), applied by `gpuledger migrate` as TTLs.
+
+Migrations are checksummed and never change, while retention is configuration: so no migration holds
+a TTL; after the migrations, `apply_retention` sets (ALTER TABLE ... MODIFY TTL) or removes each
+table's TTL from the GPULEDGER_RETENTION_* settings, and does nothing where it is already so.
+
+Raw tables (rows as the sink wrote them, with inserted_at) expire N days after the later of their
+event day and the day they were written: a replay or back-fill of old input is kept for the whole
+window, not dropped by the next merge. Aggregates expire N days after their event day. 0 = kept.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Retention:
+    setting: str  # Settings field holding the days (0: kept for ever)
+    expiry: str  # date expression the TTL counts from
+    why: str
+
+
+_RAW = "greatest(day, toDate(inserted_at))"
+
+#: table -> its retention. Tables not listed are kept for ever on purpose (KEPT says why).
+RETENTION: dict[str, Retention] = {
+    "gpu_health": Retention("retention_health_days", _RAW, "per-sample health detail"),
+    "gpu_health_hourly": Retention("retention_hourly_days", "day", "hourly health history per GPU"),
+    "usage_gpu_hourly": Retention("retention_hourly_days", "day", "hourly load per GPU (utilization, health record)"),
+    "usage_gpu_5m": Retention("retention_load_5m_days", "day", "5-minute load history per GPU"),
+    "usage_raw": Retention("retention_usage_days", _RAW, "usage records: bills, adjustments and re-bills are computed from them"),
+    "job_events": Retention("retention_usage_days", _RAW, "job lifecycle: attempt outcomes decide the bill lines"),
+    "job_idle_segments": Retention("retention_usage_days", "day", "idle records behind the idle-stretch views"),
+    "scheduler_snapshots": Retention("retention_ops_days", _RAW, "queue snapshots"),
+    "scheduler_preemptions": Retention("retention_ops_days", _RAW, "preemptions"),
+    "node_inventory": Retention("retention_ops_days", _RAW, "node inventory (a node unseen this long is dropped)"),
+    "usage_by_job_daily": Retention("retention_bills_days", "day", "bill grain of the live bills"),
+    "usage_capacity_daily": Retention("retention_bills_days", "day", "capacity grain"),
+    "closed_tenant_bill": Retention("retention_bills_days", "day", "closed bills"),
+    "closed_job_cost": Retention("retention_bills_days", "day", "closed bills"),
+    "closed_queue_efficiency": Retention("retention_bills_days", "day", "closed bills"),
+    "closed_days": Retention("retention_bills_days", "day", "closed bills"),
+    "bill_adjustments": Retention("retention_bills_days", "booked_day", "adjustments"),
+    "bill_runs": Retention("retention_bills_days", "toDate(created_at)", "close runs"),
+    "rebilled_usage": Retention("retention_bills_days", "day", "re-bills"),
+    "rebill_runs": Retention("retention_bills_days", "toDate(created_at)", "re-bills"),
+}
+
+KEPT: dict[str, str] = {
+    "gpu_latest": "one row per GPU",
+    "job_attempts_state": "one row per job attempt; outcomes of old attempts decide re-bills",
+    "job_gpu_usage": "one row per job attempt, GPU and utilization bucket",
+    "coefficients": "accounting library: its whole history re-bills any period",
+    "prices": "accounting library",
+    "definitions": "accounting library",
+    "sink_progress": "exactly-once bookkeeping of the sink, one row per partition",
+    "tenant_access": "grants",
+    "schema_migrations": "migration records",
+}
+
+
+def ttl_expression(table: str, days: int) -> str | None:
+    r = RETENTION[table]
+    return f"{r.expiry} + toIntervalDay({int(days)})" if days > 0 else None
+
+
+def wanted_ttls(settings) -> dict[str, str | None]:
+    """table -> TTL expression (None: no TTL), from the settings."""
+    return {table: ttl_expression(table, getattr(settings, r.setting)) for table, r in RETENTION.items()}
+
+
+def _current_ttl(client, database: str, table: str) -> str | None:
+    rows = client.query("SELECT engine_full FROM system.tables WHERE database = {d:String} AND name = {t:String}",
+                        parameters={"d": database, "t": table}).result_rows
+    if not rows:
+        return None
+    engine = rows[0][0]
+    if " TTL " not in engine:
+        return None
+    ttl = engine.split(" TTL ", 1)[1]
+    return ttl.split(" SETTINGS ", 1)[0].strip()
+
+
+def _normal(client, expr: str) -> str:
+    return client.query("SELECT formatQuery({q:String})", parameters={"q": f"SELECT {expr}"}).result_rows[0][0]
+
+
+def apply_retention(client, database: str, ttls: dict[str, str | None], *,
+                    local: Callable[[str], str] = lambda t: t, on_cluster: str = "") -> list[str]:
+    """Set or remove each table's TTL where it differs; returns the statements run. `local` names the
+    table that stores the rows (t_local on a cluster), `on_cluster` is the ON CLUSTER clause there."""
+    ran: list[str] = []
+    for table, expr in ttls.items():
+        name = local(table)
+        current = _current_ttl(client, database, name)
+        if expr is None and current is None:
+            continue
+        if expr is not None and current is not None and _normal(client, current) == _normal(client, expr):
+            continue
+        action = f"MODIFY TTL {expr}" if expr is not None else "REMOVE TTL"
+        sql = f"ALTER TABLE `{database}`.`{name}` {on_cluster} {action}".replace("  ", " ")
+        log.info("retention: %s", sql)
+        client.command(sql)
+        ran.append(sql)
+    return ran
