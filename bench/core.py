@@ -22,7 +22,7 @@ from gpuledger.agents.simcluster import SimSpec, batch_ticks, simulate
 from gpuledger.schemas.models import LifecycleWatermark, NodeWatermark
 from gpuledger.schemas.wire import decode_lifecycle, decode_metered_ticks, decode_node_allocation, encode
 from gpuledger.streams.join import LifecycleRouter, NodeJoin, WatermarkClock
-from gpuledger.streams.pricing import load_ledger_config
+from gpuledger.ledger_files import load_ledger_config
 
 from bench.common import SIZES, say
 
@@ -105,9 +105,9 @@ def _worker_core_class():
 def run_worker_core(messages: list[tuple[str, bytes]], ledger) -> tuple[dict, object]:
     """The same messages through `WorkerCore` (one job-events and one node partition; its
     node-allocations outputs are fed straight back in). Returns counts and the core."""
-    from gpuledger.config import Topics
+    from gpuledger.streams.topic_names import TopicNames
 
-    topics = Topics("")
+    topics = TopicNames.with_prefix("")
     core = _worker_core_class()(topics, partitions_gpu_samples=1, partitions_job_events=1, ledger=ledger)
     counts = {"ticks": 0, "samples": 0, "usage_messages": 0, "usage_bytes": 0}
     offsets = {topics.gpu_samples: 0, topics.node_allocations: 0, topics.job_events: 0}

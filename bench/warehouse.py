@@ -154,7 +154,7 @@ def writer_rows(n: int) -> list[dict]:
     """Usage rows as the sink builds them, from the pure core's UsageBatches, repeated with new ids."""
     from gpuledger.agents.simcluster import simulate
     from gpuledger.streams.join import NodeJoin
-    from gpuledger.streams.pricing import load_ledger_config
+    from gpuledger.ledger_files import load_ledger_config
 
     ledger = load_ledger_config(None)
     template: list[dict] = []

@@ -39,7 +39,7 @@ def cmd_topics(args) -> int:
 
 def cmd_migrate(args) -> int:
     from gpuledger.warehouse.library import sync_library
-    from gpuledger.streams.pricing import load_ledger_config
+    from gpuledger.ledger_files import load_ledger_config
     from gpuledger.warehouse import connect, migrate
 
     settings = _settings(args)
@@ -60,7 +60,7 @@ def cmd_coefficients(args) -> int:
 
     from gpuledger.warehouse.library import add_coefficient, history_rows, sync_library
     from gpuledger.warehouse.reports import render
-    from gpuledger.streams.pricing import load_ledger_config
+    from gpuledger.ledger_files import load_ledger_config
     from gpuledger.warehouse import connect
 
     settings = _settings(args)
@@ -89,7 +89,7 @@ def cmd_rebill(args) -> int:
 
     from gpuledger.warehouse.library import rebill, rebill_bill, sync_library
     from gpuledger.warehouse.reports import render
-    from gpuledger.streams.pricing import load_ledger_config
+    from gpuledger.ledger_files import load_ledger_config
     from gpuledger.warehouse import connect
 
     settings = _settings(args)
@@ -191,7 +191,7 @@ def cmd_report(args) -> int:
     if args.format not in ("table", "json", "csv"):
         raise SystemExit(f"report {args.report} is printed as table, json or csv")
     from gpuledger.warehouse.reports import fetch, render
-    from gpuledger.streams.pricing import load_ledger_config
+    from gpuledger.ledger_files import load_ledger_config
     from gpuledger.warehouse import connect_readonly
 
     filters = _report_filters(args)
@@ -246,7 +246,7 @@ def _report_filters(args) -> dict:
 
 def _periodic_report(args, settings: Settings) -> int:
     from gpuledger.warehouse.periodic import commands as pr
-    from gpuledger.streams.pricing import load_ledger_config
+    from gpuledger.ledger_files import load_ledger_config
     from gpuledger.warehouse import connect_readonly
 
     if args.format not in ("table", "markdown", "html"):
@@ -275,7 +275,7 @@ def cmd_bills(args) -> int:
     """`gpuledger bills close|list|show|audit|publish` (gpuledger/warehouse/bills.py)."""
     from gpuledger.warehouse import bills
     from gpuledger.warehouse.reports import render
-    from gpuledger.streams.pricing import load_ledger_config
+    from gpuledger.ledger_files import load_ledger_config
     from gpuledger.warehouse import connect, connect_readonly
 
     settings = _settings(args)

@@ -66,7 +66,7 @@ def run_embedded(
     stage = on_stage or (lambda _stage: None)
     from gpuledger.agents.publisher import KafkaPublisher
     from gpuledger.warehouse.library import sync_library
-    from gpuledger.streams.pricing import load_ledger_config
+    from gpuledger.ledger_files import load_ledger_config
     from gpuledger.embedded.replay import publish
     from gpuledger.sink.loop import run_sink, sink_topics
     from gpuledger.topics import create_topics
