@@ -23,14 +23,19 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.installed" ]; then
   make install PYTHON="$PYTHON" VENV="$VENV"
 fi
 
+# Downloads are the only step that depends on the network: each tool retries its own transfers
+# (pip --retries, apt Acquire::Retries, npm --fetch-retries), so the check itself runs once.
+PIP_NET=(--retries 10 --timeout 60)
+APT_NET=(-o Acquire::Retries=5)
+
 if [ ! -f "$SS_STAMP" ]; then
   say "installing Superset into $SS_VENV (once; ~2 min)"
   rm -rf "$SS_VENV"
   "$PYTHON" -m venv "$SS_VENV"
-  "$SS_VENV/bin/pip" install -q --upgrade pip
+  "$SS_VENV/bin/pip" install -q "${PIP_NET[@]}" --upgrade pip
   # the [clickhouse] extra pins clickhouse-connect below 1.0: install the dialect and chDB ourselves;
   # rich, cachetools and flask-caching<2.4 are needed at run time by this release
-  "$SS_VENV/bin/pip" install -q "apache-superset==6.1.0" rich cachetools "flask-caching<2.4" \
+  "$SS_VENV/bin/pip" install -q "${PIP_NET[@]}" "apache-superset==6.1.0" rich cachetools "flask-caching<2.4" \
       "clickhouse-connect>=0.8" "chdb-core>=26.0"
   touch "$SS_STAMP"
 fi
@@ -38,15 +43,15 @@ fi
 if ! command -v chromium >/dev/null 2>&1; then
   say "installing chromium (apt)"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq chromium >/dev/null
+  apt-get update -qq "${APT_NET[@]}"
+  apt-get install -y -qq "${APT_NET[@]}" chromium >/dev/null
 fi
 
 if ! command -v node >/dev/null 2>&1; then
   say "installing nodejs and npm (apt)"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq nodejs npm >/dev/null
+  apt-get update -qq "${APT_NET[@]}"
+  apt-get install -y -qq "${APT_NET[@]}" nodejs npm >/dev/null
 fi
 
 if [ ! -f "$NODE_STAMP" ]; then
@@ -54,7 +59,7 @@ if [ ! -f "$NODE_STAMP" ]; then
   mkdir -p "$NODE_DIR"
   [ -f "$NODE_DIR/package.json" ] || echo '{"private": true}' > "$NODE_DIR/package.json"
   # playwright-core only: it drives the system chromium and downloads no browser
-  (cd "$NODE_DIR" && npm install --no-audit --no-fund --silent "playwright-core@1")
+  (cd "$NODE_DIR" && npm install --no-audit --no-fund --silent --fetch-retries 5 "playwright-core@1")
   touch "$NODE_STAMP"
 fi
 
