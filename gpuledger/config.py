@@ -10,24 +10,9 @@ from pathlib import Path
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gpuledger.streams.topic_names import TopicNames
+
 DEFAULT_DATA_DIR = Path(".gpuledger")
-
-
-class Topics:
-    """Topic names, all under one configurable prefix."""
-
-    def __init__(self, prefix: str):
-        self.gpu_samples = f"{prefix}gpu-samples"
-        self.job_events = f"{prefix}job-events"
-        self.scheduler_snapshots = f"{prefix}scheduler-snapshots"
-        self.node_allocations = f"{prefix}node-allocations"  # internal: lifecycle re-keyed by node
-        self.usage = f"{prefix}usage"
-        self.dead_letters = f"{prefix}dead-letters"
-        self.late_events = f"{prefix}late-events"  # late input that was still applied, with the reason
-        self.worker_state = f"{prefix}worker-state"  # internal: worker state snapshots (compacted)
-        self.bills = f"{prefix}bills"  # closed bill rows and adjustments (gpuledger bills close), key: tenant
-        #: internal: every lifecycle event the worker's router accepted (what the sink stores as job events)
-        self.lifecycle_accepted = f"{prefix}lifecycle-accepted"
 
 
 class Settings(BaseSettings):
@@ -120,8 +105,9 @@ class Settings(BaseSettings):
         return values
 
     @cached_property
-    def topics(self) -> Topics:
-        return Topics(self.topic_prefix)
+    def topics(self) -> TopicNames:
+        """Every topic name, under `topic_prefix` (plain data: the worker's core gets this, not the settings)."""
+        return TopicNames.with_prefix(self.topic_prefix)
 
     def partitions(self) -> dict[str, int]:
         """Every topic the ledger needs, with its partition count."""

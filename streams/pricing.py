@@ -1,24 +1,21 @@
 """Ledger configuration as plain data: definitions, unit prices and throughput coefficients.
 
-Pure: loading turns a TOML file into frozen objects; lookups are plain functions of
-(model, time). See docs/accounting.md for the formulas."""
+Pure: `parse_ledger_config` turns a parsed TOML document (a mapping) into frozen objects; lookups
+are plain functions of (model, time). Reading and writing the files is the edge's job
+(gpuledger/ledger_files.py). See docs/accounting.md for the formulas."""
 
 from __future__ import annotations
 
 import bisect
 import hashlib
 import json
-import importlib.resources
 import math
-import tomllib
 from dataclasses import dataclass, field
 from functools import cached_property
 from datetime import date, datetime, timezone
-from pathlib import Path
 
 from gpuledger.streams.watchdefs import WatchDefinitions, parse_watch_definitions
 
-BUNDLED_CONFIG = Path(str(importlib.resources.files("gpuledger") / "ledger_defaults.toml"))
 MS_PER_HOUR = 3_600_000
 JOULES_PER_KWH = 3_600_000.0
 
@@ -402,29 +399,3 @@ def parse_ledger_config(doc: dict, source: str = "<config>") -> LedgerConfig:
         if isinstance(exc, LedgerConfigError):
             raise
         raise LedgerConfigError(f"{source}: {exc}") from None
-
-
-def write_ledger_variant(base: Path | None, target: Path, *, suffix: str, **tables: dict) -> Path:
-    """A copy of the ledger config `base` (None: the bundled one) with `tables` replaced (e.g.
-    execution={...}) and `+suffix` appended to its definition_version, so every record made under
-    it says which definition it used. Written to `target`; returns it."""
-    import tomli_w
-
-    doc = tomllib.loads(Path(base or BUNDLED_CONFIG).read_text())
-    doc.update(tables)
-    doc["definition_version"] = f"{doc['definition_version']}+{suffix}"
-    parse_ledger_config(doc, str(target))  # refuse to write a config the worker would reject
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(tomli_w.dumps(doc))
-    return target
-
-
-def load_ledger_config(path: Path | None = None) -> LedgerConfig:
-    path = Path(path) if path else BUNDLED_CONFIG
-    try:
-        doc = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise LedgerConfigError(f"ledger config {path} not found") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise LedgerConfigError(f"{path}: {exc}") from None
-    return parse_ledger_config(doc, str(path))

@@ -35,7 +35,7 @@ from gpuledger.warehouse import bills, reports
 from gpuledger.config import Settings
 from gpuledger.schemas.models import BillRow, GpuAssignment, JobEvent, UsageBatch, UsageRecord
 from gpuledger.sink.rows import Source, job_event_row, usage_rows
-from gpuledger.streams.pricing import load_ledger_config
+from gpuledger.ledger_files import load_ledger_config
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,8 @@ import pytest
 
 from gpuledger.cli import main
 from gpuledger.warehouse.library import add_coefficient, history_rows, sync_library
-from gpuledger.streams.pricing import BUNDLED_CONFIG, LedgerConfigError, load_ledger_config
+from gpuledger.ledger_files import BUNDLED_CONFIG, load_ledger_config
+from gpuledger.streams.pricing import LedgerConfigError
 from gpuledger.warehouse import connect, migrate
 
 pytestmark = pytest.mark.integration

@@ -29,7 +29,7 @@ from gpuledger.schemas.models import (
     NodeTick,
     ProcessSample,
 )
-from gpuledger.streams.pricing import load_ledger_config
+from gpuledger.ledger_files import load_ledger_config
 from gpuledger.warehouse import connect
 
 pytestmark = pytest.mark.integration

@@ -56,7 +56,7 @@ def ledger():
     from gpuledger.agents.simcluster import SimSpec, simulate
     from gpuledger.config import Settings
     from gpuledger.embedded.pipeline import run_embedded
-    from gpuledger.streams.pricing import load_ledger_config
+    from gpuledger.ledger_files import load_ledger_config
     from gpuledger.integrations.superset import read_grants
     from gpuledger.warehouse import connect, insert_rows
 

@@ -10,7 +10,7 @@ from gpuledger.schemas.models import GpuSample, ProcessSample, UsageRecord
 from gpuledger.schemas.wire import encode
 from gpuledger.streams.attribution import Holder, split_integer
 from gpuledger.streams.attribution import attribute as attribute_dicts
-from gpuledger.streams.pricing import load_ledger_config
+from gpuledger.ledger_files import load_ledger_config
 
 UNIT_LEDGER = Path(__file__).parents[1] / "fixtures" / "unit_ledger.toml"  # never the shipped defaults
 

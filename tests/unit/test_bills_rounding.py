@@ -10,7 +10,7 @@ import pytest
 
 from gpuledger.schemas.models import GpuAssignment, GpuSample, JobEvent, NodeTick
 from gpuledger.streams.join import LifecycleRouter, NodeJoin
-from gpuledger.streams.pricing import load_ledger_config
+from gpuledger.ledger_files import load_ledger_config
 
 GOLDEN = load_ledger_config(Path(__file__).resolve().parents[1] / "golden" / "ledger.toml")
 T0 = 1_762_732_800_000  # 2025-11-10T00:00Z, on a minute

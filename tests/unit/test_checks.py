@@ -10,19 +10,19 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gpuledger.config import Topics
+from gpuledger.streams.topic_names import TopicNames
 from gpuledger.schemas.models import DeadLetter, GpuAssignment, GpuSample, JobEvent, LifecycleWatermark, NodeTick
 from gpuledger.schemas.wire import decode, encode
 from gpuledger.streams.checks import DAY_MS, MIN_EVENT_MS, dead_letter, rows_problem, time_problem
 from gpuledger.streams.core import SOURCE_HEADER, WorkerCore
 from gpuledger.streams.join import LifecycleRouter
-from gpuledger.streams.pricing import load_ledger_config
+from gpuledger.ledger_files import load_ledger_config
 
 UNIT_LEDGER = Path(__file__).parents[1] / "fixtures" / "unit_ledger.toml"  # never the shipped defaults
 
 T0 = 1_793_577_600_000  # 2026-11-02
 S = 1000
-TOPICS = Topics("t.")
+TOPICS = TopicNames.with_prefix("t.")
 GPU = [GpuAssignment(node="n1", gpu_uuid="A")]
 
 

@@ -17,7 +17,8 @@ from gpuledger.schemas.models import (
     ProcessSample,
 )
 from gpuledger.streams.join import NodeJoin
-from gpuledger.streams.pricing import LedgerConfigError, load_ledger_config, parse_definitions
+from gpuledger.ledger_files import load_ledger_config
+from gpuledger.streams.pricing import LedgerConfigError, parse_definitions
 
 FIXTURE_LEDGER = load_ledger_config(Path(__file__).parents[1] / "golden" / "ledger.toml")
 T0 = 1_793_577_600_000

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from gpuledger.schemas.models import GpuAssignment, GpuSample, JobEvent, NodeTick, NodeWatermark
 from gpuledger.streams.join import LifecycleRouter, NodeJoin, WatermarkClock
-from gpuledger.streams.pricing import load_ledger_config
+from gpuledger.ledger_files import load_ledger_config
 
 UNIT_LEDGER = Path(__file__).parents[1] / "fixtures" / "unit_ledger.toml"  # never the shipped defaults
 LEDGER = load_ledger_config(UNIT_LEDGER)
@@ -111,13 +111,13 @@ def test_energy_from_counter_deltas_with_power_fallback():
 
 # --------------------------------------------------------------------------- late, duplicate, out of order
 # The rules of docs/reliability.md, "Late, duplicate and out-of-order data", one test each.
-from gpuledger.config import Topics  # noqa: E402
+from gpuledger.streams.topic_names import TopicNames  # noqa: E402
 from gpuledger.schemas.models import DeadLetter, LifecycleWatermark, UsageBatch  # noqa: E402
 from gpuledger.schemas.wire import decode, encode  # noqa: E402
 from gpuledger.streams.core import WorkerCore  # noqa: E402
 from gpuledger.streams.join import check_event, check_tick  # noqa: E402
 
-TOPICS = Topics("t.")
+TOPICS = TopicNames.with_prefix("t.")
 
 
 def core():

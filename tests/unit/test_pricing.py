@@ -1,6 +1,7 @@
 import pytest
 
-from gpuledger.streams.pricing import LedgerConfigError, load_ledger_config, parse_ledger_config
+from gpuledger.ledger_files import load_ledger_config
+from gpuledger.streams.pricing import LedgerConfigError, parse_ledger_config
 
 DAY = 86_400_000
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gpuledger.config import Topics
+from gpuledger.streams.topic_names import TopicNames
 from gpuledger.schemas.models import (
     DeadLetter,
     GpuSample,
@@ -23,10 +23,10 @@ from gpuledger.schemas.wire import DecodeError, decode, decode_lifecycle, decode
 from gpuledger.streams.attribution import Holder, attribute
 from gpuledger.streams.core import WorkerCore
 from gpuledger.streams.join import NodeJoin, _tick_from_state, _tick_state
+from gpuledger.ledger_files import load_ledger_config
 from gpuledger.streams.pricing import (
     MAX_RECORD_COST_MICROS,
     LedgerConfigError,
-    load_ledger_config,
     parse_ledger_config,
 )
 
@@ -143,7 +143,7 @@ def test_money_values_out_of_bounds_are_refused(change, message):
 
 
 # --------------------------------------------------------------------------- identifiers
-TOPICS = Topics("t.")
+TOPICS = TopicNames.with_prefix("t.")
 
 
 def event_doc(**kw):
@@ -306,7 +306,7 @@ def test_old_price_tables_still_read_and_keep_their_fingerprint():
 
 
 def test_history_older_than_every_entry_is_priced_by_default_not_an_error():
-    from gpuledger.streams.pricing import load_ledger_config
+    from gpuledger.ledger_files import load_ledger_config
     from pathlib import Path
 
     ledger = load_ledger_config(Path(__file__).parents[1] / "golden" / "ledger.toml")

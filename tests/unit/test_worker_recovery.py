@@ -13,19 +13,19 @@ from pathlib import Path
 import pytest
 
 from gpuledger.agents.simcluster import SimSpec, batch_ticks, simulate
-from gpuledger.config import Topics
+from gpuledger.streams.topic_names import TopicNames
 from gpuledger.schemas.models import LifecycleWatermark, NodeWatermark, UsageBatch
 from gpuledger.schemas.wire import decode, encode
 from gpuledger.sink.batching import BatchingSink
 from gpuledger.sink.progress import MemoryProgress
 from gpuledger.sink.rows import Source, usage_rows
 from gpuledger.streams.core import JOIN, ROUTER, WorkerCore
-from gpuledger.streams.pricing import load_ledger_config
+from gpuledger.ledger_files import load_ledger_config
 
 UNIT_LEDGER = Path(__file__).parents[1] / "fixtures" / "unit_ledger.toml"  # never the shipped defaults
 
 LEDGER = load_ledger_config(UNIT_LEDGER)
-TOPICS = Topics("t.")
+TOPICS = TopicNames.with_prefix("t.")
 P_SAMPLES, P_EVENTS = 2, 2
 
 
