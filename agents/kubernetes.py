@@ -1,5 +1,8 @@
 """Kubernetes -> the ledger's lifecycle line and scheduler snapshots, pure (no I/O, no clock).
 
+Why one file: one pure state machine (KubernetesLedger) and the mapping rules it applies; every rule
+reads and writes the same per-job state, and docs/kubernetes.md follows this file's order.
+
 `KubernetesLedger` is fed API objects as plain dicts (exactly what the API server sends: pods,
 Kueue Workloads, ClusterQueues, LocalQueues) and returns `JobEvent`s, `SchedulerSnapshot`s and
 `LifecycleWatermark`s. The agent (agents/kubernetes_agent.py) owns the watches, the kubelet

@@ -1,5 +1,8 @@
 """`gpuledger agent kubernetes`: a Kubernetes cluster's GPU pods and Kueue queues -> the ledger.
 
+Why one file: the agent's I/O edge (watches, PodResources, state file, publishing, its CLI) around
+one loop; each part is short and they share the loop's lifecycle.
+
 The I/O edge around the pure core (agents/kubernetes.py):
 - list + watch (with resourceVersion, bookmarks, a fresh list after 410 Gone, a reconnect from the
   last resourceVersion after a dropped connection) of pods and, with Kueue, Workloads,

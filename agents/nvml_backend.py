@@ -1,5 +1,8 @@
 """The real GPU backend: NVML through pynvml (PyPI `nvidia-ml-py`).
 
+Why one file: one class over one library (pynvml); its queries share the per-GPU support cache and
+the call counter.
+
 The pynvml module is a constructor parameter so that tests can hand in a fake module and
 still run every line here. Cost matters (one seed team saw agent CPU rise 30% at 1 s
 sampling), so the backend:

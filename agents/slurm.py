@@ -1,5 +1,8 @@
 """Slurm → ledger: the pure core of the Slurm agent (no subprocess, no Kafka, no clock reads).
 
+Why one file: one pure state machine from squeue/sinfo/sacct to events; the rules below share the
+per-job state and are read together with docs/slurm.md.
+
 Input: the parsed output of `squeue --json --states=all` and `sinfo --json` (Slurm 22.05,
 openapi v0.0.38), optionally `sacct -P` rows for jobs that left squeue, and the agent's state
 from the previous poll. Output: `JobEvent`s, one `LifecycleWatermark`, a `SchedulerSnapshot`

@@ -1,5 +1,9 @@
 """The agent's local disk spool: every tick is written here first and deleted once Kafka has it.
 
+Why one file: the on-disk format, the queue that writes it and the forwarder that drains it share
+one set of invariants (sequence numbers, cursor, segment rotation); split, each half would have to
+restate them.
+
 Losing metering data is a financial error, so the agent never hands a tick straight to
 Kafka. `Spool` is a bounded, crash-safe, append-only queue on disk; `Forwarder` drains it in
 order through a `KafkaPublisher` and advances the spool's read cursor only on delivery

@@ -1,4 +1,7 @@
 """Dashboards as code: import the Superset bundle (superset/bundle/) into a running Superset, pointed at
+
+Why one file: one integration (Superset's REST API, its bundle and its row-level security) and its
+CLI command.
 the configured warehouse, and turn per-tenant grants into Superset row-level security.
 
     gpuledger superset import --url http://localhost:8088 --username admin --password admin

@@ -1,5 +1,8 @@
 """Closed billing periods (docs/accounting.md §6a, docs/reliability.md "Closed periods").
 
+Why one file: closing, adjusting, publishing and auditing billing days share the closed tables'
+rules (what counts, run ids, horizons) stated once below.
+
 A billing day D of a cluster closes once the warehouse's event-time horizon of that cluster — the
 largest `end_ms` in `usage_raw` for it, i.e. the lifecycle watermark as far as the warehouse has seen
 it (the worker closes usage only behind the watermark) — has reached the end of D plus the grace
