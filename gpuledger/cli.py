@@ -40,13 +40,14 @@ def cmd_topics(args) -> int:
 def cmd_migrate(args) -> int:
     from gpuledger.warehouse.library import sync_library
     from gpuledger.ledger_files import load_ledger_config
-    from gpuledger.warehouse import connect, migrate
+    from gpuledger.warehouse import connect
+    from gpuledger.warehouse.migrations import migrate_configured
 
     settings = _settings(args)
     ledger = load_ledger_config(settings.ledger_config)
     client = connect(settings)
     try:
-        applied = migrate(client, settings.database)
+        applied = migrate_configured(client, settings)  # cluster rendering and retention TTLs as configured
         synced = sync_library(client, settings.database, ledger)
     finally:
         client.close()

@@ -47,6 +47,17 @@ class Settings(BaseSettings):
     ledger_config: Path | None = Field(None, description="TOML file with definitions, prices and coefficients (default: the bundled one)")
     bills_close_grace_s: float = Field(21600.0, ge=0, description="a billing day of a cluster closes once the warehouse's event-time horizon of the cluster (max end_ms of usage_raw) has passed the day's end by this much, seconds")
     bills_adjust_lookback_days: int = Field(62, ge=1, description="each close run recomputes this many of the latest closed days of a cluster and books the differences as adjustments")
+    # retention (docs/retention.md): days each table keeps rows, applied as TTLs by `gpuledger migrate`; 0 keeps them
+    retention_health_days: int = Field(14, ge=0, description="days gpu_health keeps per-sample rows (longer history: gpu_health_hourly)")
+    retention_hourly_days: int = Field(730, ge=0, description="days the hourly per-GPU aggregates (gpu_health_hourly, usage_gpu_hourly) keep rows")
+    retention_load_5m_days: int = Field(90, ge=0, description="days the 5-minute per-GPU load history (usage_gpu_5m) keeps rows")
+    retention_usage_days: int = Field(2557, ge=0, description="days usage_raw, job_events and job_idle_segments keep rows (bills, adjustments and re-bills are computed from them); 0 or more than BILLS_ADJUST_LOOKBACK_DAYS + 7")
+    retention_ops_days: int = Field(400, ge=0, description="days scheduler_snapshots, scheduler_preemptions and node_inventory keep rows")
+    retention_bills_days: int = Field(0, ge=0, description="days the bill tables (daily bill grain, closed bills, adjustments, re-bills) keep rows")
+    clickhouse_cluster: str = Field("", pattern=r"^[A-Za-z0-9_\-]*$", description="ClickHouse cluster name: `gpuledger migrate` renders every migration for it (Replicated tables, ON CLUSTER, Distributed tables); empty: one server")
+    topic_retention_input_days: float = Field(62.0, gt=0, description="retention of the input topics (gpu-samples, job-events, scheduler-snapshots), days: long enough to rebuild any day a close run may still adjust")
+    topic_retention_output_days: float = Field(14.0, gt=0, description="retention of the ledger's output and internal topics (usage, lifecycle-accepted, node-allocations), days")
+    topic_retention_diagnostics_days: float = Field(30.0, gt=0, description="retention of dead-letters, late-events, bills, alerts and reclaim suggestions, days")
 
     # --- Worker / agent
     worker_app_id: str = Field("gpuledger-worker", description="Faust application id (consumer group)")
@@ -89,6 +100,15 @@ class Settings(BaseSettings):
     kubernetes_watch_timeout_s: float = Field(30.0, gt=0, description="length of one watch request, seconds")
     kubernetes_snapshot_interval_s: float = Field(30.0, gt=0, description="seconds between scheduler snapshots")
     kubernetes_state_file: Path | None = Field(None, description="the agent's state file (default: DATA_DIR/kubernetes-agent-<cluster>.json)")
+
+    @model_validator(mode="after")
+    def _usage_outlives_adjustments(self):
+        # a close run recomputes the latest closed days from usage_raw; rows expired under it would
+        # turn into bogus negative adjustments
+        if 0 < self.retention_usage_days <= self.bills_adjust_lookback_days + 7:
+            raise ValueError(f"GPULEDGER_RETENTION_USAGE_DAYS={self.retention_usage_days} must be 0 or more than "
+                             f"GPULEDGER_BILLS_ADJUST_LOOKBACK_DAYS + 7 = {self.bills_adjust_lookback_days + 7}")
+        return self
 
     @model_validator(mode="before")
     @classmethod

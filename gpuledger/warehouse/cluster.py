@@ -137,9 +137,8 @@ class ClusterRenderer:
             out = [canonical]
         else:
             raise RenderError(f"no cluster rendering for statement:\n{canonical}")
-        for sql in out:
-            self.parse(sql)  # every rendered statement must parse
-        return out
+        # every rendered statement must parse; what is returned is ClickHouse's own text of it
+        return [self.parse(sql) for sql in out]
 
     def _table(self, canonical: str, m: re.Match) -> list[str]:
         name = _ident(m.group(2))

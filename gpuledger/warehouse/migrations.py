@@ -9,6 +9,8 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 from gpuledger.warehouse.client import WarehouseError, checked_identifier
+from gpuledger.warehouse.cluster import LOCAL_SUFFIX, ClusterRenderer, server_formatter
+from gpuledger.warehouse.retention import apply_retention, wanted_ttls
 
 
 
@@ -101,24 +103,33 @@ def applied_migrations(client, database: str) -> dict[str, dict]:
     return {r["version"]: r for r in rows.named_results()}
 
 
-def migrate(client, database: str) -> list[str]:
+def migrate(client, database: str, *, cluster: str | None = None,
+            retention: dict[str, str | None] | None = None) -> list[str]:
     """Apply pending migrations in order; returns the versions applied now ([] when up to date).
 
     Each file is recorded in `schema_migrations` with the sha256 of its SQL (`sql_checksum`: whole-line
     comments left out) after all its statements ran; statements are IF NOT EXISTS, so a file
     interrupted halfway is safe to run again. Refuses to run when the SQL of a file already applied
     has changed: add a new migration. A checksum recorded under the earlier whole-file rule is
-    re-recorded (a newer row) under this one."""
+    re-recorded (a newer row) under this one.
+
+    `cluster` (GPULEDGER_CLICKHOUSE_CLUSTER) renders every statement for that ClickHouse cluster
+    (gpuledger/warehouse/cluster.py); `retention` (table -> TTL expression or None, from
+    retention.wanted_ttls) is applied after the migrations (gpuledger/warehouse/retention.py)."""
     db = checked_identifier(database, "database")
-    client.command(f"CREATE DATABASE IF NOT EXISTS `{db}`")
+    renderer = ClusterRenderer(cluster, db, server_formatter(client)) if cluster else None
+    on_cluster = f" ON CLUSTER `{cluster}`" if cluster else ""
+    client.command(f"CREATE DATABASE IF NOT EXISTS `{db}`{on_cluster}")
     previous = client.database
     client.database = db  # unqualified names in the DDL resolve here (USE on chDB)
     try:
-        client.command(
-            f"CREATE TABLE IF NOT EXISTS `{db}`.{MIGRATIONS_TABLE} "
+        create_records = (
+            f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} "
             "(version String, name String, checksum String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) "
             "ENGINE = MergeTree ORDER BY version"
         )
+        for statement in renderer.render(create_records) if renderer else [create_records]:
+            client.command(statement)
         applied = applied_migrations(client, db)
         migrations = load_migrations()
         earlier = [mg for mg in migrations
@@ -128,16 +139,22 @@ def migrate(client, database: str) -> list[str]:
             _record(client, db, mg)
         now: list[str] = []
         for mg in migrations:
+            # on a cluster every file is rendered, applied or not: the renderer learns the tables
+            statements = ([sql for st in mg.statements() for sql in renderer.render(st)] if renderer
+                          else mg.statements())
             if mg.version in applied:
                 continue
-            log.info("applying migration %s_%s to %s", mg.version, mg.name, db)
-            for statement in mg.statements():
+            log.info("applying migration %s_%s to %s%s", mg.version, mg.name, db, on_cluster)
+            for statement in statements:
                 try:
                     client.command(statement)
                 except Exception as exc:
                     raise WarehouseError(f"migration {mg.version}_{mg.name} failed: {exc}") from exc
             _record(client, db, mg)
             now.append(mg.version)
+        if retention is not None:
+            apply_retention(client, db, retention, local=(lambda t: t + LOCAL_SUFFIX) if cluster else (lambda t: t),
+                            on_cluster=on_cluster.strip())
         return now
     finally:
         if previous and previous != db:
@@ -147,3 +164,9 @@ def migrate(client, database: str) -> list[str]:
 def _record(client, db: str, mg: Migration) -> None:
     client.insert(MIGRATIONS_TABLE, [[mg.version, mg.name, mg.checksum]], column_names=["version", "name", "checksum"],
                   database=db)
+
+
+def migrate_configured(client, settings) -> list[str]:
+    """`migrate` as configured: for GPULEDGER_CLICKHOUSE_CLUSTER when set, with the GPULEDGER_RETENTION_* TTLs."""
+    return migrate(client, settings.database, cluster=settings.clickhouse_cluster or None,
+                   retention=wanted_ttls(settings))
