@@ -238,7 +238,7 @@ class LedgerConfig:
         costs more than MAX_RECORD_COST_MICROS."""
         if entry.model != model and self.unpriced_policy == "zero":
             return 0
-        terms = self._cost_terms.get(entry.version) or self._cost_terms.setdefault(entry.version, self._terms_of(entry))
+        terms = self._cost_terms.get(entry.version) or self._cost_terms.setdefault(entry.version, self.cost_terms_of(entry))
         per_hour, include_power, cooling = terms
         fixed = per_hour * duration_ms / MS_PER_HOUR
         power = 0.0
@@ -254,7 +254,7 @@ class LedgerConfig:
         """price version -> (fixed cost per hour, power included, cooling factor): filled on first use (hot path)."""
         return {}
 
-    def _terms_of(self, entry: PriceEntry) -> tuple[float, bool, float]:
+    def cost_terms_of(self, entry: PriceEntry) -> tuple[float, bool, float]:
         price, d = entry.price, self.definitions
         per_hour = (price.depreciation_per_hour if d.include_depreciation else 0.0) + \
                    (price.maintenance_per_hour if d.include_maintenance else 0.0)

@@ -180,7 +180,7 @@ def rebill(client, database: str, ledger: LedgerConfig, day_from: date, day_to: 
         if "default" not in prices:
             raise LedgerConfigError(f"no 'default' price valid on {as_of}")
         priced = sorted(m for m in prices if m != "default")
-        terms = {m: ledger._terms_of(prices[m]) for m in [*priced, "default"]}  # (per hour, power?, cooling)
+        terms = {m: ledger.cost_terms_of(prices[m]) for m in [*priced, "default"]}  # (per hour, power?, cooling)
         params.update(
             priced=priced, per_hour=[terms[m][0] for m in priced], price_versions=[prices[m].version for m in priced],
             default_per_hour=terms["default"][0], default_price_version=prices["default"].version,
