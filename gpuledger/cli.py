@@ -116,6 +116,32 @@ def cmd_worker(args) -> int:
     return 0
 
 
+def cmd_watch(args) -> int:
+    import signal
+    import threading
+
+    from gpuledger.watch import EXIT_RECOVER, WatchError, run_watch
+
+    stop = threading.Event()  # SIGTERM/SIGINT: snapshot what was read, then exit
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        stats = run_watch(_settings(args), stop=stop, until_caught_up=args.until_caught_up)
+    except WatchError as exc:
+        print(f"gpuledger watch: {exc}; exiting to restart from the last snapshot", file=sys.stderr)
+        return EXIT_RECOVER
+    print(json.dumps(stats, default=str))
+    return 0
+
+
+def cmd_tail(args) -> int:
+    from gpuledger.watch import tail_alerts
+
+    tail_alerts(_settings(args), as_json=args.json, from_beginning=args.from_beginning, max_messages=args.max,
+                idle_timeout_s=args.idle_timeout)
+    return 0
+
+
 def cmd_sink(args) -> int:
     from gpuledger.metrics import start_metrics_server
     from gpuledger.sink.loop import run_sink
@@ -409,6 +435,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("sink", cmd_sink, "move ledger output and lifecycle data from Kafka into ClickHouse", kafka=True, warehouse=True)
     p.add_argument("--until-caught-up", action="store_true", help="exit once every partition is consumed")
+
+    p = add("watch", cmd_watch, "run the watcher: behaviour alerts and reclaim suggestions from the ledger's output "
+                                "(docs/alerts.md)", kafka=True)
+    p.add_argument("--until-caught-up", action="store_true", help="exit once every input partition is consumed")
+
+    p = add("tail", cmd_tail, "print the ledger's alerts and reclaim suggestions as they arrive", kafka=True)
+    p.add_argument("what", choices=["alerts"], help="alerts: the alerts and reclaim-suggestions topics")
+    p.add_argument("--json", action="store_true", help="one JSON message per line instead of a sentence")
+    p.add_argument("--from-beginning", action="store_true", help="start at the oldest message, not the newest")
+    p.add_argument("--max", type=int, help="exit after this many messages")
+    p.add_argument("--idle-timeout", type=float, help="exit after this many seconds without a message")
 
     p = add("agent", cmd_agent, "run an agent: 'gpu' samples GPUs with NVML (or the simulated backend); 'slurm' and "
                                 "'kubernetes' read a scheduler; 'dcgm' reads a dcgm-exporter endpoint", kafka=True)

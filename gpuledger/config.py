@@ -144,6 +144,11 @@ class Settings(BaseSettings):
             t.lifecycle_accepted: self.partitions_job_events,  # partition n holds job-events partition n's
             # one partition per join partition, then one per router (job-events) partition
             t.worker_state: self.partitions_gpu_samples + self.partitions_job_events,
+            # behaviour alerts and reclaim suggestions (gpuledger watch): one partition each, in order;
+            # the watcher's state is one snapshot
+            t.alerts: 1,
+            t.reclaim_suggestions: 1,
+            t.watch_state: 1,
         }
 
     def kafka_client_config(self) -> dict[str, str]:

@@ -61,16 +61,19 @@ def faust_broker_credentials(settings: Settings):
     return faust.SSLCredentials(ssl_context)
 
 
-def read_last_snapshot(settings: Settings, partition: int, timeout_s: float = 30.0) -> bytes | None:
-    """The latest message of one worker-state partition (None when there is none)."""
+def read_last_snapshot(settings: Settings, partition: int, timeout_s: float = 30.0,
+                       topic: str | None = None) -> bytes | None:
+    """The latest message of one worker-state partition (None when there is none); `topic`: another
+    state topic read the same way (the watcher's, gpuledger/watch.py)."""
+    topic = topic or settings.topics.worker_state
     consumer = Consumer({**settings.kafka_client_config(), "group.id": f"{settings.worker_app_id}-state-reader",
                          "enable.auto.commit": False})
     try:
-        tp = TopicPartition(settings.topics.worker_state, partition)
+        tp = TopicPartition(topic, partition)
         low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
         if high <= low:
             return None
-        consumer.assign([TopicPartition(settings.topics.worker_state, partition, high - 1)])
+        consumer.assign([TopicPartition(topic, partition, high - 1)])
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             msg = consumer.poll(0.5)

@@ -24,6 +24,11 @@ class TopicNames:
     bills: str  # closed bill rows and adjustments (gpuledger bills close), key: tenant
     #: internal: every lifecycle event the worker's router accepted (what the sink stores as job events)
     lifecycle_accepted: str
+    #: behaviour alerts, key: job id; reclaim suggestions, key: queue (gpuledger watch; docs/alerts.md)
+    alerts: str
+    reclaim_suggestions: str
+    #: internal: the watcher's state snapshots (compacted)
+    watch_state: str
 
     @classmethod
     def with_prefix(cls, prefix: str) -> TopicNames:
@@ -38,4 +43,7 @@ class TopicNames:
             worker_state=f"{prefix}worker-state",
             bills=f"{prefix}bills",
             lifecycle_accepted=f"{prefix}lifecycle-accepted",
+            alerts=f"{prefix}alerts",
+            reclaim_suggestions=f"{prefix}reclaim-suggestions",
+            watch_state=f"{prefix}watch-state",
         )

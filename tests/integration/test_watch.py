@@ -1,0 +1,152 @@
+"""The watcher on the real broker (Tansu): `gpuledger watch` reads the ledger's usage output, the
+accepted lifecycle events and the scheduler snapshots, and publishes the exact alerts and reclaim
+suggestions worked out in docs/alerts.md; a restart resumes from its snapshot without publishing
+anything twice; `gpuledger tail alerts` prints them.
+
+The inputs are published phase by phase (lifecycle, then the usage the worker would emit after
+them), as the worker orders them in production: its usage waits for the lifecycle watermark."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+import orjson
+import pytest
+from confluent_kafka import Producer
+
+from gpuledger.embedded.processes import read_topic, settings_env
+from gpuledger.schemas.models import (
+    Alert,
+    JobEvent,
+    PendingByPriority,
+    QueueState,
+    ReclaimSuggestion,
+    SchedulerSnapshot,
+    UsageRecord,
+)
+from gpuledger.schemas.wire import encode
+from gpuledger.topics import create_topics
+from gpuledger.watch import run_watch, tail_alerts
+
+pytestmark = pytest.mark.integration
+
+MIN = 60_000
+T0 = 29_893_000 * MIN  # 2026-11-02T...: a whole minute
+GIB = 1 << 30
+
+
+def record(gpu, start, *, state="executing", job="train-1", util=90.0, queue="batch", cost=0):
+    return UsageRecord(
+        record_id=f"{gpu}/{start}/0", cluster="c1", node="n1", gpu_uuid=gpu, gpu_model="A100-80GB", start_ms=start,
+        end_ms=start + MIN, state=state, job_id=job, attempt=0, tenant="acme", queue=queue, share_milli=1000,
+        gpu_ms=MIN, util_pct=util, mem_used_bytes=10 * GIB, coefficient=2.3, coefficient_version="A100-80GB@2020-01-01",
+        effective_gpu_ms=round(2.3 * MIN), cost_micros=cost, definition_version="defaults-test",
+        ).model_dump(mode="json")
+
+
+def event(kind, minute, job="train-1"):
+    return JobEvent(event_id=f"{job}-{kind}-{minute}", ts_ms=T0 + minute * MIN, kind=kind, cluster="c1", job_id=job,
+                    tenant="acme", queue="batch")
+
+
+def publish(settings, messages) -> None:
+    producer = Producer(settings.kafka_client_config())
+    for topic, key, value in messages:
+        producer.produce(topic, key=key, value=value)
+    assert producer.flush(30) == 0
+
+
+def lifecycle(settings, *events):
+    publish(settings, [(settings.topics.lifecycle_accepted, e.job_id.encode(), encode(e)) for e in events])
+
+
+def usage(settings, minutes, records_of):
+    publish(settings, [(settings.topics.usage, b"n1", orjson.dumps({"schema_version": 1, "node": "n1",
+                                                                    "records": records_of(T0 + m * MIN, m)}))
+                       for m in minutes])
+
+
+def watch(settings) -> dict:
+    return run_watch(settings, until_caught_up=True)
+
+
+def alerts(settings) -> list[Alert]:
+    return [Alert.model_validate_json(v) for _, v in read_topic(settings, settings.topics.alerts)]
+
+
+def test_load_train_checkpoint_hang_recover(settings):
+    create_topics(settings)
+    lifecycle(settings, event("allocated", 0), event("started", 0), event("checkpoint_begin", 45),
+              event("checkpoint_end", 50))
+    watch(settings)
+
+    def phase(m):  # load, train, checkpoint, hang (memory held), train again
+        return 5.0 if m < 15 else 95.0 if m < 45 else 30.0 if m < 50 else 0.0 if m < 70 else 95.0
+
+    usage(settings, range(0, 55), lambda t, m: [record(g, t, util=phase(m)) for g in ("GPU-a", "GPU-b")])
+    # the watch command itself, as a process: it stops at the end of its input, snapshotting first
+    done = subprocess.run([sys.executable, "-m", "gpuledger.cli", "watch", "--until-caught-up"],
+                          env=settings_env(settings), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert alerts(settings) == []  # nothing yet: the checkpoint is no drop, the hang is 5 min old
+    # restarted from its snapshot: the rest of the job
+    usage(settings, range(55, 80), lambda t, m: [record(g, t, util=phase(m)) for g in ("GPU-a", "GPU-b")])
+    counters = watch(settings)
+    assert counters.get("redelivered", 0) == 0 and counters["snapshots"] >= 1  # resumed after its snapshot
+    lifecycle(settings, event("completed", 80))
+    watch(settings)
+    got = [(a.rule, a.status, a.opened_at_ms - T0, (a.closed_at_ms or T0) - T0, a.gpus) for a in alerts(settings)]
+    assert got == [("util_drop", "open", 60 * MIN, 0, ["GPU-a", "GPU-b"]),
+                   ("hung", "open", 60 * MIN, 0, ["GPU-a", "GPU-b"]),
+                   ("util_drop", "closed", 60 * MIN, 71 * MIN, ["GPU-a", "GPU-b"]),
+                   ("hung", "closed", 60 * MIN, 71 * MIN, ["GPU-a", "GPU-b"])]
+    opened, closed = alerts(settings)[0], alerts(settings)[2]
+    assert opened.alert_id == closed.alert_id and opened.tenant == "acme" and opened.job_id == "train-1"
+    assert opened.definition_version.endswith("/util_drop.v1")
+    # a third run has nothing new to say
+    watch(settings)
+    assert len(alerts(settings)) == 4
+
+    printed = io.StringIO()
+    assert tail_alerts(settings, out=printed, from_beginning=True, max_messages=4, idle_timeout_s=20) == 4
+    lines = printed.getvalue().splitlines()
+    assert "ALERT OPEN   util_drop c1/train-1#0 tenant=acme gpus=GPU-a,GPU-b" in lines[0]
+    assert "ALERT CLOSED hung" in lines[3] and "the job is working again" in lines[3]
+
+
+def snapshot(minute, pending_gpus):
+    return SchedulerSnapshot(cluster="c1", ts_ms=T0 + minute * MIN, queues=[
+        QueueState(queue="batch", priority=0, quota_gpus=8, allocated_gpus=4, pending_jobs=0, pending_gpus=0),
+        QueueState(queue="prod", priority=10, quota_gpus=8, allocated_gpus=0, pending_jobs=1 if pending_gpus else 0,
+                   pending_gpus=pending_gpus,
+                   pending_by_priority=[PendingByPriority(priority=10, jobs=1, gpus=pending_gpus)] if pending_gpus else [])])
+
+
+def queue_records(t, m):
+    recs = [record(g, t, state="allocated_idle", job="idle-job", util=0.0, cost=1000) for g in ("GPU-1", "GPU-2", "GPU-3")]
+    return recs + [record("GPU-4", t, job="busy-job")]
+
+
+def test_reclaim_suggestion_and_its_withdrawal(settings):
+    create_topics(settings)
+    lifecycle(settings, event("started", 0, job="idle-job"), event("started", 0, job="busy-job"))
+    publish(settings, [(settings.topics.scheduler_snapshots, b"c1", encode(snapshot(m, 2.0))) for m in (0, 10, 20, 30)])
+    watch(settings)
+    usage(settings, range(0, 36), queue_records)
+    watch(settings)
+    publish(settings, [(settings.topics.scheduler_snapshots, b"c1", encode(snapshot(36, 0.0)))])
+    watch(settings)
+    usage(settings, range(36, 40), queue_records)
+    watch(settings)
+    got = [ReclaimSuggestion.model_validate_json(v) for _, v in read_topic(settings, settings.topics.reclaim_suggestions)]
+    assert [(s.status, s.opened_at_ms - T0, s.withdrawn_at_ms and s.withdrawn_at_ms - T0) for s in got] == \
+        [("open", 30 * MIN, None), ("withdrawn", 30 * MIN, 36 * MIN)]
+    opened = got[0]
+    # executing: 1 of 4 GPUs for the whole 30-min window; the idle job, 3 GPUs idle for the 31 minutes seen
+    assert opened.execution_rate == 0.25 and opened.window_ms == 30 * MIN
+    assert [(j.job_id, j.gpus, j.execution_rate, j.idle_cost_micros) for j in opened.jobs] == \
+        [("idle-job", ["GPU-1", "GPU-2", "GPU-3"], 0.0, 3 * 31 * 1000)]
+    assert (opened.gpus_freed, opened.waiting_demand.gpus, opened.waiting_demand.priority) == (3.0, 2.0, 10)
+    assert got[1].suggestion_id == opened.suggestion_id and "no higher-priority work waits" in got[1].message
