@@ -443,6 +443,9 @@ class NodeJoin:
     unknown_reported_ms: int = 0
     #: gpu_uuid -> its open segment (records not emitted yet: part of the state)
     segments: dict[str, Segment] = field(default_factory=dict)
+    #: start times of the pending ticks a restored snapshot left out, until they are read again: no
+    #: flush may close a segment such a tick would have extended (sorted)
+    awaiting_ms: list[int] = field(default_factory=list)
 
     # -- input
     def add_tick(self, tick: MeteredTick | NodeTick, offset: int | None = None) -> Verdict:
@@ -458,6 +461,8 @@ class NodeJoin:
             return Verdict(REJECTED, f"late tick: {self.node} ts_ms={tick.ts_ms} is before the closed horizon "
                                      f"{self.closed_until_ms} and was never seen")
         self.cluster = tick.cluster
+        if self.awaiting_ms and tick.ts_ms in self.awaiting_ms:
+            self.awaiting_ms.remove(tick.ts_ms)
         pending = self.pending_ticks
         if not pending or pending[-1].ts_ms < tick.ts_ms:  # the usual case: the next tick in order
             pending.append(tick)
@@ -694,6 +699,10 @@ class NodeJoin:
         late (rejected, like any tick behind the horizon; docs/accounting.md "Segments")."""
         limit = data_ms - ledger.segment_flush_after_ms
         first_pending = self.pending_ticks[0].ts_ms if self.pending_ticks else None
+        if self.awaiting_ms:  # a tick left out of the snapshot and not read again yet counts as pending
+            self.awaiting_ms = [ts for ts in self.awaiting_ms if ts >= self.closed_until_ms]
+            if self.awaiting_ms and (first_pending is None or self.awaiting_ms[0] < first_pending):
+                first_pending = self.awaiting_ms[0]
         records: list[dict] = []
         for uuid, seg in list(self.segments.items()):
             if seg.window_end_ms <= limit and (first_pending is None or first_pending >= seg.window_end_ms):
@@ -737,6 +746,8 @@ class NodeJoin:
             "quiet_since": self.judge.to_state(),
             "unknown_reported_ms": self.unknown_reported_ms,
             "segments": {gpu: seg.to_state() for gpu, seg in self.segments.items()},
+            "awaiting_ms": sorted({*self.awaiting_ms, *(t.ts_ms for t, o in zip(self.pending_ticks, self.pending_offsets)
+                                                         if o is not None)}),
         }
 
     @classmethod
@@ -762,4 +773,5 @@ class NodeJoin:
             judge=ExecutionJudge.from_state(state.get("quiet_since")),
             unknown_reported_ms=state.get("unknown_reported_ms", 0),
             segments={gpu: Segment.from_state(seg) for gpu, seg in state.get("segments", {}).items()},
+            awaiting_ms=list(state.get("awaiting_ms", [])),
         )
