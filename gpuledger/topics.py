@@ -1,23 +1,77 @@
-"""`gpuledger topics create|list`: the ledger's topics, created explicitly (never auto-created)."""
+"""`gpuledger topics create|list`: the ledger's topics, created explicitly (never auto-created), each with
+its retention and durability configured (docs/retention.md, "Topics"), never the broker's defaults."""
 
 from __future__ import annotations
 
 import logging
 
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic, ResourceType
 
 from gpuledger.config import Settings
 
 log = logging.getLogger(__name__)
 
+DAY_MS = 86_400_000
+
+#: topic kind -> TopicNames attributes. Input topics are the only source a rebuild replays; output and
+#: internal topics can be made again from them; diagnostics are read by people and downstream systems;
+#: state topics hold snapshots (compacted: the latest per key is kept, however old).
+KINDS: dict[str, tuple[str, ...]] = {
+    "input": ("gpu_samples", "job_events", "scheduler_snapshots", "job_progress"),
+    "output": ("usage", "lifecycle_accepted", "node_allocations"),
+    "diagnostics": ("dead_letters", "late_events", "bills", "alerts", "reclaim_suggestions", "approvals"),
+    "state": ("worker_state", "watch_state"),
+}
+
+
+def topic_kind(settings: Settings, name: str) -> str:
+    for kind, attrs in KINDS.items():
+        if any(getattr(settings.topics, a, None) == name for a in attrs):
+            return kind
+    raise ValueError(f"topic {name} has no retention class (add it to gpuledger.topics.KINDS)")
+
+
+def min_insync_replicas(replication_factor: int) -> int | None:
+    """A majority of the replicas must have a write (producers use acks=all), where a majority still
+    leaves a replica to lose: from 3 replicas on. With 1 or 2 the broker default (1) stays."""
+    return replication_factor // 2 + 1 if replication_factor >= 3 else None
+
+
+def topic_config(settings: Settings, name: str) -> dict[str, str]:
+    """The configs `topics create` sets on one topic."""
+    kind = topic_kind(settings, name)
+    if kind == "state":
+        config = {"cleanup.policy": "compact", "retention.ms": "-1"}
+    else:
+        days = {"input": settings.topic_retention_input_days, "output": settings.topic_retention_output_days,
+                "diagnostics": settings.topic_retention_diagnostics_days}[kind]
+        config = {"cleanup.policy": "delete", "retention.ms": str(int(days * DAY_MS))}
+    isr = min_insync_replicas(settings.replication_factor)
+    if isr is not None:
+        config["min.insync.replicas"] = str(isr)
+    return config
+
+
+def _differing(admin: AdminClient, name: str, wanted: dict[str, str], timeout_s: float) -> dict[str, str]:
+    """The wanted configs an existing topic does not have (all of them where the broker cannot say)."""
+    try:
+        (future,) = admin.describe_configs([ConfigResource(ResourceType.TOPIC, name)]).values()
+        have = {k: e.value for k, e in future.result(timeout=timeout_s).items()}
+    except Exception as exc:  # a broker without DescribeConfigs
+        log.warning("cannot read the configs of topic %s (%s); setting them", name, exc)
+        have = {}
+    return {k: v for k, v in wanted.items() if have.get(k) != v}
+
 
 def create_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, str]:
-    """Create every topic of the ledger with its configured partition count.
+    """Create every topic of the ledger with its configured partition count and configs; an existing
+    topic gets the configs it lacks.
 
-    Returns topic -> 'created' | 'exists'. An existing topic with a different partition
+    Returns topic -> 'created' | 'exists' | 'updated'. An existing topic with a different partition
     count is an error: co-partitioning of gpu-samples and node-allocations depends on it."""
     admin = AdminClient(settings.kafka_client_config())
     wanted = settings.partitions()
+    configs = {name: topic_config(settings, name) for name in wanted}
     existing = admin.list_topics(timeout=timeout_s).topics
     result: dict[str, str] = {}
     to_create = []
@@ -27,10 +81,19 @@ def create_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, str]
             if have != partitions:
                 raise RuntimeError(f"topic {name} exists with {have} partitions, configuration says {partitions}")
             result[name] = "exists"
+            differing = _differing(admin, name, configs[name], timeout_s)
+            if differing:
+                entries = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in differing.items()]
+                (future,) = admin.incremental_alter_configs(
+                    [ConfigResource(ResourceType.TOPIC, name, incremental_configs=entries)]).values()
+                try:
+                    future.result(timeout=timeout_s)
+                except Exception as exc:
+                    raise RuntimeError(f"could not set configs {differing} on topic {name}: {exc}") from exc
+                result[name] = "updated"
         else:
-            config = {"cleanup.policy": "compact"} if name == settings.topics.worker_state else {}
             to_create.append(NewTopic(name, num_partitions=partitions, replication_factor=settings.replication_factor,
-                                      config=config))
+                                      config=configs[name]))
     if to_create:
         for name, future in admin.create_topics(to_create, operation_timeout=timeout_s).items():
             try:

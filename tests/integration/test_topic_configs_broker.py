@@ -1,0 +1,35 @@
+"""`gpuledger topics create` against the Tansu broker: the configs it sets are the ones the broker
+reports (DescribeConfigs), and a second run with other retention updates existing topics."""
+
+from __future__ import annotations
+
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
+import pytest
+
+from gpuledger.topics import create_topics, topic_config, topic_kind
+
+pytestmark = pytest.mark.integration
+
+
+def described(settings, name: str) -> dict[str, str]:
+    admin = AdminClient(settings.kafka_client_config())
+    (future,) = admin.describe_configs([ConfigResource(ResourceType.TOPIC, name)]).values()
+    return {k: e.value for k, e in future.result(timeout=10).items()}
+
+
+def test_topics_are_created_with_their_configs_and_updated(broker, make_settings):
+    settings = make_settings(kafka_bootstrap=broker.bootstrap, topic_retention_input_days=30)
+    result = create_topics(settings)
+    assert set(result.values()) == {"created"}
+    for name in settings.partitions():
+        have = described(settings, name)
+        assert {k: have.get(k) for k in topic_config(settings, name)} == topic_config(settings, name), name
+    assert create_topics(settings) == {name: "exists" for name in settings.partitions()}
+    longer = make_settings(kafka_bootstrap=broker.bootstrap, topic_prefix=settings.topic_prefix,
+                           topic_retention_input_days=90)
+    again = create_topics(longer)
+    inputs = {n for n in longer.partitions() if topic_kind(longer, n) == "input"}
+    assert longer.topics.gpu_samples in inputs and longer.topics.job_events in inputs
+    assert {n for n, r in again.items() if r == "updated"} == inputs
+    assert described(longer, longer.topics.gpu_samples)["retention.ms"] == str(90 * 86_400_000)
