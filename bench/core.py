@@ -129,7 +129,8 @@ def run_worker_core(messages: list[tuple[str, bytes]], ledger) -> tuple[dict, ob
             offset = offsets[topics.job_events]
             offsets[topics.job_events] += 1
             for out in core.on_lifecycle(0, offset, raw):
-                node(topics.node_allocations, out.value)
+                if out.topic == topics.node_allocations:  # (lifecycle-accepted goes to the sink)
+                    node(topics.node_allocations, out.value)
     return counts, core
 
 

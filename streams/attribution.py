@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import bisect
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -189,6 +191,23 @@ class RecordMaker:
         self.node = node
         self.metric = ledger.definitions.utilization_metric
         self._templates: dict[tuple[str, str], dict] = {}
+        #: model -> (from, until, price entry, coefficient entry): the entries valid in [from, until)
+        self._entries: dict[str, tuple[float, float, object, object]] = {}
+
+    def entries(self, model: str, ts_ms: int):
+        """(price entry, coefficient entry) valid at ts_ms, remembered until either history changes
+        (the hot path asks for every GPU of every tick)."""
+        cached = self._entries.get(model)
+        if cached is not None and cached[0] <= ts_ms < cached[1]:
+            return cached[2], cached[3]
+        ledger = self.ledger
+        bounds = sorted({e.valid_from_ms for history in (ledger.price_history, ledger.coefficients)
+                         for name in (model, "default") for e in history.get(name, ())})
+        i = bisect.bisect_right(bounds, ts_ms)
+        price, coef = ledger.price_at(model, ts_ms), ledger.coefficient_at(model, ts_ms)
+        self._entries[model] = (bounds[i - 1] if i else -math.inf, bounds[i] if i < len(bounds) else math.inf,
+                                price, coef)
+        return price, coef
 
     def _template(self, gpu: Gpu, coef, price) -> dict:
         key = (gpu.gpu_uuid, coef.version, price.version)
@@ -218,9 +237,8 @@ class RecordMaker:
         if duration <= 0:
             return None
         ledger = self.ledger
-        price = ledger.price_at(gpu.model, start_ms)
+        price, coef = self.entries(gpu.model, start_ms)
         cost = ledger.entry_cost_micros(price, gpu.model, duration, energy_j)
-        coef = ledger.coefficient_at(gpu.model, start_ms)
         template = self._template(gpu, coef, price)
         coefficient = coef.coefficient
         # the join caps energy at the card's power limit; this is the backstop of pricing.py (no GPU draws

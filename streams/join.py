@@ -316,13 +316,13 @@ def _piece_key(template: dict, pieces: list[Piece]) -> tuple:
     """What must stay the same for samples to add up into one segment: the record template's entries
     and, per slot, state, holder and whether utilization and memory are measured at all (so that
     views weighting util by gpu_ms over the records that have it stay exact)."""
-    return (template["gpu_model"], template["coefficient_version"], template["price_version"],
+    return (template["cluster"], template["gpu_model"], template["coefficient_version"], template["price_version"],
             tuple((p.state, p.holder, p.util_pct is None, p.mem_used_bytes is None) for p in pieces))
 
 
 def _segment_key(template: dict, slots: list[list]) -> tuple:
     """`_piece_key` of the pieces a segment's slots started with (a restored segment)."""
-    return (template["gpu_model"], template["coefficient_version"], template["price_version"],
+    return (template["cluster"], template["gpu_model"], template["coefficient_version"], template["price_version"],
             tuple((sl[0], sl[1], sl[7] is None, sl[9] is None) for sl in slots))
 
 
@@ -446,6 +446,8 @@ class NodeJoin:
     #: start times of the pending ticks a restored snapshot left out, until they are read again: no
     #: flush may close a segment such a tick would have extended (sorted)
     awaiting_ms: list[int] = field(default_factory=list)
+    #: the record maker of the last close (its templates and price lookups are reused; not state)
+    _maker: RecordMaker | None = field(default=None, compare=False, repr=False)
 
     # -- input
     def add_tick(self, tick: MeteredTick | NodeTick, offset: int | None = None) -> Verdict:
@@ -571,7 +573,7 @@ class NodeJoin:
         self.unknown_reported_ms = max(self.unknown_reported_ms, until)
         return n
 
-    def _tick_energy(self, tick: MeteredTick, gpu: MeteredGpu, ledger: LedgerConfig) -> float:
+    def _tick_energy(self, tick: MeteredTick, gpu: MeteredGpu, ledger: LedgerConfig, maker: RecordMaker) -> float:
         """One GPU's energy over the tick, joules: the counter delta since the node's previous
         contiguous tick, else power x time. Sane values or none (docs/accounting.md): a delta above
         the card's power limit x the interval (x the tolerance) is not believed, nor is a power
@@ -583,7 +585,8 @@ class NodeJoin:
         believable = limit * ledger.power_limit_tolerance
         previous = self.last_energy.get(gpu.gpu_uuid)
         model = gpu.model
-        if ledger.price_at(model, tick.ts_ms).model != model or ledger.coefficient_at(model, tick.ts_ms).model != model:
+        price, coef = maker.entries(model, tick.ts_ms)
+        if price.model != model or coef.model != model:
             self._count(f"priced_by_default:{model}", seconds)
         if gpu.energy_j is not None:
             self.last_energy[gpu.gpu_uuid] = (tick.ts_ms, gpu.energy_j)
@@ -636,11 +639,13 @@ class NodeJoin:
                 if change.ts_ms != cuts[-1]:
                     cuts.append(change.ts_ms)
             cuts.append(end)
-            energies = [self._tick_energy(tick, gpu, ledger) for gpu in tick.gpus]
-            if maker is None or maker.cluster != tick.cluster:
+            if maker is None or maker.cluster != tick.cluster or maker.ledger is not ledger:
                 if maker is not None:  # another cluster's records: nothing of the old one continues
                     records += self._close_segments(maker, None)
-                maker = RecordMaker(ledger, tick.cluster, self.node)
+                maker = self._maker
+                if maker is None or maker.cluster != tick.cluster or maker.ledger is not ledger:
+                    maker = self._maker = RecordMaker(ledger, tick.cluster, self.node)
+            energies = [self._tick_energy(tick, gpu, ledger, maker) for gpu in tick.gpus]
             for seg_start, seg_end in zip(cuts, cuts[1:]):
                 while inside and inside[0].ts_ms <= seg_start:
                     self._apply(inside.pop(0), tick)
