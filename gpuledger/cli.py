@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gpuledger.config import Settings
 
-TABLE_REPORTS = ("bills", "jobs", "queues", "utilization", "capacity", "unmatched")
+TABLE_REPORTS = ("bills", "jobs", "queues", "utilization", "capacity", "unmatched", "alerts", "suggestions")
 PERIODIC_REPORTS = ("inventory", "monthly", "weekly", "job")  # gpuledger.warehouse.periodic.commands.REPORT_NAMES
 REPORT_NAMES = TABLE_REPORTS + PERIODIC_REPORTS
 
@@ -60,7 +60,7 @@ def cmd_coefficients(args) -> int:
     from datetime import date
 
     from gpuledger.warehouse.library import add_coefficient, history_rows, sync_library
-    from gpuledger.warehouse.reports import render
+    from gpuledger.warehouse.report_text import render
     from gpuledger.ledger_files import load_ledger_config
     from gpuledger.warehouse import connect
 
@@ -89,7 +89,7 @@ def cmd_rebill(args) -> int:
     from datetime import date
 
     from gpuledger.warehouse.library import rebill, rebill_bill, sync_library
-    from gpuledger.warehouse.reports import render
+    from gpuledger.warehouse.report_text import render
     from gpuledger.ledger_files import load_ledger_config
     from gpuledger.warehouse import connect
 
@@ -217,7 +217,8 @@ def cmd_report(args) -> int:
         return _periodic_report(args, settings)
     if args.format not in ("table", "json", "csv"):
         raise SystemExit(f"report {args.report} is printed as table, json or csv")
-    from gpuledger.warehouse.reports import fetch, render
+    from gpuledger.warehouse.reports import fetch
+    from gpuledger.warehouse.report_text import render
     from gpuledger.ledger_files import load_ledger_config
     from gpuledger.warehouse import connect_readonly
 
@@ -231,6 +232,8 @@ def cmd_report(args) -> int:
         filters["idle_redistribution"] = args.idle_redistribution or ledger.definitions.idle_redistribution
     if args.report in ("bills", "jobs", "capacity"):
         filters["currency"] = ledger.currency
+    if args.report == "suggestions":
+        filters["followed_within_s"] = ledger.watch.reclaim.followed_within_s
     client = connect_readonly(settings)  # reports never create anything: a SELECT-only account is enough
     try:
         rows = fetch(client, settings.database, args.report, **filters)
@@ -256,14 +259,14 @@ def _day(flag: str, value: str):
 
 def _report_filters(args) -> dict:
     """The filters given on the command line, checked against what the report takes."""
-    from gpuledger.warehouse.reports import _REPORT_FILTERS
+    from gpuledger.warehouse.reports import REPORT_FILTERS
 
     out = {}
     for name, flag in REPORT_FILTER_FLAGS.items():
         value = getattr(args, name, None)
         if value is None:
             continue
-        if name not in _REPORT_FILTERS.get(args.report, frozenset()):
+        if name not in REPORT_FILTERS.get(args.report, frozenset()):
             raise ValueError(f"report {args.report} takes no {flag}")
         out[name] = _day(flag, value) if name.startswith("day_") else value
     if out.get("day_from") and out.get("day_to") and out["day_from"] > out["day_to"]:
@@ -282,11 +285,13 @@ def _periodic_report(args, settings: Settings) -> int:
         raise SystemExit("usage: gpuledger report job JOB_ID")
     if any(getattr(args, name, None) is not None for name in REPORT_FILTER_FLAGS):
         raise ValueError(f"report {args.report} takes no {', '.join(REPORT_FILTER_FLAGS.values())}")
-    currency = load_ledger_config(settings.ledger_config).currency
+    ledger = load_ledger_config(settings.ledger_config)
+    options = pr.report_options(args.report, args)
+    if args.report == "weekly":  # "reclaimed" counts suggestions followed within this long (docs/alerts.md)
+        options["followed_within_s"] = ledger.watch.reclaim.followed_within_s
     client = connect_readonly(settings)
     try:
-        report = pr.build_report(client, settings.database, args.report, **pr.report_options(args.report, args),
-                                 currency=currency)
+        report = pr.build_report(client, settings.database, args.report, **options, currency=ledger.currency)
     finally:
         client.close()
     text = pr.render_report(report, args.format)
@@ -301,7 +306,7 @@ def _periodic_report(args, settings: Settings) -> int:
 def cmd_bills(args) -> int:
     """`gpuledger bills close|list|show|audit|publish` (gpuledger/warehouse/bills.py)."""
     from gpuledger.warehouse import bills
-    from gpuledger.warehouse.reports import render
+    from gpuledger.warehouse.report_text import render
     from gpuledger.ledger_files import load_ledger_config
     from gpuledger.warehouse import connect, connect_readonly
 

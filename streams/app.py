@@ -208,7 +208,7 @@ def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.
                 outs = process(message)
             except Exception as exc:  # a bug must not stop the ledger: the message is set aside
                 log.exception("cannot process %s[%d]@%d", message.topic, message.partition, message.offset)
-                outs = [core._dead(message.topic, message.partition, message.offset, event.value,
+                outs = [core.dead_letter_out(message.topic, message.partition, message.offset, event.value,
                                    f"cannot process: {type(exc).__name__}: {exc}")]
             await send(outs)
             to_ack[key].append(event)

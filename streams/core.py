@@ -139,7 +139,7 @@ class WorkerCore:
         self.on_unmatched = None
 
     # ------------------------------------------------------------------ helpers
-    def _dead(self, topic: str, partition: int, offset: int, raw: bytes | None, reason: str) -> Out:
+    def dead_letter_out(self, topic: str, partition: int, offset: int, raw: bytes | None, reason: str) -> Out:
         self.counters["dead_letters"] += 1
         if self.on_dead_letter:
             self.on_dead_letter(topic, reason)
@@ -197,14 +197,14 @@ class WorkerCore:
         try:
             message = decode_lifecycle(raw)
         except DecodeError as exc:
-            return [self._dead(topic, partition, offset, raw, str(exc))]
+            return [self.dead_letter_out(topic, partition, offset, raw, str(exc))]
         if isinstance(message, LifecycleWatermark):
             rp.watermark_ms = max(rp.watermark_ms, message.ts_ms)
             rp.router.prune(rp.watermark_ms - self.retention_ms)
             return [] if self.defer_watermarks else self._forward_watermark(partition, rp)
         problem = check_event(message, rp.watermark_ms, self.max_ahead_ms, now_ms)
         if problem:
-            return [self._dead(topic, partition, offset, raw, problem)]
+            return [self.dead_letter_out(topic, partition, offset, raw, problem)]
         if rp.router.is_duplicate(message):
             rp.router.route(message)  # counts it
             self.counters["duplicate_events"] += 1
@@ -212,7 +212,7 @@ class WorkerCore:
         problem = rp.router.sequence_problem(message)
         if problem:
             self.counters["impossible_sequences"] += 1
-            return [self._dead(topic, partition, offset, raw, problem)]
+            return [self.dead_letter_out(topic, partition, offset, raw, problem)]
         self.counters["job_events"] += 1
         changes = rp.router.route(message)
         outs = [Out(self.topics.node_allocations, encode(c), key=c.node.encode()) for c in changes]
@@ -251,7 +251,7 @@ class WorkerCore:
             else:
                 message = decode_node_allocation(raw)
         except DecodeError as exc:
-            return [self._dead(topic, partition, offset, raw, str(exc))]
+            return [self.dead_letter_out(topic, partition, offset, raw, str(exc))]
         if topic == self.topics.gpu_samples:
             return self._on_ticks(jp, topic, partition, offset, raw, ticks)
         if isinstance(message, NodeWatermark):
@@ -266,7 +266,7 @@ class WorkerCore:
             if self.on_duplicate:
                 self.on_duplicate("change")
         elif verdict.status == REJECTED:
-            return [self._dead(topic, partition, offset, raw, verdict.reason)]
+            return [self.dead_letter_out(topic, partition, offset, raw, verdict.reason)]
         elif verdict.status == LATE:
             return [self._late(topic, partition, offset, raw, verdict.reason)]
         return []
@@ -301,7 +301,7 @@ class WorkerCore:
             reason = "; ".join(problems[:3])  # starts with the first problem: its first word is the metric's kind
             if len(ticks) > 1:
                 reason += f" ({len(problems)} of the batch's {len(ticks)} ticks rejected; the others counted)"
-            outs.append(self._dead(topic, partition, offset, raw, reason))
+            outs.append(self.dead_letter_out(topic, partition, offset, raw, reason))
         if join is not None:
             outs.extend(self._emit(join, jp.clock.value, jp.data_ms))
             # once a window: the other nodes' open segments may be due for a flush (a node that stopped)

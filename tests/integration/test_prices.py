@@ -24,7 +24,8 @@ from gpuledger.cli import main
 from gpuledger.warehouse.library import rebill, rebill_bill
 from gpuledger.config import Settings
 from gpuledger.embedded.pipeline import run_embedded
-from gpuledger.warehouse.reports import fetch, render
+from gpuledger.warehouse.reports import fetch
+from gpuledger.warehouse.report_text import render
 from gpuledger.schemas.models import GpuAssignment, GpuSample, JobEvent, LifecycleWatermark, NodeTick
 from gpuledger.streams.pricing import MAX_RECORD_COST_MICROS, parse_ledger_config
 from gpuledger.warehouse import connect, migrate

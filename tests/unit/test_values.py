@@ -249,7 +249,7 @@ def test_metrics_go_to_their_own_counters():
 
 
 def test_the_table_report_footnotes_rows_priced_by_default():
-    from gpuledger.warehouse.reports import render
+    from gpuledger.warehouse.report_text import render
 
     rows = [{"tenant": "a", "total_cost": 1.0, "priced_by_default_gpu_hours": 0.0},
             {"tenant": "b", "total_cost": 2.0, "priced_by_default_gpu_hours": 1.5}]
