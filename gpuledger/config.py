@@ -149,6 +149,9 @@ class Settings(BaseSettings):
             t.alerts: 1,
             t.reclaim_suggestions: 1,
             t.watch_state: 1,
+            # training progress (line 4, optional) and approval decisions: small, ordered per job
+            t.job_progress: 1,
+            t.approvals: 1,
         }
 
     def kafka_client_config(self) -> dict[str, str]:

@@ -514,3 +514,65 @@ class ReclaimSuggestion(_Wire):
 
 EXPORTED_MODELS["alert"] = Alert
 EXPORTED_MODELS["reclaim_suggestion"] = ReclaimSuggestion
+
+
+# --------------------------------------------------------------------------- line 4 (optional): training signals
+#: largest step, sample or token count a job may report (an Int64 column holds it with room for sums)
+MAX_PROGRESS_COUNT = 2**62
+
+
+class RankProgress(_Wire):
+    """One rank's share of a progress report (distributed jobs): its own step time."""
+
+    rank: int = Field(ge=0, le=1_000_000)
+    step_time_ms: float = Field(gt=0, le=86_400_000, description="this rank's mean step time since the last report, ms")
+
+
+class JobProgress(_Wire):
+    """Line 4 (optional): a training job's own progress (docs/planning.md, "Training signals"). Topic:
+    `<prefix>job-progress`, key: the canonical job id. Counts are cumulative for the attempt; rates and
+    step time are the job's own measurement since its previous report (gpuledger/progress.py computes
+    them from the counts when the loop gives none)."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    type: Literal["job_progress"] = "job_progress"
+    ts_ms: EpochMs = Field(description="when the step was reached, Unix epoch milliseconds")
+    cluster: ClusterId | None = Field(None, description="the job's cluster, where the loop knows it")
+    job_id: JobId = Field(description="canonical job id (the scheduler's), as in the lifecycle events")
+    attempt: int = Field(0, ge=0)
+    step: int = Field(ge=0, le=MAX_PROGRESS_COUNT, description="optimizer steps done in this attempt")
+    samples: int | None = Field(None, ge=0, le=MAX_PROGRESS_COUNT, description="samples processed so far")
+    tokens: int | None = Field(None, ge=0, le=MAX_PROGRESS_COUNT, description="tokens processed so far")
+    epoch: float | None = Field(None, ge=0, le=1e9, description="epochs done so far, fractional (step 500 of 1000 per epoch: 0.5)")
+    samples_per_s: float | None = Field(None, ge=0, le=1e12)
+    tokens_per_s: float | None = Field(None, ge=0, le=1e15)
+    step_time_ms: float | None = Field(None, gt=0, le=86_400_000, description="mean step time since the last report, ms")
+    loss: float | None = Field(None, ge=-1e12, le=1e12)
+    ranks: list[RankProgress] = Field(default_factory=list, max_length=100_000,
+                                      description="per-rank step times, where the job reports them")
+
+
+class ApprovalDecision(_Wire):
+    """A pilot-run estimate awaiting approval, or the decision on it (docs/planning.md, "Approvals").
+    Topic: `<prefix>approvals`, key: the job id; one message per status change, so a scheduler admission
+    hook can admit a job once its latest message says `approved`."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    type: Literal["approval"] = "approval"
+    approval_id: str = Field(min_length=1, max_length=128)
+    job_id: JobId
+    status: Literal["pending", "approved", "rejected"]
+    ts_ms: EpochMs = Field(description="when this status was recorded")
+    by: str = Field("", max_length=256, description="who decided ('' while pending)")
+    note: str = Field("", max_length=4096)
+    target: str = Field(description="the full run asked for, e.g. 'steps=100000'")
+    cost_micros: int = Field(ge=0, description="the estimate's central cost, micros of the currency")
+    cost_high_micros: int = Field(ge=0, description="the upper end of its interval, micros")
+    threshold_micros: int = Field(ge=0, description="the approval threshold it was above")
+    currency: str
+    gpu_hours: float = Field(ge=0)
+    wall_hours: float = Field(ge=0)
+
+
+EXPORTED_MODELS["job_progress"] = JobProgress
+EXPORTED_MODELS["approval_decision"] = ApprovalDecision

@@ -29,6 +29,10 @@ class TopicNames:
     reclaim_suggestions: str
     #: internal: the watcher's state snapshots (compacted)
     watch_state: str
+    #: line 4 (optional): training progress a job reports, key: job id (gpuledger/progress.py)
+    job_progress: str
+    #: pilot-run estimates awaiting approval and the decisions on them, key: job id (docs/planning.md)
+    approvals: str
 
     @classmethod
     def with_prefix(cls, prefix: str) -> TopicNames:
@@ -46,4 +50,6 @@ class TopicNames:
             alerts=f"{prefix}alerts",
             reclaim_suggestions=f"{prefix}reclaim-suggestions",
             watch_state=f"{prefix}watch-state",
+            job_progress=f"{prefix}job-progress",
+            approvals=f"{prefix}approvals",
         )

@@ -18,7 +18,7 @@ from gpuledger.streams.checks import dead_letter
 from gpuledger.streams.core import SOURCE_HEADER
 from gpuledger.sink.batching import BatchingSink
 from gpuledger.sink.progress import ClickHouseProgress
-from gpuledger.sink.rows import JOB_EVENTS, SAMPLES, SNAPSHOTS, USAGE, Source, process_message
+from gpuledger.sink.rows import JOB_EVENTS, PROGRESS, SAMPLES, SNAPSHOTS, USAGE, Source, process_message
 from gpuledger.sink.writer import ClickHouseWriter, Writer
 
 
@@ -55,7 +55,7 @@ def _lines(settings: Settings) -> dict[str, str]:
     t = settings.topics
     # job events come from lifecycle-accepted: only what the worker's router accepted (one set of rules)
     return {t.usage: USAGE, t.lifecycle_accepted: JOB_EVENTS, t.scheduler_snapshots: SNAPSHOTS,
-            t.gpu_samples: SAMPLES}
+            t.gpu_samples: SAMPLES, t.job_progress: PROGRESS}
 
 
 def sink_topics(settings: Settings) -> list[str]:
@@ -74,7 +74,7 @@ def run_sink(
     client=None,
     wrap_writer: Callable[[Writer], Writer] | None = None,
 ) -> dict:
-    """Consume the usage, job-events, scheduler-snapshots and gpu-samples topics into the warehouse.
+    """Consume the usage, job-events, scheduler-snapshots, gpu-samples and job-progress topics into the warehouse.
 
     Runs until `stop` is set, or with `until_caught_up=True` until every partition of those
     topics is committed up to its end offset and nothing arrived for `idle_s`. Without `client`

@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 
 
-from gpuledger.schemas.models import JobEvent, LifecycleWatermark, NodeTick, SchedulerSnapshot, UsageBatch
+from gpuledger.schemas.models import JobEvent, JobProgress, LifecycleWatermark, NodeTick, SchedulerSnapshot, UsageBatch
 from gpuledger.schemas.wire import DecodeError, decode, decode_lifecycle, decode_node_ticks
 from gpuledger.streams.checks import DAY_MS, rows_problem, time_problem
 
@@ -17,6 +17,7 @@ log = logging.getLogger(__name__)
 
 
 USAGE, JOB_EVENTS, SNAPSHOTS, SAMPLES = "usage", "job_events", "scheduler_snapshots", "gpu_samples"
+PROGRESS = "job_progress"  # line 4 (optional): training progress
 
 
 # --------------------------------------------------------------------------- pure conversion
@@ -120,9 +121,21 @@ def inventory_row(tick: NodeTick, source: Source) -> dict:
     }
 
 
+def progress_row(report: JobProgress, source: Source) -> dict:
+    """`job_progress` row of one progress report (line 4); per-rank step times as parallel arrays."""
+    return {
+        "schema_version": report.schema_version, "ts_ms": report.ts_ms, "cluster": report.cluster or "",
+        "job_id": report.job_id, "attempt": report.attempt, "step": report.step, "samples": report.samples,
+        "tokens": report.tokens, "epoch": report.epoch, "samples_per_s": report.samples_per_s,
+        "tokens_per_s": report.tokens_per_s, "step_time_ms": report.step_time_ms, "loss": report.loss,
+        "rank_ids": [r.rank for r in report.ranks], "rank_step_time_ms": [r.step_time_ms for r in report.ranks],
+        **source.columns(),
+    }
+
+
 def process_message(kind: str, raw: bytes | None, source: Source, *, now_ms: int | None = None,
                     max_ahead_ms: int = 7 * DAY_MS) -> dict[str, list[dict]]:
-    """Rows per table for one message of the given line (USAGE, JOB_EVENTS, SNAPSHOTS, SAMPLES).
+    """Rows per table for one message of the given line (USAGE, JOB_EVENTS, SNAPSHOTS, SAMPLES, PROGRESS).
 
     Watermarks give no rows (the warehouse does not need them). Raises DecodeError — also for a
     message outside the time window (streams/checks.py, the worker's rules; `now_ms` is the sink's
@@ -150,6 +163,12 @@ def process_message(kind: str, raw: bytes | None, source: Source, *, now_ms: int
                 raise DecodeError(problem)
         rows = {"gpu_health": [row for tick in ticks for row in health_rows(tick, source)],
                 "node_inventory": [inventory_row(tick, source) for tick in ticks]}
+    elif kind == PROGRESS:  # straight from the jobs: the same time window as the snapshots
+        report = decode(JobProgress, raw)
+        problem = time_problem(f"progress of {report.job_id}", report.ts_ms, 0, max_ahead_ms, now_ms)
+        if problem:
+            raise DecodeError(problem)
+        rows = {"job_progress": [progress_row(report, source)]}
     else:
         raise ValueError(f"unknown line {kind!r}")
     problem = rows_problem(rows)

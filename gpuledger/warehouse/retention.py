@@ -49,6 +49,7 @@ RETENTION: dict[str, Retention] = {
     "bill_runs": Retention("retention_bills_days", "toDate(created_at)", "close runs"),
     "rebilled_usage": Retention("retention_bills_days", "day", "re-bills"),
     "rebill_runs": Retention("retention_bills_days", "toDate(created_at)", "re-bills"),
+    "job_progress": Retention("retention_usage_days", _RAW, "training progress reports (line 4), joined to usage"),
 }
 
 KEPT: dict[str, str] = {
@@ -61,6 +62,8 @@ KEPT: dict[str, str] = {
     "sink_progress": "exactly-once bookkeeping of the sink, one row per partition",
     "tenant_access": "grants",
     "schema_migrations": "migration records",
+    "approvals": "pilot-run approval decisions: who approved what, and when",
+    "capacity_forecast": "forecast runs: each is compared with what happened later",
 }
 
 
