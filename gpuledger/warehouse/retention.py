@@ -49,6 +49,8 @@ RETENTION: dict[str, Retention] = {
     "bill_runs": Retention("retention_bills_days", "toDate(created_at)", "close runs"),
     "rebilled_usage": Retention("retention_bills_days", "day", "re-bills"),
     "rebill_runs": Retention("retention_bills_days", "toDate(created_at)", "re-bills"),
+    "alerts": Retention("retention_ops_days", _RAW, "behaviour alerts"),
+    "reclaim_suggestions": Retention("retention_ops_days", _RAW, "reclaim suggestions"),
     "job_progress": Retention("retention_usage_days", _RAW, "training progress reports (line 4), joined to usage"),
 }
 
@@ -64,6 +66,10 @@ KEPT: dict[str, str] = {
     "schema_migrations": "migration records",
     "approvals": "pilot-run approval decisions: who approved what, and when",
     "capacity_forecast": "forecast runs: each is compared with what happened later",
+    "gpu_sightings": "one row per GPU, placement and identity: the card's history",
+    "gpu_repairs": "append-only repair records of the cards",
+    "carbon_intensity": "carbon intensity history: carbon figures of any period",
+    "carbon_definitions": "carbon definitions as recorded",
 }
 
 
@@ -82,7 +88,7 @@ def _current_ttl(client, database: str, table: str) -> str | None:
                         parameters={"d": database, "t": table}).result_rows
     if not rows:
         return None
-    engine = rows[0][0]
+    engine = rows[0][0] or ""
     if " TTL " not in engine:
         return None
     ttl = engine.split(" TTL ", 1)[1]
@@ -98,8 +104,12 @@ def apply_retention(client, database: str, ttls: dict[str, str | None], *,
     """Set or remove each table's TTL where it differs; returns the statements run. `local` names the
     table that stores the rows (t_local on a cluster), `on_cluster` is the ON CLUSTER clause there."""
     ran: list[str] = []
+    existing = {r[0] for r in client.query("SELECT name FROM system.tables WHERE database = {d:String}",
+                                           parameters={"d": database}).result_rows}
     for table, expr in ttls.items():
         name = local(table)
+        if name not in existing:  # a table of a later migration than this warehouse has
+            continue
         current = _current_ttl(client, database, name)
         if expr is None and current is None:
             continue
