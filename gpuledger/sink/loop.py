@@ -20,6 +20,7 @@ from gpuledger.sink.batching import BatchingSink
 from gpuledger.sink.progress import ClickHouseProgress
 from gpuledger.sink.rows import JOB_EVENTS, PROGRESS, SAMPLES, SNAPSHOTS, USAGE, Source, process_message
 from gpuledger.sink.writer import ClickHouseWriter, Writer
+from gpuledger.sink.rows import ALERTS, SUGGESTIONS
 
 
 
@@ -55,7 +56,8 @@ def _lines(settings: Settings) -> dict[str, str]:
     t = settings.topics
     # job events come from lifecycle-accepted: only what the worker's router accepted (one set of rules)
     return {t.usage: USAGE, t.lifecycle_accepted: JOB_EVENTS, t.scheduler_snapshots: SNAPSHOTS,
-            t.gpu_samples: SAMPLES, t.job_progress: PROGRESS}
+            t.gpu_samples: SAMPLES, t.job_progress: PROGRESS,
+            t.alerts: ALERTS, t.reclaim_suggestions: SUGGESTIONS}
 
 
 def sink_topics(settings: Settings) -> list[str]:

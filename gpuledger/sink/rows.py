@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 
 from gpuledger.schemas.models import JobEvent, JobProgress, LifecycleWatermark, NodeTick, SchedulerSnapshot, UsageBatch
+from gpuledger.schemas.models import Alert, ReclaimSuggestion
 from gpuledger.schemas.wire import DecodeError, decode, decode_lifecycle, decode_node_ticks
 from gpuledger.streams.checks import DAY_MS, rows_problem, time_problem
 
@@ -17,6 +18,7 @@ log = logging.getLogger(__name__)
 
 
 USAGE, JOB_EVENTS, SNAPSHOTS, SAMPLES = "usage", "job_events", "scheduler_snapshots", "gpu_samples"
+ALERTS, SUGGESTIONS = "alerts", "reclaim_suggestions"  # gpuledger watch (docs/alerts.md)
 PROGRESS = "job_progress"  # line 4 (optional): training progress
 
 
@@ -133,6 +135,27 @@ def progress_row(report: JobProgress, source: Source) -> dict:
     }
 
 
+def alert_row(alert: Alert, source: Source) -> dict:
+    """`alerts` row: the alert as published, `version` 1 once closed (the table keeps the latest)."""
+    return {**alert.model_dump(mode="json"), "version": int(alert.status == "closed"), **source.columns()}
+
+
+def suggestion_row(s: ReclaimSuggestion, source: Source) -> dict:
+    """`reclaim_suggestions` row: the named jobs as parallel arrays, `version` 1 once withdrawn."""
+    return {
+        "schema_version": s.schema_version, "suggestion_id": s.suggestion_id, "definition_version": s.definition_version,
+        "cluster": s.cluster, "queue": s.queue, "status": s.status, "version": int(s.status == "withdrawn"),
+        "opened_at_ms": s.opened_at_ms, "withdrawn_at_ms": s.withdrawn_at_ms, "execution_rate": s.execution_rate,
+        "window_ms": s.window_ms, "job_ids": [j.job_id for j in s.jobs], "job_attempts": [j.attempt for j in s.jobs],
+        "job_tenants": [j.tenant for j in s.jobs], "job_gpus": [list(j.gpus) for j in s.jobs],
+        "job_gpus_freed": [j.gpus_freed for j in s.jobs], "job_execution_rates": [j.execution_rate for j in s.jobs],
+        "job_idle_cost_micros": [j.idle_cost_micros for j in s.jobs], "gpus_freed": s.gpus_freed,
+        "waiting_gpus": s.waiting_demand.gpus, "waiting_jobs": s.waiting_demand.jobs,
+        "waiting_priority": s.waiting_demand.priority, "waiting_queues": list(s.waiting_demand.queues),
+        "idle_cost_micros": s.idle_cost_micros, "currency": s.currency, "message": s.message, **source.columns(),
+    }
+
+
 def process_message(kind: str, raw: bytes | None, source: Source, *, now_ms: int | None = None,
                     max_ahead_ms: int = 7 * DAY_MS) -> dict[str, list[dict]]:
     """Rows per table for one message of the given line (USAGE, JOB_EVENTS, SNAPSHOTS, SAMPLES, PROGRESS).
@@ -169,6 +192,10 @@ def process_message(kind: str, raw: bytes | None, source: Source, *, now_ms: int
         if problem:
             raise DecodeError(problem)
         rows = {"job_progress": [progress_row(report, source)]}
+    elif kind == ALERTS:  # the watcher's output (gpuledger watch)
+        rows = {"alerts": [alert_row(decode(Alert, raw), source)]}
+    elif kind == SUGGESTIONS:
+        rows = {"reclaim_suggestions": [suggestion_row(decode(ReclaimSuggestion, raw), source)]}
     else:
         raise ValueError(f"unknown line {kind!r}")
     problem = rows_problem(rows)

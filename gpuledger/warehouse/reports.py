@@ -17,7 +17,7 @@ from typing import Any, Iterable, Sequence
 
 from gpuledger.warehouse.client import quoted_database
 
-REPORTS = ("bills", "jobs", "queues", "utilization", "capacity", "unmatched")
+REPORTS = ("bills", "jobs", "queues", "utilization", "capacity", "unmatched", "alerts", "suggestions")
 
 #: filter name -> (column, ClickHouse type, operator); the column is quoted SQL, never user input
 _FILTERS: dict[str, tuple[str, str, str]] = {
@@ -38,6 +38,8 @@ REPORT_FILTERS: dict[str, frozenset[str]] = {
     "utilization": frozenset({"day_from", "day_to", "cluster", "tenant", "queue", "gpu_model", "definition_version"}),
     "capacity": frozenset({"day_from", "day_to", "cluster", "gpu_model", "definition_version"}),
     "unmatched": frozenset({"day_from", "day_to", "cluster"}),
+    "alerts": frozenset({"day_from", "day_to", "cluster", "tenant", "queue", "job_id"}),
+    "suggestions": frozenset({"day_from", "day_to", "cluster", "queue"}),
 }
 #: options that are not row filters
 _REPORT_OPTIONS: dict[str, frozenset[str]] = {
@@ -47,6 +49,8 @@ _REPORT_OPTIONS: dict[str, frozenset[str]] = {
     "utilization": frozenset({"limit", "by"}),
     "capacity": frozenset({"limit", "currency"}),
     "unmatched": frozenset({"limit", "busy_floor_pct"}),
+    "alerts": frozenset({"limit"}),
+    "suggestions": frozenset({"limit", "followed_within_s"}),
 }
 
 UTILIZATION_DIMENSIONS = ("day", "cluster", "gpu_model", "queue", "tenant", "job_id")
@@ -205,6 +209,8 @@ def _bills(client, db: str, filters: dict[str, Any]) -> list[dict]:
             head.update(corrects_day=corrects, reason=reason)
         rows.append(_bill_row(head, groups[key], row_currency.get(key) or _currency_of(currencies, dv)))
     _flag_priced_by_default(client, db, rows)
+    _add_co2e(client, database=db, rows=rows, keys=("day", "cluster", "tenant", "definition_version"),
+              conds=conds, params=params)
     if policy == "none":
         return rows[: filters["limit"]] if filters.get("limit") else rows
     billed = [r for r in rows if r["status"] != "adjustment"]
@@ -259,6 +265,11 @@ def _jobs(client, db: str, filters: dict[str, Any]) -> list[dict]:
     )
     rows = _query(client, sql, params)
     _job_money(client, db, rows, _currencies(client, db, filters.get("currency")))
+    if rows:
+        _add_co2e(client, database=db, rows=rows, keys=("cluster", "job_id", "definition_version"),
+                  conds=["cluster IN {co2e_clusters:Array(String)}", "job_id IN {co2e_jobs:Array(String)}"],
+                  params={"co2e_clusters": sorted({r["cluster"] for r in rows}),
+                          "co2e_jobs": sorted({r["job_id"] for r in rows})})
     rows.sort(key=lambda r: (-(r["cost"] or 0), -(r["gpu_hours"] or 0), r["cluster"], r["job_id"], r["definition_version"]))
     return rows[: filters["limit"]] if filters.get("limit") else rows
 
@@ -308,6 +319,20 @@ def _job_money(client, db: str, rows: list[dict], currencies: dict[str, str]) ->
         head["status"] = "closed" if m is not None and not m[0] else "open"
         head["currency"] = _currency_of(currencies, row["definition_version"])
         rows[n] = {**head, **{k: v for k, v in row.items() if k not in head}}
+
+
+def _add_co2e(client, *, database: str, rows: list[dict], keys: Sequence[str], conds: Sequence[str],
+              params: dict[str, Any]) -> None:
+    """`co2e_kg` (and `carbon_version`) of each bill or job row from its usage's energy (docs/carbon.md);
+    None on adjustments and where no carbon definition is recorded."""
+    from gpuledger.warehouse.carbon import co2e_by
+
+    # the database name arrives quoted; co2e_by quotes it itself
+    carbon = co2e_by(client, database.strip("`"), keys, conds, params)
+    for row in rows:
+        hit = None if row.get("status") == "adjustment" else carbon.get(tuple(row.get(k) for k in keys))
+        row["co2e_kg"] = hit["co2e_kg"] if hit else None
+        row["carbon_version"] = hit["carbon_version"] if hit else None
 
 
 def _queues(client, db: str, filters: dict[str, Any]) -> list[dict]:
@@ -405,6 +430,58 @@ def _unmatched(client, db: str, filters: dict[str, Any]) -> list[dict]:
     return _query(client, sql + _limit(filters, params), params)
 
 
+def _alerts(client, db: str, filters: dict[str, Any]) -> list[dict]:
+    """Behaviour alerts (docs/alerts.md), one row per alert in its latest status, oldest first; `day`
+    is the day it opened."""
+    conds, params = _where(filters, sorted(REPORT_FILTERS["alerts"]))
+    sql = f"""
+        SELECT opened_at, closed_at, status, rule, cluster, job_id, attempt, tenant, queue,
+               arrayStringConcat(gpus, ' ') AS gpus, round(open_minutes, 1) AS open_minutes,
+               definition_version, message
+        FROM {db}.alerts_latest WHERE {_and(conds)}
+        ORDER BY opened_at, cluster, job_id, attempt, rule"""
+    return _query(client, sql + _limit(filters, params), params)
+
+
+#: lifecycle kinds that end an attempt (schemas/models.py TERMINAL_KINDS): a named job released its GPUs
+_RELEASED = "('completed', 'failed', 'preempted', 'cancelled')"
+
+
+def _suggestions(client, db: str, filters: dict[str, Any]) -> list[dict]:
+    """Reclaim suggestions (docs/alerts.md, "Reclaim"), one row per suggestion in its latest status.
+    `followed`: a job it named ended (released its GPUs) within `followed_within_s` (default 3600,
+    the ledger's [reclaim] followed_within_s) after it opened; `released_gpus` the GPUs those jobs held."""
+    conds, params = _where(filters, sorted(REPORT_FILTERS["suggestions"]))
+    params["within"] = int(float(filters.get("followed_within_s", 3600.0)) * 1000)
+    sql = f"""
+        WITH s AS (SELECT * FROM {db}.reclaim_suggestions_latest WHERE {_and(conds)}),
+        named AS (
+            SELECT suggestion_id, cluster, opened_at_ms, job_id, attempt, gpus_freed
+            FROM s ARRAY JOIN job_ids AS job_id, job_attempts AS attempt, job_gpus_freed AS gpus_freed
+        ),
+        ended AS (
+            SELECT cluster, job_id, attempt, min(ts_ms) AS end_ms FROM {db}.job_events
+            WHERE kind IN {_RELEASED} AND (cluster, job_id) IN (SELECT cluster, job_id FROM named)
+            GROUP BY cluster, job_id, attempt
+        ),
+        released AS (
+            SELECT n.suggestion_id AS suggestion_id, count() AS released_jobs, sum(n.gpus_freed) AS released_gpus
+            FROM named AS n INNER JOIN ended AS e ON e.cluster = n.cluster AND e.job_id = n.job_id
+                                                   AND e.attempt = n.attempt
+            WHERE e.end_ms >= n.opened_at_ms AND e.end_ms <= n.opened_at_ms + {{within:Int64}}
+            GROUP BY n.suggestion_id
+        )
+        SELECT s.opened_at AS opened_at, s.withdrawn_at AS withdrawn_at, s.status AS status, s.cluster AS cluster,
+               s.queue AS queue, s.execution_rate AS execution_rate, arrayStringConcat(s.job_ids, ' ') AS jobs,
+               s.gpus_freed AS gpus_freed, s.waiting_gpus AS waiting_gpus, s.waiting_priority AS waiting_priority,
+               s.idle_cost_micros / 1e6 AS idle_cost, s.currency AS currency,
+               CAST(ifNull(r.released_jobs, 0) > 0 AS Bool) AS followed, ifNull(r.released_gpus, 0) AS released_gpus,
+               s.message AS message
+        FROM s LEFT JOIN released AS r ON r.suggestion_id = s.suggestion_id
+        ORDER BY opened_at, cluster, queue"""
+    return _query(client, sql + _limit(filters, params), params)
+
+
 def _dimensions(by: Any) -> list[str]:
     if by is None:
         by = ("day", "cluster")
@@ -466,7 +543,7 @@ def _utilization(client, db: str, filters: dict[str, Any]) -> list[dict]:
 
 
 _FETCHERS = {"bills": _bills, "jobs": _jobs, "queues": _queues, "utilization": _utilization, "capacity": _capacity,
-             "unmatched": _unmatched}
+             "unmatched": _unmatched, "alerts": _alerts, "suggestions": _suggestions}
 
 
 def fetch(client, database: str, name: str, **filters) -> list[dict]:

@@ -27,13 +27,17 @@ from gpuledger.schemas.models import (
     UsageRecord,
 )
 from gpuledger.schemas.wire import encode
+from gpuledger.sink.loop import run_sink
 from gpuledger.topics import create_topics
+from gpuledger.warehouse import connect
+from gpuledger.warehouse.periodic import commands as periodic
+from gpuledger.warehouse.reports import fetch
 from gpuledger.watch import run_watch, tail_alerts
 
 pytestmark = pytest.mark.integration
 
 MIN = 60_000
-T0 = 29_893_000 * MIN  # 2026-11-02T...: a whole minute
+T0 = 29_893_000 * MIN  # 2026-11-02T00:40:00Z
 GIB = 1 << 30
 
 
@@ -115,6 +119,18 @@ def test_load_train_checkpoint_hang_recover(settings):
     assert "ALERT OPEN   util_drop c1/train-1#0 tenant=acme gpus=GPU-a,GPU-b" in lines[0]
     assert "ALERT CLOSED hung" in lines[3] and "the job is working again" in lines[3]
 
+    # stored by the sink, one row per alert in its latest status, and reported
+    stats = run_sink(settings, until_caught_up=True)
+    assert stats["rows"]["alerts"] == 4
+    done = subprocess.run([sys.executable, "-m", "gpuledger.cli", "report", "alerts", "--format", "json"],
+                          env=settings_env(settings), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rows = [(r["rule"], r["job_id"], r["tenant"], r["status"], r["opened_at"], r["closed_at"])
+            for r in orjson.loads(done.stdout)]
+    # T0 is 00:40 UTC: opened at +60 min, closed at +71 min (UTC, as every report prints times)
+    assert rows == [("hung", "train-1", "acme", "closed", "2026-11-02T01:40:00", "2026-11-02T01:51:00"),
+                    ("util_drop", "train-1", "acme", "closed", "2026-11-02T01:40:00", "2026-11-02T01:51:00")]
+
 
 def snapshot(minute, pending_gpus):
     return SchedulerSnapshot(cluster="c1", ts_ms=T0 + minute * MIN, queues=[
@@ -150,3 +166,26 @@ def test_reclaim_suggestion_and_its_withdrawal(settings):
         [("idle-job", ["GPU-1", "GPU-2", "GPU-3"], 0.0, 3 * 31 * 1000)]
     assert (opened.gpus_freed, opened.waiting_demand.gpus, opened.waiting_demand.priority) == (3.0, 2.0, 10)
     assert got[1].suggestion_id == opened.suggestion_id and "no higher-priority work waits" in got[1].message
+
+    # the idle job is preempted 7 min after the suggestion: it was followed
+    lifecycle(settings, event("preempted", 37, job="idle-job"))
+    watch(settings)
+    stats = run_sink(settings, until_caught_up=True)
+    assert stats["rows"]["reclaim_suggestions"] == 2
+    client = connect(settings)
+    try:
+        (row,) = fetch(client, settings.database, "suggestions", followed_within_s=3600.0)
+        (unfollowed,) = fetch(client, settings.database, "suggestions", followed_within_s=60.0)
+        weekly = periodic.build_report(client, settings.database, "weekly", followed_within_s=3600.0)
+    finally:
+        client.close()
+    assert (row["status"], row["jobs"], row["followed"], row["released_gpus"]) == ("withdrawn", "idle-job", True, 3.0)
+    assert row["followed"] is True
+    assert unfollowed["followed"] is False  # released 7 min after: not within 1 min
+    # reclaimed: 3 GPUs idle at rate 0 from the release (37 min) to the end of the follow span
+    # (30 + 60 min), 3 x 53 / 60 GPU-hours, at the job's idle cost of 1000 micros a GPU-minute
+    (reclaimed,) = weekly.section("Reclaimed on followed reclaim suggestions").rows
+    assert reclaimed["job_id"] == "idle-job" and reclaimed["reclaimed_gpu_hours"] == pytest.approx(3 * 53 / 60)
+    assert reclaimed["saved_cost"] == pytest.approx(3 * 53 / 60 * 0.06)
+    assert weekly.summary["reclaimed_gpu_hours"] == pytest.approx(3 * 53 / 60)
+    assert weekly.summary["estimated_savings"] == pytest.approx(3 * 53 / 60 * 0.06)

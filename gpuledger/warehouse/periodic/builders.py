@@ -6,7 +6,7 @@
 - `monthly`: the three-layer trend per day, the tenants' cost composition (compute / idle /
   failed-retry), the top-N jobs by cost.
 - `weekly`: anomalies (GPUs down, failed attempts, idle-heavy jobs, stragglers), the top-10 costly
-  jobs, idle reclaimed against the previous week and estimated savings.
+  jobs, GPUs reclaimed on followed reclaim suggestions and the savings they made (docs/alerts.md).
 - `job`: utilization distribution, per-GPU balance score, loading-stall and straggler hints, cost by attempt.
 
 Periods end at `as_of` (default: the last day with usage, so a replayed period reports as if it were
@@ -25,7 +25,7 @@ from gpuledger.warehouse.periodic.queries import (
     LAYERS,
     balance_score,
     coverage,
-    idle_by_queue,
+    followed_suggestions,
     period_end,
     positive_int,
     query,
@@ -186,25 +186,27 @@ def anomalies(client, database: str, start: dt.date, end: dt.date, idle_share: f
     return out
 
 
-def weekly(client, database: str, *, as_of: Any = None, top: int = 10, idle_share: float = 0.3) -> Report:
+def weekly(client, database: str, *, as_of: Any = None, top: int = 10, idle_share: float = 0.3,
+           followed_within_s: float = 3600.0) -> Report:
     top = positive_int("top", top)
     end = period_end(client, database, as_of)
     start = end - dt.timedelta(days=6)
-    prev_end, prev_start = start - dt.timedelta(days=1), start - dt.timedelta(days=7)
-    now, before = idle_by_queue(client, database, start, end), idle_by_queue(client, database, prev_start, prev_end)
+    # Reclaimed = idle GPU time avoided by following reclaim suggestions (docs/alerts.md, "Followed
+    # suggestions"): a named job released its GPUs within followed_within_s; until the end of that
+    # span (or of the week) it would have held gpus_freed x (1 - its execution rate) idle, each idle
+    # GPU-hour at what its idle GPU-hours cost. Not a week-over-week difference of idle time.
+    week_end_ms = int(dt.datetime.combine(end + dt.timedelta(days=1), dt.time(), dt.timezone.utc).timestamp() * 1000)
     reclaimed = []
-    for queue in sorted(set(now) | set(before)):
-        cur, prev = now.get(queue, {}), before.get(queue, {})
-        reclaimed.append({
-            "queue": queue,
-            "idle_gpu_hours_previous": prev.get("idle_gpu_hours", 0.0), "idle_gpu_hours": cur.get("idle_gpu_hours", 0.0),
-            "reclaimed_gpu_hours": max(0.0, prev.get("idle_gpu_hours", 0.0) - cur.get("idle_gpu_hours", 0.0)),
-            "idle_cost_previous": prev.get("idle_cost", 0.0), "idle_cost": cur.get("idle_cost", 0.0),
-            "saved_cost": max(0.0, prev.get("idle_cost", 0.0) - cur.get("idle_cost", 0.0)),
-        })
+    for r in followed_suggestions(client, database, start, end, followed_within_s):
+        until = min(r["suggested_ms"] + followed_within_s * 1000, week_end_ms)
+        hours = r["gpus_freed"] * (1 - r["execution_rate"]) * max(0, until - r["released_ms"]) / 3_600_000
+        when = lambda ms: dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M")  # noqa: E731
+        reclaimed.append({"queue": r["queue"], "job_id": r["job_id"], "suggested_at": when(r["suggested_ms"]),
+                          "released_at": when(r["released_ms"]), "gpus_freed": r["gpus_freed"],
+                          "reclaimed_gpu_hours": hours, "saved_cost": hours * r["idle_cost_per_gpu_hour"]})
     tenants = tenant_costs(client, database, start, end)
     savings = [
-        {"item": "idle reclaimed vs previous week", "cost": total(reclaimed, "saved_cost")},
+        {"item": "idle avoided by following reclaim suggestions", "cost": total(reclaimed, "saved_cost")},
         {"item": "idle still allocated this week (reclaimable)", "cost": total(tenants, "idle_cost")},
         {"item": "failed-retry GPU time this week (avoidable)", "cost": total(tenants, "failed_retry_cost")},
     ]
@@ -219,8 +221,8 @@ def weekly(client, database: str, *, as_of: Any = None, top: int = 10, idle_shar
         Section("Anomalies", anomalies(client, database, start, end, idle_share),
                 f"GPUs down, failed attempts, jobs idle more than {idle_share:.0%} of their held time, stragglers"),
         Section(f"Top {top} costly jobs", top_jobs(client, database, start, end, top), "", Plot("bar", "job_id", ["cost"])),
-        Section("Idle reclaimed per queue (vs previous week)", reclaimed, f"previous week {prev_start} .. {prev_end}",
-                Plot("bar", "queue", ["idle_gpu_hours_previous", "idle_gpu_hours"])),
+        Section("Reclaimed on followed reclaim suggestions", reclaimed,
+                f"jobs a suggestion named that released their GPUs within {followed_within_s / 60:g} min of it"),
         Section("Estimated savings", savings),
     ]
     return report
@@ -297,6 +299,11 @@ def job(client, database: str, *, job_id: str, stall_s: float = 60.0) -> Report:
         Section("Cost by attempt", cost, "", Plot("stacked", "attempt", ["compute_cost", "idle_cost", "failed_retry_cost"])),
         Section("Cost by GPU model", by_model),
     ]
+    # training signals where the job reports its progress (line 4; gpuledger/warehouse/training.py)
+    from gpuledger.warehouse.training import training_sections
+    extra, sections = training_sections(client, database, str(job_id))
+    report.summary.update(extra)
+    report.sections += sections
     return report
 
 

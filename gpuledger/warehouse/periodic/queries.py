@@ -78,6 +78,42 @@ def idle_by_queue(client, database: str, start: dt.date, end: dt.date) -> dict[s
     return {r["queue"]: r for r in rows}
 
 
+def followed_suggestions(client, database: str, start: dt.date, end: dt.date, within_s: float) -> list[dict]:
+    """Jobs released on a reclaim suggestion (docs/alerts.md, "Followed suggestions"): every job a
+    suggestion opened in [start, end] named that ended (completed, failed, preempted, cancelled)
+    within `within_s` after it opened, with its GPUs, its execution rate then, when it ended, and what
+    an idle GPU-hour of it cost (its idle cost / its idle GPU-hours, from usage)."""
+    db = quoted_database(database)
+    return query(client, f"""
+        WITH named AS (
+            SELECT cluster, queue, opened_at_ms, job_id, attempt, gpus_freed, rate
+            FROM {db}.reclaim_suggestions FINAL
+            ARRAY JOIN job_ids AS job_id, job_attempts AS attempt, job_gpus_freed AS gpus_freed,
+                       job_execution_rates AS rate
+            WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}}
+        ),
+        ended AS (
+            SELECT cluster, job_id, attempt, min(ts_ms) AS end_ms FROM {db}.job_events
+            WHERE kind IN ('completed', 'failed', 'preempted', 'cancelled')
+              AND (cluster, job_id) IN (SELECT cluster, job_id FROM named)
+            GROUP BY cluster, job_id, attempt
+        ),
+        idle AS (
+            SELECT cluster, job_id, attempt, sumIf(cost_micros, state = 'allocated_idle') AS idle_cost_micros,
+                   sumIf(gpu_ms, state = 'allocated_idle') AS idle_gpu_ms
+            FROM {db}.usage_raw WHERE (cluster, job_id) IN (SELECT cluster, job_id FROM named)
+            GROUP BY cluster, job_id, attempt
+        )
+        SELECT n.queue AS queue, n.job_id AS job_id, n.attempt AS attempt, n.opened_at_ms AS suggested_ms,
+               e.end_ms AS released_ms, n.gpus_freed AS gpus_freed, n.rate AS execution_rate,
+               if(ifNull(i.idle_gpu_ms, 0) = 0, 0, i.idle_cost_micros / 1e6 / (i.idle_gpu_ms / 3600000)) AS idle_cost_per_gpu_hour
+        FROM named AS n
+        INNER JOIN ended AS e ON e.cluster = n.cluster AND e.job_id = n.job_id AND e.attempt = n.attempt
+        LEFT JOIN idle AS i ON i.cluster = n.cluster AND i.job_id = n.job_id AND i.attempt = n.attempt
+        WHERE e.end_ms >= n.opened_at_ms AND e.end_ms <= n.opened_at_ms + {{within:Int64}}
+        ORDER BY suggested_ms, queue, job_id, attempt""", {"d0": start, "d1": end, "within": int(within_s * 1000)})
+
+
 def stragglers(client, database: str, *, job_id: str | None = None, start: dt.date | None = None,
                 end: dt.date | None = None, ratio: float = 0.8) -> list[dict]:
     """GPUs of multi-GPU attempts whose utilization is under `ratio` x the attempt's median."""
