@@ -123,6 +123,14 @@ DATASETS: dict[str, tuple[str, str | None, list[dict], bool]] = {
         m("unallocated_cost_sum", "sum(unallocated_cost)", "Unallocated cost", ",.2f", money=True),
         m("capacity_gpu_hours", "sum(capacity_gpu_seconds) / 3600", "Capacity GPU-hours", ",.1f"),
     ], False),
+    "alerts_latest": ("Behaviour alerts (docs/alerts.md), one row per alert in its latest status", "opened_at", [
+        m("alert_count", "count()", "Alerts", ",d"),
+        m("open_alert_count", "countIf(status = 'open')", "Open alerts", ",d"),
+    ], False),
+    "reclaim_suggestions_latest": ("Reclaim suggestions per queue (docs/alerts.md), latest status", "opened_at", [
+        m("suggestion_count", "count()", "Suggestions", ",d"),
+        m("named_idle_cost", "sum(idle_cost_micros) / 1e6", "Idle cost of the named jobs", ",.2f", money=True),
+    ], False),
 }
 #: datasets of the algorithm view: every tenant sees only its own rows there (row-level security)
 TENANT_SCOPED = [name for name, (_, _, _, scoped) in DATASETS.items() if scoped]
@@ -199,7 +207,8 @@ def pie(groupby: list[str], metric: str) -> dict:
 DASHBOARDS = {
     "operations": (
         "GPU Ledger — Operations", "gpuledger-operations",
-        "Every GPU with its current job and tenant, its load history and its health record.",
+        "Every GPU with its current job and tenant, its load history and its health record; behaviour alerts "
+        "and reclaim suggestions.",
         [("node", "Node", "gpu_current"), ("gpu_model", "GPU model", "gpu_current"),
          ("queue", "Queue", "gpu_current"), ("gpu_uuid", "GPU", "gpu_current")],
         [
@@ -218,6 +227,12 @@ DASHBOARDS = {
              ("gpu_temperature", "Temperature: max by node (°C)", "gpu_health_samples",
               ts_chart("echarts_timeseries_line", "ts", "PT5M", ["max_temperature"], ["node"], ".0f",
                        **axes("Time (UTC)", "Temperature (°C)")), 6)],
+            [("alerts", "Behaviour alerts: drops, low use, stragglers, hangs, GPUs down (latest status)", "alerts_latest",
+              table_raw(["opened_at", "closed_at", "status", "rule", "job_id", "tenant", "queue", "gpus", "open_minutes",
+                         "message"], ("opened_at", False), 500), 7),
+             ("reclaim_suggestions", "Reclaim suggestions per queue", "reclaim_suggestions_latest",
+              table_raw(["opened_at", "withdrawn_at", "status", "queue", "execution_rate", "job_ids", "gpus_freed",
+                         "waiting_gpus", "waiting_priority", "message"], ("opened_at", False), 200), 5)],
         ],
     ),
     "algorithm": (
