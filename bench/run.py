@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.run                       # full run (~11 min on 2 cores)
     GPULEDGER_BENCH_QUICK=1 .venv/bin/python -m bench.run   # smoke run (~4 min), smaller sizes
-    .venv/bin/python -m bench.run --only join,agent     # some stages (core, agent, join, profile, e2e, warehouse)
+    .venv/bin/python -m bench.run --only join,agent     # some stages (core, agent, join, profile, e2e, warehouse, footprint)
 
 Sizes can be set one by one with GPULEDGER_BENCH_<NAME> (see bench/common.py: Sizes).
 Scratch data (logs, profiles, chDB directories) goes to GPULEDGER_BENCH_DIR (default
@@ -24,7 +24,7 @@ from pathlib import Path
 from bench.common import QUICK, SIZES, load_average, say, workdir
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
-STAGES = ("core", "agent", "join", "profile", "e2e", "warehouse")
+STAGES = ("core", "agent", "join", "profile", "e2e", "warehouse", "footprint")
 
 #: (key, label, unit, format, target as (comparison, value) or None)
 TABLE = [
@@ -35,7 +35,11 @@ TABLE = [
     ("join_worker_cpu_us_per_tick", "worker CPU per 8-GPU tick", "us", "{:,.0f}", None),
     ("core_samples_per_s", "pure core (no Kafka), per CPU-second", "samples/s", "{:,.0f}", None),
     ("core_us_per_tick", "pure core CPU per 8-GPU tick", "us", "{:,.0f}", None),
-    ("scaleout_ratio", "2 workers / 1 worker", "ratio", "{:.2f}", None),
+    ("scaleout_ratio", "2 workers / 1 worker", "ratio", "{:.2f}", (">=", 1.8)),
+    ("usage_rows_per_gpu_hour_5s", "usage rows per GPU-hour at 5 s", "rows", "{:.1f}", ("<=", 70)),
+    ("usage_rows_per_gpu_hour_5s_per_tick", "  the same, one record per tick", "rows", "{:.1f}", None),
+    ("usage_raw_bytes_per_gpu_day", "usage_raw on disk per GPU-day", "bytes", "{:,.0f}", None),
+    ("gpu_health_bytes_per_gpu_day", "gpu_health on disk per GPU-day", "bytes", "{:,.0f}", None),
     ("agent_core_share_1hz_8gpu", "agent, 8 GPUs @ 1 s (in process)", "% of a core", "pct", ("<", 0.005)),
     ("agent_live_core_share_1hz_8gpu", "agent process incl. librdkafka", "% of a core", "pct", ("<", 0.005)),
     ("nvml_calls_per_tick", "NVML calls per tick (8 GPUs)", "calls", "{:.0f}", None),
@@ -66,12 +70,20 @@ def table(results: dict) -> str:
             op, bound = target
             tgt = f"{op} {_fmt(bound, fmt)}"
             if value is not None:
-                met = "yes" if (value >= bound if op == ">=" else value < bound) else "NO"
+                ok = {">=": value >= bound, "<=": value <= bound, "<": value < bound}[op]
+                met = "yes" if ok else "NO"
         lines.append(f"{label:<40} {_fmt(value, fmt):>14}  {unit:<12} {tgt:<10} {met}")
     j = results.get("join_detail", {})
     if j:
         lines.append(f"  join workload: {j['ticks']:,} ticks of 8-GPU nodes at {j['interval_ms']} ms, "
                      f"{j['ticks_per_message']} ticks per message ({j['tick_bytes']:,.0f} B per tick)")
+    rows = results.get("footprint_scaling")
+    if rows:
+        lines.append("  footprint (5 s sampling, 60-s segments): GPUs | worker CPU us/sample | usage rows/GPU-h | "
+                     "usage_raw B/GPU-day | gpu_health B/GPU-day")
+        for r in rows:
+            lines.append(f"    {r['gpus']:>6,} | {r['worker_cpu_us_per_sample']:>6.2f} | {r['usage_rows_per_gpu_hour']:>6.1f} | "
+                         f"{r.get('usage_raw_bytes_per_gpu_day', 0):>10,.0f} | {r.get('gpu_health_bytes_per_gpu_day', 0):>10,.0f}")
     d = results.get("warehouse_detail", {})
     for key in ("bill_10m", "bill_100m"):
         if key in d:
@@ -114,7 +126,7 @@ def main(argv=None) -> int:
         results["meta"]["stage_seconds"][name] = round(time.monotonic() - t0, 1)
         results["meta"]["load_average_after_stage"][name] = load_average()
 
-    from bench import agent, core, e2e, join, warehouse
+    from bench import agent, core, e2e, footprint, join, warehouse
 
     stage("core", core.measure)
     needs_broker = {"agent", "join", "profile", "e2e"} & set(stages)
@@ -133,6 +145,7 @@ def main(argv=None) -> int:
         w = results.get("warehouse_detail", {}).get("writer")
         if w:
             results["writer_vs_columnar"] = w["writer_vs_columnar"]
+    stage("footprint", footprint.run)
     results["meta"]["total_seconds"] = round(time.monotonic() - t_all, 1)
 
     out = Path(args.output)
