@@ -12,7 +12,7 @@ from pathlib import Path
 from gpuledger.config import Settings
 
 TABLE_REPORTS = ("bills", "jobs", "queues", "utilization", "capacity", "unmatched", "alerts", "suggestions")
-PERIODIC_REPORTS = ("inventory", "monthly", "weekly", "job")  # gpuledger.warehouse.periodic.commands.REPORT_NAMES
+PERIODIC_REPORTS = ("inventory", "monthly", "weekly", "job", "forecast")  # gpuledger.warehouse.periodic.commands.REPORT_NAMES
 REPORT_NAMES = TABLE_REPORTS + PERIODIC_REPORTS
 
 
@@ -515,6 +515,10 @@ def build_parser() -> argparse.ArgumentParser:
     from gpuledger.traces.run import register_cli as register_traces_cli
     register_superset_cli(sub)
     register_traces_cli(sub)
+    from gpuledger.warehouse.estimate import register_cli as register_estimate_cli
+    from gpuledger.warehouse.forecast import register_cli as register_forecast_cli
+    register_estimate_cli(sub)  # estimate, approvals (docs/planning.md)
+    register_forecast_cli(sub)  # forecast run|backtest
 
     p = add("schemas", cmd_schemas, "export the JSON Schema files from the pydantic models")
     p.add_argument("action", choices=["export"])

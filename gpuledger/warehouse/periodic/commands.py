@@ -12,6 +12,7 @@ HTML is one self-contained page: inline CSS and SVG plots, no script, nothing fe
 from __future__ import annotations
 
 from gpuledger.warehouse.periodic import builders
+from gpuledger.warehouse import forecast  # the latest stored run (gpuledger forecast run)
 from gpuledger.warehouse.periodic.model import Coverage, Plot, Report, Section
 from gpuledger.warehouse.periodic.queries import LAYERS, balance_score, last_day
 from gpuledger.warehouse.periodic.render import FORMATS, render_report
@@ -19,9 +20,9 @@ from gpuledger.warehouse.periodic.render import FORMATS, render_report
 __all__ = ["REPORT_NAMES", "FORMATS", "LAYERS", "Coverage", "Plot", "Report", "Section", "balance_score",
            "build_report", "last_day", "register_report_cli", "render_report", "report_options"]
 
-REPORT_NAMES = ("inventory", "monthly", "weekly", "job")
+REPORT_NAMES = ("inventory", "monthly", "weekly", "job", "forecast")
 _BUILDERS = {"inventory": builders.inventory, "monthly": builders.monthly, "weekly": builders.weekly,
-             "job": builders.job}
+             "job": builders.job, "forecast": forecast.forecast_report}
 
 
 def build_report(client, database: str, name: str, **opts) -> Report:
@@ -54,4 +55,6 @@ def report_options(name: str, args) -> dict:
         return {"month": get("month"), "as_of": get("as_of"), "top": get("top")}
     if name == "weekly":
         return {"as_of": get("as_of"), "top": get("top")}
+    if name == "forecast":
+        return {}
     return {"job_id": get("job_id")}

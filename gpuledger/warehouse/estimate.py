@@ -1,0 +1,398 @@
+"""Pilot-run estimates and their approvals (issue #15 point 4; docs/planning.md, "Pilot-run estimate").
+
+A job that reports its progress (line 4) runs a short pilot; `gpuledger estimate JOB_ID --target-steps N`
+(or --target-tokens, --target-epochs) turns the pilot's measured step rate, the GPUs it held and the
+power they drew into the full run's wall time, GPU-hours, effective GPU-hours, energy and cost, priced
+with the ledger's own cost function (`LedgerConfig.entry_cost_micros`) and the entries valid now.
+
+Interval: the pilot's step rate is measured between consecutive progress reports; the band is the
+10th to 90th percentile of those rates (numpy's linear interpolation). The slow end gives the upper
+wall time and cost, the fast end the lower. It is the spread the pilot showed, not a statistical
+confidence interval: a pilot too short to show its slow phases gives a band too narrow.
+
+Above the approval threshold (ledger TOML `[approvals] threshold`, currency; default
+DEFAULT_THRESHOLD) — compared with the upper end of the cost — the estimate is recorded as pending
+in `approvals` (sql/0021, append-only) and sent to `<prefix>approvals`; `gpuledger approvals
+approve|reject ID --by WHO` records and sends the decision.
+
+`estimate_run` is pure (plain data in, an Estimate out); the rest reads and writes the warehouse.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from gpuledger.streams.pricing import JOULES_PER_KWH, MS_PER_HOUR, LedgerConfig
+from gpuledger.warehouse.client import quoted_database
+
+DEFAULT_THRESHOLD = 10_000.0
+#: the band: these percentiles of the pilot's interval step rates
+LOW_PCT, HIGH_PCT = 10.0, 90.0
+TARGETS = ("steps", "tokens", "epochs")
+
+
+@dataclass(frozen=True)
+class Pilot:
+    """What the warehouse knows of a pilot attempt. `reports`: (ts_ms, step, tokens, epoch) in time
+    order; `gpus`: GPU model -> GPUs held (shares add up); `power_w`: GPU model -> mean power of one
+    held GPU over the pilot, watts."""
+
+    job_id: str
+    attempt: int
+    reports: list[tuple[int, int, int | None, float | None]]
+    gpus: dict[str, float]
+    power_w: dict[str, float]
+
+
+@dataclass
+class Estimate:
+    job_id: str
+    attempt: int
+    target: str  # e.g. "steps=100000"
+    target_steps: float
+    steps_per_s: float  # the pilot's mean rate: its steps / its span
+    steps_per_s_low: float  # LOW_PCT percentile of the interval rates
+    steps_per_s_high: float
+    gpus: dict[str, float]
+    wall_hours: float
+    wall_hours_low: float
+    wall_hours_high: float
+    gpu_hours: float
+    effective_gpu_hours: float
+    energy_kwh: float  # GPU energy; the facility's is this x PUE
+    cost: float
+    cost_low: float
+    cost_high: float
+    currency: str
+    priced_at_ms: int
+    price_versions: dict[str, str] = field(default_factory=dict)
+    priced_by_default: list[str] = field(default_factory=list)
+
+    def rows(self) -> list[dict]:
+        """The estimate as report rows (figure, central, low, high)."""
+        f = self.wall_hours_low / self.wall_hours if self.wall_hours else 0.0
+        g = self.wall_hours_high / self.wall_hours if self.wall_hours else 0.0
+        return [
+            {"figure": "wall time (h)", "central": self.wall_hours, "low": self.wall_hours_low, "high": self.wall_hours_high},
+            {"figure": "GPU-hours", "central": self.gpu_hours, "low": self.gpu_hours * f, "high": self.gpu_hours * g},
+            {"figure": "effective GPU-hours", "central": self.effective_gpu_hours, "low": self.effective_gpu_hours * f,
+             "high": self.effective_gpu_hours * g},
+            {"figure": "GPU energy (kWh)", "central": self.energy_kwh, "low": self.energy_kwh * f, "high": self.energy_kwh * g},
+            {"figure": f"cost ({self.currency})", "central": self.cost, "low": self.cost_low, "high": self.cost_high},
+        ]
+
+
+def _steps_for(target: str, value: float, reports: list) -> float:
+    """The target as optimizer steps, at the pilot's tokens per step or steps per epoch."""
+    first, last = reports[0], reports[-1]
+    d_step = last[1] - first[1]
+    if target == "steps":
+        return float(value)
+    if target == "tokens":
+        if first[2] is None or last[2] is None or last[2] <= first[2]:
+            raise ValueError("--target-tokens needs a pilot that reports tokens (and processed some)")
+        return value * d_step / (last[2] - first[2])
+    if target == "epochs":
+        if first[3] is None or last[3] is None or last[3] <= first[3]:
+            raise ValueError("--target-epochs needs a pilot that reports epoch (and advanced it)")
+        return value * d_step / (last[3] - first[3])
+    raise ValueError(f"unknown target {target!r}; one of {', '.join(TARGETS)}")
+
+
+def estimate_run(pilot: Pilot, target: str, value: float, ledger: LedgerConfig, at_ms: int) -> Estimate:
+    """The full run's figures from a pilot (pure; docs/planning.md works one through by hand)."""
+    if value <= 0:
+        raise ValueError(f"the target must be positive, got {value}")
+    reports = [r for i, r in enumerate(pilot.reports) if i == 0 or r[0] > pilot.reports[i - 1][0]]
+    if len(reports) < 3:
+        raise ValueError(f"job {pilot.job_id} attempt {pilot.attempt}: the pilot has {len(reports)} progress "
+                         "report(s) at distinct times; an estimate needs at least 3")
+    span_s = (reports[-1][0] - reports[0][0]) / 1000
+    d_step = reports[-1][1] - reports[0][1]
+    if d_step <= 0:
+        raise ValueError(f"job {pilot.job_id} attempt {pilot.attempt}: the pilot made no steps")
+    if not pilot.gpus or sum(pilot.gpus.values()) <= 0:
+        raise ValueError(f"job {pilot.job_id} attempt {pilot.attempt}: no usage records, so the GPUs it holds are "
+                         "unknown (has the sink caught up?)")
+    rate = d_step / span_s
+    interval = [(b[1] - a[1]) / ((b[0] - a[0]) / 1000) for a, b in zip(reports, reports[1:])]
+    rate_low = float(np.percentile(interval, LOW_PCT))
+    rate_high = float(np.percentile(interval, HIGH_PCT))
+    if rate_low <= 0:
+        raise ValueError(f"job {pilot.job_id}: the pilot's slow intervals made no steps; the upper end is unbounded "
+                         "(run the pilot longer, or past its stalls)")
+    steps = _steps_for(target, value, reports)
+    wall_s = steps / rate
+    walls = {"central": wall_s, "low": steps / rate_high, "high": steps / rate_low}
+    cost = {k: 0 for k in walls}
+    gpu_hours = effective = energy_j = 0.0
+    versions, defaulted = {}, []
+    for model, gpus in sorted(pilot.gpus.items()):
+        entry = ledger.price_at(model, at_ms)
+        versions[model] = entry.version
+        if entry.model != model:
+            defaulted.append(model)
+        power = pilot.power_w.get(model, 0.0)
+        for k, w in walls.items():
+            gpu_ms = round(gpus * w * 1000)
+            cost[k] += ledger.entry_cost_micros(entry, model, gpu_ms, power * gpu_ms / 1000)
+        hours = gpus * wall_s / 3600
+        gpu_hours += hours
+        effective += hours * ledger.coefficient_at(model, at_ms).coefficient
+        energy_j += power * hours * 3600
+    return Estimate(
+        job_id=pilot.job_id, attempt=pilot.attempt, target=f"{target}={value:g}", target_steps=steps,
+        steps_per_s=rate, steps_per_s_low=rate_low, steps_per_s_high=rate_high, gpus=dict(pilot.gpus),
+        wall_hours=wall_s / 3600, wall_hours_low=walls["low"] / 3600, wall_hours_high=walls["high"] / 3600,
+        gpu_hours=gpu_hours, effective_gpu_hours=effective, energy_kwh=energy_j / JOULES_PER_KWH,
+        cost=cost["central"] / 1e6, cost_low=cost["low"] / 1e6, cost_high=cost["high"] / 1e6,
+        currency=ledger.currency, priced_at_ms=at_ms, price_versions=versions, priced_by_default=defaulted)
+
+
+def approval_threshold(path: Path | None) -> float:
+    """`[approvals] threshold` of the ledger TOML (currency), else DEFAULT_THRESHOLD."""
+    from gpuledger.ledger_files import BUNDLED_CONFIG
+
+    doc = tomllib.loads(Path(path or BUNDLED_CONFIG).read_text())
+    value = doc.get("approvals", {}).get("threshold", DEFAULT_THRESHOLD)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"[approvals] threshold must be a number >= 0 (currency), got {value!r}")
+    return float(value)
+
+
+# --------------------------------------------------------------------------- warehouse
+def _query(client, sql: str, params: dict) -> list[dict]:
+    return list(client.query(sql, parameters=params).named_results())
+
+
+def load_pilot(client, database: str, job_id: str, attempt: int | None = None) -> Pilot:
+    """The pilot attempt (default: the latest attempt that reported progress) with its reports, the GPUs
+    it held per model (each GPU at its largest share) and their mean power over the reported span."""
+    db = quoted_database(database)
+    p = {"job": job_id}
+    if attempt is None:
+        rows = _query(client, f"SELECT max(attempt) AS a, count() AS n FROM {db}.job_progress WHERE job_id = {{job:String}}", p)
+        if not rows or not rows[0]["n"]:
+            raise ValueError(f"job {job_id!r} reported no progress (line 4, gpuledger/progress.py): nothing to estimate from")
+        attempt = rows[0]["a"]
+    p["attempt"] = int(attempt)
+    reports = [(r["ts_ms"], r["step"], r["tokens"], r["epoch"]) for r in _query(client, f"""
+        SELECT ts_ms, step, tokens, epoch FROM {db}.job_progress
+        WHERE job_id = {{job:String}} AND attempt = {{attempt:UInt32}} ORDER BY ts_ms, step""", p)]
+    if not reports:
+        raise ValueError(f"job {job_id!r} attempt {attempt} reported no progress")
+    p.update(t0=reports[0][0], t1=reports[-1][0])
+    held = _query(client, f"""
+        SELECT gpu_model, sum(share) AS gpus FROM
+            (SELECT gpu_uuid, any(gpu_model) AS gpu_model, max(share_milli) / 1000 AS share FROM {db}.usage_raw
+             WHERE job_id = {{job:String}} AND attempt = {{attempt:UInt32}} AND state IN ('executing', 'allocated_idle')
+             GROUP BY gpu_uuid)
+        GROUP BY gpu_model""", p)
+    power = _query(client, f"""
+        SELECT gpu_model, sum(energy_j * part) / nullIf(sum(gpu_ms * part), 0) * 1000 AS power_w FROM
+            (SELECT gpu_model, energy_j, gpu_ms,
+                    greatest(least(end_ms, {{t1:Int64}}) - greatest(start_ms, {{t0:Int64}}), 0)
+                        / greatest(end_ms - start_ms, 1) AS part
+             FROM {db}.usage_raw
+             WHERE job_id = {{job:String}} AND attempt = {{attempt:UInt32}} AND state IN ('executing', 'allocated_idle'))
+        GROUP BY gpu_model""", p)
+    return Pilot(job_id=job_id, attempt=int(attempt), reports=reports,
+                 gpus={r["gpu_model"]: float(r["gpus"]) for r in held},
+                 power_w={r["gpu_model"]: float(r["power_w"] or 0.0) for r in power})
+
+
+def _approval_id(est: Estimate, now_ms: int) -> str:
+    digest = hashlib.sha256(f"{est.job_id}/{est.attempt}/{est.target}/{now_ms}".encode()).hexdigest()
+    return f"apr-{digest[:12]}"
+
+
+def record_pending(client, database: str, est: Estimate, threshold: float, now_ms: int) -> dict:
+    """Record the estimate as awaiting approval; returns the row written."""
+    row = {"approval_id": _approval_id(est, now_ms), "job_id": est.job_id, "status": "pending", "ts_ms": now_ms,
+           "decided_by": "", "note": "", "target": est.target, "cost_micros": round(est.cost * 1e6),
+           "cost_low_micros": round(est.cost_low * 1e6), "cost_high_micros": round(est.cost_high * 1e6),
+           "threshold_micros": round(threshold * 1e6), "currency": est.currency, "gpu_hours": est.gpu_hours,
+           "wall_hours": est.wall_hours, "estimate": json.dumps(asdict(est), sort_keys=True)}
+    from gpuledger.warehouse.client import insert_rows
+
+    insert_rows(client, "approvals", [row], database=database)
+    return row
+
+
+def approval_history(client, database: str, approval_id: str) -> list[dict]:
+    db = quoted_database(database)
+    return _query(client, f"""SELECT * EXCEPT (estimate, inserted_at) FROM {db}.approvals
+                             WHERE approval_id = {{id:String}} ORDER BY ts_ms""", {"id": approval_id})
+
+
+def decide(client, database: str, approval_id: str, status: str, by: str, note: str, now_ms: int) -> dict:
+    """Append the decision (approved / rejected) on a pending approval; returns the row written."""
+    if status not in ("approved", "rejected"):
+        raise ValueError(f"a decision is approved or rejected, not {status!r}")
+    if not by.strip():
+        raise ValueError("--by: who decides must be named")
+    history = approval_history(client, database, approval_id)
+    if not history:
+        raise ValueError(f"no approval {approval_id!r}")
+    latest = history[-1]
+    if latest["status"] != "pending":
+        raise ValueError(f"approval {approval_id} is already {latest['status']} (by {latest['decided_by']})")
+    row = {k: latest[k] for k in ("approval_id", "job_id", "target", "cost_micros", "cost_low_micros",
+                                  "cost_high_micros", "threshold_micros", "currency", "gpu_hours", "wall_hours")}
+    row.update(status=status, ts_ms=max(now_ms, latest["ts_ms"] + 1), decided_by=by.strip(), note=note or "",
+               estimate="")
+    from gpuledger.warehouse.client import insert_rows
+
+    insert_rows(client, "approvals", [row], database=database)
+    return row
+
+
+def list_approvals(client, database: str, status: str | None = None) -> list[dict]:
+    db = quoted_database(database)
+    where = "WHERE status = {s:String}" if status else ""
+    return _query(client, f"SELECT * FROM {db}.approvals_current {where} ORDER BY requested_ms, approval_id",
+                  {"s": status or ""})
+
+
+def decision_message(row: dict):
+    from gpuledger.schemas.models import ApprovalDecision
+
+    return ApprovalDecision(approval_id=row["approval_id"], job_id=row["job_id"], status=row["status"],
+                            ts_ms=row["ts_ms"], by=row["decided_by"], note=row["note"], target=row["target"],
+                            cost_micros=row["cost_micros"], cost_high_micros=row["cost_high_micros"],
+                            threshold_micros=row["threshold_micros"], currency=row["currency"],
+                            gpu_hours=row["gpu_hours"], wall_hours=row["wall_hours"])
+
+
+def publish(settings, rows: list[dict], timeout_s: float = 15.0) -> None:
+    """Send approval rows to `<prefix>approvals` (key: job id); raises when the broker does not confirm them."""
+    from confluent_kafka import Producer
+
+    from gpuledger.schemas.wire import encode
+
+    errors: list[str] = []
+    producer = Producer({**settings.kafka_client_config(), "enable.idempotence": True})
+    for row in rows:
+        producer.produce(settings.topics.approvals, key=row["job_id"].encode(), value=encode(decision_message(row)),
+                         on_delivery=lambda err, _m: errors.append(str(err)) if err else None)
+    left = producer.flush(timeout_s)
+    if left or errors:
+        raise RuntimeError(f"recorded in the warehouse, but not sent to {settings.topics.approvals} "
+                           f"({errors[:1] or f'{left} unsent'}); send it again: gpuledger approvals publish ID")
+
+
+# --------------------------------------------------------------------------- CLI
+def cmd_estimate(args) -> int:
+    from gpuledger.cli import _settings
+    from gpuledger.ledger_files import load_ledger_config
+    from gpuledger.warehouse import connect
+    from gpuledger.warehouse.report_text import render
+
+    settings = _settings(args)
+    targets = [(t, getattr(args, f"target_{t}")) for t in TARGETS if getattr(args, f"target_{t}") is not None]
+    if len(targets) != 1:
+        raise ValueError("give exactly one of --target-steps, --target-tokens, --target-epochs")
+    ledger = load_ledger_config(settings.ledger_config)
+    threshold = args.threshold if args.threshold is not None else approval_threshold(settings.ledger_config)
+    now_ms = int(time.time() * 1000)
+    client = connect(settings)
+    try:
+        est = estimate_run(load_pilot(client, settings.database, args.job_id, args.attempt), *targets[0], ledger, now_ms)
+        pending = est.cost_high > threshold
+        row = record_pending(client, settings.database, est, threshold, now_ms) if pending else None
+    finally:
+        client.close()
+    if args.format == "json":
+        print(json.dumps({**asdict(est), "threshold": threshold, "approval": row and row["approval_id"]}, indent=2))
+    else:
+        gpus = ", ".join(f"{n:g} x {m}" for m, n in est.gpus.items())
+        print(f"job {est.job_id} attempt {est.attempt}: {est.target} ({est.target_steps:,.0f} steps) on {gpus}; pilot "
+              f"{est.steps_per_s:.4g} steps/s (band {est.steps_per_s_low:.4g} .. {est.steps_per_s_high:.4g}: "
+              f"p{LOW_PCT:g}..p{HIGH_PCT:g} of its interval rates)")
+        print(render(est.rows(), "table"), end="")
+        if est.priced_by_default:
+            print(f"priced by default (no price of their own): {', '.join(est.priced_by_default)}")
+        if row:
+            print(f"above the approval threshold ({threshold:,.2f} {est.currency}, upper end {est.cost_high:,.2f}): "
+                  f"recorded as {row['approval_id']}, awaiting approval")
+        else:
+            print(f"within the approval threshold ({threshold:,.2f} {est.currency}): no approval needed")
+    if row and not args.no_publish:
+        publish(settings, [row])
+    return 0
+
+
+def cmd_approvals(args) -> int:
+    from gpuledger.cli import _settings
+    from gpuledger.warehouse import connect, connect_readonly
+    from gpuledger.warehouse.report_text import render
+
+    settings = _settings(args)
+    if args.action == "list":
+        client = connect_readonly(settings)
+        try:
+            rows = list_approvals(client, settings.database, args.status)
+        finally:
+            client.close()
+        print(render(rows, args.format, utc_days=True), end="")
+        return 0
+    if not args.approval_id:
+        raise SystemExit(f"usage: gpuledger approvals {args.action} ID")
+    client = connect(settings)
+    try:
+        if args.action == "publish":
+            rows = approval_history(client, settings.database, args.approval_id)
+            if not rows:
+                raise ValueError(f"no approval {args.approval_id!r}")
+        else:
+            status = "approved" if args.action == "approve" else "rejected"
+            rows = [decide(client, settings.database, args.approval_id, status, args.by or "", args.note or "",
+                           int(time.time() * 1000))]
+    finally:
+        client.close()
+    for r in rows:
+        print(f"{r['approval_id']}\t{r['job_id']}\t{r['status']}\t{r['decided_by']}\t{r['note']}")
+    if not args.no_publish:
+        publish(settings, rows)
+    return 0
+
+
+def register_cli(sub) -> None:
+    """`gpuledger estimate` and `gpuledger approvals` (called by gpuledger/cli.py build_parser)."""
+    p = sub.add_parser("estimate", help="estimate a full training run from its pilot's progress reports",
+                       description="estimate a full training run (cost, GPU-hours, energy, wall time, with a band) from "
+                                   "the pilot's progress reports; above the approval threshold it awaits approval")
+    p.set_defaults(func=cmd_estimate)
+    p.add_argument("job_id")
+    p.add_argument("--target-steps", type=float)
+    p.add_argument("--target-tokens", type=float)
+    p.add_argument("--target-epochs", type=float)
+    p.add_argument("--attempt", type=int, help="the pilot attempt (default: the latest that reported progress)")
+    p.add_argument("--threshold", type=float, help="approval threshold, currency (default: ledger [approvals] threshold)")
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.add_argument("--no-publish", action="store_true", help="record in the warehouse only, send nothing to Kafka")
+    _common(p)
+    p = sub.add_parser("approvals", help="list pilot-run approvals; approve or reject one (who and when are kept)",
+                       description="list pilot-run approvals; approve or reject one; publish one again to the topic")
+    p.set_defaults(func=cmd_approvals)
+    p.add_argument("action", choices=["list", "approve", "reject", "publish"])
+    p.add_argument("approval_id", nargs="?")
+    p.add_argument("--by", help="approve/reject: who decides")
+    p.add_argument("--note", help="approve/reject: why")
+    p.add_argument("--status", choices=["pending", "approved", "rejected"], help="list: only these")
+    p.add_argument("--format", choices=["table", "json", "csv"], default="table")
+    p.add_argument("--no-publish", action="store_true", help="approve/reject: record only, send nothing to Kafka")
+    _common(p)
+
+
+def _common(p) -> None:
+    p.add_argument("--data-dir", help="data directory (default: GPULEDGER_DATA_DIR or ./.gpuledger)")
+    p.add_argument("--bootstrap", help="Kafka bootstrap servers (default: GPULEDGER_KAFKA_BOOTSTRAP)")
+    p.add_argument("--warehouse", help="'chdb', 'chdb:/dir' or http(s)://host:port (default: GPULEDGER_WAREHOUSE)")
