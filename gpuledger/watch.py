@@ -59,7 +59,7 @@ def watch_inputs(settings: Settings) -> list[str]:
 
 def make_watcher(settings: Settings, ledger: LedgerConfig) -> Watcher:
     t = settings.topics
-    return Watcher(ledger.watch, definition_version=ledger.definition_version, currency=ledger.currency,
+    return Watcher(ledger.watch, currency=ledger.currency,
                    alerts_topic=t.alerts, suggestions_topic=t.reclaim_suggestions, usage_topic=t.usage,
                    lifecycle_topic=t.lifecycle_accepted, snapshots_topic=t.scheduler_snapshots)
 

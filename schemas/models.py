@@ -453,7 +453,7 @@ class Alert(_Wire):
     schema_version: Literal[1] = SCHEMA_VERSION
     alert_id: str = Field(min_length=1, description="deterministic id: hash of cluster/job_id/attempt/rule/opened_at_ms")
     rule: Literal["util_drop", "low_util", "straggler", "hung", "gpu_down"]
-    definition_version: str = Field(description="'<ledger definition_version>/<rule>.v<n>': the rule's parameters and logic")
+    definition_version: str = Field(description="'<[alerts] version>/<rule>.v<n>': the rule's parameters and logic")
     cluster: str
     job_id: str
     attempt: int = Field(ge=0)
@@ -496,7 +496,7 @@ class ReclaimSuggestion(_Wire):
 
     schema_version: Literal[1] = SCHEMA_VERSION
     suggestion_id: str = Field(min_length=1, description="deterministic id: hash of cluster/queue/opened_at_ms")
-    definition_version: str = Field(description="'<ledger definition_version>/reclaim.v<n>'")
+    definition_version: str = Field(description="'<[reclaim] version>/reclaim.v<n>': its parameters and logic")
     cluster: str
     queue: str
     status: Literal["open", "withdrawn"]

@@ -118,11 +118,10 @@ class Attempt:
 class Watcher:
     """All of the watcher's state and logic; the process only moves bytes in and out."""
 
-    def __init__(self, definitions: WatchDefinitions, *, definition_version: str, currency: str,
+    def __init__(self, definitions: WatchDefinitions, *, currency: str,
                  alerts_topic: str, suggestions_topic: str, usage_topic: str, lifecycle_topic: str,
                  snapshots_topic: str):
         self.d = definitions
-        self.definition_version = definition_version
         self.currency = currency
         self.alerts_topic, self.suggestions_topic = alerts_topic, suggestions_topic
         self.usage_topic, self.lifecycle_topic, self.snapshots_topic = usage_topic, lifecycle_topic, snapshots_topic
@@ -326,7 +325,7 @@ class Watcher:
         return max(1, math.ceil(seconds * 1000 / self.bucket_ms))
 
     def _definition(self, rule: str) -> str:
-        return f"{self.definition_version}/{rule}.v{RULE_VERSIONS[rule]}"
+        return f"{self.d.alerts.version}/{rule}.v{RULE_VERSIONS[rule]}"
 
     def _open(self, a: Attempt, rule: str, gpus: list[str], at_ms: int, window_start: int, window_end: int,
               message: str, ref: float | None = None) -> Out:
@@ -589,7 +588,7 @@ class Watcher:
             return []
         idle = sum(j.idle_cost_micros for j in chosen)
         suggestion = ReclaimSuggestion(
-            suggestion_id=_id(cluster, queue, horizon), definition_version=f"{self.definition_version}/reclaim.v{RECLAIM_VERSION}",
+            suggestion_id=_id(cluster, queue, horizon), definition_version=f"{self.d.reclaim.version}/reclaim.v{RECLAIM_VERSION}",
             cluster=cluster, queue=queue, status="open", opened_at_ms=horizon, execution_rate=round(rate, 4),
             window_ms=len(window) * self.bucket_ms, jobs=chosen, gpus_freed=round(freed, 3), waiting_demand=waiting,
             idle_cost_micros=idle, currency=self.currency,

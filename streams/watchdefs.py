@@ -1,9 +1,11 @@
 """Definitions of the behaviour alerts and the reclaim suggestions (`[alerts]` and `[reclaim]` in the
 ledger configuration; docs/alerts.md explains each parameter).
 
-They are definitions like the accounting's: agreed, versioned with the ledger's `definition_version`
-(bump it when one changes), and every alert and suggestion names the version it was made under.
-Each rule also has a version of its logic (RULE_VERSIONS), bumped when the code's meaning changes.
+They are definitions like the accounting's: agreed and versioned, each table on its own (`version`,
+bump it when a parameter changes), as they change no cost: a new alert threshold must not give every
+usage record a new definition_version. Every alert and suggestion names the version it was made
+under, "<[alerts] version>/<rule>.v<n>" (or "<[reclaim] version>/reclaim.v<n>"), where n is the
+version of the rule's logic (RULE_VERSIONS), bumped when the code's meaning changes.
 
 Pure: plain frozen data parsed from the TOML document; no I/O.
 """
@@ -14,7 +16,7 @@ import math
 from dataclasses import dataclass, field, fields
 
 #: version of each rule's logic (docs/alerts.md); an alert's definition_version is
-#: "<ledger definition_version>/<rule>.v<n>"
+#: "<[alerts] version>/<rule>.v<n>"
 RULE_VERSIONS = {"util_drop": 1, "low_util": 1, "straggler": 1, "hung": 1, "gpu_down": 1}
 RECLAIM_VERSION = 1
 RULES = tuple(RULE_VERSIONS)
@@ -78,6 +80,8 @@ class GpuDown:
 
 @dataclass(frozen=True)
 class AlertDefinitions:
+    #: the version of these parameters, named by every alert
+    version: str = "alerts-1"
     #: no shape rule but gpu_down looks at a job's first `startup_grace_s` (model loading)
     startup_grace_s: float = 900.0
     #: a checkpoint_begin without its checkpoint_end excludes at most this long
@@ -93,6 +97,8 @@ class AlertDefinitions:
 
 @dataclass(frozen=True)
 class ReclaimDefinitions:
+    #: the version of these parameters, named by every suggestion
+    version: str = "reclaim-1"
     enabled: bool = True
     #: rolling window of a queue's execution rate (executing / allocated GPU-time)
     window_s: float = 1800.0
@@ -133,6 +139,11 @@ def _table(cls, raw, where: str, bounds: dict):
         if f.name not in raw:
             continue
         value = raw[f.name]
+        if f.name == "version":
+            if not isinstance(value, str) or not value.strip():
+                raise WatchConfigError(f"{where}.version must be a non-empty string, got {value!r}")
+            values[f.name] = value
+            continue
         if f.name == "enabled":
             if not isinstance(value, bool):
                 raise WatchConfigError(f"{where}.enabled must be true or false, got {value!r}")

@@ -39,7 +39,7 @@ def watcher(**alerts) -> Watcher:
     d = LEDGER.watch
     for name, values in alerts.items():
         d = replace(d, alerts=replace(d.alerts, **{name: replace(getattr(d.alerts, name), **values)}))
-    return Watcher(d, definition_version=LEDGER.definition_version, currency=LEDGER.currency, alerts_topic="p.alerts",
+    return Watcher(d, currency=LEDGER.currency, alerts_topic="p.alerts",
                    suggestions_topic="p.reclaim-suggestions", usage_topic=USAGE, lifecycle_topic=LIFE,
                    snapshots_topic=SNAP)
 
@@ -123,7 +123,7 @@ def test_load_train_checkpoint_hang_recover_opens_and_closes_exactly(tick_ms):
     assert hung_open.window_start_ms == T0 + 50 * MIN
     assert drop_closed.alert_id == drop_open.alert_id and drop_closed.opened_at_ms == drop_open.opened_at_ms
     assert "fell from 95% to 0%" in drop_open.message
-    assert drop_open.definition_version == "unit-1/util_drop.v1" and drop_open.tenant == "acme"
+    assert drop_open.definition_version == "alerts-unit-1/util_drop.v1" and drop_open.tenant == "acme"
     assert feed.w.open_alerts() == [] and ("c1", "j1", 0) in feed.w.ended
 
 
@@ -263,7 +263,7 @@ def test_reclaim_suggestion_names_the_least_productive_old_jobs_and_is_withdrawn
     assert opened.waiting_demand.queues == ["prod"] and opened.currency == "USD"
     # idle cost so far: 3 GPUs x 1000 micros a minute, for the 31 minutes seen when it opened
     assert opened.idle_cost_micros == opened.jobs[0].idle_cost_micros == 3 * 31 * 1000
-    assert opened.definition_version == "unit-1/reclaim.v1"
+    assert opened.definition_version == "reclaim-unit-1/reclaim.v1"
     # the prod work stops waiting at 36 min: withdrawn at the next evaluation
     assert withdrawn.suggestion_id == opened.suggestion_id and withdrawn.status == "withdrawn"
     assert withdrawn.withdrawn_at_ms == T0 + 36 * MIN and "no higher-priority work waits" in withdrawn.message
@@ -336,7 +336,8 @@ def test_definitions_are_parsed_and_checked():
     for bad, says in (({"alerts": {"hung": {"for_s": -1}}}, "alerts.hung.for_s"),
                       ({"alerts": {"low_util": {"floor": 3}}}, r"unknown key\(s\) floor"),
                       ({"reclaim": {"execution_rate_below": 1.5}}, "reclaim.execution_rate_below"),
-                      ({"alerts": {"util_drop": {"enabled": "yes"}}}, "enabled must be true or false")):
+                      ({"alerts": {"util_drop": {"enabled": "yes"}}}, "enabled must be true or false"),
+                      ({"reclaim": {"version": ""}}, "reclaim.version must be a non-empty string")):
         raw = UNIT_LEDGER.read_text().split("\n# Behaviour alerts")[0]
         import tomllib
         with pytest.raises(LedgerConfigError, match=says):
