@@ -50,6 +50,13 @@ MIG_REFRESH_S = 300.0
 #: Whole-GPU instance profiles, largest first: their slice count is the GPU's (7 on A100/H100/H200, 4 on A30).
 _WHOLE_GPU_PROFILES = ("NVML_GPU_INSTANCE_PROFILE_7_SLICE", "NVML_GPU_INSTANCE_PROFILE_4_SLICE")
 
+#: The GPU's identity for its ID card, read once at start: (GpuSample field, pynvml function).
+IDENTITY_QUERIES: tuple[tuple[str, str], ...] = (
+    ("serial", "nvmlDeviceGetSerial"),
+    ("board_part_number", "nvmlDeviceGetBoardPartNumber"),
+    ("vbios_version", "nvmlDeviceGetVbiosVersion"),
+)
+
 #: Fields read in the one nvmlDeviceGetFieldValues call: (our name, pynvml constant, scopeId).
 #: Constants a given pynvml lacks are skipped. Units as NVML reports them.
 FIELDS: tuple[tuple[str, str, int], ...] = (
@@ -177,6 +184,7 @@ class _Gpu:
     mig: list[MigDevice] = field(default_factory=list)   # MIG instances, as last read
     mig_read_at: float = -math.inf                        # backend clock of that read
     power_limit_w: float | None = None                    # enforced power limit, read with the MIG layout
+    identity: dict[str, str] = field(default_factory=dict)  # serial, board_part_number, vbios_version: read once
 
 
 def _text(value: str | bytes) -> str:
@@ -268,7 +276,25 @@ class NvmlBackend:
                         unreadable=f"unreadable at agent start: {exc}")
         gpu = _Gpu(index=index, handle=handle, uuid=uuid, model=ledger_model_name(name))
         self._by_key[_handle_key(handle)] = gpu
+        gpu.identity = self._read_identity(gpu)
         return gpu
+
+    def _read_identity(self, gpu: _Gpu) -> dict[str, str]:
+        """Serial, board part number and VBIOS of the GPU's ID card (docs/gpu-cards.md): read here, once
+        per GPU, never per tick. One the GPU or driver cannot give (NOT_SUPPORTED on GeForce boards, a
+        pynvml without the call) is left out, like the other optional queries."""
+        out: dict[str, str] = {}
+        for key, fn in IDENTITY_QUERIES:
+            if not hasattr(self._nvml, fn):
+                continue
+            try:
+                value = self._query(gpu, key, fn)
+            except _GpuLost:
+                return out  # the first sample reports the GPU down
+            text = _text(value).strip() if value is not None else ""
+            if text and text.isprintable():
+                out[key] = text[:128]
+        return out
 
     def _reopen(self, gpu: _Gpu) -> _Gpu:
         """Try again to identify a GPU that could not be read at start (3 calls, only for such GPUs)."""
@@ -450,12 +476,12 @@ class NvmlBackend:
 
     def _sample_gpu(self, gpu: _Gpu, seen_pids: set[int]) -> GpuSample:
         xids, gpu.xids = gpu.xids, []
-        ident = dict(gpu_uuid=gpu.uuid, index=gpu.index, model=gpu.model, xid_errors=xids)
+        ident = dict(gpu_uuid=gpu.uuid, index=gpu.index, model=gpu.model, xid_errors=xids, **gpu.identity)
         if gpu.unreadable:
             gpu = self._reopen(gpu)
             if gpu.unreadable:
                 return GpuSample(**ident, health=GpuHealth.down, down_reason=gpu.unreadable)
-            ident.update(gpu_uuid=gpu.uuid, model=gpu.model)
+            ident.update(gpu_uuid=gpu.uuid, model=gpu.model, **gpu.identity)
         try:
             if self._clock() - gpu.mig_read_at >= MIG_REFRESH_S:
                 # the power limit changes as seldom (an operator's nvidia-smi -pl): read at the same times

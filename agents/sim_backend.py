@@ -8,6 +8,7 @@ utilization, an energy counter that integrates power over time, temperature, thr
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 import uuid
@@ -43,6 +44,26 @@ MODEL_SPECS: dict[str, ModelSpec] = {
     "L40S": ModelSpec(45 * GiB, 35, 350, 2520, 9001, 25e9, None),
 }
 DEFAULT_SPEC = ModelSpec(24 * GiB, 30, 300, 1500, 1500, 12e9, None)
+#: board part number and VBIOS of a simulated card, per model (shaped like NVIDIA's; not real ones)
+SIM_BOARDS: dict[str, tuple[str, str]] = {
+    "A100-80GB": ("692-2G506-0210-002", "92.00.45.00.05"),
+    "A100-40GB": ("692-2G506-0200-002", "92.00.36.00.02"),
+    "H100-80GB": ("692-2G520-0200-000", "96.00.30.00.01"),
+    "H200-141GB": ("692-2G530-0200-000", "96.00.74.00.0C"),
+    "V100-32GB": ("692-2G503-0203-200", "88.00.80.00.01"),
+    "T4": ("900-2G183-0000-001", "90.04.38.00.03"),
+    "L40S": ("900-2G133-0080-000", "95.02.5D.00.02"),
+}
+
+
+def sim_identity(gpu_uuid: str, model: str) -> dict[str, str]:
+    """A simulated card's serial, board part number and VBIOS, derived from its UUID (not the backend's
+    random stream, so adding them changed no other simulated value). Serials fall in three batches
+    per model: the serial's first 7 digits, as on NVIDIA boards."""
+    digest = int(hashlib.sha256(gpu_uuid.encode()).hexdigest(), 16)
+    part, vbios = SIM_BOARDS.get(model, ("699-00000-0000-000", "00.00.00.00.00"))
+    batch = 1320220 + (sum(map(ord, model)) % 50) * 10 + digest % 3
+    return {"serial": f"{batch}{digest % 10**6:06d}", "board_part_number": part, "vbios_version": vbios}
 IDLE_SM_CLOCK_MHZ = 345.0
 
 
@@ -170,7 +191,8 @@ class SimBackend:
         dt_s = (now_ms - gpu.last_ms) / 1000.0 if gpu.last_ms is not None and now_ms > gpu.last_ms else 0.0
         gpu.last_ms = now_ms
         xids, gpu.pending_xids = gpu.pending_xids, []
-        ident = dict(gpu_uuid=gpu.uuid, index=gpu.index, model=gpu.model, xid_errors=xids)
+        ident = dict(gpu_uuid=gpu.uuid, index=gpu.index, model=gpu.model, xid_errors=xids,
+                     **sim_identity(gpu.uuid, gpu.model))
         if gpu.down_reason is not None:
             gpu.last_power_w = None  # a down card reports nothing; its counter resumes where it was
             return GpuSample(**ident, health=GpuHealth.down, down_reason=gpu.down_reason)

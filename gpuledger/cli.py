@@ -13,7 +13,8 @@ from gpuledger.config import Settings
 
 TABLE_REPORTS = ("bills", "jobs", "queues", "utilization", "capacity", "unmatched", "alerts", "suggestions")
 PERIODIC_REPORTS = ("inventory", "monthly", "weekly", "job", "forecast")  # gpuledger.warehouse.periodic.commands.REPORT_NAMES
-REPORT_NAMES = TABLE_REPORTS + PERIODIC_REPORTS
+CARD_REPORTS = ("gpu", "gpu-fleet")  # GPU ID cards: gpuledger/warehouse/cards.py
+REPORT_NAMES = TABLE_REPORTS + PERIODIC_REPORTS + CARD_REPORTS
 
 
 def _settings(args) -> Settings:
@@ -49,6 +50,8 @@ def cmd_migrate(args) -> int:
     try:
         applied = migrate_configured(client, settings)  # cluster rendering and retention TTLs as configured
         synced = sync_library(client, settings.database, ledger)
+        from gpuledger.warehouse.carbon import record_definition
+        record_definition(client, settings.database, ledger.carbon)  # the [carbon] definition (docs/carbon.md)
     finally:
         client.close()
     print(f"applied {len(applied)} migration(s)" + (": " + ", ".join(applied) if applied else " (up to date)"))
@@ -215,6 +218,9 @@ def cmd_report(args) -> int:
     settings = _settings(args)
     if args.report in PERIODIC_REPORTS:
         return _periodic_report(args, settings)
+    if args.report in CARD_REPORTS:
+        from gpuledger.warehouse.cards import report_command
+        return report_command(args, settings)
     if args.format not in ("table", "json", "csv"):
         raise SystemExit(f"report {args.report} is printed as table, json or csv")
     from gpuledger.warehouse.reports import fetch
@@ -472,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("report", cmd_report, "print a report from the ClickHouse tables", warehouse=True)
     p.add_argument("report", choices=REPORT_NAMES)
-    p.add_argument("job_id", nargs="?", help="report job: the job's id")
+    p.add_argument("job_id", nargs="?", help="report job: the job's id; report gpu: the GPU's UUID")
     p.add_argument("--format", choices=["table", "json", "csv", "markdown", "html"], default="table",
                    help="bills/jobs/queues/utilization/capacity/unmatched: table|json|csv; inventory/monthly/weekly/job: "
                         "table|markdown|html (self-contained, with plots)")
@@ -514,6 +520,10 @@ def build_parser() -> argparse.ArgumentParser:
     from gpuledger.integrations.superset import register_cli as register_superset_cli
     from gpuledger.traces.run import register_cli as register_traces_cli
     register_superset_cli(sub)
+    from gpuledger.warehouse.cards import register_cli as register_gpu_cli
+    from gpuledger.warehouse.carbon import register_cli as register_carbon_cli
+    register_gpu_cli(sub)
+    register_carbon_cli(sub)
     register_traces_cli(sub)
     from gpuledger.warehouse.estimate import register_cli as register_estimate_cli
     from gpuledger.warehouse.forecast import register_cli as register_forecast_cli

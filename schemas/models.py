@@ -117,6 +117,12 @@ class GpuSample(_Wire):
     xid_errors: list[int] = Field(default_factory=list, description="Xid error codes seen since the previous tick")
     processes: list[ProcessSample] = Field(default_factory=list, description="processes/containers using the GPU")
     mig_devices: list[MigDevice] = Field(default_factory=list, description="MIG instances of this GPU (empty when MIG is off)")
+    # Identity for the GPU's ID card (docs/gpu-cards.md): read once per GPU at agent start; None where
+    # the GPU or driver cannot tell (NOT_SUPPORTED) and from agents that predate these fields.
+    serial: str | None = Field(None, max_length=128, description="board serial number (NVML nvmlDeviceGetSerial)")
+    board_part_number: str | None = Field(None, max_length=128, description="board part number (NVML "
+                                          "nvmlDeviceGetBoardPartNumber); with the serial prefix, the vendor batch")
+    vbios_version: str | None = Field(None, max_length=128, description="VBIOS version (NVML nvmlDeviceGetVbiosVersion)")
 
 
 class NodeTick(_Wire):

@@ -15,6 +15,7 @@ from functools import cached_property
 from datetime import date, datetime, timezone
 
 from gpuledger.streams.watchdefs import WatchDefinitions, parse_watch_definitions
+from gpuledger.streams.carbondefs import CarbonDefinition, parse_carbon
 
 MS_PER_HOUR = 3_600_000
 JOULES_PER_KWH = 3_600_000.0
@@ -192,6 +193,8 @@ class LedgerConfig:
     segment_flush_after_ms: int = DEFAULT_SEGMENT_FLUSH_AFTER_S * 1000
     #: the behaviour alerts' and reclaim suggestions' definitions ([alerts], [reclaim]; streams/watchdefs.py)
     watch: WatchDefinitions = field(default_factory=WatchDefinitions)
+    #: [carbon]: energy -> gCO2e (streams/carbondefs.py; docs/carbon.md), versioned on its own
+    carbon: CarbonDefinition = field(default_factory=CarbonDefinition)
 
     def price(self, model: str) -> UnitPrice:
         return self.prices.get(model) or self.prices["default"]
@@ -330,7 +333,8 @@ def _fingerprint(doc: dict) -> str:
     """sha256 of the definitions: everything but the histories (coefficients; prices given as
     [[prices]] entries), which records name entry by entry. Old [prices.MODEL] tables stay in it."""
     # [segments] is left out too: it changes how GPU time is cut into records, never what it costs
-    histories = {"coefficients", "segments"} | ({"prices"} if isinstance(doc.get("prices"), list) else set())
+    # [carbon] too: it has its own version (carbon.version) and changes no cost
+    histories = {"coefficients", "segments", "carbon"} | ({"prices"} if isinstance(doc.get("prices"), list) else set())
     return hashlib.sha256(
         json.dumps({k: v for k, v in doc.items() if k not in histories}, sort_keys=True, default=str).encode()
     ).hexdigest()
@@ -391,6 +395,7 @@ def parse_ledger_config(doc: dict, source: str = "<config>") -> LedgerConfig:
                                            f"{source}: power.limit_tolerance"),
             unpriced_policy=policy,
             watch=parse_watch_definitions(doc),
+            carbon=parse_carbon(doc, float(power.get("pue", 1.0))),
             **_segments(doc.get("segments", {}), source),
         )
     except KeyError as exc:

@@ -89,7 +89,10 @@ def run_embedded(
         client = connect(s)
         try:
             applied = migrate(client, s.database)
-            sync_library(client, s.database, load_ledger_config(s.ledger_config))
+            ledger = load_ledger_config(s.ledger_config)
+            sync_library(client, s.database, ledger)
+            from gpuledger.warehouse.carbon import record_definition
+            record_definition(client, s.database, ledger.carbon)  # carbon figures in the reports (docs/carbon.md)
         finally:
             client.close()
         log(f"[pipeline] topics created; {len(applied)} migrations applied to chDB at {warehouse_dir}")

@@ -119,6 +119,10 @@ def inventory_row(tick: NodeTick, source: Source) -> dict:
     return {
         "cluster": tick.cluster, "node": tick.node, "seen_ms": tick.ts_ms, "gpu_count": len(tick.gpus),
         "gpu_uuids": [g.gpu_uuid for g in tick.gpus], "gpu_models": [g.model for g in tick.gpus],
+        # the GPUs' identity for their ID cards (sql/0020), '' where the agent could not read it
+        "gpu_serials": [g.serial or "" for g in tick.gpus],
+        "gpu_board_part_numbers": [g.board_part_number or "" for g in tick.gpus],
+        "gpu_vbios_versions": [g.vbios_version or "" for g in tick.gpus],
         "source": "gpu-samples", **source.columns(),
     }
 

@@ -55,6 +55,10 @@ class FakeDevice:
     proc_util: list[tuple[int, int, int]] | int = field(default_factory=list)  # (pid, ts_us, sm) or error code
     unsupported: set[str] = field(default_factory=set)  # function names answering NOT_SUPPORTED
     lost: bool = False
+    # identity for the ID card; None: NOT_SUPPORTED (GeForce boards have no serial)
+    serial: str | None = None
+    board_part_number: str | None = None
+    vbios: str | None = None
 
 
 class FakeNvml:
@@ -121,6 +125,23 @@ class FakeNvml:
     def nvmlDeviceGetName(self, handle: Any) -> bytes:
         self._hit("nvmlDeviceGetName")
         return self._dev(handle, "nvmlDeviceGetName").name.encode()  # older pynvml returns bytes
+
+    def _identity(self, handle: Any, fn: str, value: str | None) -> bytes:
+        self._hit(fn)
+        self._dev(handle, fn)
+        if value is None:
+            raise FakeNVMLError(self.NVML_ERROR_NOT_SUPPORTED)
+        return value.encode()  # older pynvml returns bytes
+
+    def nvmlDeviceGetSerial(self, handle: Any) -> bytes:
+        return self._identity(handle, "nvmlDeviceGetSerial", self.devices[self.handles.index(handle)].serial)
+
+    def nvmlDeviceGetBoardPartNumber(self, handle: Any) -> bytes:
+        return self._identity(handle, "nvmlDeviceGetBoardPartNumber",
+                              self.devices[self.handles.index(handle)].board_part_number)
+
+    def nvmlDeviceGetVbiosVersion(self, handle: Any) -> bytes:
+        return self._identity(handle, "nvmlDeviceGetVbiosVersion", self.devices[self.handles.index(handle)].vbios)
 
     def nvmlEventSetCreate(self) -> str:
         self._hit("nvmlEventSetCreate")
@@ -567,3 +588,29 @@ def test_the_enforced_power_limit_is_reported_and_read_only_now_and_then() -> No
     clock.t += 301
     assert backend.sample(10_000)[0].power_limit_w == 250.0  # read again with the MIG layout
     assert fake.calls["nvmlDeviceGetEnforcedPowerLimit"] == reads + 1  # NOT_SUPPORTED is not asked again
+
+
+def test_identity_read_once_at_start_and_carried_on_every_sample() -> None:
+    # the A100 tells all three; the second card (a GeForce-like board) answers NOT_SUPPORTED for the serial
+    fake, backend = make([a100(serial="1321020012345", board_part_number="692-2G506-0210-002",
+                               vbios="92.00.45.00.05"),
+                          h100(board_part_number="692-2G520-0200-000")])
+    assert fake.calls["nvmlDeviceGetSerial"] == 2
+    for now in (1_000, 6_000, 11_000):
+        g0, g1 = backend.sample(now_ms=now)
+        assert (g0.serial, g0.board_part_number, g0.vbios_version) == (
+            "1321020012345", "692-2G506-0210-002", "92.00.45.00.05")
+        assert (g1.serial, g1.board_part_number, g1.vbios_version) == (None, "692-2G520-0200-000", None)
+    # read at start only: no tick asks again
+    assert [fake.calls[f] for f in ("nvmlDeviceGetSerial", "nvmlDeviceGetBoardPartNumber",
+                                    "nvmlDeviceGetVbiosVersion")] == [2, 2, 2]
+    NodeTick(cluster="c", node="n", ts_ms=1_000, interval_ms=5_000, gpus=[g0, g1])
+
+
+def test_identity_not_supported_is_left_out() -> None:
+    dev = a100(serial="1321020012345")
+    fake = FakeNvml([dev])
+    dev.unsupported.add("nvmlDeviceGetSerial")  # e.g. a driver without the query: NOT_SUPPORTED
+    backend = NvmlBackend(fake, clock=Clock())
+    (g0,) = backend.sample(now_ms=1_000)
+    assert g0.serial is None and g0.health == GpuHealth.ok

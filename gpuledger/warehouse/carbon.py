@@ -1,0 +1,214 @@
+"""Carbon of GPU work (issue #15 point 2; docs/carbon.md): grid intensity series in, gCO2e out.
+
+    gpuledger carbon load intensity.csv    # zone (cluster or region), valid_from, gco2e_per_kwh
+    gpuledger carbon show                  # the recorded definition and the loaded series
+
+A usage record's carbon is its energy (usage_raw.energy_j, measured at the GPU) x PUE x the grid
+intensity of its cluster's zone valid at the record's start (ASOF JOIN on valid_from), else the
+definition's default intensity. The definition ([carbon] in the ledger TOML, streams/carbondefs.py)
+is recorded in `carbon_definitions` by `gpuledger migrate` and `gpuledger carbon load`; the latest
+recorded one applies and its version is named beside every figure. Tables and views: sql/0020.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import getpass
+import io
+import math
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from gpuledger.streams.carbondefs import MAX_GCO2E_PER_KWH, CarbonDefinition
+from gpuledger.warehouse.client import insert_rows, quoted_database
+
+#: header names a CSV may give the zone column (a cluster's name, or a region [carbon.zones] names)
+ZONE_HEADERS = ("zone", "cluster", "region")
+
+
+class CarbonInputError(ValueError):
+    """A carbon intensity file the ledger cannot read; the message names the line."""
+
+
+def parse_time_ms(text: str, where: str) -> int:
+    """'2026-11-10', '2026-11-10T06:00', '2026-11-10T06:00:00+01:00' or '...Z' -> epoch ms (UTC when no
+    offset is given: the ledger's days are UTC days)."""
+    value = text.strip()
+    try:
+        when = dt.datetime.fromisoformat(value.replace("Z", "+00:00") if value.endswith("Z") else value)
+    except ValueError:
+        raise CarbonInputError(f"{where}: valid_from must be an ISO date or time (e.g. 2026-11-10T06:00Z), "
+                               f"got {text!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    return int(when.timestamp() * 1000)
+
+
+def parse_intensity_csv(text: str, source: str = "<csv>") -> list[dict]:
+    """Rows {zone, valid_from_ms, gco2e_per_kwh} of a CSV with a header: one of zone/cluster/region,
+    valid_from and gco2e_per_kwh (other columns are ignored). Every bad line is an error, with its
+    number: a partly loaded series would price some hours at the default without anyone knowing."""
+    reader = csv.DictReader(io.StringIO(text))
+    header = [h.strip() for h in (reader.fieldnames or [])]
+    reader.fieldnames = header
+    zone_col = next((h for h in ZONE_HEADERS if h in header), None)
+    missing = [name for name, ok in (("zone, cluster or region", zone_col), ("valid_from", "valid_from" in header),
+                                     ("gco2e_per_kwh", "gco2e_per_kwh" in header)) if not ok]
+    if missing:
+        raise CarbonInputError(f"{source}: the header must name {', '.join(missing)}; got {', '.join(header) or 'nothing'}")
+    rows, seen = [], {}
+    for n, raw in enumerate(reader, start=2):
+        where = f"{source}, line {n}"
+        if not any((v or "").strip() for v in raw.values() if isinstance(v, str)):
+            continue  # a blank line
+        zone = (raw.get(zone_col) or "").strip()
+        if not zone or not zone.isprintable() or len(zone) > 256:
+            raise CarbonInputError(f"{where}: {zone_col} must be a name, got {raw.get(zone_col)!r}")
+        ts = parse_time_ms(raw.get("valid_from") or "", where)
+        try:
+            g = float((raw.get("gco2e_per_kwh") or "").strip())
+        except ValueError:
+            raise CarbonInputError(f"{where}: gco2e_per_kwh must be a number, got {raw.get('gco2e_per_kwh')!r}") from None
+        if not math.isfinite(g) or not 0 <= g <= MAX_GCO2E_PER_KWH:
+            raise CarbonInputError(f"{where}: gco2e_per_kwh must be within 0..{MAX_GCO2E_PER_KWH:g} g/kWh, got {g}")
+        if (zone, ts) in seen:
+            raise CarbonInputError(f"{where}: {zone} from {raw.get('valid_from')} is given twice "
+                                   f"(first on line {seen[(zone, ts)]})")
+        seen[(zone, ts)] = n
+        rows.append({"zone": zone, "valid_from_ms": ts, "gco2e_per_kwh": g})
+    if not rows:
+        raise CarbonInputError(f"{source}: no rows")
+    return rows
+
+
+# --------------------------------------------------------------------------- warehouse
+def _query(client, sql: str, params: dict | None = None) -> list[dict]:
+    return list(client.query(sql, parameters=params or {}).named_results())
+
+
+def record_definition(client, database: str, carbon: CarbonDefinition) -> bool:
+    """Record the [carbon] definition unless the latest recorded one is the same; True when recorded."""
+    db = quoted_database(database)
+    latest = _query(client, f"SELECT carbon_version, pue, default_gco2e_per_kwh, default_source, zones "
+                            f"FROM {db}.carbon_definitions ORDER BY recorded_at DESC LIMIT 1")
+    wanted = {"carbon_version": carbon.version, "pue": carbon.pue, "default_gco2e_per_kwh": carbon.default_gco2e_per_kwh,
+              "default_source": carbon.default_source, "zones": dict(carbon.zones)}
+    if latest and {k: (dict(v) if k == "zones" else v) for k, v in latest[0].items()} == wanted:
+        return False
+    insert_rows(client, "carbon_definitions", [wanted], database=database)
+    return True
+
+
+def load_intensity(client, database: str, rows: Sequence[dict], source: str, loaded_by: str | None = None) -> int:
+    """Append the rows to carbon_intensity (history kept; the latest load of a zone and time wins)."""
+    by = loaded_by or _user()
+    return insert_rows(client, "carbon_intensity", [{**r, "source": source, "loaded_by": by} for r in rows],
+                       database=database)
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # no login name in some containers
+        return "unknown"
+
+
+def usage_carbon_sql(db: str, conds: Sequence[str] = (), columns: str = "") -> str:
+    """The usage_carbon view's figures (sql/0020) with `conds` on usage_raw applied before the
+    deduplication and the join, so a report reads only its own days. `columns`: extra usage_raw columns."""
+    from gpuledger.warehouse.bills import dedup_usage_sql
+
+    extra = f", {columns}" if columns else ""
+    inner = dedup_usage_sql(db, conds, "cluster, record_id, day, state, tenant, queue, job_id, attempt, "
+                                       f"definition_version, gpu_uuid, start_ms, energy_j{extra}")
+    return f"""
+        SELECT x.*, if(ci.found = 1, ci.gco2e_per_kwh, x.default_gco2e_per_kwh) AS gco2e_per_kwh,
+               x.energy_j / 3600000 * x.pue * if(ci.found = 1, ci.gco2e_per_kwh, x.default_gco2e_per_kwh) AS co2e_g
+        FROM (SELECT u.*, d.carbon_version AS carbon_version, d.pue AS pue,
+                     d.default_gco2e_per_kwh AS default_gco2e_per_kwh,
+                     if(mapContains(d.zones, toString(u.cluster)), d.zones[toString(u.cluster)], toString(u.cluster)) AS zone
+              FROM ({inner}) AS u CROSS JOIN {db}.carbon_definition_current AS d) AS x
+        ASOF LEFT JOIN (SELECT zone, valid_from_ms, gco2e_per_kwh, toUInt8(1) AS found
+                        FROM {db}.carbon_intensity_current) AS ci
+        ON x.zone = ci.zone AND x.start_ms >= ci.valid_from_ms"""
+
+
+def co2e_by(client, database: str, keys: Sequence[str], conds: Sequence[str] = (),
+            params: dict | None = None) -> dict[tuple, dict]:
+    """{key values: {co2e_kg, energy_kwh, carbon_version}} of jobs' usage (executing, allocated idle),
+    grouped by `keys` (usage_raw columns). Empty when no carbon definition is recorded."""
+    db = quoted_database(database)
+    usage = usage_carbon_sql(db, ["job_id != ''", *conds])
+    key_sql = ", ".join(f"toString({k}) AS {k}" if k not in ("day", "attempt") else k for k in keys)
+    sql = (f"SELECT {key_sql}, sum(co2e_g) / 1000 AS co2e_kg, sum(energy_j) / 3600000 AS energy_kwh, "
+           f"any(carbon_version) AS carbon_version "
+           f"FROM ({usage}) "
+           f"WHERE state IN ('executing', 'allocated_idle') GROUP BY {', '.join(keys)}")
+    try:
+        rows = _query(client, sql, params)
+    except Exception as exc:  # a warehouse before sql/0020: reports keep working, without carbon
+        if "carbon_" in str(exc) and ("UNKNOWN_TABLE" in str(exc) or "doesn't exist" in str(exc)):
+            return {}
+        raise
+    return {tuple(r[k] for k in keys): r for r in rows}
+
+
+def show(client, database: str) -> dict[str, list[dict]]:
+    db = quoted_database(database)
+    return {
+        "definition": _query(client, f"SELECT carbon_version, pue, default_gco2e_per_kwh, default_source, "
+                                     f"toString(zones) AS zones, recorded_at FROM {db}.carbon_definitions "
+                                     "ORDER BY recorded_at DESC LIMIT 1"),
+        "intensity": _query(client, f"SELECT zone, fromUnixTimestamp64Milli(valid_from_ms, 'UTC') AS valid_from, "
+                                    f"gco2e_per_kwh FROM {db}.carbon_intensity_current ORDER BY zone, valid_from_ms"),
+    }
+
+
+# --------------------------------------------------------------------------- CLI
+def cmd_carbon(args) -> int:
+    from gpuledger.cli import _settings
+    from gpuledger.ledger_files import load_ledger_config
+    from gpuledger.warehouse import connect, connect_readonly
+    from gpuledger.warehouse.report_text import render
+
+    settings = _settings(args)
+    if args.action == "load":
+        if not args.file:
+            raise SystemExit("usage: gpuledger carbon load FILE.csv")
+        path = Path(args.file)
+        rows = parse_intensity_csv(path.read_text(encoding="utf-8"), path.name)
+        carbon = load_ledger_config(settings.ledger_config).carbon
+        client = connect(settings)
+        try:
+            recorded = record_definition(client, settings.database, carbon)
+            n = load_intensity(client, settings.database, rows, path.name)
+        finally:
+            client.close()
+        zones = sorted({r["zone"] for r in rows})
+        print(f"loaded {n} intensity value(s) for {', '.join(zones)}; carbon definition {carbon.version}"
+              + (" recorded" if recorded else " (already recorded)"))
+        return 0
+    client = connect_readonly(settings)
+    try:
+        shown = show(client, settings.database)
+    finally:
+        client.close()
+    for title, rows in shown.items():
+        print(f"== {title}", file=sys.stdout)
+        print(render(rows, args.format), end="")
+    return 0
+
+
+def register_cli(subparsers) -> Any:
+    """`gpuledger carbon load|show` (called from gpuledger/cli.py's build_parser)."""
+    help_text = "grid carbon intensity: load a CSV series (zone or cluster or region, valid_from, gco2e_per_kwh), show it"
+    p = subparsers.add_parser("carbon", help=help_text, description=help_text + ". docs/carbon.md.")
+    p.set_defaults(func=cmd_carbon)
+    p.add_argument("action", choices=["load", "show"])
+    p.add_argument("file", nargs="?", help="load: the CSV file")
+    p.add_argument("--data-dir", help="data directory (default: GPULEDGER_DATA_DIR or ./.gpuledger)")
+    p.add_argument("--warehouse", help="'chdb', 'chdb:/dir' or http(s)://host:port (default: GPULEDGER_WAREHOUSE)")
+    p.add_argument("--format", choices=["table", "json", "csv"], default="table")
+    return p
