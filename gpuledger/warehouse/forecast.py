@@ -171,12 +171,13 @@ def quarter_summary(client, database: str) -> list[dict]:
     """Per GPU model (queue '*') in the latest run: next quarter's demand with its band against capacity."""
     db = quoted_database(database)
     return _query(client, f"""
-        SELECT gpu_model, count() AS days, min(day) AS first_day, max(day) AS last_day,
-               sum(demand_gpu_hours) AS demand_gpu_hours, sum(lower_gpu_hours) AS lower_gpu_hours,
-               sum(upper_gpu_hours) AS upper_gpu_hours, sum(capacity_gpu_hours) AS capacity_gpu_hours,
-               sum(demand_gpu_hours) / nullIf(sum(capacity_gpu_hours), 0) AS demand_to_capacity,
-               countIf(upper_gpu_hours > capacity_gpu_hours) AS days_upper_over_capacity, any(method) AS method
-        FROM {db}.capacity_forecast_latest WHERE kind = 'forecast' AND queue = '*'
+        SELECT gpu_model, count() AS days, min(d) AS first_day, max(d) AS last_day,
+               sum(dem) AS demand_gpu_hours, sum(lo) AS lower_gpu_hours, sum(hi) AS upper_gpu_hours,
+               sum(cap) AS capacity_gpu_hours, sum(dem) / nullIf(sum(cap), 0) AS demand_to_capacity,
+               countIf(hi > cap) AS days_upper_over_capacity, any(meth) AS method
+        FROM (SELECT gpu_model, day AS d, demand_gpu_hours AS dem, lower_gpu_hours AS lo, upper_gpu_hours AS hi,
+                     capacity_gpu_hours AS cap, method AS meth
+              FROM {db}.capacity_forecast_latest WHERE kind = 'forecast' AND queue = '*')
         GROUP BY gpu_model ORDER BY gpu_model""")
 
 
@@ -189,16 +190,19 @@ def forecast_report(client, database: str, **_opts):
     if not summary:
         raise ValueError("no capacity forecast stored yet: run `gpuledger forecast run` first")
     weekly = _query(client, f"""
-        SELECT toMonday(day) AS week, sumIf(demand_gpu_hours, kind = 'history') AS history_gpu_hours,
-               sumIf(demand_gpu_hours, kind = 'forecast') AS forecast_gpu_hours,
-               sumIf(lower_gpu_hours, kind = 'forecast') AS lower_gpu_hours,
-               sumIf(upper_gpu_hours, kind = 'forecast') AS upper_gpu_hours, sum(capacity_gpu_hours) AS capacity_gpu_hours
-        FROM {db}.capacity_forecast_latest WHERE queue = '*' AND gpu_model != {{p:String}}
+        SELECT toMonday(d) AS week, sumIf(dem, k = 'history') AS history_gpu_hours,
+               sumIf(dem, k = 'forecast') AS forecast_gpu_hours, sumIf(lo, k = 'forecast') AS lower_gpu_hours,
+               sumIf(hi, k = 'forecast') AS upper_gpu_hours, sum(cap) AS capacity_gpu_hours
+        FROM (SELECT day AS d, kind AS k, demand_gpu_hours AS dem, lower_gpu_hours AS lo, upper_gpu_hours AS hi,
+                     capacity_gpu_hours AS cap
+              FROM {db}.capacity_forecast_latest WHERE queue = '*' AND gpu_model != {{p:String}})
         GROUP BY week ORDER BY week""", {"p": PENDING_MODEL})
     queues = _query(client, f"""
-        SELECT gpu_model, queue, sum(demand_gpu_hours) AS demand_gpu_hours, sum(lower_gpu_hours) AS lower_gpu_hours,
-               sum(upper_gpu_hours) AS upper_gpu_hours, any(method) AS method
-        FROM {db}.capacity_forecast_latest WHERE kind = 'forecast' AND queue != '*'
+        SELECT gpu_model, queue, sum(dem) AS demand_gpu_hours, sum(lo) AS lower_gpu_hours, sum(hi) AS upper_gpu_hours,
+               any(meth) AS method
+        FROM (SELECT gpu_model, queue, demand_gpu_hours AS dem, lower_gpu_hours AS lo, upper_gpu_hours AS hi,
+                     method AS meth
+              FROM {db}.capacity_forecast_latest WHERE kind = 'forecast' AND queue != '*')
         GROUP BY gpu_model, queue ORDER BY demand_gpu_hours DESC""")
     run = summary[0]
     models = [s for s in summary if s["gpu_model"] != PENDING_MODEL]
