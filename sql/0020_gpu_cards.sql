@@ -147,3 +147,58 @@ SELECT
 FROM usage_carbon
 WHERE job_id != '' AND state IN ('executing', 'allocated_idle')
 GROUP BY day, cluster, tenant, definition_version, carbon_version;
+
+-- ---------------------------------------------------------------- the cards, for dashboards
+-- One row per GPU: identity (newest non-empty values), first/last seen, nodes, repairs, down time, Xid
+-- errors, temperature; `flag` when back from repair twice (REPAIRS_BEFORE_LOWER_PRIORITY in
+-- gpuledger/warehouse/cards.py, which builds the full card and checks it agrees with this view).
+CREATE OR REPLACE VIEW gpu_cards AS
+SELECT
+    s.gpu_uuid AS gpu_uuid, s.gpu_model AS gpu_model, s.serial AS serial, s.board_part_number AS board_part_number,
+    s.vbios_version AS vbios_version, s.first_seen AS first_seen, s.last_seen AS last_seen, s.nodes AS nodes,
+    r.repairs AS repairs, if(r.repairs > 0, r.last_repaired, NULL) AS last_repaired,
+    if(r.repairs >= 2, 'suggest lower-priority work', '') AS flag,
+    d.down_seconds AS down_seconds, h.xid_errors AS xid_errors,
+    h.avg_temperature_c AS avg_temperature_c, h.max_temperature_c AS max_temperature_c
+FROM
+(
+    SELECT
+        gpu_uuid,
+        argMax(toString(gpu_model), last_seen_ms) AS gpu_model,
+        argMaxIf(serial, last_seen_ms, serial != '') AS serial,
+        argMaxIf(board_part_number, last_seen_ms, board_part_number != '') AS board_part_number,
+        argMaxIf(vbios_version, last_seen_ms, vbios_version != '') AS vbios_version,
+        fromUnixTimestamp64Milli(min(first_seen_ms), 'UTC') AS first_seen,
+        fromUnixTimestamp64Milli(max(last_seen_ms), 'UTC') AS last_seen,
+        uniqExact(cluster, node) AS nodes
+    FROM gpu_sightings
+    GROUP BY gpu_uuid
+) AS s
+LEFT JOIN
+(
+    SELECT gpu_uuid, count() AS repairs, fromUnixTimestamp64Milli(max(repaired_ms), 'UTC') AS last_repaired
+    FROM gpu_repairs
+    GROUP BY gpu_uuid
+) AS r ON s.gpu_uuid = r.gpu_uuid
+LEFT JOIN
+(
+    SELECT gpu_uuid, sum(gpu_ms) / 1000 AS down_seconds
+    FROM (SELECT gpu_uuid, gpu_ms FROM usage_raw WHERE state = 'down' LIMIT 1 BY cluster, record_id)
+    GROUP BY gpu_uuid
+) AS d ON s.gpu_uuid = d.gpu_uuid
+LEFT JOIN
+(
+    SELECT gpu_uuid, sum(xid_count) AS xid_errors, avgMerge(temperature_c) AS avg_temperature_c,
+           maxMerge(max_temperature_c) AS max_temperature_c
+    FROM gpu_health_hourly
+    GROUP BY gpu_uuid
+) AS h ON s.gpu_uuid = h.gpu_uuid;
+
+-- The card's monthly figures: temperature, utilization, power and Xid errors per GPU and month.
+CREATE OR REPLACE VIEW gpu_card_monthly AS
+SELECT
+    gpu_uuid, toStartOfMonth(day) AS month, argMax(toString(gpu_model), hour) AS gpu_model,
+    avgMerge(temperature_c) AS avg_temperature_c, maxMerge(max_temperature_c) AS max_temperature_c,
+    avgMerge(util_gpu_pct) AS avg_util_pct, avgMerge(power_w) AS avg_power_w, sum(xid_count) AS xid_errors
+FROM gpu_health_hourly
+GROUP BY gpu_uuid, month;

@@ -131,6 +131,19 @@ DATASETS: dict[str, tuple[str, str | None, list[dict], bool]] = {
         m("suggestion_count", "count()", "Suggestions", ",d"),
         m("named_idle_cost", "sum(idle_cost_micros) / 1e6", "Idle cost of the named jobs", ",.2f", money=True),
     ], False),
+    "gpu_cards": ("GPU ID cards (docs/gpu-cards.md): identity, first/last seen, repairs, down time, Xid, flag",
+                  "last_seen", [
+        m("card_count", "count()", "GPUs", ",d"),
+        m("flagged_count", "countIf(flag != '')", "Suggested for lower-priority work", ",d"),
+    ], False),
+    "gpu_card_monthly": ("GPU ID card by month: temperature, utilization, power, Xid errors", "month", [
+        m("card_avg_temperature", "avg(avg_temperature_c)", "Mean temperature °C", ".1f"),
+        m("card_avg_util", "avg(avg_util_pct)", "Mean utilization %", ".1f"),
+    ], False),
+    "tenant_daily_carbon": ("Carbon of tenants' jobs per day (docs/carbon.md): energy x PUE x grid intensity", "day", [
+        m("co2e_kg_sum", "sum(co2e_kg)", "kg CO2e", ",.2f"),
+        m("energy_kwh_sum", "sum(energy_kwh)", "GPU energy kWh", ",.1f"),
+    ], False),
 }
 #: datasets of the algorithm view: every tenant sees only its own rows there (row-level security)
 TENANT_SCOPED = [name for name, (_, _, _, scoped) in DATASETS.items() if scoped]
@@ -233,6 +246,14 @@ DASHBOARDS = {
              ("reclaim_suggestions", "Reclaim suggestions per queue", "reclaim_suggestions_latest",
               table_raw(["opened_at", "withdrawn_at", "status", "queue", "execution_rate", "job_ids", "gpus_freed",
                          "waiting_gpus", "waiting_priority", "message"], ("opened_at", False), 200), 5)],
+            # the GPU filter above picks one GPU's card: both charts carry gpu_uuid
+            [("gpu_cards", "GPU ID cards (pick a GPU with the GPU filter; `gpuledger report gpu UUID` prints it)",
+              "gpu_cards", table_raw(["gpu_uuid", "gpu_model", "serial", "board_part_number", "vbios_version",
+                                      "first_seen", "last_seen", "nodes", "repairs", "last_repaired", "flag",
+                                      "down_seconds", "xid_errors", "max_temperature_c"], ("repairs", False), 1000), 7),
+             ("gpu_card_monthly", "GPU ID card: temperature and utilization by month", "gpu_card_monthly",
+              ts_chart("echarts_timeseries_line", "month", "P1M", ["card_avg_temperature", "card_avg_util"], fmt=".0f",
+                       **axes("Month (UTC)", "°C / %")), 5)],
         ],
     ),
     "algorithm": (
@@ -287,6 +308,8 @@ DASHBOARDS = {
              ("cluster_idle_by_model", "Cluster idle (unallocated GPU-hours) by GPU model", "capacity_daily",
               bar_chart("gpu_model", ["unallocated_gpu_hours"], fmt=",.1f",
                         **axes("GPU model", "Unallocated GPU-hours")), 5)],
+            [("tenant_carbon", "Carbon by tenant (kg CO2e; docs/carbon.md)", "tenant_daily_carbon",
+              bar_chart("tenant", ["co2e_kg_sum"], fmt=",.1f", **axes("Tenant", "kg CO2e")), 12)],
             [("tenant_ranking", "Tenant ranking", "tenant_daily_bill",
               table_agg(["tenant"], ["total_cost_sum", "compute_cost_sum", "idle_cost_sum", "failed_retry_cost_sum", "idle_share",
                                      "effective_gpu_hours"], "total_cost_sum", 100), 12)],

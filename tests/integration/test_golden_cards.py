@@ -145,6 +145,10 @@ def test_card_over_a_repair(client):
     assert s["busy_hours_per_kwh_trend_pct_per_month"] is None  # one month: no trend
     xids = card.section("Xid errors").rows
     assert [(x["seen_at"].strftime("%H:%M"), x["xid_codes"], x["health"]) for x in xids] == [("00:05", "79", "down")]
+    # the dashboards' one-row-per-GPU view says the same
+    (row,) = client.query(f"SELECT nodes, repairs, flag, down_seconds, xid_errors, max_temperature_c, vbios_version "
+                          f"FROM {DB}.gpu_cards WHERE gpu_uuid = '{CARD}'").result_rows
+    assert row == (2, 2, "suggest lower-priority work", 300, 1, 60, "92.00.45.00.06")
     tenants = card.section("Tenants served").rows
     assert [(t["tenant"], t["jobs"], round(t["gpu_hours"], 6)) for t in tenants] == [
         ("t1", 1, round(5 / 60, 6)), ("t2", 1, round(5 / 60, 6))]
