@@ -59,6 +59,8 @@ LAYERS = {
     "hardware_utilization": "sum(util_weighted_gpu_ms) / nullIf(sum(util_gpu_ms), 0) / 100",
 }
 
+#: the forecast's series of pending demand, which has no GPU model (gpuledger/warehouse/forecast.py)
+FORECAST_PENDING = "(pending: any model)"
 #: table -> (description, main time column or None, metrics, tenant-scoped)
 DATASETS: dict[str, tuple[str, str | None, list[dict], bool]] = {
     "gpu_current": ("Every GPU as of its last usage slice: state, job, tenant, queue", "last_seen", [
@@ -143,6 +145,19 @@ DATASETS: dict[str, tuple[str, str | None, list[dict], bool]] = {
     "tenant_daily_carbon": ("Carbon of tenants' jobs per day (docs/carbon.md): energy x PUE x grid intensity", "day", [
         m("co2e_kg_sum", "sum(co2e_kg)", "kg CO2e", ",.2f"),
         m("energy_kwh_sum", "sum(energy_kwh)", "GPU energy kWh", ",.1f"),
+    ], False),
+    # the latest `gpuledger forecast run` (docs/planning.md): every GPU model's total (queue '*'), pending
+    # demand (no model) left out of the fleet's line
+    "capacity_forecast_latest": ("Capacity forecast (docs/planning.md): daily demand history and next quarter's "
+                                 "forecast with its 80 % band, against capacity", "day", [
+        m("fleet_demand", f"sumIf(demand_gpu_hours, queue = '*' AND gpu_model != '{FORECAST_PENDING}')",
+          "Demand GPU-hours", ",.0f"),
+        m("fleet_demand_lower", f"sumIf(lower_gpu_hours, kind = 'forecast' AND queue = '*' AND gpu_model != '{FORECAST_PENDING}')",
+          "Band low GPU-hours", ",.0f"),
+        m("fleet_demand_upper", f"sumIf(upper_gpu_hours, kind = 'forecast' AND queue = '*' AND gpu_model != '{FORECAST_PENDING}')",
+          "Band high GPU-hours", ",.0f"),
+        m("fleet_capacity", f"sumIf(capacity_gpu_hours, queue = '*' AND gpu_model != '{FORECAST_PENDING}')",
+          "Capacity GPU-hours", ",.0f"),
     ], False),
 }
 #: datasets of the algorithm view: every tenant sees only its own rows there (row-level security)
@@ -310,6 +325,11 @@ DASHBOARDS = {
                         **axes("GPU model", "Unallocated GPU-hours")), 5)],
             [("tenant_carbon", "Carbon by tenant (kg CO2e; docs/carbon.md)", "tenant_daily_carbon",
               bar_chart("tenant", ["co2e_kg_sum"], fmt=",.1f", **axes("Tenant", "kg CO2e")), 12)],
+            [("capacity_forecast", "Capacity forecast: demand, next quarter's 80 % band, capacity (GPU-hours a day; "
+              "gpuledger forecast run)", "capacity_forecast_latest",
+              ts_chart("echarts_timeseries_line", "day", "P1D", ["fleet_demand", "fleet_demand_lower", "fleet_demand_upper",
+                                                                 "fleet_capacity"], fmt=",.0f",
+                       **axes("Day (UTC)", "GPU-hours")), 12)],
             [("tenant_ranking", "Tenant ranking", "tenant_daily_bill",
               table_agg(["tenant"], ["total_cost_sum", "compute_cost_sum", "idle_cost_sum", "failed_retry_cost_sum", "idle_share",
                                      "effective_gpu_hours"], "total_cost_sum", 100), 12)],
