@@ -26,7 +26,8 @@ LEDGER_SERVICES = {"topics", "migrate", "agents", "worker", "sink", "dashboards"
 ONE_SHOT_SERVICES = {"topics", "migrate", "dashboards"}
 # topic names (after the prefix) the worker, sink, agents and replay use
 EXPECTED_TOPICS = {"gpu-samples", "job-events", "scheduler-snapshots", "node-allocations", "usage", "dead-letters",
-                   "late-events", "worker-state", "lifecycle-accepted", "bills"}
+                   "late-events", "worker-state", "lifecycle-accepted", "bills",
+                   "job-progress", "approvals"}  # line 4 (training progress) and pilot-run approvals (docs/planning.md)
 
 _VARIABLE = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
 
