@@ -27,8 +27,6 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from gpuledger.streams.pricing import JOULES_PER_KWH, MS_PER_HOUR, LedgerConfig
 from gpuledger.warehouse.client import quoted_database
 
@@ -121,6 +119,8 @@ def estimate_run(pilot: Pilot, target: str, value: float, ledger: LedgerConfig, 
     if not pilot.gpus or sum(pilot.gpus.values()) <= 0:
         raise ValueError(f"job {pilot.job_id} attempt {pilot.attempt}: no usage records, so the GPUs it holds are "
                          "unknown (has the sink caught up?)")
+    import numpy as np  # here: the CLI builds its parser from this module and should not load numpy for it
+
     rate = d_step / span_s
     interval = [(b[1] - a[1]) / ((b[0] - a[0]) / 1000) for a, b in zip(reports, reports[1:])]
     rate_low = float(np.percentile(interval, LOW_PCT))
