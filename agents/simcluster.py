@@ -10,7 +10,10 @@ heterogeneous GPU models; tenants and queues with priorities and quotas; queue w
 exceeds capacity; failed attempts that are retried; priority preemption (the victim is retried
 later); fractional jobs packed onto one GPU (several containers per GPU); GPUs that go down
 (Xid 79) and fail the jobs on them; allocated-but-not-running time (image pulls, hung jobs);
-checkpoints with low utilization.
+checkpoints with low utilization; the shapes the watcher alerts on (docs/alerts.md): a rank that
+falls behind mid-run (straggler), jobs starved by their input pipeline (low utilization), and
+queues where some jobs hold their GPUs without running anything (a reserved notebook), which make
+a queue's execution rate low while higher-priority work waits (a reclaim suggestion).
 
 Timing convention: a state change at time t is visible in the sample at the first tick ts >= t;
 the sample at ts reflects the state at ts (after every lifecycle event with ts_ms <= ts).
@@ -92,6 +95,8 @@ class QueueSpec:
     priority: int
     quota_gpus: float
     weight: float = 1.0  # relative share of submissions that go to this queue
+    #: share of its jobs that hold their GPUs and run nothing on them (reserved notebooks)
+    idle_share: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -123,7 +128,8 @@ class SimRates:
     checkpoint_every_ms: tuple[int, int] = (15 * _MINUTE, 40 * _MINUTE)
     checkpoint_ms: tuple[int, int] = (60_000, 180_000)
     retry_backoff_ms: tuple[int, int] = (15_000, 90_000)
-    straggler_prob: float = 0.12              # multi-GPU jobs with one slow rank
+    straggler_prob: float = 0.12              # multi-GPU jobs with one rank that falls behind mid-run
+    underfed_share: float = 0.04              # training jobs starved by their input pipeline (2-8 % busy)
 
 
 @dataclass(frozen=True)
@@ -139,7 +145,7 @@ class SimSpec:
     queues: tuple[QueueSpec, ...] = (
         QueueSpec("prod", 100, 32.0, 0.35),
         QueueSpec("research", 50, 24.0, 0.40),
-        QueueSpec("batch", 10, 16.0, 0.25),
+        QueueSpec("batch", 10, 16.0, 0.25, idle_share=0.6),
     )
     sample_interval_ms: int = 10_000
     snapshot_every_ms: int = 60_000
@@ -264,6 +270,7 @@ class _Job:
     fail_at: int | None = None
     hang_at: int | None = None
     event_seq: int = 0
+    behaviour: str = ""       # "" | "idle" (holds its GPUs, runs nothing) | "underfed" (2-8 % busy)
 
     @property
     def requested(self) -> float:
@@ -419,12 +426,16 @@ class _Sim:
             elif now < job.loading_until:
                 load = rng.uniform(3, 30) * frac
                 mem //= 2
+            elif job.behaviour == "idle":
+                load = 0.0  # a reserved notebook: memory held, nothing running
             elif job.in_ckpt:
                 load = rng.uniform(5, 25) * frac
+            elif job.behaviour == "underfed":
+                load = rng.uniform(2, 8) * frac
             else:
                 load = min(100.0, max(60.0, job.base_util + rng.gauss(0, 4))) * frac
-                if slot.rank == job.straggler_rank:
-                    load *= 0.6
+                if slot.rank == job.straggler_rank and job.progress(now) >= job.work_ms // 3:
+                    load *= 0.5  # falls behind a third of the way in
             multi_gpu = multi_gpu or len(job.slots) > 1
             slots.append(slot)
             loads.append(load)
@@ -525,6 +536,12 @@ class _Sim:
             work_ms=work, task_name=f"{tenant}/{word}-{n:05d}", base_util=base,
             mem_frac=rng.uniform(0.35, 0.95), straggler_rank=straggler, cancel_at_ms=cancel_at,
         )
+        # drawn from the job's id, not from the random streams: the rest of the workload stays as it was
+        draw = int(hashlib.sha1(f"{spec.seed}:{job.job_id}:behaviour".encode()).hexdigest()[:12], 16) / 16 ** 12
+        if draw < queue.idle_share:
+            job.behaviour = "idle"
+        elif kind == "train" and draw < queue.idle_share + r.underfed_share:
+            job.behaviour = "underfed"
         self.jobs[job.job_id] = job
         return job
 

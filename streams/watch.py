@@ -52,7 +52,10 @@ STATE_VERSION = 1
 STALE_GPU_MS = 300_000
 #: ended attempts are remembered this long (event time) so their late usage reopens nothing
 ENDED_RETENTION_MS = 86_400_000
-#: a GPU going down this soon after its holder's last slice went down under that holder
+#: a GPU going down this soon after its holder's last slice (and no later than this after the
+#: holder's end: a job usually dies of its GPU's fatal Xid at once) went down under that holder.
+#: An ended attempt is forgotten, its open alerts closed at its end, once the cluster's usage is
+#: this far past its end: lifecycle runs ahead of usage, which still has the job's last minutes.
 DOWN_GAP_MS = 300_000
 
 # fields of a bucket (a list, for compact state)
@@ -93,6 +96,9 @@ class Attempt:
     down: list[str] = field(default_factory=list)            # its GPUs down now
     #: rule -> the bucket its last alert closed at: a new one judges only time after it (no flapping)
     rearm: dict[str, int] = field(default_factory=dict)
+    #: its end (a terminal lifecycle event), and how it ended; its usage before it is still judged
+    ended_ms: int | None = None
+    ended_kind: str = ""
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -104,7 +110,8 @@ class Attempt:
                 "checkpoints": self.checkpoints,
                 "buckets": {g: [[i, *b] for i, b in sorted(bs.items())] for g, bs in self.buckets.items()},
                 "last_end": self.last_end, "shares": self.shares, "idle_cost_micros": self.idle_cost_micros,
-                "evaluated_bucket": self.evaluated_bucket, "open": self.open, "down": self.down, "rearm": self.rearm}
+                "evaluated_bucket": self.evaluated_bucket, "open": self.open, "down": self.down, "rearm": self.rearm,
+                "ended_ms": self.ended_ms, "ended_kind": self.ended_kind}
 
     @classmethod
     def from_state(cls, s: dict) -> "Attempt":
@@ -112,7 +119,7 @@ class Attempt:
                    s["started_by_event"], [list(c) for c in s["checkpoints"]],
                    {g: {row[0]: list(row[1:]) for row in rows} for g, rows in s["buckets"].items()},
                    dict(s["last_end"]), dict(s["shares"]), s["idle_cost_micros"], s["evaluated_bucket"],
-                   dict(s["open"]), list(s["down"]), dict(s["rearm"]))
+                   dict(s["open"]), list(s["down"]), dict(s["rearm"]), s["ended_ms"], s["ended_kind"])
 
 
 class Watcher:
@@ -186,8 +193,9 @@ class Watcher:
             if state not in (EXECUTING, IDLE) or not job_id:
                 continue
             key = (cluster, job_id, int(r.get("attempt") or 0))
-            if key in self.ended:
-                continue
+            ended = self.ended.get(key)
+            if ended is not None and (start >= ended or key not in self.attempts):
+                continue  # after its end (the worker's last records come after the end event)
             self._add_slice(key, gpu, start, end, state, r)
             touched.add(key)
         for key in sorted(touched):
@@ -195,6 +203,7 @@ class Watcher:
                 outs += self._evaluate(self.attempts[key])
         for cluster in sorted(clusters):
             outs += self._evaluate_reclaim(cluster)
+            outs += self._forget_ended(cluster)
             self._prune(cluster)
         return outs
 
@@ -208,10 +217,10 @@ class Watcher:
             return []
         if e.kind in TERMINAL_KINDS:
             self.ended[key] = e.ts_ms
-            a = self.attempts.pop(key, None)
-            outs = [] if a is None else [self._close(a, rule, e.ts_ms, e.ts_ms, e.ts_ms, f"the job {e.kind.value}")
-                                         for rule in sorted(a.open)]
-            return outs + self._job_ended(e.cluster, e.queue, e.job_id, e.attempt, e.ts_ms)
+            a = self.attempts.get(key)
+            if a is not None:  # its alerts close once its usage up to the end has been judged
+                a.ended_ms, a.ended_kind = e.ts_ms, e.kind.value
+            return self._job_ended(e.cluster, e.queue, e.job_id, e.attempt, e.ts_ms)
         if e.kind not in (JobEventKind.allocated, JobEventKind.started, JobEventKind.checkpoint_begin,
                           JobEventKind.checkpoint_end):
             return []
@@ -302,7 +311,7 @@ class Watcher:
 
     def _gpu_down(self, cluster: str, gpu: str, start: int, end: int) -> list[Out]:
         a = self._holder(cluster, gpu, start)
-        if a is None or gpu in a.down:
+        if a is None or gpu in a.down or (a.ended_ms is not None and start > a.ended_ms + DOWN_GAP_MS):
             return []
         a.down.append(gpu)
         if not self.d.alerts.gpu_down.enabled or "gpu_down" in a.open:
@@ -549,7 +558,7 @@ class Watcher:
             holds = rate is not None and rate < r.execution_rate_below and waiting.gpus > 0
             if open_ is not None:
                 if not holds:
-                    why = (f"execution rate back at {rate:.0%}" if rate is not None and rate >= r.execution_rate_below
+                    why = (f"execution rate back at {rate:.1%}" if rate is not None and rate >= r.execution_rate_below
                            else "no higher-priority work waits" if waiting.gpus <= 0 else "the queue holds no GPUs")
                     outs.append(self._withdraw(cluster, queue, horizon, why))
                 continue
@@ -563,7 +572,7 @@ class Watcher:
         r = self.d.reclaim
         candidates = []
         for a in self.attempts.values():
-            if a.cluster != cluster or a.queue != queue or a.start_ms is None or \
+            if a.cluster != cluster or a.queue != queue or a.start_ms is None or a.ended_ms is not None or \
                     horizon - a.start_ms < r.min_job_age_s * 1000:
                 continue
             gpus = sorted(g for g in a.last_end if g not in a.down and a.last_end[g] >= horizon - STALE_GPU_MS)
@@ -592,7 +601,7 @@ class Watcher:
             cluster=cluster, queue=queue, status="open", opened_at_ms=horizon, execution_rate=round(rate, 4),
             window_ms=len(window) * self.bucket_ms, jobs=chosen, gpus_freed=round(freed, 3), waiting_demand=waiting,
             idle_cost_micros=idle, currency=self.currency,
-            message=f"queue {queue} executed {rate:.0%} of its allocated GPU-time over the last "
+            message=f"queue {queue} executed {rate:.1%} of its allocated GPU-time over the last "
                     f"{_minutes(len(window) * self.bucket_ms)} while {waiting.gpus:g} GPU(s) of priority up to "
                     f"{waiting.priority} wait: releasing {len(chosen)} job(s) frees {freed:g} GPU(s), "
                     f"idle so far {idle / 1e6:.2f} {self.currency}")
@@ -616,6 +625,17 @@ class Watcher:
         if all((cluster, j["job_id"], j["attempt"]) in self.ended for j in s["jobs"]):
             return [self._withdraw(cluster, queue, ts_ms, "every named job has released its GPUs")]
         return []
+
+    def _forget_ended(self, cluster: str) -> list[Out]:
+        """Ended attempts whose last usage the cluster is well past: open alerts closed at the end."""
+        outs = []
+        horizon = self.horizon[cluster]
+        for key in sorted(k for k, a in self.attempts.items()
+                          if k[0] == cluster and a.ended_ms is not None and horizon >= a.ended_ms + DOWN_GAP_MS):
+            a = self.attempts.pop(key)
+            outs += [self._close(a, rule, a.ended_ms, a.ended_ms, a.ended_ms, f"the job {a.ended_kind}")
+                     for rule in sorted(a.open)]
+        return outs
 
     # ------------------------------------------------------------------ housekeeping
     def _prune(self, cluster: str) -> None:

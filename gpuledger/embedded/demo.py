@@ -1,6 +1,6 @@
 """`gpuledger demo`: the simulated cluster, or your own JSON Lines topic dump (`--input`), through
 the whole pipeline on the embedded default (gpuledger.pipeline.run_embedded), then the reports
-read back from the ClickHouse tables. Leaves no process running; the data directory stays for
+read back from the ClickHouse tables, with the watcher's alerts and reclaim suggestions. Leaves no process running; the data directory stays for
 later `gpuledger report`."""
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ DEMO_REPORTS = (
     ("utilization", "Three utilization layers (per cluster and day)", {},
      ("day", "cluster", "capacity_gpu_seconds", "down_gpu_seconds", "scheduling_utilization",
       "execution_utilization", "hardware_utilization", "hardware_share_of_capacity")),
+    ("alerts", "Behaviour alerts (gpuledger watch, docs/alerts.md)", {},
+     ("opened_at", "closed_at", "rule", "job_id", "tenant", "queue", "gpus")),
+    ("suggestions", "Reclaim suggestions", {},
+     ("opened_at", "withdrawn_at", "status", "queue", "execution_rate", "jobs", "gpus_freed", "waiting_gpus", "followed")),
 )
 
 
@@ -38,7 +42,7 @@ def run_demo(settings: Settings, *, hours: float = 6.0, nodes: int = 8, seed: in
     run = run_embedded(settings, messages)
     print_reports(settings)
     say(f"\n[demo] done in {run.seconds:.0f}s. More: gpuledger report "
-        "{bills,jobs,queues,utilization,capacity} [--format json|csv]")
+        "{bills,jobs,queues,utilization,capacity,alerts,suggestions} [--format json|csv]")
     return 0
 
 

@@ -1,8 +1,9 @@
 """Run the real pipeline on the embedded default over any source of messages.
 
 `run_embedded(settings, emissions)`: Tansu broker (child process) -> topics -> migrations
-(chDB) -> publish the emissions -> Faust worker (child process) -> sink (thread in this
-process, which holds the chDB directory) -> wait until everything is consumed -> stop all.
+(chDB) -> publish the emissions -> Faust worker (child process) -> watcher (alerts and reclaim
+suggestions, thread) -> sink (thread in this process, which holds the chDB directory) -> wait until
+everything is consumed -> stop all.
 Used by `gpuledger demo`, the trace replays, the golden scenarios and the benchmarks.
 Afterwards the chDB directory is free for reports."""
 
@@ -32,8 +33,8 @@ class PipelineError(RuntimeError):
 class Stage(NamedTuple):
     """A step of `run_embedded`, reported to its `on_stage` callback as it begins.
 
-    `name`: "publishing", "worker" (waiting for the worker to consume everything), "sink"
-    (waiting for the sink), "done". `settings` point at the embedded broker; `group` and
+    `name`: "publishing", "worker" (waiting for the worker to consume everything), "watch"
+    (waiting for the watcher), "sink" (waiting for the sink), "done". `settings` point at the embedded broker; `group` and
     `topics` name what is being waited on (None / empty for publishing and done)."""
 
     name: str
@@ -46,6 +47,8 @@ class Stage(NamedTuple):
 class PipelineRun:
     published: dict = field(default_factory=dict)
     sink: dict = field(default_factory=dict)
+    #: the watcher's counters (alerts opened/closed per rule, suggestions)
+    watch: dict = field(default_factory=dict)
     seconds: float = 0.0
 
 
@@ -71,6 +74,7 @@ def run_embedded(
     from gpuledger.sink.loop import run_sink, sink_topics
     from gpuledger.topics import create_topics
     from gpuledger.warehouse import connect, migrate
+    from gpuledger.watch import run_watch, watch_group, watch_inputs
 
     started = time.monotonic()
     warehouse_dir = settings.embedded_warehouse_dir
@@ -106,10 +110,21 @@ def run_embedded(
             except BaseException as exc:  # surfaced after join
                 sink_result["error"] = exc
 
+        stop_watch = threading.Event()
+        watch_result: dict = {}
+
+        def watch_thread() -> None:
+            try:
+                watch_result.update(run_watch(s, ledger=ledger, stop=stop_watch))
+            except BaseException as exc:  # surfaced after join
+                watch_result["error"] = exc
+
         t = s.topics
         with ChildProcess(s, "worker", log_path=logs / "worker.log") as worker:
             sink = threading.Thread(target=sink_thread, name="sink", daemon=True)
             sink.start()
+            watcher = threading.Thread(target=watch_thread, name="watch", daemon=True)
+            watcher.start()
             try:
                 stage(Stage("publishing", s))
                 with KafkaPublisher(s) as publisher:
@@ -120,8 +135,24 @@ def run_embedded(
                 wait_until_caught_up(s, s.worker_app_id, worker_inputs, alive=worker, timeout_s=timeout_s)
             except BaseException:
                 stop_sink.set()
+                stop_watch.set()
                 raise
-        log("[pipeline] worker done; waiting for the sink ...")
+        log("[pipeline] worker done; waiting for the watcher ...")
+        stage(Stage("watch", s, watch_group(s), tuple(watch_inputs(s))))
+        try:
+            wait_until_caught_up(s, watch_group(s), watch_inputs(s), timeout_s=timeout_s)
+        except BaseException:
+            stop_sink.set()
+            raise
+        finally:
+            stop_watch.set()  # it snapshots what it read, then stops; the sink takes its last alerts
+            watcher.join(timeout=120)
+        if "error" in watch_result:
+            stop_sink.set()
+            raise watch_result["error"]
+        run.watch = watch_result
+        log(f"[pipeline] watcher: {watch_result}")
+        log("[pipeline] watcher done; waiting for the sink ...")
         stage(Stage("sink", s, f"{s.worker_app_id}-sink", tuple(sink_topics(s))))
         try:
             wait_until_caught_up(s, f"{s.worker_app_id}-sink", sink_topics(s),

@@ -155,13 +155,19 @@ def test_a_job_that_ends_closes_its_alerts_and_late_usage_reopens_nothing():
     assert summary(feed.alerts()) == [("util_drop", "open", 30 * MIN, ["GPU-a"]), ("hung", "open", 30 * MIN, ["GPU-a"]),
                                       ("low_util", "open", 47 * MIN, ["GPU-a"])]
     feed.send(LIFE, event("cancelled", 62))
+    # the end event runs ahead of the usage: the alerts close, at the end, once the cluster's usage
+    # is 5 min past it (the job's last records are still judged); its records after the end count for nothing
+    for m in range(62, 66):
+        feed.minute(m, lambda s, e: [record("GPU-a", s, e, util=0.0), record("GPU-z", s, e, state="unallocated")])
+    assert len(feed.alerts()) == 3
+    feed.minute(66, lambda s, e: [record("GPU-z", s, e, state="unallocated")])
     assert summary(feed.alerts()[3:]) == [("hung", "closed", 62 * MIN, ["GPU-a"]),
                                           ("low_util", "closed", 62 * MIN, ["GPU-a"]),
                                           ("util_drop", "closed", 62 * MIN, ["GPU-a"])]
     assert "the job cancelled" in feed.alerts()[-1].message
-    for m in range(62, 70):  # the worker's last records of the job come after its end event
+    for m in range(67, 75):
         feed.minute(m, lambda s, e: [record("GPU-a", s, e, util=0.0)])
-    assert len(feed.alerts()) == 6
+    assert len(feed.alerts()) == 6 and feed.w.attempts == {}
 
 
 def test_low_utilization_after_grace_opens_once_and_closes_on_recovery():
@@ -215,6 +221,21 @@ def test_gpu_down_under_a_running_job_names_the_job_and_closes_when_it_is_back()
     assert summary(feed.alerts()) == [("gpu_down", "open", 20 * MIN, ["GPU-b"]),
                                       ("gpu_down", "closed", 30 * MIN, ["GPU-b"])]
     assert feed.alerts()[0].message == "GPU GPU-b went down under running job j1 (attempt 0)"
+
+
+def test_a_job_killed_by_its_gpu_going_down_gets_the_alert_though_its_end_came_first():
+    """The agent reports Xid 79 and the scheduler fails the job at the same moment: the failure is on
+    lifecycle-accepted before the usage that shows the GPU down. The alert still names the job."""
+    feed = Feed(watcher())
+    feed.send(LIFE, event("started", 0))
+    for m in range(20):
+        feed.minute(m, lambda s, e: [record(g, s, e) for g in ("GPU-a", "GPU-b")])
+    feed.send(LIFE, event("failed", 20))
+    for m in range(20, 26):
+        feed.minute(m, lambda s, e: [record("GPU-a", s, e, state="unallocated"), record("GPU-b", s, e, state="down")])
+    assert summary(feed.alerts()) == [("gpu_down", "open", 20 * MIN, ["GPU-b"]),
+                                      ("gpu_down", "closed", 20 * MIN, ["GPU-b"])]
+    assert feed.alerts()[1].message.endswith("closed: the job failed")
 
 
 def test_a_down_gpu_that_no_running_job_held_raises_nothing():
