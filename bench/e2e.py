@@ -9,11 +9,14 @@ bills) as executing time of that node's job. The Faust worker runs as a child pr
 (default batching: 20,000 rows or 1 s) in a thread of this process, which also polls chDB every
 100 ms for the newest `last_end_ms` per job.
 
-Latency of the tick at ts = first poll that sees it - the tick's publication time. A tick can only
-close when the watermark reaches ts + interval, i.e. one interval later, so it is reported twice:
-`from sample publication` (the figure asked for; includes that event-time wait) and
-`from closing watermark` (the pipeline alone: worker + usage topic + sink batch + MV + poll).
-Only ticks published after the pipeline was seen live (and 3 s more) count.
+Latency of the tick at ts = first poll that sees it - the tick's publication time. A tick is
+written in its segment's record (docs/accounting.md, "Segments": the shipped ledger's 60-s
+windows), which is written when the window's last tick closes, i.e. when the watermark reaches
+the window's end; so it is reported twice: `from sample publication`
+(the figure asked for; includes that event-time wait, up to a window) and `from closing
+watermark` (the pipeline alone: worker + usage topic + sink batch + MV + poll). Only ticks
+published after the pipeline was seen live (and 3 s more) count; publishing goes on until the
+window holding the last of them has closed.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import time
 
 from gpuledger.agents.publisher import KafkaPublisher
 from gpuledger.embedded.processes import ChildProcess
+from gpuledger.ledger_files import load_ledger_config
 from gpuledger.schemas.models import GpuAssignment, GpuSample, JobEvent, LifecycleWatermark, NodeTick
 from gpuledger.schemas.wire import encode
 from gpuledger.sink.loop import run_sink
@@ -50,6 +54,7 @@ def _tick(node: str, ts: int, interval_ms: int, k: int) -> bytes:
 def run(bootstrap: str) -> dict:
     nodes = [f"e2e-node{i:03d}" for i in range(SIZES.e2e_nodes)]
     interval_ms = round(SIZES.e2e_interval_s * 1000)
+    window_ms = load_ledger_config(None).segment_window_ms  # the worker runs under the shipped ledger
     path = workdir() / "e2e-chdb"
     if path.exists():
         shutil.rmtree(path)
@@ -100,9 +105,9 @@ def run(bootstrap: str) -> dict:
                 pub.publish(t.job_events, ev.job_id, encode(ev))
         pub.flush()
         live_from: float | None = None
-        window_start = window_end = None
+        window_start = window_end = publish_until = None
         k = 0
-        deadline = time.monotonic() + 120 + SIZES.e2e_seconds
+        deadline = time.monotonic() + 120 + SIZES.e2e_seconds + 2 * window_ms / 1000
         while time.monotonic() < deadline:
             worker.check_alive()
             if "error" in sink_result:
@@ -115,7 +120,7 @@ def run(bootstrap: str) -> dict:
                 else:
                     time.sleep(wait)
             now = time.time()
-            if window_end is not None and ts > window_end:
+            if publish_until is not None and ts > publish_until:
                 break
             for node in nodes:
                 published[(node, ts)] = time.time()
@@ -129,13 +134,15 @@ def run(bootstrap: str) -> dict:
                 live_from = now
                 window_start = ts + 3 * interval_ms
                 window_end = window_start + round(SIZES.e2e_seconds * 1000)
+                # the segment holding the last measured tick closes at its window's end
+                publish_until = (window_end // window_ms + 1) * window_ms + interval_ms
                 say(f"e2e: pipeline live after {now - grid / 1000:.1f} s; measuring {SIZES.e2e_seconds:.0f} s "
                     f"at {len(nodes)} nodes x 8 GPUs every {interval_ms} ms")
             k += 1
         if window_start is None:
             raise TimeoutError("e2e: nothing reached the bill tables within 120 s")
         # close the last ticks, then wait for them
-        final = window_end + 2 * interval_ms
+        final = publish_until + 2 * interval_ms
         mark = encode(LifecycleWatermark(cluster=CLUSTER, ts_ms=final))
         mark_at[final] = time.time()
         for p in range(s.partitions_job_events):
@@ -152,12 +159,14 @@ def run(bootstrap: str) -> dict:
     shutil.rmtree(path, ignore_errors=True)
     missing = [key for key in wanted if key not in seen]
     from_sample = [seen[key] - published[key] for key in wanted if key in seen]
-    # the watermark that closes tick ts is the first one at or after ts + interval
+    # the watermark that closes tick ts's segment: the first one at or after its window's end (the
+    # window's last tick closes there, and a segment that reached its window's end is written)
     marks = sorted(mark_at)
 
     def closing_mark_time(ts: int) -> float:
+        closes = max(ts + interval_ms, (ts // window_ms + 1) * window_ms)
         for m in marks:
-            if m >= ts + interval_ms:
+            if m >= closes:
                 return mark_at[m]
         return float("nan")
 
@@ -165,6 +174,7 @@ def run(bootstrap: str) -> dict:
     load = {"nodes": len(nodes), "gpus_per_node": 8, "interval_s": interval_ms / 1000,
             "samples_per_s": len(nodes) * 8 * 1000 / interval_ms, "ticks_per_s": len(nodes) * 1000 / interval_ms,
             "watermark_every_s": interval_ms / 1000, "window_s": (window_end - window_start) / 1000,
+            "segment_window_s": window_ms / 1000,
             "sink_batch": "20000 rows or 1.0 s", "poll_every_s": 0.1}
     say(f"e2e: {len(from_sample)} ticks, p50 {percentile(from_sample, 50):.2f} s, p99 {percentile(from_sample, 99):.2f} s "
         f"from publication; from the closing watermark p50 {percentile(from_mark, 50):.2f} s")
