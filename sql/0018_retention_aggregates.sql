@@ -327,21 +327,19 @@ LEFT JOIN
 ) AS h ON u.day = h.day AND u.cluster = h.cluster AND u.gpu_uuid = h.gpu_uuid;
 
 -- ---------------------------------------------------------------- per job attempt and GPU
--- Executing and allocated-idle time of every job attempt on every GPU, by 10-point utilization
--- bucket (255: no bucket, i.e. idle or no utilization sample).
+-- Executing and allocated-idle time of every job attempt on every GPU (the balance view), and the
+-- executing time of every attempt by GPU model and 10-point utilization bucket (the histogram).
 CREATE TABLE IF NOT EXISTS job_gpu_usage
 (
-    cluster               LowCardinality(String),
-    tenant                LowCardinality(String),
-    queue                 LowCardinality(String),
     job_id                String,
     attempt               UInt32,
-    node                  LowCardinality(String),
+    cluster               LowCardinality(String),
     gpu_uuid              String,
+    node                  LowCardinality(String),
     gpu_model             LowCardinality(String),
+    tenant                LowCardinality(String),
+    queue                 LowCardinality(String),
     state                 LowCardinality(String),
-    util_bucket_pct       UInt8,
-    slices                SimpleAggregateFunction(sum, UInt64),
     gpu_ms                SimpleAggregateFunction(sum, UInt64),
     util_weighted_gpu_ms  SimpleAggregateFunction(sum, Float64),
     util_gpu_ms           SimpleAggregateFunction(sum, UInt64),
@@ -349,15 +347,12 @@ CREATE TABLE IF NOT EXISTS job_gpu_usage
     last_end_ms           SimpleAggregateFunction(max, Int64)
 )
 ENGINE = AggregatingMergeTree
-ORDER BY (job_id, attempt, cluster, gpu_uuid, node, gpu_model, tenant, queue, state, util_bucket_pct)
+ORDER BY (job_id, attempt, cluster, gpu_uuid, node, gpu_model, tenant, queue, state)
 SETTINGS non_replicated_deduplication_window = 1000;
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS job_gpu_usage_mv TO job_gpu_usage AS
 SELECT
-    cluster, tenant, queue, job_id, attempt, node, gpu_uuid, gpu_model, state,
-    if(state = 'executing' AND util_pct IS NOT NULL,
-       toUInt8(least(floor(assumeNotNull(util_pct) / 10), 9) * 10), toUInt8(255)) AS util_bucket_pct,
-    count() AS slices,
+    job_id, attempt, cluster, gpu_uuid, node, gpu_model, tenant, queue, state,
     sum(usage_raw.gpu_ms) AS gpu_ms,
     sum(if(util_pct IS NULL, 0., assumeNotNull(util_pct) * usage_raw.gpu_ms)) AS util_weighted_gpu_ms,
     sum(if(util_pct IS NULL, toUInt64(0), usage_raw.gpu_ms)) AS util_gpu_ms,
@@ -365,14 +360,11 @@ SELECT
     max(end_ms) AS last_end_ms
 FROM usage_raw
 WHERE job_id != '' AND state IN ('executing', 'allocated_idle')
-GROUP BY cluster, tenant, queue, job_id, attempt, node, gpu_uuid, gpu_model, state, util_bucket_pct;
+GROUP BY job_id, attempt, cluster, gpu_uuid, node, gpu_model, tenant, queue, state;
 
 INSERT INTO job_gpu_usage
 SELECT
-    cluster, tenant, queue, job_id, attempt, node, gpu_uuid, gpu_model, state,
-    if(state = 'executing' AND util_pct IS NOT NULL,
-       toUInt8(least(floor(assumeNotNull(util_pct) / 10), 9) * 10), toUInt8(255)) AS util_bucket_pct,
-    count() AS slices,
+    job_id, attempt, cluster, gpu_uuid, node, gpu_model, tenant, queue, state,
     sum(usage_raw.gpu_ms) AS gpu_ms,
     sum(if(util_pct IS NULL, 0., assumeNotNull(util_pct) * usage_raw.gpu_ms)) AS util_weighted_gpu_ms,
     sum(if(util_pct IS NULL, toUInt64(0), usage_raw.gpu_ms)) AS util_gpu_ms,
@@ -380,7 +372,43 @@ SELECT
     max(end_ms) AS last_end_ms
 FROM usage_raw
 WHERE job_id != '' AND state IN ('executing', 'allocated_idle')
-GROUP BY cluster, tenant, queue, job_id, attempt, node, gpu_uuid, gpu_model, state, util_bucket_pct;
+GROUP BY job_id, attempt, cluster, gpu_uuid, node, gpu_model, tenant, queue, state;
+
+CREATE TABLE IF NOT EXISTS job_util_buckets
+(
+    job_id           String,
+    attempt          UInt32,
+    cluster          LowCardinality(String),
+    tenant           LowCardinality(String),
+    queue            LowCardinality(String),
+    gpu_model        LowCardinality(String),
+    util_bucket_pct  UInt8,
+    gpu_ms           UInt64,
+    slices           UInt64
+)
+ENGINE = SummingMergeTree
+ORDER BY (job_id, attempt, cluster, tenant, queue, gpu_model, util_bucket_pct)
+SETTINGS non_replicated_deduplication_window = 1000;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS job_util_buckets_mv TO job_util_buckets AS
+SELECT
+    job_id, attempt, cluster, tenant, queue, gpu_model,
+    toUInt8(least(floor(assumeNotNull(util_pct) / 10), 9) * 10) AS util_bucket_pct,
+    sum(usage_raw.gpu_ms) AS gpu_ms,
+    count() AS slices
+FROM usage_raw
+WHERE state = 'executing' AND util_pct IS NOT NULL AND job_id != ''
+GROUP BY job_id, attempt, cluster, tenant, queue, gpu_model, util_bucket_pct;
+
+INSERT INTO job_util_buckets
+SELECT
+    job_id, attempt, cluster, tenant, queue, gpu_model,
+    toUInt8(least(floor(assumeNotNull(util_pct) / 10), 9) * 10) AS util_bucket_pct,
+    sum(usage_raw.gpu_ms) AS gpu_ms,
+    count() AS slices
+FROM usage_raw
+WHERE state = 'executing' AND util_pct IS NOT NULL AND job_id != ''
+GROUP BY job_id, attempt, cluster, tenant, queue, gpu_model, util_bucket_pct;
 
 CREATE OR REPLACE VIEW job_util_histogram AS
 SELECT
@@ -389,8 +417,7 @@ SELECT
     concat(leftPad(toString(util_bucket_pct), 2, '0'), '-', toString(util_bucket_pct + 10), '%') AS util_bucket,
     sum(gpu_ms) / 1000 AS gpu_seconds,
     sum(slices) AS slices
-FROM job_gpu_usage
-WHERE state = 'executing' AND util_bucket_pct != 255
+FROM job_util_buckets
 GROUP BY cluster, tenant, queue, job_id, attempt, gpu_model, util_bucket_pct;
 
 CREATE OR REPLACE VIEW job_gpu_balance AS
@@ -440,41 +467,33 @@ SELECT cluster, tenant, queue, job_id, attempt, node, gpu_uuid, gpu_model, day, 
 FROM usage_raw
 WHERE job_id != '' AND state = 'allocated_idle';
 
--- Stretches from the sorted idle records of each attempt and GPU (arrays, not window functions: a
--- filter on job_id reaches the table's primary key). offset_ms counts from the attempt's first
--- executing or idle record (usage_by_job_daily).
+-- Stretches from the sorted idle records of each attempt and GPU, split where a record does not start
+-- where the previous one ended (arrays, not window functions: a filter on job_id reaches the
+-- table's primary key). offset_ms counts from the attempt's first executing or idle record
+-- (usage_by_job_daily).
 CREATE OR REPLACE VIEW job_idle_stretches AS
 SELECT
     s.cluster AS cluster, s.tenant AS tenant, s.queue AS queue, s.job_id AS job_id, s.attempt AS attempt,
     s.node AS node, s.gpu_uuid AS gpu_uuid, s.gpu_model AS gpu_model,
-    fromUnixTimestamp64Milli(s.first_start_ms, 'UTC') AS stretch_start,
-    fromUnixTimestamp64Milli(s.last_end_ms, 'UTC') AS stretch_end,
-    (s.last_end_ms - s.first_start_ms) / 1000 AS duration_seconds,
-    s.stretch_gpu_ms / 1000 AS idle_gpu_seconds,
-    s.first_start_ms - a.attempt_start_ms AS offset_ms
+    fromUnixTimestamp64Milli(st.1, 'UTC') AS stretch_start,
+    fromUnixTimestamp64Milli(st.2, 'UTC') AS stretch_end,
+    (st.2 - st.1) / 1000 AS duration_seconds,
+    st.3 / 1000 AS idle_gpu_seconds,
+    st.1 - a.attempt_start_ms AS offset_ms
 FROM
 (
-    SELECT
-        cluster, tenant, queue, job_id, attempt, node, gpu_uuid, gpu_model, stretch,
-        min(seg.1) AS first_start_ms,
-        max(seg.2) AS last_end_ms,
-        sum(seg.3) AS stretch_gpu_ms
+    SELECT cluster, tenant, queue, job_id, attempt, node, gpu_uuid, gpu_model,
+        arrayMap(run -> (run[1].1, arrayMax(arrayMap(x -> x.2, run)), arraySum(arrayMap(x -> x.3, run))),
+                 arraySplit((x, i) -> i > 1 AND x.1 != segs[i - 1].2, segs, arrayEnumerate(segs))) AS stretches
     FROM
     (
-        SELECT
-            cluster, tenant, queue, job_id, attempt, node, gpu_uuid, gpu_model, segs,
-            arrayCumSum(arrayMap(i -> toUInt64(i = 1 OR segs[i].1 != segs[i - 1].2), arrayEnumerate(segs))) AS stretches
-        FROM
-        (
-            SELECT cluster, tenant, queue, job_id, attempt, node, gpu_uuid, gpu_model,
-                arraySort(groupArray((start_ms, end_ms, gpu_ms))) AS segs
-            FROM job_idle_segments
-            GROUP BY cluster, tenant, queue, job_id, attempt, node, gpu_uuid, gpu_model
-        )
+        SELECT cluster, tenant, queue, job_id, attempt, node, gpu_uuid, gpu_model,
+            arraySort(groupArray((start_ms, end_ms, gpu_ms))) AS segs
+        FROM job_idle_segments
+        GROUP BY job_id, attempt, cluster, gpu_uuid, tenant, queue, node, gpu_model
     )
-    ARRAY JOIN segs AS seg, stretches AS stretch
-    GROUP BY cluster, tenant, queue, job_id, attempt, node, gpu_uuid, gpu_model, stretch
 ) AS s
+ARRAY JOIN s.stretches AS st
 LEFT JOIN
 (
     SELECT cluster, job_id, attempt, min(first_start_ms) AS attempt_start_ms

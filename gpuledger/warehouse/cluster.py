@@ -40,6 +40,7 @@ SHARDING_KEYS: dict[str, str] = {
     "job_events": "cityHash64(cluster, job_id)",
     "job_attempts_state": "cityHash64(cluster, job_id)",
     "job_gpu_usage": "cityHash64(cluster, job_id)",
+    "job_util_buckets": "cityHash64(cluster, job_id)",
     "usage_by_job_daily": "cityHash64(cluster, job_id)",
     "node_inventory": "cityHash64(cluster, node)",
 }

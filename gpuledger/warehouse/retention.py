@@ -57,7 +57,8 @@ RETENTION: dict[str, Retention] = {
 KEPT: dict[str, str] = {
     "gpu_latest": "one row per GPU",
     "job_attempts_state": "one row per job attempt; outcomes of old attempts decide re-bills",
-    "job_gpu_usage": "one row per job attempt, GPU and utilization bucket",
+    "job_gpu_usage": "one row per job attempt, GPU and state",
+    "job_util_buckets": "one row per job attempt, GPU model and utilization bucket",
     "coefficients": "accounting library: its whole history re-bills any period",
     "prices": "accounting library",
     "definitions": "accounting library",
