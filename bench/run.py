@@ -24,7 +24,7 @@ from pathlib import Path
 from bench.common import QUICK, SIZES, load_average, say, workdir
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
-STAGES = ("core", "agent", "join", "profile", "e2e", "warehouse", "footprint")
+STAGES = ("core", "agent", "join", "profile", "e2e", "warehouse", "footprint", "queries")
 
 #: (key, label, unit, format, target as (comparison, value) or None)
 TABLE = [
@@ -50,6 +50,8 @@ TABLE = [
     ("e2e_latency_p50_s", "e2e from sample publication p50", "s", "{:.2f}", None),
     ("e2e_latency_p99_s", "e2e from sample publication p99", "s", "{:.2f}", None),
     ("e2e_pipeline_latency_p50_s", "e2e from closing watermark p50", "s", "{:.2f}", None),
+    # bench/queries.py: every Superset chart's query and every report over N segment rows
+    ("query_slowest_s", "slowest dashboard/report query", "s", "{:.3f}", ("<", 1.0)),
 ]
 
 
@@ -146,6 +148,10 @@ def main(argv=None) -> int:
         if w:
             results["writer_vs_columnar"] = w["writer_vs_columnar"]
     stage("footprint", footprint.run)
+    if "queries" in stages:
+        from bench import queries
+
+        stage("queries", queries.run)
     results["meta"]["total_seconds"] = round(time.monotonic() - t_all, 1)
 
     out = Path(args.output)
