@@ -29,6 +29,15 @@ _HEADERS = {
     "balance_score": "Balance score (0-1)",
     "cards_under_threshold": "Cards under the threshold",
     "gap_gpu_hours": "Requested minus used GPU-hours",
+    # GPU ID cards (gpuledger/warehouse/cards.py)
+    "vbios_version": "VBIOS version",
+    "avg_temperature_c": "Mean temperature (°C)",
+    "max_temperature_c": "Max temperature (°C)",
+    "avg_power_w": "Mean power (W)",
+    "busy_hours_per_kwh": "Busy hours per kWh",
+    "busy_hours_per_kwh_trend_pct_per_month": "Busy hours per kWh: trend (% per month)",
+    "failures_per_gpu_year": "Down episodes per GPU-year",
+    "observed_gpu_years": "GPU-years observed",
 }
 
 
