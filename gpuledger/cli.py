@@ -52,6 +52,8 @@ def cmd_migrate(args) -> int:
         synced = sync_library(client, settings.database, ledger)
         from gpuledger.warehouse.carbon import record_definition
         record_definition(client, settings.database, ledger.carbon)  # the [carbon] definition (docs/carbon.md)
+        from gpuledger.warehouse.carbon import record_definition
+        record_definition(client, settings.database, ledger.carbon)  # the [carbon] definition (docs/carbon.md)
     finally:
         client.close()
     print(f"applied {len(applied)} migration(s)" + (": " + ", ".join(applied) if applied else " (up to date)"))
@@ -218,6 +220,9 @@ def cmd_report(args) -> int:
     settings = _settings(args)
     if args.report in PERIODIC_REPORTS:
         return _periodic_report(args, settings)
+    if args.report in CARD_REPORTS:
+        from gpuledger.warehouse.cards import report_command
+        return report_command(args, settings)
     if args.report in CARD_REPORTS:
         from gpuledger.warehouse.cards import report_command
         return report_command(args, settings)
@@ -481,7 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job_id", nargs="?", help="report job: the job's id; report gpu: the GPU's UUID")
     p.add_argument("--format", choices=["table", "json", "csv", "markdown", "html"], default="table",
                    help="bills/jobs/queues/utilization/capacity/unmatched: table|json|csv; inventory/monthly/weekly/job: "
-                        "table|markdown|html (self-contained, with plots)")
+                        "table|markdown|html (self-contained, with plots); gpu/gpu-fleet: table|json|markdown|html")
     p.add_argument("--output", help="periodic reports: write to this file")
     p.add_argument("--by", help="utilization: group by any of day,cluster,gpu_model,queue,tenant,job_id (comma-separated)")
     p.add_argument("--idle-redistribution", choices=["none", "even", "usage"],
@@ -520,6 +525,10 @@ def build_parser() -> argparse.ArgumentParser:
     from gpuledger.integrations.superset import register_cli as register_superset_cli
     from gpuledger.traces.run import register_cli as register_traces_cli
     register_superset_cli(sub)
+    from gpuledger.warehouse.cards import register_cli as register_gpu_cli
+    from gpuledger.warehouse.carbon import register_cli as register_carbon_cli
+    register_gpu_cli(sub)
+    register_carbon_cli(sub)
     from gpuledger.warehouse.cards import register_cli as register_gpu_cli
     from gpuledger.warehouse.carbon import register_cli as register_carbon_cli
     register_gpu_cli(sub)

@@ -313,6 +313,13 @@ def report_command(args, settings) -> int:
         raise SystemExit(f"report {args.report} is printed as {', '.join(FORMATS)}")
     if args.report == "gpu" and not args.job_id:
         raise SystemExit("usage: gpuledger report gpu GPU_UUID")
+    if args.report == "gpu-fleet" and args.job_id:
+        raise SystemExit("usage: gpuledger report gpu-fleet (the whole fleet; `report gpu UUID` for one card)")
+    from gpuledger.cli import REPORT_FILTER_FLAGS
+
+    given = [flag for name, flag in REPORT_FILTER_FLAGS.items() if getattr(args, name, None) is not None]
+    if given:
+        raise ValueError(f"report {args.report} takes no {', '.join(given)}")
     client = connect_readonly(settings)
     try:
         report = build_card(client, settings.database, args.job_id) if args.report == "gpu" else build_fleet(

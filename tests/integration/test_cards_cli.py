@@ -49,3 +49,5 @@ def test_card_and_carbon_commands(tmp_path, monkeypatch, capsys):
     assert "bad.csv, line 2: valid_from" in capsys.readouterr().err
     assert main(["report", "gpu", *wh]) == 2
     assert "usage: gpuledger report gpu GPU_UUID" in capsys.readouterr().err
+    assert main(["report", "gpu-fleet", "--tenant", "t1", *wh]) == 2
+    assert "report gpu-fleet takes no --tenant" in capsys.readouterr().err
