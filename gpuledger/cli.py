@@ -52,8 +52,6 @@ def cmd_migrate(args) -> int:
         synced = sync_library(client, settings.database, ledger)
         from gpuledger.warehouse.carbon import record_definition
         record_definition(client, settings.database, ledger.carbon)  # the [carbon] definition (docs/carbon.md)
-        from gpuledger.warehouse.carbon import record_definition
-        record_definition(client, settings.database, ledger.carbon)  # the [carbon] definition (docs/carbon.md)
     finally:
         client.close()
     print(f"applied {len(applied)} migration(s)" + (": " + ", ".join(applied) if applied else " (up to date)"))
@@ -220,9 +218,6 @@ def cmd_report(args) -> int:
     settings = _settings(args)
     if args.report in PERIODIC_REPORTS:
         return _periodic_report(args, settings)
-    if args.report in CARD_REPORTS:
-        from gpuledger.warehouse.cards import report_command
-        return report_command(args, settings)
     if args.report in CARD_REPORTS:
         from gpuledger.warehouse.cards import report_command
         return report_command(args, settings)
@@ -525,10 +520,6 @@ def build_parser() -> argparse.ArgumentParser:
     from gpuledger.integrations.superset import register_cli as register_superset_cli
     from gpuledger.traces.run import register_cli as register_traces_cli
     register_superset_cli(sub)
-    from gpuledger.warehouse.cards import register_cli as register_gpu_cli
-    from gpuledger.warehouse.carbon import register_cli as register_carbon_cli
-    register_gpu_cli(sub)
-    register_carbon_cli(sub)
     from gpuledger.warehouse.cards import register_cli as register_gpu_cli
     from gpuledger.warehouse.carbon import register_cli as register_carbon_cli
     register_gpu_cli(sub)
