@@ -211,8 +211,6 @@ def _bills(client, db: str, filters: dict[str, Any]) -> list[dict]:
     _flag_priced_by_default(client, db, rows)
     _add_co2e(client, database=db, rows=rows, keys=("day", "cluster", "tenant", "definition_version"),
               conds=conds, params=params)
-    _add_co2e(client, database=db, rows=rows, keys=("day", "cluster", "tenant", "definition_version"),
-              conds=conds, params=params)
     if policy == "none":
         return rows[: filters["limit"]] if filters.get("limit") else rows
     billed = [r for r in rows if r["status"] != "adjustment"]
@@ -272,11 +270,6 @@ def _jobs(client, db: str, filters: dict[str, Any]) -> list[dict]:
                   conds=["cluster IN {co2e_clusters:Array(String)}", "job_id IN {co2e_jobs:Array(String)}"],
                   params={"co2e_clusters": sorted({r["cluster"] for r in rows}),
                           "co2e_jobs": sorted({r["job_id"] for r in rows})})
-    if rows:
-        _add_co2e(client, database=db, rows=rows, keys=("cluster", "job_id", "definition_version"),
-                  conds=["cluster IN {co2e_clusters:Array(String)}", "job_id IN {co2e_jobs:Array(String)}"],
-                  params={"co2e_clusters": sorted({r["cluster"] for r in rows}),
-                          "co2e_jobs": sorted({r["job_id"] for r in rows})})
     rows.sort(key=lambda r: (-(r["cost"] or 0), -(r["gpu_hours"] or 0), r["cluster"], r["job_id"], r["definition_version"]))
     return rows[: filters["limit"]] if filters.get("limit") else rows
 
@@ -326,20 +319,6 @@ def _job_money(client, db: str, rows: list[dict], currencies: dict[str, str]) ->
         head["status"] = "closed" if m is not None and not m[0] else "open"
         head["currency"] = _currency_of(currencies, row["definition_version"])
         rows[n] = {**head, **{k: v for k, v in row.items() if k not in head}}
-
-
-def _add_co2e(client, *, database: str, rows: list[dict], keys: Sequence[str], conds: Sequence[str],
-              params: dict[str, Any]) -> None:
-    """`co2e_kg` (and `carbon_version`) of each bill or job row from its usage's energy (docs/carbon.md);
-    None on adjustments and where no carbon definition is recorded."""
-    from gpuledger.warehouse.carbon import co2e_by
-
-    # the database name arrives quoted; co2e_by quotes it itself
-    carbon = co2e_by(client, database.strip("`"), keys, conds, params)
-    for row in rows:
-        hit = None if row.get("status") == "adjustment" else carbon.get(tuple(row.get(k) for k in keys))
-        row["co2e_kg"] = hit["co2e_kg"] if hit else None
-        row["carbon_version"] = hit["carbon_version"] if hit else None
 
 
 def _add_co2e(client, *, database: str, rows: list[dict], keys: Sequence[str], conds: Sequence[str],
