@@ -10,6 +10,7 @@ import random
 import tomllib
 from collections import Counter, defaultdict
 from dataclasses import replace
+from datetime import datetime, timezone
 from pathlib import Path
 
 import orjson
@@ -223,6 +224,24 @@ def test_a_gpu_missing_from_a_tick_closes_its_segment_and_the_next_opens_a_new_o
     b = [(r["start_ms"] - MIDNIGHT, r["end_ms"] - MIDNIGHT) for r in run_join(ticks, [], windowed(60))
          if r["gpu_uuid"] == "GPU-b"]
     assert b == [(0, 20 * S), (30 * S, 60 * S)]
+
+
+def test_a_price_or_coefficient_change_ends_the_segment_and_prices_each_side_as_per_tick():
+    # a new A100 price and coefficient from 2026-11-02 00:00:30 UTC: inside an hour-long window
+    doc = {**DOC, "segments": {"window_s": 3600},
+           "prices": [*DOC["prices"], {"model": "A100-80GB", "valid_from": datetime(2026, 11, 2, 0, 0, 30, tzinfo=timezone.utc),
+                                       "depreciation_per_hour": 9.0, "maintenance_per_hour": 1.0}],
+           "coefficients": [*DOC["coefficients"], {"model": "A100-80GB", "valid_from": datetime(2026, 11, 2, 0, 0, 45, tzinfo=timezone.utc),
+                                                   "coefficient": 3.0}]}
+    ledger = parse_ledger_config(doc, "price-change")
+    ticks = steady_ticks(2, interval=5 * S)
+    segments = run_join(ticks, [], ledger)
+    assert [(r["start_ms"] - MIDNIGHT, r["price_version"], r["coefficient_version"]) for r in segments] == [
+        (0, "A100-80GB@2020-01-01", "A100-80GB@2020-01-01"),
+        (30 * S, "A100-80GB@2026-11-02", "A100-80GB@2020-01-01"),
+        (45 * S, "A100-80GB@2026-11-02", "A100-80GB@2026-11-02")]
+    per_tick = run_join(ticks, [], replace(ledger, segment_window_ms=1))
+    assert bills(segments)[0] == bills(per_tick)[0]
 
 
 def test_window_setting_is_checked():
