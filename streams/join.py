@@ -618,7 +618,9 @@ class NodeJoin:
         while n < len(pending) and pending[n].ts_ms + pending[n].interval_ms <= watermark_ms:
             n += 1
         if not n:
-            return self._flush(data_ms, ledger, None) if self.segments else []
+            if not self.segments:
+                return []
+            return self._close_ended(watermark_ms, ledger, None) + self._flush(data_ms, ledger, None)
         closing, self.pending_ticks = pending[:n], pending[n:]
         del self.pending_offsets[:n]
         records: list[dict] = []
@@ -680,6 +682,7 @@ class NodeJoin:
             else:
                 self.closed_ranges.append([start, end])
         if segments:
+            records += self._close_ended(watermark_ms, ledger, maker)
             records += self._flush(data_ms, ledger, maker)
         self._prune()
         return records
@@ -689,6 +692,34 @@ class NodeJoin:
         records: list[dict] = []
         for uuid, seg in list(self.segments.items()):
             if tick_end is None or seg.end_ms != tick_end or seg.end_ms >= seg.window_end_ms:
+                records += seg.records(maker._fill)
+                del self.segments[uuid]
+        return records
+
+    def _close_ended(self, watermark_ms: int, ledger: LedgerConfig, maker: RecordMaker | None) -> list[dict]:
+        """Emit the open segments that an attempt's end closes: a terminal change at or before the
+        segment's end (and behind the watermark, so final) for an attempt holding one of its slots.
+        The next sample of that GPU cannot continue the segment (the holder is gone from it), so
+        waiting for it would only delay the records — and a node whose samples end with the job's
+        end (a trace replay, a node drained with its job) would keep them open."""
+        if not self.pending_changes:
+            return []
+        ended = {}
+        for c in self.pending_changes:
+            if c.ts_ms > watermark_ms:
+                break
+            if c.kind in TERMINAL_KINDS:
+                key = (c.job_id, c.attempt)
+                ended[key] = min(ended.get(key, c.ts_ms), c.ts_ms)
+        if not ended:
+            return []
+        records: list[dict] = []
+        for uuid, seg in list(self.segments.items()):
+            if any(sl[1] is not None and ended.get((sl[1].job_id, sl[1].attempt), seg.end_ms + 1) <= seg.end_ms
+                   for sl in seg.slots):
+                if maker is None:
+                    maker = self._maker if self._maker is not None and self._maker.ledger is ledger else \
+                        RecordMaker(ledger, self.cluster, self.node)
                 records += seg.records(maker._fill)
                 del self.segments[uuid]
         return records

@@ -244,6 +244,22 @@ def test_a_price_or_coefficient_change_ends_the_segment_and_prices_each_side_as_
     assert bills(segments)[0] == bills(per_tick)[0]
 
 
+def test_an_attempts_end_closes_its_segment_without_waiting_for_the_next_sample():
+    # the node's samples end with the job (a trace replay, a node drained with its job): the
+    # segment [0, 25 s) still goes out once the watermark has passed the completion
+    join = NodeJoin(node="n1")
+    for c in [change("allocated", MIDNIGHT, "j"), change("started", MIDNIGHT, "j"),
+              change("completed", MIDNIGHT + 25 * S, "j")]:
+        join.add_change(c)
+    for k in range(5):
+        join.add_tick(node_tick(MIDNIGHT + k * 5 * S, 5 * S, sample(util_gpu_pct=50.0)))
+    assert join.close_until(MIDNIGHT + 24 * S, windowed(60)) == []  # the end is not final yet
+    (record,) = join.close_until(MIDNIGHT + 25 * S, windowed(60))
+    assert (record["state"], record["job_id"], record["end_ms"] - MIDNIGHT, record["sample_count"]) == \
+        ("executing", "j", 25 * S, 5)
+    assert not join.segments
+
+
 def test_window_setting_is_checked():
     for bad in (7, -60, 7200, 1.5, "60"):
         with pytest.raises(LedgerConfigError, match="segments.window_s"):
