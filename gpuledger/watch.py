@@ -113,6 +113,7 @@ def run_watch(settings: Settings, *, ledger: LedgerConfig | None = None, stop: t
                     if msg.error().code() != KafkaError._PARTITION_EOF:
                         log.warning("watch: %s", msg.error())
                 else:
+                    watcher.counters["messages"] += 1
                     try:
                         outs = watcher.on_message(msg.topic(), msg.partition(), msg.offset(), msg.value())
                     except Exception:  # a bug must not stop the watcher: the message is skipped and counted

@@ -53,10 +53,13 @@ STALE_GPU_MS = 300_000
 #: ended attempts are remembered this long (event time) so their late usage reopens nothing
 ENDED_RETENTION_MS = 86_400_000
 #: a GPU going down this soon after its holder's last slice (and no later than this after the
-#: holder's end: a job usually dies of its GPU's fatal Xid at once) went down under that holder.
-#: An ended attempt is forgotten, its open alerts closed at its end, once the cluster's usage is
-#: this far past its end: lifecycle runs ahead of usage, which still has the job's last minutes.
+#: holder's end: a job usually dies of its GPU's fatal Xid at once) went down under that holder
 DOWN_GAP_MS = 300_000
+#: An ended attempt is forgotten, its open alerts closed at its end, once every GPU it held has
+#: reported a bucket past its end (lifecycle runs ahead of usage, which still has the job's last
+#: minutes; and a node's usage can run hours ahead of another's in a replay), or at the latest once
+#: the cluster's usage is this far past its end (a node that never reports again).
+FORGET_ENDED_AFTER_MS = 6 * 3_600_000
 
 # fields of a bucket (a list, for compact state)
 DUR, GPU_MS, EXEC, UTIL_MS, MEASURED, UTIL_MAX, MEM_MIN, IDLE_COST = range(8)
@@ -141,6 +144,7 @@ class Watcher:
         self.attempts: dict[tuple[str, str, int], Attempt] = {}
         self.ended: dict[tuple[str, str, int], int] = {}
         self.holders: dict[tuple[str, str], list] = {}         # (cluster, gpu) -> [job_id, attempt, last end]
+        self.gpu_seen: dict[tuple[str, str], int] = {}         # (cluster, gpu) -> end of its newest record
         self.queues: dict[tuple[str, str], dict[int, list]] = {}  # (cluster, queue) -> bucket -> [gpu_ms, exec]
         self.horizon: dict[str, int] = {}                        # cluster -> newest record end
         self.reclaim_evaluated: dict[str, int] = {}              # cluster -> bucket evaluated up to
@@ -177,6 +181,7 @@ class Watcher:
             parsed = [(r["cluster"], r["gpu_uuid"], int(r["start_ms"]), int(r["end_ms"]), r["state"], r) for r in records]
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise DecodeError(f"not a usage batch: {type(exc).__name__}: {exc}") from None
+        self.counters["usage_records"] += len(parsed)
         outs: list[Out] = []
         touched: set[tuple[str, str, int]] = set()
         clusters: set[str] = set()
@@ -185,6 +190,7 @@ class Watcher:
                 continue
             clusters.add(cluster)
             self.horizon[cluster] = max(self.horizon.get(cluster, 0), end)
+            self.gpu_seen[(cluster, gpu)] = max(self.gpu_seen.get((cluster, gpu), 0), end)
             if state == DOWN:
                 outs += self._gpu_down(cluster, gpu, start, end)
                 continue
@@ -402,18 +408,21 @@ class Watcher:
         hb = min(a.last_end[g] for g in gpus) // self.bucket_ms  # buckets below hb are complete
         if hb <= a.evaluated_bucket:
             return []
+        first = a.evaluated_bucket + 1 if a.evaluated_bucket else min(min(b) for b in a.buckets.values() if b) + 1
         a.evaluated_bucket = hb
-        horizon = hb * self.bucket_ms
+        outs: list[Out] = []
+        # every bucket boundary the horizon passed, in turn: the same alerts at the same times whether
+        # the usage came a minute at a time or in one batch per watermark
+        for step in range(max(first, hb - self.lookback_buckets), hb + 1):
+            for rule, judge in (("util_drop", self._util_drop), ("low_util", self._low_util),
+                                ("straggler", self._straggler), ("hung", self._hung)):
+                if getattr(self.d.alerts, rule).enabled:
+                    out = judge(a, gpus, step, step * self.bucket_ms)
+                    if out is not None:
+                        outs.append(out)
         for g in list(a.buckets):  # keep what the longest window needs
             for i in [i for i in a.buckets[g] if i < hb - self.lookback_buckets]:
                 del a.buckets[g][i]
-        outs: list[Out] = []
-        for rule, judge in (("util_drop", self._util_drop), ("low_util", self._low_util),
-                            ("straggler", self._straggler), ("hung", self._hung)):
-            if getattr(self.d.alerts, rule).enabled:
-                out = judge(a, gpus, hb, horizon)
-                if out is not None:
-                    outs.append(out)
         return outs
 
     def _util_drop(self, a: Attempt, gpus: list[str], hb: int, horizon: int) -> Out | None:
@@ -541,9 +550,16 @@ class Watcher:
     def _evaluate_reclaim(self, cluster: str) -> list[Out]:
         r = self.d.reclaim
         hb = self.horizon[cluster] // self.bucket_ms - 1  # the newest bucket may still be filling
-        if not r.enabled or hb <= self.reclaim_evaluated.get(cluster, 0):
+        done = self.reclaim_evaluated.get(cluster, 0)
+        if not r.enabled or hb <= done:
             return []
         self.reclaim_evaluated[cluster] = hb
+        n = self._n(r.window_s)
+        return [out for step in range(max(done + 1, hb - n), hb + 1) for out in self._reclaim_at(cluster, step)]
+
+    def _reclaim_at(self, cluster: str, hb: int) -> list[Out]:
+        """The queues of a cluster judged over the window ending at bucket hb."""
+        r = self.d.reclaim
         horizon, n = hb * self.bucket_ms, self._n(r.window_s)
         window = range(hb - n, hb)
         outs = []
@@ -627,11 +643,21 @@ class Watcher:
         return []
 
     def _forget_ended(self, cluster: str) -> list[Out]:
-        """Ended attempts whose last usage the cluster is well past: open alerts closed at the end."""
+        """Ended attempts whose usage up to the end has been read: open alerts closed at the end."""
         outs = []
         horizon = self.horizon[cluster]
-        for key in sorted(k for k, a in self.attempts.items()
-                          if k[0] == cluster and a.ended_ms is not None and horizon >= a.ended_ms + DOWN_GAP_MS):
+
+        def gpu_done(g: str, end: int) -> bool:
+            # a bucket past the end: a GPU the fault killed the job with would show down by then;
+            # a node that stops at the job's end (a replayed pod) is done once the cluster is well past
+            seen = self.gpu_seen.get((cluster, g), 0)
+            return seen >= end + self.bucket_ms or (seen >= end and horizon >= end + DOWN_GAP_MS)
+
+        def done(a: Attempt) -> bool:  # (no usage of it read yet: its end came first, its usage follows)
+            return (bool(a.last_end) and all(gpu_done(g, a.ended_ms) for g in a.last_end)) or \
+                horizon >= a.ended_ms + FORGET_ENDED_AFTER_MS
+
+        for key in sorted(k for k, a in self.attempts.items() if k[0] == cluster and a.ended_ms is not None and done(a)):
             a = self.attempts.pop(key)
             outs += [self._close(a, rule, a.ended_ms, a.ended_ms, a.ended_ms, f"the job {a.ended_kind}")
                      for rule in sorted(a.open)]
@@ -661,6 +687,7 @@ class Watcher:
                 "attempts": [a.to_state() for _, a in sorted(self.attempts.items())],
                 "ended": [[*k, t] for k, t in sorted(self.ended.items())],
                 "holders": [[*k, *h] for k, h in sorted(self.holders.items())],
+                "gpu_seen": [[*k, t] for k, t in sorted(self.gpu_seen.items())],
                 "queues": [[c, q, [[i, *b] for i, b in sorted(bs.items())]] for (c, q), bs in sorted(self.queues.items())],
                 "horizon": self.horizon, "reclaim_evaluated": self.reclaim_evaluated, "snapshots": self.snapshots,
                 "suggestions": [s for _, s in sorted(self.suggestions.items())],
@@ -673,6 +700,7 @@ class Watcher:
         self.attempts = {a.key: a for a in attempts}
         self.ended = {(c, j, n): t for c, j, n, t in state["ended"]}
         self.holders = {(c, g): [j, n, t] for c, g, j, n, t in state["holders"]}
+        self.gpu_seen = {(c, g): t for c, g, t in state["gpu_seen"]}
         self.queues = {(c, q): {row[0]: list(row[1:]) for row in rows} for c, q, rows in state["queues"]}
         self.horizon = dict(state["horizon"])
         self.reclaim_evaluated = dict(state["reclaim_evaluated"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 from gpuledger.traces.readers import CLUSTER_GENAI, CLUSTER_V2023, HOUR_MS, say
 from gpuledger.traces.v2023 import PHASES
+from gpuledger.streams.watchdefs import RULES
 
 
 
@@ -148,4 +149,25 @@ def genai_summary(client, cluster: str = CLUSTER_GENAI) -> dict[str, Any]:
         "per_pod_utilization_pct": {"p10": _round(q[0], 3), "p50": _round(q[1], 3), "p90": _round(q[2], 3)},
         "pods_under_20pct_utilization": int(per_pod["under_20"]),
         "mem_used_gib_mean": _round(totals["mem_weighted"] / totals["mem_ms"] / 2**30, 3) if totals["mem_ms"] else None,
+        **watch_summary(client, cluster),
+    }
+
+
+def watch_summary(client, cluster: str) -> dict[str, Any]:
+    """What `gpuledger watch` raised on the replay (docs/alerts.md): per rule, how many alerts opened
+    and on how many pods (jobs), and how many reclaim suggestions opened (latest status per id)."""
+    p = {"cluster": cluster}
+    by_rule = {r["rule"]: r for r in _scalar_rows(client, """
+        SELECT rule, count() AS alerts, uniqExact(job_id) AS pods, countIf(status = 'open') AS still_open
+        FROM alerts FINAL WHERE cluster = {cluster:String} GROUP BY rule""", p)}
+    suggestions = _scalar_rows(client, """
+        SELECT count() AS n FROM reclaim_suggestions FINAL WHERE cluster = {cluster:String}""", p)[0]
+    return {
+        "alerts_by_rule": {rule: {"alerts": int(by_rule[rule]["alerts"]) if rule in by_rule else 0,
+                                  "pods": int(by_rule[rule]["pods"]) if rule in by_rule else 0,
+                                  "still_open": int(by_rule[rule]["still_open"]) if rule in by_rule else 0}
+                           for rule in RULES},
+        "pods_with_alerts": int(_scalar_rows(client, """
+            SELECT uniqExact(job_id) AS n FROM alerts FINAL WHERE cluster = {cluster:String}""", p)[0]["n"]),
+        "reclaim_suggestions": int(suggestions["n"]),
     }

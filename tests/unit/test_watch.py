@@ -55,8 +55,8 @@ def record(gpu, start, end, *, state="executing", job="j1", util=90.0, mem=10 * 
         effective_gpu_ms=end - start, cost_micros=cost, definition_version="unit-1").model_dump(mode="json")
 
 
-def event(kind, minute, job="j1", attempt=0, queue="batch"):
-    return encode(JobEvent(event_id=f"{job}-{attempt}-{kind}-{minute}", ts_ms=T0 + minute * MIN, kind=kind,
+def event(kind, minute, job="j1", attempt=0, queue="batch", minute_offset=0.0):
+    return encode(JobEvent(event_id=f"{job}-{attempt}-{kind}-{minute}", ts_ms=T0 + int((minute + minute_offset) * MIN), kind=kind,
                            cluster="c1", job_id=job, attempt=attempt, tenant="acme", queue=queue))
 
 
@@ -127,6 +127,26 @@ def test_load_train_checkpoint_hang_recover_opens_and_closes_exactly(tick_ms):
     assert feed.w.open_alerts() == [] and ("c1", "j1", 0) in feed.w.ended
 
 
+def test_the_same_alerts_whatever_the_batching_of_usage():
+    """The worker sends a node's usage once per watermark (minutes at a time): the rules step through
+    every bucket the horizon passed, so batches of 7 minutes give what minute-by-minute gives."""
+    by_minute = Feed(watcher())
+    training_job(by_minute)
+    batched = Feed(watcher())
+    for kind, minute in (("allocated", 0), ("started", 0), ("checkpoint_begin", 45), ("checkpoint_end", 50)):
+        batched.send(LIFE, event(kind, minute))
+
+    def phase(m):
+        return 5.0 if m < 15 else 95.0 if m < 45 else 30.0 if m < 50 else 0.0 if m < 70 else 95.0
+
+    for first in range(0, 80, 7):
+        recs = [record(g, T0 + m * MIN, T0 + (m + 1) * MIN, util=phase(m))
+                for m in range(first, min(first + 7, 80)) for g in ("GPU-a", "GPU-b")]
+        batched.send(USAGE, orjson.dumps({"schema_version": 1, "node": "n1", "records": recs}))
+    batched.send(LIFE, event("completed", 80))
+    assert [o.value for o in batched.out] == [o.value for o in by_minute.out] and len(by_minute.out) == 4
+
+
 def test_without_the_checkpoint_window_the_checkpoint_is_a_drop():
     """The same job with its checkpoint events dropped: 30 % after 95 % would not recover within
     10 min only if it lasted 10 min; it lasts 5, so still no drop; the hang is still reported."""
@@ -154,20 +174,36 @@ def test_a_job_that_ends_closes_its_alerts_and_late_usage_reopens_nothing():
     # (3 x 90 + 27 x 0) / 30 = 9 % < 10 %
     assert summary(feed.alerts()) == [("util_drop", "open", 30 * MIN, ["GPU-a"]), ("hung", "open", 30 * MIN, ["GPU-a"]),
                                       ("low_util", "open", 47 * MIN, ["GPU-a"])]
-    feed.send(LIFE, event("cancelled", 62))
-    # the end event runs ahead of the usage: the alerts close, at the end, once the cluster's usage
-    # is 5 min past it (the job's last records are still judged); its records after the end count for nothing
-    for m in range(62, 66):
-        feed.minute(m, lambda s, e: [record("GPU-a", s, e, util=0.0), record("GPU-z", s, e, state="unallocated")])
+    feed.send(LIFE, event("cancelled", 62, minute_offset=0.5))
+    # the end event runs ahead of the usage: the alerts close, at the end, once the job's GPUs have
+    # reported past it (its last records are still judged); its records after the end count for nothing
+    feed.minute(62, lambda s, e: [record("GPU-z", s, e, state="unallocated")])  # another node, ahead
     assert len(feed.alerts()) == 3
-    feed.minute(66, lambda s, e: [record("GPU-z", s, e, state="unallocated")])
-    assert summary(feed.alerts()[3:]) == [("hung", "closed", 62 * MIN, ["GPU-a"]),
-                                          ("low_util", "closed", 62 * MIN, ["GPU-a"]),
-                                          ("util_drop", "closed", 62 * MIN, ["GPU-a"])]
+    feed.minute(62, lambda s, e: [record("GPU-a", s, e, util=0.0)])
+    assert len(feed.alerts()) == 3  # GPU-a has not reported a minute past the end yet
+    feed.minute(63, lambda s, e: [record("GPU-a", s, e, state="unallocated")])
+    assert summary(feed.alerts()[3:]) == [("hung", "closed", 62 * MIN + MIN // 2, ["GPU-a"]),
+                                          ("low_util", "closed", 62 * MIN + MIN // 2, ["GPU-a"]),
+                                          ("util_drop", "closed", 62 * MIN + MIN // 2, ["GPU-a"])]
     assert "the job cancelled" in feed.alerts()[-1].message
-    for m in range(67, 75):
+    for m in range(64, 75):
         feed.minute(m, lambda s, e: [record("GPU-a", s, e, util=0.0)])
     assert len(feed.alerts()) == 6 and feed.w.attempts == {}
+
+
+def test_a_job_whose_whole_lifecycle_comes_before_its_usage_is_still_judged():
+    """A replay publishes lifecycle far ahead of usage (the worker's usage waits for watermarks, and
+    another node's usage may run ahead): the end of a job read before any of its usage forgets nothing."""
+    feed = Feed(watcher())
+    feed.send(LIFE, event("started", 0))
+    feed.send(LIFE, event("completed", 60))
+    for m in range(61):
+        feed.minute(m, lambda s, e: [record("GPU-z", s, e, state="unallocated")])  # another node, ahead
+    for m in range(60):
+        feed.minute(m, lambda s, e: [record("GPU-a", s, e, util=5.0)])
+    feed.minute(60, lambda s, e: [record("GPU-a", s, e, state="unallocated")])
+    assert summary(feed.alerts()) == [("low_util", "open", 45 * MIN, ["GPU-a"]),
+                                      ("low_util", "closed", 60 * MIN, ["GPU-a"])]
 
 
 def test_low_utilization_after_grace_opens_once_and_closes_on_recovery():
