@@ -97,8 +97,9 @@ FROM gpu_latest AS g
 GROUP BY cluster, gpu_uuid;
 
 -- ---------------------------------------------------------------- per-GPU load, 5 minutes and hourly
--- Buckets are those of each record's start, as before. util_* sum util_pct x gpu_ms over records that
--- have util_pct, whatever their state; the views keep the executing ones.
+-- Buckets are those of each record's start, as before. util_* sum util_pct x gpu_ms over executing
+-- records that have util_pct. The 5-minute table has the states as columns and sums them on merge,
+-- so its view reads it with FINAL instead of grouping 20 M rows a week of a 10,000-GPU fleet again.
 CREATE TABLE IF NOT EXISTS usage_gpu_5m
 (
     ts                    DateTime('UTC'),
@@ -108,48 +109,53 @@ CREATE TABLE IF NOT EXISTS usage_gpu_5m
     gpu_uuid              String,
     gpu_model             LowCardinality(String),
     queue                 LowCardinality(String),
-    state                 LowCardinality(String),
-    gpu_ms                UInt64,
+    total_gpu_ms          UInt64,
+    executing_gpu_ms      UInt64,
+    idle_gpu_ms           UInt64,
+    unallocated_gpu_ms    UInt64,
+    down_gpu_ms           UInt64,
     util_weighted_gpu_ms  Float64,
     util_gpu_ms           UInt64
 )
 ENGINE = SummingMergeTree
 PARTITION BY toYYYYMM(day)
-ORDER BY (ts, cluster, node, gpu_uuid, gpu_model, queue, state, day)
+ORDER BY (ts, cluster, node, gpu_uuid, gpu_model, queue, day)
 SETTINGS non_replicated_deduplication_window = 1000;
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS usage_gpu_5m_mv TO usage_gpu_5m AS
 SELECT
     toStartOfFiveMinutes(fromUnixTimestamp64Milli(start_ms, 'UTC')) AS ts,
-    day, cluster, node, gpu_uuid, gpu_model, queue, state,
-    sum(usage_raw.gpu_ms) AS gpu_ms,
-    sum(if(util_pct IS NULL, 0., assumeNotNull(util_pct) * usage_raw.gpu_ms)) AS util_weighted_gpu_ms,
-    sum(if(util_pct IS NULL, toUInt64(0), usage_raw.gpu_ms)) AS util_gpu_ms
-FROM usage_raw
-GROUP BY ts, day, cluster, node, gpu_uuid, gpu_model, queue, state;
-
-INSERT INTO usage_gpu_5m
-SELECT
-    toStartOfFiveMinutes(fromUnixTimestamp64Milli(start_ms, 'UTC')) AS ts,
-    day, cluster, node, gpu_uuid, gpu_model, queue, state,
-    sum(usage_raw.gpu_ms) AS gpu_ms,
-    sum(if(util_pct IS NULL, 0., assumeNotNull(util_pct) * usage_raw.gpu_ms)) AS util_weighted_gpu_ms,
-    sum(if(util_pct IS NULL, toUInt64(0), usage_raw.gpu_ms)) AS util_gpu_ms
-FROM usage_raw
-GROUP BY ts, day, cluster, node, gpu_uuid, gpu_model, queue, state;
-
-CREATE OR REPLACE VIEW gpu_load_5m AS
-SELECT
-    ts, day, cluster, node, gpu_uuid, gpu_model, queue,
+    day, cluster, node, gpu_uuid, gpu_model, queue,
     sum(gpu_ms) AS total_gpu_ms,
     sumIf(gpu_ms, state = 'executing') AS executing_gpu_ms,
     sumIf(gpu_ms, state = 'allocated_idle') AS idle_gpu_ms,
     sumIf(gpu_ms, state = 'unallocated') AS unallocated_gpu_ms,
     sumIf(gpu_ms, state = 'down') AS down_gpu_ms,
-    sumIf(util_weighted_gpu_ms, state = 'executing') AS util_weighted_gpu_ms,
-    sumIf(util_gpu_ms, state = 'executing') AS util_gpu_ms
-FROM usage_gpu_5m
+    sumIf(assumeNotNull(util_pct) * gpu_ms, state = 'executing' AND util_pct IS NOT NULL) AS util_weighted_gpu_ms,
+    sumIf(gpu_ms, state = 'executing' AND util_pct IS NOT NULL) AS util_gpu_ms
+FROM usage_raw
 GROUP BY ts, day, cluster, node, gpu_uuid, gpu_model, queue;
+
+INSERT INTO usage_gpu_5m
+SELECT
+    toStartOfFiveMinutes(fromUnixTimestamp64Milli(start_ms, 'UTC')) AS ts,
+    day, cluster, node, gpu_uuid, gpu_model, queue,
+    sum(gpu_ms) AS total_gpu_ms,
+    sumIf(gpu_ms, state = 'executing') AS executing_gpu_ms,
+    sumIf(gpu_ms, state = 'allocated_idle') AS idle_gpu_ms,
+    sumIf(gpu_ms, state = 'unallocated') AS unallocated_gpu_ms,
+    sumIf(gpu_ms, state = 'down') AS down_gpu_ms,
+    sumIf(assumeNotNull(util_pct) * gpu_ms, state = 'executing' AND util_pct IS NOT NULL) AS util_weighted_gpu_ms,
+    sumIf(gpu_ms, state = 'executing' AND util_pct IS NOT NULL) AS util_gpu_ms
+FROM usage_raw
+GROUP BY ts, day, cluster, node, gpu_uuid, gpu_model, queue;
+
+CREATE OR REPLACE VIEW gpu_load_5m AS
+SELECT
+    ts, day, cluster, node, gpu_uuid, gpu_model, queue,
+    total_gpu_ms, executing_gpu_ms, idle_gpu_ms, unallocated_gpu_ms, down_gpu_ms,
+    util_weighted_gpu_ms, util_gpu_ms
+FROM usage_gpu_5m FINAL;
 
 CREATE TABLE IF NOT EXISTS usage_gpu_hourly
 (
