@@ -56,10 +56,9 @@ ENDED_RETENTION_MS = 86_400_000
 #: holder's end: a job usually dies of its GPU's fatal Xid at once) went down under that holder
 DOWN_GAP_MS = 300_000
 #: An ended attempt is forgotten, its open alerts closed at its end, once every GPU it held has
-#: reported a bucket past its end (lifecycle runs ahead of usage, which still has the job's last
-#: minutes; and a node's usage can run hours ahead of another's in a replay), or at the latest once
-#: the cluster's usage is this far past its end (a node that never reports again).
-FORGET_ENDED_AFTER_MS = 6 * 3_600_000
+#: reported a bucket past its end: lifecycle runs ahead of usage, which still has the job's last
+#: minutes, and one node's usage can run hours ahead of another's (a replay's backlog), so the
+#: cluster's progress says nothing about this job's. (A node that never reports again: `_prune`.)
 
 # fields of a bucket (a list, for compact state)
 DUR, GPU_MS, EXEC, UTIL_MS, MEASURED, UTIL_MAX, MEM_MIN, IDLE_COST = range(8)
@@ -413,7 +412,7 @@ class Watcher:
         outs: list[Out] = []
         # every bucket boundary the horizon passed, in turn: the same alerts at the same times whether
         # the usage came a minute at a time or in one batch per watermark
-        for step in range(max(first, hb - self.lookback_buckets), hb + 1):
+        for step in range(first, hb + 1):
             for rule, judge in (("util_drop", self._util_drop), ("low_util", self._low_util),
                                 ("straggler", self._straggler), ("hung", self._hung)):
                 if getattr(self.d.alerts, rule).enabled:
@@ -430,11 +429,12 @@ class Watcher:
         nr, nb = self._n(p.recover_s), self._n(p.baseline_s)
         if "util_drop" in a.open:
             ref = a.open["util_drop"]["ref"]
-            latest = self._judged(a, gpus, hb, 1, "util_drop")
-            util = self._job_util(a, gpus, latest[0]) if latest else None
-            if util is not None and util > ref * (1 - p.drop_pct / 100):
-                return self._close(a, "util_drop", horizon, latest[0] * self.bucket_ms, horizon,
-                                   f"utilization back at {util:.0f}%")
+            nc = self._n(p.close_s)
+            back = self._judged(a, gpus, hb, nc, "util_drop")
+            utils = [self._job_util(a, gpus, i) for i in back]
+            if len(back) == nc and min(utils) > ref * (1 - p.drop_pct / 100):
+                return self._close(a, "util_drop", horizon, back[-1] * self.bucket_ms, horizon,
+                                   f"utilization back at {sum(utils) / nc:.0f}% for {_minutes(nc * self.bucket_ms)}")
             return None
         judged = self._judged(a, gpus, hb, nr + nb, "util_drop")
         recent, base_idx = judged[:nr], judged[nr:]
@@ -513,9 +513,11 @@ class Watcher:
     def _hung(self, a: Attempt, gpus: list[str], hb: int, horizon: int) -> Out | None:
         p = self.d.alerts.hung
         if "hung" in a.open:
-            latest = self._judged(a, gpus, hb, 1, "hung")
-            if latest and self._quiet_with_memory(a, gpus, latest[0]) is False:
-                return self._close(a, "hung", horizon, latest[0] * self.bucket_ms, horizon, "the job is working again")
+            nc = self._n(p.close_s)
+            back = self._judged(a, gpus, hb, nc, "hung")
+            if len(back) == nc and all(self._quiet_with_memory(a, gpus, i) is False for i in back):
+                return self._close(a, "hung", horizon, back[-1] * self.bucket_ms, horizon,
+                                   f"the job has been working for {_minutes(nc * self.bucket_ms)}")
             return None
         n = self._n(p.for_s)
         judged = self._judged(a, gpus, hb, n, "hung")
@@ -654,8 +656,7 @@ class Watcher:
             return seen >= end + self.bucket_ms or (seen >= end and horizon >= end + DOWN_GAP_MS)
 
         def done(a: Attempt) -> bool:  # (no usage of it read yet: its end came first, its usage follows)
-            return (bool(a.last_end) and all(gpu_done(g, a.ended_ms) for g in a.last_end)) or \
-                horizon >= a.ended_ms + FORGET_ENDED_AFTER_MS
+            return bool(a.last_end) and all(gpu_done(g, a.ended_ms) for g in a.last_end)
 
         for key in sorted(k for k, a in self.attempts.items() if k[0] == cluster and a.ended_ms is not None and done(a)):
             a = self.attempts.pop(key)
@@ -673,9 +674,10 @@ class Watcher:
                     del buckets[i]
         for key in [k for k, t in self.ended.items() if k[0] == cluster and t < horizon - ENDED_RETENTION_MS]:
             del self.ended[key]
-        # attempts whose end was never seen: forgotten after a day without usage
+        # attempts whose end was never seen, or whose usage never came: forgotten after a day
         for key in [k for k, a in self.attempts.items()
-                    if k[0] == cluster and a.last_end and max(a.last_end.values()) < horizon - ENDED_RETENTION_MS]:
+                    if k[0] == cluster and max([*a.last_end.values(), a.ended_ms or 0, a.start_ms or 0])
+                    < horizon - ENDED_RETENTION_MS]:
             del self.attempts[key]
         for key in [k for k, h in self.holders.items()
                     if k[0] == cluster and (k[0], h[0], h[1]) not in self.attempts]:

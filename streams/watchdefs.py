@@ -29,13 +29,15 @@ class WatchConfigError(ValueError):
 @dataclass(frozen=True)
 class UtilDrop:
     """Utilization drops to at most (100 - drop_pct)% of what it was over `baseline_s`, and no
-    minute of the following `recover_s` comes back above that."""
+    minute of the following `recover_s` comes back above that; closed once every minute of a
+    `close_s` stretch is back above it."""
 
     enabled: bool = True
     baseline_s: float = 600.0
     recover_s: float = 600.0
     min_baseline_pct: float = 40.0
     drop_pct: float = 50.0
+    close_s: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ class LowUtil:
     enabled: bool = True
     floor_pct: float = 10.0
     for_s: float = 1800.0
-    recover_s: float = 300.0
+    recover_s: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -63,12 +65,14 @@ class Straggler:
 @dataclass(frozen=True)
 class Hung:
     """Every GPU of the job holds at least `min_mem_bytes` and none is above `util_max_pct` in any
-    minute of `for_s`."""
+    minute of `for_s`; closed once every minute of a `close_s` stretch shows work (or the memory is
+    released): a single busy minute is not a recovery."""
 
     enabled: bool = True
     for_s: float = 600.0
     util_max_pct: float = 1.0
     min_mem_bytes: int = 1 << 30
+    close_s: float = 300.0
 
 
 @dataclass(frozen=True)

@@ -104,8 +104,8 @@ def test_load_train_checkpoint_hang_recover(settings):
     got = [(a.rule, a.status, a.opened_at_ms - T0, (a.closed_at_ms or T0) - T0, a.gpus) for a in alerts(settings)]
     assert got == [("util_drop", "open", 60 * MIN, 0, ["GPU-a", "GPU-b"]),
                    ("hung", "open", 60 * MIN, 0, ["GPU-a", "GPU-b"]),
-                   ("util_drop", "closed", 60 * MIN, 71 * MIN, ["GPU-a", "GPU-b"]),
-                   ("hung", "closed", 60 * MIN, 71 * MIN, ["GPU-a", "GPU-b"])]
+                   ("util_drop", "closed", 60 * MIN, 75 * MIN, ["GPU-a", "GPU-b"]),
+                   ("hung", "closed", 60 * MIN, 75 * MIN, ["GPU-a", "GPU-b"])]
     opened, closed = alerts(settings)[0], alerts(settings)[2]
     assert opened.alert_id == closed.alert_id and opened.tenant == "acme" and opened.job_id == "train-1"
     assert opened.definition_version.endswith("/util_drop.v1")
@@ -117,7 +117,7 @@ def test_load_train_checkpoint_hang_recover(settings):
     assert tail_alerts(settings, out=printed, from_beginning=True, max_messages=4, idle_timeout_s=20) == 4
     lines = printed.getvalue().splitlines()
     assert "ALERT OPEN   util_drop c1/train-1#0 tenant=acme gpus=GPU-a,GPU-b" in lines[0]
-    assert "ALERT CLOSED hung" in lines[3] and "the job is working again" in lines[3]
+    assert "ALERT CLOSED hung" in lines[3] and "the job has been working for 5 min" in lines[3]
 
     # stored by the sink, one row per alert in its latest status, and reported
     stats = run_sink(settings, until_caught_up=True)
@@ -127,9 +127,9 @@ def test_load_train_checkpoint_hang_recover(settings):
     assert done.returncode == 0, done.stderr
     rows = [(r["rule"], r["job_id"], r["tenant"], r["status"], r["opened_at"], r["closed_at"])
             for r in orjson.loads(done.stdout)]
-    # T0 is 00:40 UTC: opened at +60 min, closed at +71 min (UTC, as every report prints times)
-    assert rows == [("hung", "train-1", "acme", "closed", "2026-11-02T01:40:00", "2026-11-02T01:51:00"),
-                    ("util_drop", "train-1", "acme", "closed", "2026-11-02T01:40:00", "2026-11-02T01:51:00")]
+    # T0 is 00:40 UTC: opened at +60 min, closed at +75 min (UTC, as every report prints times)
+    assert rows == [("hung", "train-1", "acme", "closed", "2026-11-02T01:40:00", "2026-11-02T01:55:00"),
+                    ("util_drop", "train-1", "acme", "closed", "2026-11-02T01:40:00", "2026-11-02T01:55:00")]
 
 
 def snapshot(minute, pending_gpus):

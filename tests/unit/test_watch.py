@@ -111,12 +111,12 @@ def test_load_train_checkpoint_hang_recover_opens_and_closes_exactly(tick_ms):
     training_job(feed)
     alerts = feed.alerts()
     # loading (grace) and the checkpoint raise nothing; the hang is a drop and a hang, both closed
-    # on the first minute of recovery; 5 % for 15 min and 0 % for 20 min is never "low" for 30 min
+    # after 5 minutes of work again (close_s); 5 % for 15 min and 0 % for 20 min is never "low" for 30 min
     assert summary(alerts) == [
         ("util_drop", "open", 60 * MIN, ["GPU-a", "GPU-b"]),
         ("hung", "open", 60 * MIN, ["GPU-a", "GPU-b"]),
-        ("util_drop", "closed", 71 * MIN, ["GPU-a", "GPU-b"]),
-        ("hung", "closed", 71 * MIN, ["GPU-a", "GPU-b"]),
+        ("util_drop", "closed", 75 * MIN, ["GPU-a", "GPU-b"]),
+        ("hung", "closed", 75 * MIN, ["GPU-a", "GPU-b"]),
     ]
     drop_open, hung_open, drop_closed, _ = alerts
     assert drop_open.window_start_ms == T0 + 35 * MIN and drop_open.window_end_ms == T0 + 60 * MIN
@@ -212,9 +212,9 @@ def test_low_utilization_after_grace_opens_once_and_closes_on_recovery():
     for m in range(70):
         feed.minute(m, lambda s, e: [record("GPU-a", s, e, util=5.0 if m < 60 else 50.0)])
     # the first 30-min window wholly after the 15-min grace ends at 45 min; one alert, not one a minute;
-    # closed when a 5-min stretch averages >= 10 %: (4 x 5 + 50) / 5 = 14 at 61 min
+    # closed when a 10-min stretch averages >= 10 %: (8 x 5 + 2 x 50) / 10 = 14 at 62 min (9.5 at 61)
     assert summary(feed.alerts()) == [("low_util", "open", 45 * MIN, ["GPU-a"]),
-                                      ("low_util", "closed", 61 * MIN, ["GPU-a"])]
+                                      ("low_util", "closed", 62 * MIN, ["GPU-a"])]
     assert feed.alerts()[0].window_start_ms == T0 + 15 * MIN
 
 
