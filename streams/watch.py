@@ -16,6 +16,10 @@ record less one bucket. The rules, their parameters and versions are in docs/ale
 
 The state (`to_state`/`from_state`) is plain JSON data; the process (gpuledger/watch.py) snapshots it
 with the input offsets it covers before it commits them, as the worker does (docs/reliability.md).
+
+Why one file: the job rules, the reclaim logic and the lifecycle handling read and change one state
+(attempts with their buckets, queues, open alerts and suggestions) that is snapshotted as one
+document; the definitions are apart (streams/watchdefs.py), the I/O is apart (gpuledger/watch.py).
 """
 
 from __future__ import annotations

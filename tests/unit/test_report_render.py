@@ -19,7 +19,7 @@ ROWS = [
 
 
 def test_names():
-    assert REPORTS == ("bills", "jobs", "queues", "utilization", "capacity", "unmatched")
+    assert REPORTS == ("bills", "jobs", "queues", "utilization", "capacity", "unmatched", "alerts", "suggestions")
     assert FORMATS == ("table", "json", "csv")
 
 
