@@ -51,9 +51,6 @@ from gpuledger.streams.watchdefs import RECLAIM_VERSION, RULE_VERSIONS, WatchDef
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
-#: a GPU of a job that has sent nothing for this long behind the job's newest GPU no longer holds
-#: the job's horizon back (it went down, or was released)
-STALE_GPU_MS = 300_000
 #: ended attempts are remembered this long (event time) so their late usage reopens nothing
 ENDED_RETENTION_MS = 86_400_000
 #: a GPU going down this soon after its holder's last slice (and no later than this after the
@@ -151,7 +148,9 @@ class Watcher:
         self.queues: dict[tuple[str, str], dict[int, list]] = {}  # (cluster, queue) -> bucket -> [gpu_ms, exec]
         self.horizon: dict[str, int] = {}                        # cluster -> newest record end
         self.reclaim_evaluated: dict[str, int] = {}              # cluster -> bucket evaluated up to
-        self.snapshots: dict[str, dict] = {}                     # cluster -> compact latest snapshot
+        #: cluster -> compact scheduler snapshots by time: a queue is judged against the one of its
+        #: window's end, not the newest read (snapshots run ahead of usage, as lifecycle does)
+        self.snapshots: dict[str, list[dict]] = {}
         self.suggestions: dict[tuple[str, str], dict] = {}       # (cluster, queue) -> open suggestion wire dict
         self.next_offsets: dict[str, dict[int, int]] = {}        # topic -> partition -> next offset
         self.counters: Counter[str] = Counter()
@@ -248,15 +247,14 @@ class Watcher:
 
     def on_snapshot(self, raw: bytes | None) -> list[Out]:
         snap = decode(SchedulerSnapshot, raw or b"")
-        known = self.snapshots.get(snap.cluster)
-        if known is not None and known["ts_ms"] > snap.ts_ms:
-            return []  # an older snapshot says nothing new
-        self.snapshots[snap.cluster] = {
+        compact = {
             "ts_ms": snap.ts_ms,
             "queues": {q.queue: {"priority": q.priority,
                                  "pending": [[p.priority, p.jobs, p.gpus] for p in q.pending_by_priority]
                                  or ([[q.priority, q.pending_jobs, q.pending_gpus]] if q.pending_gpus > 0 else [])}
                        for q in snap.queues}}
+        known = [k for k in self.snapshots.get(snap.cluster, []) if k["ts_ms"] != snap.ts_ms]
+        self.snapshots[snap.cluster] = sorted([*known, compact], key=lambda k: k["ts_ms"])
         return []
 
     # ------------------------------------------------------------------ usage
@@ -404,8 +402,9 @@ class Watcher:
     def _evaluate(self, a: Attempt) -> list[Out]:
         if not a.last_end:
             return []
-        newest = max(a.last_end.values())
-        gpus = sorted(g for g, t in a.last_end.items() if t >= newest - STALE_GPU_MS and g not in a.down)
+        # every GPU it holds that is not down: one node's usage may lag another's (a replay's backlog),
+        # and the job is judged only as far as all of them have reported
+        gpus = sorted(g for g in a.last_end if g not in a.down)
         if not gpus:
             return []
         hb = min(a.last_end[g] for g in gpus) // self.bucket_ms  # buckets below hb are complete
@@ -535,7 +534,7 @@ class Watcher:
     def _waiting(self, cluster: str, queue: str, at_ms: int) -> WaitingDemand | None:
         """Work of higher priority than the queue's waiting at at_ms; None when unknown (no fresh
         snapshot, or the queue is not in it)."""
-        snap = self.snapshots.get(cluster)
+        snap = next((k for k in reversed(self.snapshots.get(cluster, [])) if k["ts_ms"] <= at_ms), None)
         if snap is None or at_ms - snap["ts_ms"] > self.d.reclaim.snapshot_max_age_s * 1000 or queue not in snap["queues"]:
             return None
         own = snap["queues"][queue]["priority"]
@@ -561,7 +560,13 @@ class Watcher:
             return []
         self.reclaim_evaluated[cluster] = hb
         n = self._n(r.window_s)
-        return [out for step in range(max(done + 1, hb - n), hb + 1) for out in self._reclaim_at(cluster, step)]
+        outs = [out for step in range(max(done + 1, hb - n), hb + 1) for out in self._reclaim_at(cluster, step)]
+        # snapshots no later step can use: the newest at or before this step stays
+        snaps = self.snapshots.get(cluster, [])
+        usable = [i for i, k in enumerate(snaps) if k["ts_ms"] <= hb * self.bucket_ms]
+        if usable:
+            self.snapshots[cluster] = snaps[usable[-1]:]
+        return outs
 
     def _reclaim_at(self, cluster: str, hb: int) -> list[Out]:
         """The queues of a cluster judged over the window ending at bucket hb."""
@@ -597,7 +602,7 @@ class Watcher:
             if a.cluster != cluster or a.queue != queue or a.start_ms is None or a.ended_ms is not None or \
                     horizon - a.start_ms < r.min_job_age_s * 1000:
                 continue
-            gpus = sorted(g for g in a.last_end if g not in a.down and a.last_end[g] >= horizon - STALE_GPU_MS)
+            gpus = sorted(g for g in a.last_end if g not in a.down)
             merged: dict[int, list] = {}
             for g in gpus:
                 for i, b in a.buckets[g].items():
@@ -710,7 +715,7 @@ class Watcher:
         self.queues = {(c, q): {row[0]: list(row[1:]) for row in rows} for c, q, rows in state["queues"]}
         self.horizon = dict(state["horizon"])
         self.reclaim_evaluated = dict(state["reclaim_evaluated"])
-        self.snapshots = dict(state["snapshots"])
+        self.snapshots = {c: list(snaps) for c, snaps in state["snapshots"].items()}
         self.suggestions = {(s["cluster"], s["queue"]): s for s in state["suggestions"]}
         self.next_offsets = {t: {int(p): o for p, o in ps.items()} for t, ps in state["next_offsets"].items()}
 

@@ -301,12 +301,18 @@ def queue_minute(feed, m):
     feed.minute(m, records)
 
 
-def test_reclaim_suggestion_names_the_least_productive_old_jobs_and_is_withdrawn():
+@pytest.mark.parametrize("snapshots_first", [False, True], ids=["interleaved", "snapshots-ahead-of-usage"])
+def test_reclaim_suggestion_names_the_least_productive_old_jobs_and_is_withdrawn(snapshots_first):
+    """Snapshots, like lifecycle, may be read long before the usage of their time: a queue is judged
+    against the snapshot of its window's end, not the newest read."""
     feed = Feed(watcher())
     for job, start in (("idle-job", 0), ("busy-job", 0), ("young-job", 20)):
         feed.send(LIFE, event("started", start, job=job))
+    if snapshots_first:
+        for m in range(0, 40, 2):
+            feed.send(SNAP, snapshot(m, pending_gpus=2.0 if m < 36 else 0.0))
     for m in range(40):
-        if m % 2 == 0:
+        if m % 2 == 0 and not snapshots_first:
             feed.send(SNAP, snapshot(m, pending_gpus=2.0 if m < 36 else 0.0))
         queue_minute(feed, m)
     opened, withdrawn = feed.suggestions()
