@@ -27,7 +27,8 @@ ONE_SHOT_SERVICES = {"topics", "migrate", "dashboards"}
 # topic names (after the prefix) the worker, sink, agents and replay use
 EXPECTED_TOPICS = {"gpu-samples", "job-events", "scheduler-snapshots", "node-allocations", "usage", "dead-letters",
                    "late-events", "worker-state", "lifecycle-accepted", "bills",
-                   "job-progress", "approvals"}  # line 4 (training progress) and pilot-run approvals (docs/planning.md)
+                   "job-progress", "approvals",  # line 4 (training progress) and pilot-run approvals (docs/planning.md)
+                   "alerts", "reclaim-suggestions", "watch-state"}  # the watcher (docs/alerts.md)
 
 _VARIABLE = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
 
