@@ -152,7 +152,8 @@ def test_topics_are_the_ones_the_code_expects(services):
     # the names the code derives from the same prefix (what worker, sink and agents use)
     t = settings.topics
     assert {t.gpu_samples, t.job_events, t.scheduler_snapshots, t.node_allocations, t.usage, t.dead_letters,
-            t.late_events, t.worker_state, t.lifecycle_accepted, t.bills} == set(partitions)
+            t.late_events, t.worker_state, t.lifecycle_accepted, t.bills, t.job_progress, t.approvals, t.alerts,
+            t.reclaim_suggestions, t.watch_state} == set(partitions)
     assert partitions[t.node_allocations] == partitions[t.gpu_samples], "node-allocations is co-partitioned with gpu-samples"
     assert settings.replication_factor == 1, "the demo stack has a single broker"
 
