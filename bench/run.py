@@ -123,7 +123,14 @@ def main(argv=None) -> int:
         if name not in stages:
             return
         t0 = time.monotonic()
-        out = fn()
+        try:
+            out = fn()
+        except Exception as exc:  # one broken stage must not lose the others' figures: reported, exit 1
+            import traceback
+
+            say(f"stage {name} FAILED: {exc!r}")
+            results["meta"].setdefault("stage_errors", {})[name] = traceback.format_exc()[-4000:]
+            return
         results.update(out)
         results["meta"]["stage_seconds"][name] = round(time.monotonic() - t0, 1)
         results["meta"]["load_average_after_stage"][name] = load_average()
@@ -161,7 +168,10 @@ def main(argv=None) -> int:
     print()
     print(f"{'QUICK (smoke) sizes' if QUICK else 'full sizes'}; {os.cpu_count()} CPUs; load average before "
           f"{results['meta']['load_average_before']}; {results['meta']['total_seconds']:.0f} s; written to {out}")
-    return 0
+    failed = results["meta"].get("stage_errors", {})
+    if failed:
+        print(f"FAILED stages (tracebacks in {out}, meta.stage_errors): {', '.join(failed)}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
