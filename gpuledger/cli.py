@@ -120,20 +120,9 @@ def cmd_worker(args) -> int:
 
 
 def cmd_watch(args) -> int:
-    import signal
-    import threading
+    from gpuledger.watch import run_watch
 
-    from gpuledger.watch import EXIT_RECOVER, WatchError, run_watch
-
-    stop = threading.Event()  # SIGTERM/SIGINT: snapshot what was read, then exit
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    try:
-        stats = run_watch(_settings(args), stop=stop, until_caught_up=args.until_caught_up)
-    except WatchError as exc:
-        print(f"gpuledger watch: {exc}; exiting to restart from the last snapshot", file=sys.stderr)
-        return EXIT_RECOVER
-    print(json.dumps(stats, default=str))
+    run_watch(_settings(args), loglevel=args.loglevel)
     return 0
 
 
@@ -449,7 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("watch", cmd_watch, "run the watcher: behaviour alerts and reclaim suggestions from the ledger's output "
                                 "(docs/alerts.md)", kafka=True)
-    p.add_argument("--until-caught-up", action="store_true", help="exit once every input partition is consumed")
+    p.add_argument("--loglevel", default="warn", choices=["crit", "error", "warn", "info", "debug"])
 
     p = add("tail", cmd_tail, "print the ledger's alerts and reclaim suggestions as they arrive", kafka=True)
     p.add_argument("what", choices=["alerts"], help="alerts: the alerts and reclaim-suggestions topics")

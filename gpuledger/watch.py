@@ -1,35 +1,40 @@
-"""`gpuledger watch` and `gpuledger tail alerts`: the watcher's process and an example consumer.
+"""`gpuledger watch` and `gpuledger tail alerts`: the watcher's Faust process and an example consumer.
 
-The process moves messages through the pure watcher (streams/watch.py) and nothing more. It reads
-every partition of the ledger's usage output, of the lifecycle events the worker accepted and of
-the scheduler snapshots, and publishes alerts (`<prefix>alerts`, key: job id) and reclaim
-suggestions (`<prefix>reclaim-suggestions`, key: queue).
+The process moves messages through the pure watcher (streams/watch.py) and nothing more: a Faust
+app (the worker's LedgerApp, streams/app.py) with one agent per input — the ledger's usage output,
+the lifecycle events the worker accepted, the scheduler snapshots — feeding one `Watcher`, which
+publishes alerts (`<prefix>alerts`, key: job id) and reclaim suggestions
+(`<prefix>reclaim-suggestions`, key: queue).
 
 Crash safety, as the worker's (docs/reliability.md "Worker state", docs/alerts.md "Process"): the
-watcher's state is one document (its rules need a job's usage, which is keyed by node, and its
-lifecycle, keyed by job, together), holding the input offsets it covers. Every
-`worker_snapshot_interval_s` the process (1) waits until every alert and suggestion sent so far is
-acknowledged by the broker, (2) writes the state to the compacted `<prefix>watch-state` topic and
-waits for it, and only then (3) commits those offsets to its consumer group (for lag and for "done";
-the snapshot's own offsets are what a restart resumes from). After a crash the state is restored
-from the latest snapshot and the input after it is read again: the same alerts come out with the
-same ids, which consumers keep one of (latest per alert_id). Run one watch process per ledger.
+agents do not let Faust acknowledge their input. The watcher's state is one document (its rules need
+a job's usage, keyed by node, and its lifecycle, keyed by job, together) holding the input offsets
+it covers. Every `worker_snapshot_interval_s` a timer (1) waits until every alert and suggestion
+sent so far is acknowledged by the broker, (2) writes the state to the compacted
+`<prefix>watch-state` topic and waits for it, and only then (3) acknowledges the input it covers,
+so Faust commits offsets that never run ahead of a durable snapshot. After a crash the state is
+restored from the latest snapshot before the first message; input it covers is skipped, input
+after it is read again and gives the same alerts with the same ids, which consumers keep one of
+(latest per alert_id). Run one watch process per ledger: the state is one document.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import os
 import sys
 import threading
 import time
 from typing import TextIO
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, Producer, TopicPartition
+import faust
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
 
 from gpuledger.config import Settings
 from gpuledger.ledger_files import load_ledger_config
-from gpuledger.streams.app import read_last_snapshot
+from gpuledger.streams.app import LedgerApp, faust_broker_credentials, read_last_snapshot
 from gpuledger.streams.pricing import LedgerConfig
 from gpuledger.streams.watch import Watcher
 
@@ -38,17 +43,10 @@ log = logging.getLogger(__name__)
 STATE_KEY = b"watch"
 #: exit status when outputs or the snapshot could not be confirmed (the supervisor restarts it)
 EXIT_RECOVER = 75
-#: --until-caught-up: the input is consumed when nothing came for this long and no partition's end
-#: is beyond what was read (a broker may report an end below its log's: Tansu, for batches)
-CAUGHT_UP_IDLE_S = 2.0
-
-
-class WatchError(RuntimeError):
-    """The watcher could not confirm its outputs or its snapshot; restart it from the last snapshot."""
 
 
 def watch_group(settings: Settings) -> str:
-    """The watcher's consumer group (its committed offsets show its lag)."""
+    """The watcher's Faust app id, hence its consumer group (its committed offsets show its lag)."""
     return f"{settings.worker_app_id}-watch"
 
 
@@ -64,105 +62,117 @@ def make_watcher(settings: Settings, ledger: LedgerConfig) -> Watcher:
                    lifecycle_topic=t.lifecycle_accepted, snapshots_topic=t.scheduler_snapshots)
 
 
-class _Deliveries:
-    """Counts outputs not yet acknowledged by the broker and remembers the first failure."""
-
-    def __init__(self):
-        self.error: str | None = None
-
-    def __call__(self, err, msg) -> None:
-        if err is not None and self.error is None:
-            self.error = f"{msg.topic()}: {err}"
-
-
-def run_watch(settings: Settings, *, ledger: LedgerConfig | None = None, stop: threading.Event | None = None,
-              until_caught_up: bool = False) -> dict:
-    """Run the watcher until `stop` is set (`gpuledger watch`: on SIGTERM/SIGINT) or, with
-    until_caught_up, every input partition is consumed to its end. Returns its counters."""
+def create_watch_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.App:
     ledger = ledger or load_ledger_config(settings.ledger_config)
-    stop = stop or threading.Event()
-    watcher = make_watcher(settings, ledger)
     t = settings.topics
-    watcher.restore(read_last_snapshot(settings, 0, topic=t.watch_state))
-    client = settings.kafka_client_config()
-    consumer = Consumer({**client, "group.id": watch_group(settings), "enable.auto.commit": False,
-                         "auto.offset.reset": "earliest", "fetch.wait.max.ms": settings.kafka_fetch_max_wait_ms})
-    # One message per batch: Tansu reports a partition's end as the last batch's start + 1, which
-    # readers that stop at the end (read_topic, lag) would take for the end of alerts sent together.
-    # Alerts are few; the batches cost nothing that matters.
-    producer = Producer({**client, "acks": "all", "linger.ms": 0, "batch.num.messages": 1,
-                         "message.max.bytes": 16 * 1024 * 1024})
-    deliveries = _Deliveries()
-    try:
-        metadata = consumer.list_topics(timeout=30)
-        parts = []
-        for topic in watch_inputs(settings):
-            if topic not in metadata.topics:
-                raise RuntimeError(f"topic {topic} does not exist: run `gpuledger topics create`")
-            for p in sorted(metadata.topics[topic].partitions):
-                parts.append(TopicPartition(topic, p, watcher.next_offsets.get(topic, {}).get(p, OFFSET_BEGINNING)))
-        consumer.assign(parts)
-        log.info("watch: %d input partitions, restored from %s", len(parts),
-                 "a snapshot" if watcher.next_offsets else "nothing (fresh)")
-        dirty = False
-        last_snapshot = last_message = time.monotonic()
-        while not stop.is_set():
-            msg = consumer.poll(0.2)
-            if msg is not None:
-                if msg.error():
-                    if msg.error().code() != KafkaError._PARTITION_EOF:
-                        log.warning("watch: %s", msg.error())
-                else:
-                    watcher.counters["messages"] += 1
-                    try:
-                        outs = watcher.on_message(msg.topic(), msg.partition(), msg.offset(), msg.value())
-                    except Exception:  # a bug must not stop the watcher: the message is skipped and counted
-                        log.exception("watch: cannot process %s[%d]@%d", msg.topic(), msg.partition(), msg.offset())
-                        watcher.counters["errors"] += 1
-                        outs = []
-                    for out in outs:
-                        producer.produce(out.topic, out.value, key=out.key, on_delivery=deliveries)
-                    dirty = True
-                producer.poll(0)
-            if dirty and time.monotonic() - last_snapshot >= settings.worker_snapshot_interval_s:
-                _snapshot(settings, watcher, consumer, producer, deliveries)
-                dirty, last_snapshot = False, time.monotonic()
-            if msg is not None:
-                last_message = time.monotonic()
-            elif until_caught_up and time.monotonic() - last_message > CAUGHT_UP_IDLE_S and \
-                    _caught_up(consumer, watcher, parts):
-                break
-        if dirty:
-            _snapshot(settings, watcher, consumer, producer, deliveries)
-    finally:
-        consumer.close()
-    return dict(watcher.counters)
+    app = LedgerApp(
+        watch_group(settings),
+        broker=[f"kafka://{host}" for host in settings.kafka_bootstrap.split(",")],
+        broker_credentials=faust_broker_credentials(settings),
+        store="memory://",
+        topic_replication_factor=settings.replication_factor,
+        topic_allow_declare=False,      # topics come from `gpuledger topics create`
+        topic_disable_leader=True,
+        web_enabled=False,
+        consumer_auto_offset_reset="earliest",
+        producer_acks=-1,
+        producer_max_request_size=16 * 1024 * 1024,  # state snapshots
+        # One message per batch: Tansu reports a partition's end as its last batch's start + 1, which
+        # readers that stop at the end would take for the end of alerts sent together. Alerts are few.
+        producer_max_batch_size=1,
+        stream_wait_empty=False,        # input is acknowledged only after a snapshot
+        broker_rebalance_timeout=settings.worker_rebalance_timeout_s,
+        broker_session_timeout=max(10.0, settings.worker_rebalance_timeout_s),
+        datadir=str(settings.data_dir / "watch"),
+    )
+    app.fetch_max_wait_ms = settings.kafka_fetch_max_wait_ms
+    watcher = make_watcher(settings, ledger)
+    app.watcher = watcher  # for tests
+    raw = dict(value_serializer="raw", key_serializer="raw")
+    partitions = settings.partitions()
+    outputs = {name: app.topic(name, partitions=partitions[name], **raw)
+               for name in (t.alerts, t.reclaim_suggestions, t.watch_state)}
 
+    lock = asyncio.Lock()
+    state = {"loaded": False, "dirty": False}
+    to_ack: list = []        # events a snapshot must cover before they are acknowledged
+    in_flight: list = []     # delivery futures of outputs not yet confirmed
 
-def _snapshot(settings: Settings, watcher: Watcher, consumer: Consumer, producer: Producer,
-              deliveries: _Deliveries) -> None:
-    """Outputs confirmed, then the state, then the offsets it covers committed."""
-    if producer.flush(60) or deliveries.error:
-        raise WatchError(f"could not confirm the watcher's outputs: {deliveries.error or 'flush timed out'}")
-    producer.produce(settings.topics.watch_state, watcher.snapshot(), key=STATE_KEY, partition=0,
-                     on_delivery=deliveries)
-    if producer.flush(60) or deliveries.error:
-        raise WatchError(f"could not write the watcher's snapshot: {deliveries.error or 'flush timed out'}")
-    watcher.counters["snapshots"] += 1
-    offsets = [TopicPartition(topic, p, o) for topic, ps in watcher.next_offsets.items() for p, o in ps.items()]
-    if offsets:
+    async def handle(event) -> None:
+        m = event.message
+        async with lock:
+            if not state["loaded"]:
+                blob = await asyncio.get_running_loop().run_in_executor(
+                    None, lambda: read_last_snapshot(settings, 0, topic=t.watch_state))
+                watcher.restore(blob)
+                state["loaded"] = True
+                log.info("watch: restored from %s", "a snapshot" if blob else "nothing (fresh)")
+            watcher.counters["messages"] += 1
+            try:
+                outs = watcher.on_message(m.topic, m.partition, m.offset, event.value)
+            except Exception:  # a bug must not stop the watcher: the message is skipped and counted
+                log.exception("watch: cannot process %s[%d]@%d", m.topic, m.partition, m.offset)
+                watcher.counters["errors"] += 1
+                outs = []
+            for out in outs:
+                in_flight.append(await outputs[out.topic].send(key=out.key, value=out.value))
+            to_ack.append(event)
+            state["dirty"] = True
+
+    def reader(topic_name: str):
+        async def read(stream):
+            stream.enable_acks = False  # acknowledged by the snapshot timer
+            async for event in stream.events():
+                await handle(event)
+        read.__name__ = f"watch_{topic_name.rsplit('.', 1)[-1].replace('-', '_')}"
+        return read
+
+    for name in watch_inputs(settings):  # one agent per input: they differ in partition count
+        topic = app.topic(name, partitions=partitions[name], **raw)
+        app.agent(topic, name=reader(name).__name__)(reader(name))
+
+    @app.timer(settings.worker_snapshot_interval_s, name="watch_snapshot")
+    async def snapshot_state() -> None:
+        async with lock:
+            if not state["dirty"]:
+                return
+            blob = watcher.snapshot()
+            covered = {topic: dict(ps) for topic, ps in watcher.next_offsets.items()}
+            events, kept = [], []
+            for event in to_ack:
+                m = event.message
+                (events if m.offset < covered.get(m.topic, {}).get(m.partition, 0) else kept).append(event)
+            to_ack[:] = kept
+            futures = list(in_flight)
+            in_flight.clear()
+            state["dirty"] = False
         try:
-            consumer.commit(offsets=offsets, asynchronous=False)
-        except Exception as exc:  # only lag reporting depends on it; the snapshot holds the offsets
-            log.warning("watch: committing offsets failed: %s", exc)
+            await asyncio.gather(*futures)  # every alert the snapshot covers is in Kafka
+            await (await outputs[t.watch_state].send(key=STATE_KEY, value=blob, partition=0))
+        except BaseException as exc:
+            # Outputs or the snapshot may be lost: never acknowledge the input they cover. Exit, and
+            # let the supervisor restart the watcher from the last durable snapshot.
+            log.critical("watch: could not confirm its outputs or snapshot (%s); exiting to recover", exc)
+            logging.shutdown()
+            os._exit(EXIT_RECOVER)
+        for event in events:
+            event.ack()
+        watcher.counters["snapshots"] += 1
+
+    @app.on_partitions_revoked.connect
+    async def on_revoked(sender, revoked, **kwargs) -> None:
+        # never acknowledge what was held; the state stays (it skips what it covers when read again)
+        gone = {(tp.topic, tp.partition) for tp in revoked}
+        to_ack[:] = [e for e in to_ack if (e.message.topic, e.message.partition) not in gone]
+
+    return app
 
 
-def _caught_up(consumer: Consumer, watcher: Watcher, parts: list[TopicPartition]) -> bool:
-    for tp in parts:
-        _, high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=10, cached=False)
-        if watcher.next_offsets.get(tp.topic, {}).get(tp.partition, 0) < high and high > 0:
-            return False
-    return True
+def run_watch(settings: Settings, loglevel: str = "warn") -> None:
+    """Run the watcher until SIGINT/SIGTERM (`gpuledger watch`)."""
+    (settings.data_dir / "watch").mkdir(parents=True, exist_ok=True)
+    app = create_watch_app(settings)
+    faust.Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()
 
 
 # ---------------------------------------------------------------------------- tail

@@ -47,8 +47,6 @@ class Stage(NamedTuple):
 class PipelineRun:
     published: dict = field(default_factory=dict)
     sink: dict = field(default_factory=dict)
-    #: the watcher's counters (alerts opened/closed per rule, suggestions)
-    watch: dict = field(default_factory=dict)
     seconds: float = 0.0
 
 
@@ -74,7 +72,7 @@ def run_embedded(
     from gpuledger.sink.loop import run_sink, sink_topics
     from gpuledger.topics import create_topics
     from gpuledger.warehouse import connect, migrate
-    from gpuledger.watch import run_watch, watch_group, watch_inputs
+    from gpuledger.watch import watch_group, watch_inputs
 
     started = time.monotonic()
     warehouse_dir = settings.embedded_warehouse_dir
@@ -110,21 +108,11 @@ def run_embedded(
             except BaseException as exc:  # surfaced after join
                 sink_result["error"] = exc
 
-        stop_watch = threading.Event()
-        watch_result: dict = {}
-
-        def watch_thread() -> None:
-            try:
-                watch_result.update(run_watch(s, ledger=ledger, stop=stop_watch))
-            except BaseException as exc:  # surfaced after join
-                watch_result["error"] = exc
-
         t = s.topics
-        with ChildProcess(s, "worker", log_path=logs / "worker.log") as worker:
+        with ChildProcess(s, "worker", log_path=logs / "worker.log") as worker, \
+                ChildProcess(s, "watch", log_path=logs / "watch.log") as watcher:
             sink = threading.Thread(target=sink_thread, name="sink", daemon=True)
             sink.start()
-            watcher = threading.Thread(target=watch_thread, name="watch", daemon=True)
-            watcher.start()
             try:
                 stage(Stage("publishing", s))
                 with KafkaPublisher(s) as publisher:
@@ -133,25 +121,13 @@ def run_embedded(
                 worker_inputs = [t.gpu_samples, t.job_events, t.node_allocations]
                 stage(Stage("worker", s, s.worker_app_id, tuple(worker_inputs)))
                 wait_until_caught_up(s, s.worker_app_id, worker_inputs, alive=worker, timeout_s=timeout_s)
+                log("[pipeline] worker done; waiting for the watcher ...")
+                stage(Stage("watch", s, watch_group(s), tuple(watch_inputs(s))))
+                # caught up = every input acknowledged = covered by a durable snapshot, alerts included
+                wait_until_caught_up(s, watch_group(s), watch_inputs(s), alive=watcher, timeout_s=timeout_s)
             except BaseException:
                 stop_sink.set()
-                stop_watch.set()
                 raise
-        log("[pipeline] worker done; waiting for the watcher ...")
-        stage(Stage("watch", s, watch_group(s), tuple(watch_inputs(s))))
-        try:
-            wait_until_caught_up(s, watch_group(s), watch_inputs(s), timeout_s=timeout_s)
-        except BaseException:
-            stop_sink.set()
-            raise
-        finally:
-            stop_watch.set()  # it snapshots what it read, then stops; the sink takes its last alerts
-            watcher.join(timeout=120)
-        if "error" in watch_result:
-            stop_sink.set()
-            raise watch_result["error"]
-        run.watch = watch_result
-        log(f"[pipeline] watcher: {watch_result}")
         log("[pipeline] watcher done; waiting for the sink ...")
         stage(Stage("sink", s, f"{s.worker_app_id}-sink", tuple(sink_topics(s))))
         try:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+import zlib
 
 import orjson
 import pytest
 from confluent_kafka import Producer
 
-from gpuledger.embedded.processes import read_topic, settings_env
+from gpuledger.embedded.processes import ChildProcess, read_topic, settings_env, wait_until_caught_up
 from gpuledger.schemas.models import (
     Alert,
     JobEvent,
@@ -32,7 +33,8 @@ from gpuledger.topics import create_topics
 from gpuledger.warehouse import connect
 from gpuledger.warehouse.periodic import commands as periodic
 from gpuledger.warehouse.reports import fetch
-from gpuledger.watch import run_watch, tail_alerts
+from gpuledger.streams.app import read_last_snapshot
+from gpuledger.watch import tail_alerts, watch_group, watch_inputs
 
 pytestmark = pytest.mark.integration
 
@@ -55,10 +57,21 @@ def event(kind, minute, job="train-1"):
                     tenant="acme", queue="batch")
 
 
+#: (topic, partition) -> offset after the last message the broker acknowledged. Tansu reports a
+#: partition's end as its last batch's start + 1, so the tests judge "all read" by what they sent.
+DELIVERED: dict[tuple[str, int], int] = {}
+
+
+def _delivered(err, msg) -> None:
+    assert err is None, err
+    key = (msg.topic(), msg.partition())
+    DELIVERED[key] = max(DELIVERED.get(key, 0), msg.offset() + 1)
+
+
 def publish(settings, messages) -> None:
     producer = Producer(settings.kafka_client_config())
     for topic, key, value in messages:
-        producer.produce(topic, key=key, value=value)
+        producer.produce(topic, key=key, value=value, on_delivery=_delivered)
     assert producer.flush(30) == 0
 
 
@@ -73,7 +86,22 @@ def usage(settings, minutes, records_of):
 
 
 def watch(settings) -> dict:
-    return run_watch(settings, until_caught_up=True)
+    """Run `gpuledger watch` (the Faust process) until it has acknowledged all of its input, i.e.
+    until a durable snapshot covers it; stop it; return that snapshot."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    with ChildProcess(settings, "watch", log_path=settings.data_dir / "watch.log") as proc:
+        wait_until_caught_up(settings, watch_group(settings), watch_inputs(settings), alive=proc, timeout_s=120,
+                             known_ends=dict(DELIVERED))
+    return orjson.loads(zlib.decompress(read_last_snapshot(settings, 0, topic=settings.topics.watch_state)))
+
+
+def end_offsets(settings) -> dict[str, dict[str, int]]:
+    """What was sent to the watcher's inputs, as its snapshot's `next_offsets` spells it."""
+    ends: dict[str, dict[str, int]] = {}
+    for (topic, partition), end in DELIVERED.items():
+        if topic in watch_inputs(settings):
+            ends.setdefault(topic, {})[str(partition)] = end
+    return ends
 
 
 def alerts(settings) -> list[Alert]:
@@ -90,15 +118,13 @@ def test_load_train_checkpoint_hang_recover(settings):
         return 5.0 if m < 15 else 95.0 if m < 45 else 30.0 if m < 50 else 0.0 if m < 70 else 95.0
 
     usage(settings, range(0, 55), lambda t, m: [record(g, t, util=phase(m)) for g in ("GPU-a", "GPU-b")])
-    # the watch command itself, as a process: it stops at the end of its input, snapshotting first
-    done = subprocess.run([sys.executable, "-m", "gpuledger.cli", "watch", "--until-caught-up"],
-                          env=settings_env(settings), capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    # the watch process, stopped once a snapshot covers its input
+    snapshot = watch(settings)
+    assert snapshot["next_offsets"] == end_offsets(settings)  # the snapshot covers every input message
     assert alerts(settings) == []  # nothing yet: the checkpoint is no drop, the hang is 5 min old
     # restarted from its snapshot: the rest of the job
     usage(settings, range(55, 80), lambda t, m: [record(g, t, util=phase(m)) for g in ("GPU-a", "GPU-b")])
-    counters = watch(settings)
-    assert counters.get("redelivered", 0) == 0 and counters["snapshots"] >= 1  # resumed after its snapshot
+    assert watch(settings)["next_offsets"] == end_offsets(settings)  # resumed from its snapshot, read the rest
     lifecycle(settings, event("completed", 80))
     watch(settings)
     got = [(a.rule, a.status, a.opened_at_ms - T0, (a.closed_at_ms or T0) - T0, a.gpus) for a in alerts(settings)]
