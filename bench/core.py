@@ -21,7 +21,8 @@ from gpuledger.schemas.lines import LINE_JOB_EVENTS, LINE_SAMPLES
 from gpuledger.agents.simcluster import SimSpec, batch_ticks, simulate
 from gpuledger.schemas.models import LifecycleWatermark, NodeWatermark
 from gpuledger.schemas.wire import decode_lifecycle, decode_metered_ticks, decode_node_allocation, encode
-from gpuledger.streams.join import LifecycleRouter, NodeJoin, WatermarkClock
+from gpuledger.streams.join import NodeJoin
+from gpuledger.streams.router import LifecycleRouter, WatermarkClock
 from gpuledger.ledger_files import load_ledger_config
 
 from bench.common import SIZES, say

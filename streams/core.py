@@ -24,17 +24,8 @@ import orjson
 
 from gpuledger.schemas.models import SCHEMA_VERSION, LifecycleWatermark, NodeWatermark
 from gpuledger.schemas.wire import DecodeError, decode_lifecycle, decode_metered_ticks, decode_node_allocation, encode
-from gpuledger.streams.join import (
-    DAY_MS,
-    DUPLICATE,
-    LATE,
-    REJECTED,
-    LifecycleRouter,
-    NodeJoin,
-    WatermarkClock,
-    check_event,
-    check_tick,
-)
+from gpuledger.streams.join import DAY_MS, DUPLICATE, LATE, REJECTED, NodeJoin, check_event, check_tick
+from gpuledger.streams.router import LifecycleRouter, WatermarkClock
 from gpuledger.streams.checks import dead_letter
 from gpuledger.streams.pricing import LedgerConfig
 from gpuledger.streams.topic_names import TopicNames

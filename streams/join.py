@@ -1,5 +1,8 @@
-"""The join, pure: lifecycle events -> per-node allocation changes (the router), and one
-node's samples + allocation changes -> usage records (the node join).
+"""The node join, pure: one node's samples + allocation changes -> usage records. The router that
+turns lifecycle events into those changes is in router.py; segments are in segments.py.
+
+Why one file: `NodeJoin` is one state machine over one node's ticks, holders and open segments;
+its methods read and write that state together (and snapshot it as one).
 
 Event time rules (docs/architecture.md):
 - a tick at ts covers [ts, ts + interval); it is closed (turned into usage records) only when
@@ -37,7 +40,7 @@ from __future__ import annotations
 
 import bisect
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from gpuledger.schemas.models import (
     TERMINAL_KINDS,
@@ -49,180 +52,16 @@ from gpuledger.schemas.models import (
     MeteredGpu,
     MeteredTick,
     NodeTick,
-    NodeWatermark,
 )
-from gpuledger.streams.attribution import Holder, Piece, RecordMaker, whole_gpu_util
+from gpuledger.streams.attribution import Holder, RecordMaker, whole_gpu_util
 from gpuledger.streams.checks import DAY_MS, MIN_EVENT_MS, time_problem  # noqa: F401 (re-exported)
 from gpuledger.streams.execution import ExecutionJudge
 from gpuledger.streams.pricing import LedgerConfig
+from gpuledger.streams.router import RUNNING_KINDS
+from gpuledger.streams.segments import Segment, holder_state, new_slot, piece_key
 
 log = logging.getLogger(__name__)
 
-RUNNING_KINDS = frozenset({JobEventKind.started, JobEventKind.checkpoint_begin, JobEventKind.checkpoint_end})
-GPU_KINDS = RUNNING_KINDS | TERMINAL_KINDS | {JobEventKind.allocated, JobEventKind.interrupted}
-#: kinds that only make sense for an attempt that holds GPUs (failed/cancelled may end one that never did)
-NEEDS_ALLOCATION = RUNNING_KINDS | {JobEventKind.interrupted, JobEventKind.preempted, JobEventKind.completed}
-
-
-# --------------------------------------------------------------------------- router
-@dataclass
-class AttemptRoute:
-    attempt: int
-    gpus: list[GpuAssignment]
-    #: event time of the attempt's allocation (0: routed from an older snapshot, unknown)
-    since_ms: int = 0
-
-
-@dataclass
-class LifecycleRouter:
-    """Keeps, per job, the GPUs its current attempt holds, so that events which do not repeat
-    the allocation (started, failed, ...) still reach every node involved."""
-
-    routes: dict[str, AttemptRoute] = field(default_factory=dict)
-    seen_event_ids: dict[str, set[str]] = field(default_factory=dict)
-    #: job -> latest event time seen (for forgetting finished jobs, see `prune`)
-    last_seen_ms: dict[str, int] = field(default_factory=dict)
-    duplicates: int = 0
-    #: job -> [attempt, event time] of the latest attempt that ended (terminal event seen, accepted
-    #: or not): an `allocated` of that attempt at or after it is an end before its start
-    ended: dict[str, list[int]] = field(default_factory=dict)
-
-    def is_duplicate(self, event: JobEvent) -> bool:
-        return event.event_id in self.seen_event_ids.get(event.job_id, ())
-
-    def sequence_problem(self, event: JobEvent) -> str | None:
-        """The reason an event is an impossible sequence (docs/reliability.md, "Bad input"), or None.
-        Rejected: an event that needs the attempt's GPUs (started, checkpoint, interrupted, preempted,
-        completed) for an attempt never allocated; an `allocated` at or after the attempt's end; a
-        terminal event before the attempt's allocation. `failed`/`cancelled` of an attempt never
-        allocated are legitimate (cancelled while queued, a rejected submit): no GPU effect. Call it
-        before `route`, for an event that is not a duplicate; a rejected event still marks the end of
-        its attempt (so its later `allocated` is rejected too)."""
-        job, attempt, kind = event.job_id, event.attempt, event.kind
-        route = self.routes.get(job)
-        if kind == JobEventKind.allocated:
-            end = self.ended.get(job)
-            if end and end[0] == attempt and event.ts_ms >= end[1]:
-                return (f"impossible sequence: allocated of {job} attempt {attempt} at ts_ms={event.ts_ms} is at or "
-                        f"after the attempt's end at ts_ms={end[1]}")
-            return None
-        end = self.ended.get(job)
-        if kind in TERMINAL_KINDS and end and end[0] == attempt and (route is None or route.attempt != attempt):
-            return (f"impossible sequence: {kind.value} of {job} attempt {attempt} at ts_ms={event.ts_ms}, which "
-                    f"already ended at ts_ms={end[1]}")
-        if kind not in NEEDS_ALLOCATION:
-            return None
-        if kind in TERMINAL_KINDS:
-            self._mark_ended(job, attempt, event.ts_ms)
-        if route is None or route.attempt != attempt:
-            return (f"impossible sequence: {kind.value} of {job} attempt {attempt}, which was never allocated"
-                    + (f" (the job's allocated attempt is {route.attempt})" if route is not None else ""))
-        if kind in TERMINAL_KINDS and event.ts_ms < route.since_ms:
-            return (f"impossible sequence: {kind.value} of {job} attempt {attempt} at ts_ms={event.ts_ms} is before "
-                    f"its allocation at ts_ms={route.since_ms}")
-        return None
-
-    def _mark_ended(self, job: str, attempt: int, ts_ms: int) -> None:
-        end = self.ended.get(job)
-        if end is None or end[0] != attempt or ts_ms < end[1]:
-            self.ended[job] = [attempt, ts_ms]
-
-    def route(self, event: JobEvent) -> list[AllocationChange]:
-        seen = self.seen_event_ids.setdefault(event.job_id, set())
-        if event.event_id in seen:
-            self.duplicates += 1
-            return []
-        seen.add(event.event_id)
-        if event.kind in TERMINAL_KINDS:
-            self._mark_ended(event.job_id, event.attempt, event.ts_ms)
-        self.last_seen_ms[event.job_id] = max(self.last_seen_ms.get(event.job_id, 0), event.ts_ms)
-        if event.kind not in GPU_KINDS:
-            return []
-        route = self.routes.get(event.job_id)
-        if event.kind == JobEventKind.allocated or (event.gpus and (route is None or route.attempt != event.attempt)):
-            route = AttemptRoute(event.attempt, list(event.gpus), event.ts_ms)
-            self.routes[event.job_id] = route
-        if route is None or route.attempt != event.attempt:
-            log.warning("lifecycle %s for %s attempt %s without a known allocation: no GPU effect",
-                        event.kind, event.job_id, event.attempt)
-            return []
-        if event.kind in TERMINAL_KINDS:
-            del self.routes[event.job_id]
-        by_node: dict[str, list[GpuAssignment]] = {}
-        for gpu in route.gpus:
-            by_node.setdefault(gpu.node, []).append(gpu)
-        return [
-            AllocationChange(ts_ms=event.ts_ms, event_id=event.event_id, kind=event.kind, node=node,
-                             job_id=event.job_id, attempt=event.attempt, tenant=event.tenant,
-                             queue=event.queue, gpus=gpus)
-            for node, gpus in sorted(by_node.items())
-        ]
-
-    def forget(self, job_id: str) -> None:
-        self.routes.pop(job_id, None)
-        self.seen_event_ids.pop(job_id, None)
-        self.last_seen_ms.pop(job_id, None)
-        self.ended.pop(job_id, None)
-
-    def prune(self, before_ms: int) -> int:
-        """Forget jobs that hold no GPUs and had no event since `before_ms` (event time): keeps
-        the duplicate filter bounded. Returns how many jobs were forgotten."""
-        old = [job for job, ts in self.last_seen_ms.items() if ts < before_ms and job not in self.routes]
-        for job in old:
-            self.forget(job)
-        return len(old)
-
-    def to_state(self) -> dict:
-        return {
-            "routes": {job: {"attempt": r.attempt, "gpus": [g.model_dump(mode="json") for g in r.gpus],
-                             "since_ms": r.since_ms}
-                       for job, r in self.routes.items()},
-            "ended": {job: list(v) for job, v in self.ended.items()},
-            "seen": {job: sorted(ids) for job, ids in self.seen_event_ids.items()},
-            "last_seen_ms": dict(self.last_seen_ms),
-            "duplicates": self.duplicates,
-        }
-
-    @classmethod
-    def from_state(cls, state: dict) -> "LifecycleRouter":
-        return cls(
-            routes={job: AttemptRoute(r["attempt"], [GpuAssignment.model_validate(g) for g in r["gpus"]],
-                                      r.get("since_ms", 0))
-                    for job, r in state["routes"].items()},
-            ended={job: list(v) for job, v in state.get("ended", {}).items()},
-            seen_event_ids={job: set(ids) for job, ids in state["seen"].items()},
-            last_seen_ms=dict(state.get("last_seen_ms", {})),
-            duplicates=state.get("duplicates", 0),
-        )
-
-
-# --------------------------------------------------------------------------- watermarks
-@dataclass
-class WatermarkClock:
-    """Lifecycle watermark seen by one node-allocations partition: the minimum over every
-    job-events partition (each must have reported before anything closes)."""
-
-    by_source: dict[int, int] = field(default_factory=dict)
-    source_partitions: int = 0
-
-    def observe(self, mark: NodeWatermark) -> int:
-        self.source_partitions = max(self.source_partitions, mark.source_partitions)
-        self.by_source[mark.source_partition] = max(self.by_source.get(mark.source_partition, 0), mark.ts_ms)
-        return self.value
-
-    @property
-    def value(self) -> int:
-        if not self.source_partitions or len(self.by_source) < self.source_partitions:
-            return 0
-        return min(self.by_source[p] for p in range(self.source_partitions))
-
-    def to_state(self) -> dict:
-        return {"by_source": {str(p): ts for p, ts in self.by_source.items()}, "source_partitions": self.source_partitions}
-
-    @classmethod
-    def from_state(cls, state: dict) -> "WatermarkClock":
-        return cls(by_source={int(p): ts for p, ts in state["by_source"].items()},
-                   source_partitions=state["source_partitions"])
 
 
 # --------------------------------------------------------------------------- input checks
@@ -280,9 +119,6 @@ class Verdict:
     reason: str = ""
 
 
-def _holder_state(h: Holder) -> dict:
-    return asdict(h)
-
 
 #: A pending tick's GPU in a snapshot: these fields, then its processes as _PROCESS_STATE lists.
 #: Fields added later go after "mig_devices" (snapshots written before them lack them: None).
@@ -292,7 +128,7 @@ _MIG_AT = _GPU_STATE.index("mig_devices")
 _PROCESS_STATE = ("container_id", "sm_util_pct", "mem_used_bytes")
 
 
-def _tick_state(tick: MeteredTick) -> list:
+def tick_state(tick: MeteredTick) -> list:
     """A pending tick as plain data for a snapshot (cheaper than model_dump, and smaller)."""
     return [tick.cluster, tick.node, tick.ts_ms, tick.interval_ms, [
         [*(getattr(g, f) for f in _GPU_STATE[:_MIG_AT]), [m.model_dump() for m in g.mig_devices],
@@ -301,7 +137,7 @@ def _tick_state(tick: MeteredTick) -> list:
         for g in tick.gpus]]
 
 
-def _tick_from_state(state: list | dict) -> MeteredTick:
+def tick_from_state(state: list | dict) -> MeteredTick:
     if isinstance(state, dict):  # a snapshot written before ticks were kept metered: a whole NodeTick
         return MeteredTick.model_validate(state)
     cluster, node, ts_ms, interval_ms, gpus = state
@@ -312,105 +148,6 @@ def _tick_from_state(state: list | dict) -> MeteredTick:
                  for g in gpus]})
 
 
-def _piece_key(template: dict, pieces: list[Piece]) -> tuple:
-    """What must stay the same for samples to add up into one segment: the record template's entries
-    and, per slot, state, holder and whether utilization and memory are measured at all (so that
-    views weighting util by gpu_ms over the records that have it stay exact)."""
-    return (template["cluster"], template["gpu_model"], template["coefficient_version"], template["price_version"],
-            tuple((p.state, p.holder, p.util_pct is None, p.mem_used_bytes is None) for p in pieces))
-
-
-def _segment_key(template: dict, slots: list[list]) -> tuple:
-    """`_piece_key` of the pieces a segment's slots started with (a restored segment)."""
-    return (template["cluster"], template["gpu_model"], template["coefficient_version"], template["price_version"],
-            tuple((sl[0], sl[1], sl[7] is None, sl[9] is None) for sl in slots))
-
-
-#: a segment slot, as a list: state, holder, Σ share × ms, gpu_ms, energy_j, cost_micros,
-#: effective_gpu_ms, then the first piece's util, metric, memory (a one-piece record keeps them
-#: exact), Σ util × gpu_ms, Σ metric × gpu_ms, Σ mem × gpu_ms, Σ util × ms, Σ metric × ms, Σ mem × ms
-_SLOT_SUMS = 16
-
-
-def _new_slot(p: Piece, metric, duration: int) -> list:
-    util, mem, g = p.util_pct, p.mem_used_bytes, p.gpu_ms
-    m = None if util is None else metric(util)
-    return [p.state, p.holder, p.share_milli * duration, g, p.energy_j, p.cost_micros, p.effective_gpu_ms,
-            util, m, mem,
-            0.0 if util is None else util * g, 0.0 if m is None else m * g, 0 if mem is None else mem * g,
-            0.0 if util is None else util * duration, 0.0 if m is None else m * duration,
-            0 if mem is None else mem * duration]
-
-
-@dataclass(slots=True)
-class Segment:
-    """One GPU's open segment: consecutive pieces of closed ticks with the same key, summed."""
-
-    start_ms: int
-    end_ms: int
-    window_end_ms: int
-    template: dict
-    key: tuple
-    slots: list[list]
-    samples: int = 1
-    pieces: int = 1
-    last_tick_ms: int = 0
-
-    def add(self, pieces: list[Piece], metric, start_ms: int, end_ms: int, tick_ms: int) -> None:
-        duration = end_ms - start_ms
-        for sl, p in zip(self.slots, pieces):
-            g = p.gpu_ms
-            sl[2] += p.share_milli * duration
-            sl[3] += g
-            sl[4] += p.energy_j
-            sl[5] += p.cost_micros
-            sl[6] += p.effective_gpu_ms
-            util = p.util_pct
-            if util is not None:
-                m = metric(util)
-                sl[10] += util * g
-                sl[11] += m * g
-                sl[13] += util * duration
-                sl[14] += m * duration
-            mem = p.mem_used_bytes
-            if mem is not None:
-                sl[12] += mem * g
-                sl[15] += mem * duration
-        self.end_ms = end_ms
-        self.pieces += 1
-        if tick_ms != self.last_tick_ms:
-            self.samples += 1
-            self.last_tick_ms = tick_ms
-
-    def records(self, fill) -> list[dict]:
-        """The segment's usage records (wire dicts): sums, and gpu_ms-weighted means of utilization
-        and memory (time-weighted where a slot has no GPU time at all)."""
-        duration = self.end_ms - self.start_ms
-        out = []
-        uuid = self.template["gpu_uuid"]
-        for slot, sl in enumerate(self.slots):
-            state, holder, share_ms, gpu_ms, energy, cost, effective, util, metric, mem = sl[:10]
-            if self.pieces > 1:
-                weight, at = (gpu_ms, 10) if gpu_ms else (duration, 13)
-                if util is not None:
-                    util, metric = sl[at] / weight, sl[at + 1] / weight
-                if mem is not None:
-                    mem = round(sl[at + 2] / weight)
-            out.append(fill(self.template, uuid, self.start_ms, self.end_ms, slot, state, holder,
-                            min(1000, round(share_ms / duration)), util, mem, gpu_ms, energy, cost, effective,
-                            metric, self.samples))
-        return out
-
-    def to_state(self) -> list:
-        return [self.start_ms, self.end_ms, self.window_end_ms, self.template, self.samples, self.pieces,
-                self.last_tick_ms,
-                [[sl[0], None if sl[1] is None else _holder_state(sl[1]), *sl[2:]] for sl in self.slots]]
-
-    @classmethod
-    def from_state(cls, state: list) -> "Segment":
-        start, end, window_end, template, samples, pieces, last_tick, slots = state
-        slots = [[sl[0], None if sl[1] is None else Holder(**sl[1]), *sl[2:]] for sl in slots]
-        return cls(start, end, window_end, template, _segment_key(template, slots), slots, samples, pieces, last_tick)
 
 
 @dataclass
@@ -664,7 +401,7 @@ class NodeJoin:
                         continue
                     template, pieces = made
                     uuid = gpu.gpu_uuid
-                    key = _piece_key(template, pieces)
+                    key = piece_key(template, pieces)
                     seg = segments.get(uuid)
                     if seg is not None:
                         if seg.end_ms == seg_start and seg_start < seg.window_end_ms and seg.key == key:
@@ -672,7 +409,7 @@ class NodeJoin:
                             continue
                         records += seg.records(maker._fill)
                     segments[uuid] = Segment(seg_start, seg_end, (seg_start // window + 1) * window, template, key,
-                                             [_new_slot(p, metric, seg_end - seg_start) for p in pieces],
+                                             [new_slot(p, metric, seg_end - seg_start) for p in pieces],
                                              1, 1, tick.ts_ms)
             # closed with this tick: segments that reached their window's end, and those of GPUs it did not report
             records += self._close_segments(maker, end)
@@ -765,11 +502,11 @@ class NodeJoin:
         """Everything but the pending ticks whose input offset is known: those are not snapshotted
         (a backlog of them would make every snapshot grow) but re-read from the input, from
         `resume_offset()` on; ticks closed meanwhile are then recognised as duplicates."""
-        kept = [_tick_state(t) for t, o in zip(self.pending_ticks, self.pending_offsets) if o is None]
+        kept = [tick_state(t) for t, o in zip(self.pending_ticks, self.pending_offsets) if o is None]
         return {
             "node": self.node,
             "cluster": self.cluster,
-            "holders": {gpu: [_holder_state(h) for h in held.values()] for gpu, held in self.holders.items()},
+            "holders": {gpu: [holder_state(h) for h in held.values()] for gpu, held in self.holders.items()},
             "pending_ticks": kept,
             "pending_changes": [c.model_dump(mode="json") for c in self.pending_changes],
             "last_energy": {gpu: list(v) for gpu, v in self.last_energy.items()},
@@ -796,7 +533,7 @@ class NodeJoin:
             node=state["node"],
             cluster=state["cluster"],
             holders=holders,
-            pending_ticks=[_tick_from_state(t) for t in state["pending_ticks"]],
+            pending_ticks=[tick_from_state(t) for t in state["pending_ticks"]],
             pending_offsets=[None] * len(state["pending_ticks"]),
             pending_changes=[AllocationChange.model_validate(c) for c in state["pending_changes"]],
             last_energy={gpu: (int(v[0]), float(v[1])) for gpu, v in state["last_energy"].items()},

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpuledger.schemas.models import GpuAssignment, GpuSample, JobEvent, NodeTick
-from gpuledger.streams.join import LifecycleRouter, NodeJoin
+from gpuledger.streams.join import NodeJoin
+from gpuledger.streams.router import LifecycleRouter
 from gpuledger.ledger_files import load_ledger_config
 
 GOLDEN = load_ledger_config(Path(__file__).resolve().parents[1] / "golden" / "ledger.toml")

@@ -15,7 +15,7 @@ from gpuledger.schemas.models import DeadLetter, GpuAssignment, GpuSample, JobEv
 from gpuledger.schemas.wire import decode, encode
 from gpuledger.streams.checks import DAY_MS, MIN_EVENT_MS, dead_letter, rows_problem, time_problem
 from gpuledger.streams.core import SOURCE_HEADER, WorkerCore
-from gpuledger.streams.join import LifecycleRouter
+from gpuledger.streams.router import LifecycleRouter
 from gpuledger.ledger_files import load_ledger_config
 
 UNIT_LEDGER = Path(__file__).parents[1] / "fixtures" / "unit_ledger.toml"  # never the shipped defaults

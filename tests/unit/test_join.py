@@ -4,7 +4,8 @@ import random
 from pathlib import Path
 
 from gpuledger.schemas.models import GpuAssignment, GpuSample, JobEvent, NodeTick, NodeWatermark
-from gpuledger.streams.join import LifecycleRouter, NodeJoin, WatermarkClock
+from gpuledger.streams.join import NodeJoin
+from gpuledger.streams.router import LifecycleRouter, WatermarkClock
 from gpuledger.ledger_files import load_ledger_config
 
 UNIT_LEDGER = Path(__file__).parents[1] / "fixtures" / "unit_ledger.toml"  # never the shipped defaults

@@ -22,7 +22,7 @@ from gpuledger.schemas.models import (
 from gpuledger.schemas.wire import DecodeError, decode, decode_lifecycle, decode_node_ticks
 from gpuledger.streams.attribution import Holder, attribute
 from gpuledger.streams.core import WorkerCore
-from gpuledger.streams.join import NodeJoin, _tick_from_state, _tick_state
+from gpuledger.streams.join import NodeJoin, tick_from_state, tick_state
 from gpuledger.ledger_files import load_ledger_config
 from gpuledger.streams.pricing import (
     MAX_RECORD_COST_MICROS,
@@ -99,11 +99,11 @@ def test_snapshots_keep_the_power_limit_and_read_older_ones():
     t = tick(0, 1.0)
     metered = NodeJoin(node="n1")
     metered.add_tick(t)
-    state = _tick_state(metered.pending_ticks[0])
-    assert _tick_from_state(state) == metered.pending_ticks[0]
-    assert _tick_from_state(state).gpus[0].power_limit_w == 400.0
+    state = tick_state(metered.pending_ticks[0])
+    assert tick_from_state(state) == metered.pending_ticks[0]
+    assert tick_from_state(state).gpus[0].power_limit_w == 400.0
     older = [*state[:4], [[*g[:-2], g[-1]] for g in state[4]]]  # a snapshot written before power_limit_w
-    assert _tick_from_state(older).gpus[0].power_limit_w is None
+    assert tick_from_state(older).gpus[0].power_limit_w is None
 
 
 # --------------------------------------------------------------------------- cost bound
