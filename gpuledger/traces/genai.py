@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuledger.schemas.lines import LINE_JOB_EVENTS, LINE_SAMPLES, Emission
-from gpuledger.agents.simcluster import gpu_uuid
+from gpuledger.agents.simspec import gpu_uuid
 from gpuledger.schemas.models import (
     GpuAssignment,
     GpuSample,

@@ -291,7 +291,7 @@ def test_tiny_cluster_runs_and_stays_valid():
 
 
 def test_spec_without_faults_or_preemption():
-    from gpuledger.agents.simcluster import SimRates
+    from gpuledger.agents.simspec import SimRates
 
     spec = SimSpec(nodes=2, gpus_per_node=4, hours=2.0, rates=SimRates(preemption=False, gpu_faults_per_gpu_hour=0.0))
     run = list(simulate(spec))
