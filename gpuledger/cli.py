@@ -1,5 +1,8 @@
 """`gpuledger` command line. Each subcommand is a thin edge over a module function;
-imports are lazy so that `gpuledger report` does not load Faust, and so on."""
+imports are lazy so that `gpuledger report` does not load Faust, and so on.
+
+Why one file: every command's parser and handler, so `gpuledger --help` and this file read the
+same; each handler is a few lines that call into the package doing the work."""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """Wire models of GPU Ledger: the three input lines and every record the ledger emits.
 
+Why one file: every wire model in one place, as the JSON Schemas (schemas/json/) and the docs list
+them; the conventions below hold for all of them.
+
 Conventions (they hold for every model here):
 - times are integer Unix epoch **milliseconds**, UTC (`*_ms`), event time from the source;
 - durations are integer milliseconds; GPU-time is integer "GPU-milliseconds" (`gpu_ms`):
