@@ -30,7 +30,7 @@ ORDER BY (gpu_uuid, cluster, node, gpu_model, serial, board_part_number, vbios_v
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS gpu_sightings_mv TO gpu_sightings AS
 SELECT
-    gpu_uuids[i] AS gpu_uuid, cluster, node, gpu_models[i] AS gpu_model,
+    gpu_uuids[i] AS gpu_uuid, cluster, node, toLowCardinality(gpu_models[i]) AS gpu_model,
     gpu_serials[i] AS serial, gpu_board_part_numbers[i] AS board_part_number, gpu_vbios_versions[i] AS vbios_version,
     min(seen_ms) AS first_seen_ms, max(seen_ms) AS last_seen_ms, count() AS reports
 FROM node_inventory

@@ -1,6 +1,135 @@
 -- The warehouse schema after every migration in sql/ (tests/integration/test_schema_snapshot.py).
 -- Do not edit: GPULEDGER_UPDATE_GOLDEN=1 rewrites it; review the diff like a migration.
 
+CREATE TABLE {db}.alerts
+(
+    `schema_version` UInt8,
+    `alert_id` String,
+    `rule` LowCardinality(String),
+    `definition_version` LowCardinality(String),
+    `cluster` LowCardinality(String),
+    `job_id` String,
+    `attempt` UInt32,
+    `tenant` LowCardinality(String),
+    `queue` LowCardinality(String),
+    `gpus` Array(String),
+    `status` LowCardinality(String),
+    `version` UInt8,
+    `opened_at_ms` Int64,
+    `closed_at_ms` Nullable(Int64),
+    `window_start_ms` Int64,
+    `window_end_ms` Int64,
+    `message` String,
+    `day` Date DEFAULT toDate(fromUnixTimestamp64Milli(opened_at_ms, 'UTC')),
+    `kafka_topic` LowCardinality(String),
+    `kafka_partition` Int32,
+    `kafka_offset` Int64,
+    `inserted_at` DateTime64(3, 'UTC') DEFAULT now64(3)
+)
+ENGINE = ReplacingMergeTree(version)
+PARTITION BY toYYYYMM(day)
+ORDER BY (cluster, alert_id)
+SETTINGS index_granularity = 8192;
+
+CREATE VIEW {db}.alerts_latest
+(
+    `alert_id` String,
+    `rule` LowCardinality(String),
+    `definition_version` LowCardinality(String),
+    `cluster` LowCardinality(String),
+    `job_id` String,
+    `attempt` UInt32,
+    `tenant` LowCardinality(String),
+    `queue` LowCardinality(String),
+    `gpus` Array(String),
+    `status` LowCardinality(String),
+    `opened_at` DateTime64(3, 'UTC'),
+    `closed_at` Nullable(DateTime64(3, 'UTC')),
+    `open_minutes` Float64,
+    `window_start_ms` Int64,
+    `window_end_ms` Int64,
+    `message` String,
+    `day` Date
+)
+AS SELECT
+    alert_id,
+    rule,
+    definition_version,
+    cluster,
+    job_id,
+    attempt,
+    tenant,
+    queue,
+    gpus,
+    status,
+    fromUnixTimestamp64Milli(opened_at_ms, 'UTC') AS opened_at,
+    if(closed_at_ms IS NULL, NULL, fromUnixTimestamp64Milli(assumeNotNull(closed_at_ms), 'UTC')) AS closed_at,
+    (ifNull(closed_at_ms, window_end_ms) - opened_at_ms) / 60000 AS open_minutes,
+    window_start_ms,
+    window_end_ms,
+    message,
+    day
+FROM {db}.alerts
+FINAL;
+
+CREATE TABLE {db}.approvals
+(
+    `approval_id` String,
+    `job_id` String,
+    `status` LowCardinality(String),
+    `ts_ms` Int64,
+    `decided_by` String,
+    `note` String,
+    `target` String,
+    `cost_micros` Int64,
+    `cost_low_micros` Int64,
+    `cost_high_micros` Int64,
+    `threshold_micros` Int64,
+    `currency` LowCardinality(String),
+    `gpu_hours` Float64,
+    `wall_hours` Float64,
+    `estimate` String,
+    `inserted_at` DateTime64(3, 'UTC') DEFAULT now64(3)
+)
+ENGINE = MergeTree
+ORDER BY (approval_id, ts_ms)
+SETTINGS index_granularity = 8192;
+
+CREATE VIEW {db}.approvals_current
+(
+    `approval_id` String,
+    `job_id` String,
+    `status` String,
+    `requested_ms` Int64,
+    `updated_ms` Int64,
+    `decided_by` String,
+    `note` String,
+    `target` String,
+    `estimated_cost` Float64,
+    `estimated_cost_high` Float64,
+    `threshold_cost` Float64,
+    `currency` String,
+    `gpu_hours` Float64,
+    `wall_hours` Float64
+)
+AS SELECT
+    approval_id,
+    argMax(job_id, ts_ms) AS job_id,
+    argMax(status, ts_ms) AS status,
+    min(ts_ms) AS requested_ms,
+    max(ts_ms) AS updated_ms,
+    argMax(decided_by, ts_ms) AS decided_by,
+    argMax(note, ts_ms) AS note,
+    argMax(target, ts_ms) AS target,
+    argMax(cost_micros, ts_ms) / 1000000. AS estimated_cost,
+    argMax(cost_high_micros, ts_ms) / 1000000. AS estimated_cost_high,
+    argMax(threshold_micros, ts_ms) / 1000000. AS threshold_cost,
+    argMax(currency, ts_ms) AS currency,
+    argMax(gpu_hours, ts_ms) AS gpu_hours,
+    argMax(wall_hours, ts_ms) AS wall_hours
+FROM {db}.approvals
+GROUP BY approval_id;
+
 CREATE TABLE {db}.bill_adjustments
 (
     `booked_day` Date,
@@ -79,6 +208,113 @@ GROUP BY
     cluster,
     gpu_model,
     definition_version;
+
+CREATE TABLE {db}.capacity_forecast
+(
+    `run_id` String,
+    `created_at` DateTime64(3, 'UTC'),
+    `day` Date,
+    `gpu_model` LowCardinality(String),
+    `queue` LowCardinality(String),
+    `kind` LowCardinality(String),
+    `demand_gpu_hours` Float64,
+    `lower_gpu_hours` Float64,
+    `upper_gpu_hours` Float64,
+    `capacity_gpu_hours` Float64,
+    `method` String
+)
+ENGINE = MergeTree
+PARTITION BY toYYYYMM(created_at)
+ORDER BY (run_id, gpu_model, queue, day)
+SETTINGS index_granularity = 8192;
+
+CREATE VIEW {db}.capacity_forecast_latest
+(
+    `day` Date,
+    `gpu_model` LowCardinality(String),
+    `queue` LowCardinality(String),
+    `kind` LowCardinality(String),
+    `demand_gpu_hours` Float64,
+    `lower_gpu_hours` Float64,
+    `upper_gpu_hours` Float64,
+    `capacity_gpu_hours` Float64,
+    `method` String,
+    `run_id` String,
+    `created_at` DateTime64(3, 'UTC')
+)
+AS SELECT
+    day,
+    gpu_model,
+    queue,
+    kind,
+    demand_gpu_hours,
+    lower_gpu_hours,
+    upper_gpu_hours,
+    capacity_gpu_hours,
+    method,
+    run_id,
+    created_at
+FROM {db}.capacity_forecast
+WHERE run_id = (
+    SELECT argMax(run_id, created_at)
+    FROM {db}.capacity_forecast
+);
+
+CREATE VIEW {db}.carbon_definition_current
+(
+    `carbon_version` String,
+    `pue` Float64,
+    `default_gco2e_per_kwh` Float64,
+    `zones` Map(String, String)
+)
+AS SELECT
+    argMax(carbon_version, recorded_at) AS carbon_version,
+    argMax(pue, recorded_at) AS pue,
+    argMax(default_gco2e_per_kwh, recorded_at) AS default_gco2e_per_kwh,
+    argMax(zones, recorded_at) AS zones
+FROM {db}.carbon_definitions
+HAVING count() > 0;
+
+CREATE TABLE {db}.carbon_definitions
+(
+    `carbon_version` String,
+    `pue` Float64,
+    `default_gco2e_per_kwh` Float64,
+    `default_source` String,
+    `zones` Map(String, String),
+    `recorded_at` DateTime64(3, 'UTC') DEFAULT now64(3)
+)
+ENGINE = MergeTree
+ORDER BY (carbon_version, recorded_at)
+SETTINGS index_granularity = 8192;
+
+CREATE TABLE {db}.carbon_intensity
+(
+    `zone` String,
+    `valid_from_ms` Int64,
+    `gco2e_per_kwh` Float64,
+    `source` String,
+    `loaded_by` String,
+    `loaded_at` DateTime64(3, 'UTC') DEFAULT now64(3)
+)
+ENGINE = MergeTree
+ORDER BY (zone, valid_from_ms, loaded_at)
+SETTINGS index_granularity = 8192;
+
+CREATE VIEW {db}.carbon_intensity_current
+(
+    `zone` String,
+    `valid_from_ms` Int64,
+    `gco2e_per_kwh` Float64
+)
+AS SELECT
+    zone,
+    valid_from_ms,
+    argMax(gco2e_per_kwh, loaded_at) AS gco2e_per_kwh
+FROM {db}.carbon_intensity
+GROUP BY
+    zone,
+    valid_from_ms;
 
 CREATE TABLE {db}.closed_days
 (
@@ -183,6 +419,117 @@ ENGINE = ReplacingMergeTree(recorded_at)
 ORDER BY (definition_version, fingerprint)
 SETTINGS index_granularity = 8192;
 
+CREATE VIEW {db}.gpu_card_monthly
+(
+    `gpu_uuid` String,
+    `month` Date,
+    `gpu_model` String,
+    `avg_temperature_c` Nullable(Float64),
+    `max_temperature_c` Nullable(Float64),
+    `avg_util_pct` Nullable(Float64),
+    `avg_power_w` Nullable(Float64),
+    `xid_errors` UInt64
+)
+AS SELECT
+    gpu_uuid,
+    toStartOfMonth(day) AS month,
+    argMax(toString(gpu_model), hour) AS gpu_model,
+    avgMerge(temperature_c) AS avg_temperature_c,
+    maxMerge(max_temperature_c) AS max_temperature_c,
+    avgMerge(util_gpu_pct) AS avg_util_pct,
+    avgMerge(power_w) AS avg_power_w,
+    sum(xid_count) AS xid_errors
+FROM {db}.gpu_health_hourly
+GROUP BY
+    gpu_uuid,
+    month;
+
+CREATE VIEW {db}.gpu_cards
+(
+    `gpu_uuid` String,
+    `gpu_model` String,
+    `serial` String,
+    `board_part_number` String,
+    `vbios_version` String,
+    `first_seen` DateTime64(3, 'UTC'),
+    `last_seen` DateTime64(3, 'UTC'),
+    `nodes` UInt64,
+    `repairs` UInt64,
+    `last_repaired` Nullable(DateTime64(3, 'UTC')),
+    `flag` String,
+    `down_seconds` Float64,
+    `xid_errors` UInt64,
+    `avg_temperature_c` Nullable(Float64),
+    `max_temperature_c` Nullable(Float64)
+)
+AS SELECT
+    s.gpu_uuid AS gpu_uuid,
+    s.gpu_model AS gpu_model,
+    s.serial AS serial,
+    s.board_part_number AS board_part_number,
+    s.vbios_version AS vbios_version,
+    s.first_seen AS first_seen,
+    s.last_seen AS last_seen,
+    s.nodes AS nodes,
+    r.repairs AS repairs,
+    if(r.repairs > 0, r.last_repaired, NULL) AS last_repaired,
+    if(r.repairs >= 2, 'suggest lower-priority work', '') AS flag,
+    d.down_seconds AS down_seconds,
+    h.xid_errors AS xid_errors,
+    h.avg_temperature_c AS avg_temperature_c,
+    h.max_temperature_c AS max_temperature_c
+FROM
+(
+    SELECT
+        gpu_uuid,
+        argMax(toString(gpu_model), last_seen_ms) AS gpu_model,
+        argMaxIf(serial, last_seen_ms, serial != '') AS serial,
+        argMaxIf(board_part_number, last_seen_ms, board_part_number != '') AS board_part_number,
+        argMaxIf(vbios_version, last_seen_ms, vbios_version != '') AS vbios_version,
+        fromUnixTimestamp64Milli(min(first_seen_ms), 'UTC') AS first_seen,
+        fromUnixTimestamp64Milli(max(last_seen_ms), 'UTC') AS last_seen,
+        uniqExact(cluster, node) AS nodes
+    FROM {db}.gpu_sightings
+    GROUP BY gpu_uuid
+) AS s
+LEFT JOIN
+(
+    SELECT
+        gpu_uuid,
+        count() AS repairs,
+        fromUnixTimestamp64Milli(max(repaired_ms), 'UTC') AS last_repaired
+    FROM {db}.gpu_repairs
+    GROUP BY gpu_uuid
+) AS r ON s.gpu_uuid = r.gpu_uuid
+LEFT JOIN
+(
+    SELECT
+        gpu_uuid,
+        sum(gpu_ms) / 1000 AS down_seconds
+    FROM
+    (
+        SELECT
+            gpu_uuid,
+            gpu_ms
+        FROM {db}.usage_raw
+        WHERE state = 'down'
+        LIMIT 1 BY
+            cluster,
+            record_id
+    )
+    GROUP BY gpu_uuid
+) AS d ON s.gpu_uuid = d.gpu_uuid
+LEFT JOIN
+(
+    SELECT
+        gpu_uuid,
+        sum(xid_count) AS xid_errors,
+        avgMerge(temperature_c) AS avg_temperature_c,
+        maxMerge(max_temperature_c) AS max_temperature_c
+    FROM {db}.gpu_health_hourly
+    GROUP BY gpu_uuid
+) AS h ON s.gpu_uuid = h.gpu_uuid;
+
 CREATE VIEW {db}.gpu_current
 (
     `cluster` LowCardinality(String),
@@ -201,37 +548,24 @@ CREATE VIEW {db}.gpu_current
     `last_seen` DateTime64(3, 'UTC')
 )
 AS SELECT
-    u.cluster AS cluster,
-    u.node AS node,
-    u.gpu_uuid AS gpu_uuid,
-    u.gpu_model AS gpu_model,
-    multiIf(countIf(u.state = 'down') > 0, 'down', countIf(u.state = 'executing') > 0, 'executing', countIf(u.state = 'allocated_idle') > 0, 'allocated_idle', 'unallocated') AS state,
-    minIf(u.job_id, u.job_id != '') AS job_id,
-    minIf(u.tenant, u.tenant != '') AS tenant,
-    minIf(u.queue, u.queue != '') AS queue,
-    arrayStringConcat(arraySort(groupUniqArrayIf(u.job_id, u.job_id != '')), ' ') AS jobs,
-    arrayStringConcat(arraySort(groupUniqArrayIf(toString(u.tenant), u.tenant != '')), ' ') AS tenants,
-    arrayStringConcat(arraySort(groupUniqArrayIf(toString(u.queue), u.queue != '')), ' ') AS queues,
-    sumIf(u.share_milli, u.job_id != '') / 1000 AS allocated_share,
-    maxOrNull(u.util_pct) AS util_pct,
-    fromUnixTimestamp64Milli(max(u.end_ms), 'UTC') AS last_seen
-FROM {db}.usage_raw AS u
-INNER JOIN
-(
-    SELECT
-        cluster,
-        gpu_uuid,
-        max(end_ms) AS last_end_ms
-    FROM {db}.usage_raw
-    GROUP BY
-        cluster,
-        gpu_uuid
-) AS l ON (u.cluster = l.cluster) AND (u.gpu_uuid = l.gpu_uuid) AND (u.end_ms = l.last_end_ms)
+    cluster,
+    toLowCardinality(maxArgMaxMerge(g.node)) AS node,
+    gpu_uuid,
+    toLowCardinality(maxArgMaxMerge(g.gpu_model)) AS gpu_model,
+    arrayElement(['unallocated', 'allocated_idle', 'executing', 'down'], maxArgMaxMerge(g.state_rank) + 1) AS state,
+    minIfArgMaxMerge(g.job_id) AS job_id,
+    minIfArgMaxMerge(g.tenant) AS tenant,
+    minIfArgMaxMerge(g.queue) AS queue,
+    arrayStringConcat(arraySort(groupUniqArrayIfArgMaxMerge(g.jobs)), ' ') AS jobs,
+    arrayStringConcat(arraySort(groupUniqArrayIfArgMaxMerge(g.tenants)), ' ') AS tenants,
+    arrayStringConcat(arraySort(groupUniqArrayIfArgMaxMerge(g.queues)), ' ') AS queues,
+    sumIfArgMaxMerge(g.share_milli) / 1000 AS allocated_share,
+    if(maxArgMaxMerge(g.util_pct) < 0, NULL, maxArgMaxMerge(g.util_pct)) AS util_pct,
+    fromUnixTimestamp64Milli(max(g.last_end_ms), 'UTC') AS last_seen
+FROM {db}.gpu_latest AS g
 GROUP BY
-    u.cluster,
-    u.node,
-    u.gpu_uuid,
-    u.gpu_model;
+    cluster,
+    gpu_uuid;
 
 CREATE TABLE {db}.gpu_health
 (
@@ -298,7 +632,7 @@ FROM
         gpu_model,
         sumIf(gpu_ms, state = 'down') / 1000 AS down_seconds,
         sum(gpu_ms) / 1000 AS capacity_seconds
-    FROM {db}.usage_raw
+    FROM {db}.usage_gpu_hourly
     GROUP BY
         day,
         cluster,
@@ -312,17 +646,141 @@ LEFT JOIN
         day,
         cluster,
         gpu_uuid,
-        maxOrNull(temperature_c) AS max_temperature_c,
-        avgOrNull(temperature_c) AS avg_temperature_c,
-        sum(length(xid_errors)) AS xid_count,
-        arrayStringConcat(arrayMap(x -> toString(x), arraySort(groupUniqArrayArray(xid_errors))), ' ') AS xid_codes,
-        arrayStringConcat(arraySort(groupUniqArrayIf(down_reason, down_reason != '')), '; ') AS down_reasons
-    FROM {db}.gpu_health
+        maxMerge(max_temperature_c) AS max_temperature_c,
+        avgMerge(temperature_c) AS avg_temperature_c,
+        sum(xid_count) AS xid_count,
+        arrayStringConcat(arrayMap(x -> toString(x), arraySort(groupUniqArrayArrayMerge(xid_codes))), ' ') AS xid_codes,
+        arrayStringConcat(arraySort(groupUniqArrayIfMerge(down_reasons)), '; ') AS down_reasons
+    FROM {db}.gpu_health_hourly
     GROUP BY
         day,
         cluster,
         gpu_uuid
 ) AS h ON (u.day = h.day) AND (u.cluster = h.cluster) AND (u.gpu_uuid = h.gpu_uuid);
+
+CREATE VIEW {db}.gpu_health_history
+(
+    `hour` DateTime('UTC'),
+    `day` Date,
+    `cluster` LowCardinality(String),
+    `node` LowCardinality(String),
+    `gpu_uuid` String,
+    `gpu_model` LowCardinality(String),
+    `samples` UInt64,
+    `sampled_seconds` Float64,
+    `unhealthy_samples` UInt64,
+    `max_temperature_c` Nullable(Float64),
+    `avg_temperature_c` Nullable(Float64),
+    `avg_power_w` Nullable(Float64),
+    `avg_util_gpu_pct` Nullable(Float64),
+    `max_mem_used_bytes` Nullable(UInt64),
+    `xid_count` UInt64,
+    `xid_codes` String,
+    `down_reasons` String,
+    `max_ecc_dbe_total` Nullable(UInt64)
+)
+AS SELECT
+    hour,
+    day,
+    cluster,
+    node,
+    gpu_uuid,
+    gpu_model,
+    sum(samples) AS samples,
+    sum(sampled_ms) / 1000 AS sampled_seconds,
+    sum(unhealthy_samples) AS unhealthy_samples,
+    maxMerge(max_temperature_c) AS max_temperature_c,
+    avgMerge(temperature_c) AS avg_temperature_c,
+    avgMerge(power_w) AS avg_power_w,
+    avgMerge(util_gpu_pct) AS avg_util_gpu_pct,
+    maxMerge(max_mem_used_bytes) AS max_mem_used_bytes,
+    sum(xid_count) AS xid_count,
+    arrayStringConcat(arrayMap(x -> toString(x), arraySort(groupUniqArrayArrayMerge(xid_codes))), ' ') AS xid_codes,
+    arrayStringConcat(arraySort(groupUniqArrayIfMerge(down_reasons)), '; ') AS down_reasons,
+    maxMerge(max_ecc_dbe_total) AS max_ecc_dbe_total
+FROM {db}.gpu_health_hourly
+GROUP BY
+    hour,
+    day,
+    cluster,
+    node,
+    gpu_uuid,
+    gpu_model;
+
+CREATE TABLE {db}.gpu_health_hourly
+(
+    `hour` DateTime('UTC'),
+    `day` Date,
+    `cluster` LowCardinality(String),
+    `node` LowCardinality(String),
+    `gpu_uuid` String,
+    `gpu_model` LowCardinality(String),
+    `samples` SimpleAggregateFunction(sum, UInt64),
+    `sampled_ms` SimpleAggregateFunction(sum, UInt64),
+    `unhealthy_samples` SimpleAggregateFunction(sum, UInt64),
+    `max_temperature_c` AggregateFunction(max, Nullable(Float64)),
+    `temperature_c` AggregateFunction(avg, Nullable(Float64)),
+    `power_w` AggregateFunction(avg, Nullable(Float64)),
+    `util_gpu_pct` AggregateFunction(avg, Nullable(Float64)),
+    `max_mem_used_bytes` AggregateFunction(max, Nullable(UInt64)),
+    `xid_count` SimpleAggregateFunction(sum, UInt64),
+    `xid_codes` AggregateFunction(groupUniqArrayArray, Array(UInt32)),
+    `down_reasons` AggregateFunction(groupUniqArrayIf, String, UInt8),
+    `max_ecc_dbe_total` AggregateFunction(max, Nullable(UInt64))
+)
+ENGINE = AggregatingMergeTree
+PARTITION BY toYYYYMM(day)
+ORDER BY (cluster, gpu_uuid, hour, node, gpu_model, day)
+SETTINGS non_replicated_deduplication_window = 1000, index_granularity = 8192;
+
+CREATE MATERIALIZED VIEW {db}.gpu_health_hourly_mv TO {db}.gpu_health_hourly
+(
+    `hour` DateTime('UTC'),
+    `day` Date,
+    `cluster` LowCardinality(String),
+    `node` LowCardinality(String),
+    `gpu_uuid` String,
+    `gpu_model` LowCardinality(String),
+    `samples` UInt64,
+    `sampled_ms` UInt64,
+    `unhealthy_samples` UInt64,
+    `max_temperature_c` AggregateFunction(max, Nullable(Float64)),
+    `temperature_c` AggregateFunction(avg, Nullable(Float64)),
+    `power_w` AggregateFunction(avg, Nullable(Float64)),
+    `util_gpu_pct` AggregateFunction(avg, Nullable(Float64)),
+    `max_mem_used_bytes` AggregateFunction(max, Nullable(UInt64)),
+    `xid_count` UInt64,
+    `xid_codes` AggregateFunction(groupUniqArrayArray, Array(UInt32)),
+    `down_reasons` AggregateFunction(groupUniqArrayIf, String, UInt8),
+    `max_ecc_dbe_total` AggregateFunction(max, Nullable(UInt64))
+)
+AS SELECT
+    toStartOfHour(fromUnixTimestamp64Milli(ts_ms, 'UTC')) AS hour,
+    day,
+    cluster,
+    node,
+    gpu_uuid,
+    gpu_model,
+    count() AS samples,
+    sum(toUInt64(interval_ms)) AS sampled_ms,
+    countIf(health != 'ok') AS unhealthy_samples,
+    maxState(gpu_health.temperature_c) AS max_temperature_c,
+    avgState(gpu_health.temperature_c) AS temperature_c,
+    avgState(gpu_health.power_w) AS power_w,
+    avgState(gpu_health.util_gpu_pct) AS util_gpu_pct,
+    maxState(mem_used_bytes) AS max_mem_used_bytes,
+    sum(toUInt64(length(xid_errors))) AS xid_count,
+    groupUniqArrayArrayState(xid_errors) AS xid_codes,
+    groupUniqArrayIfState(down_reason, toUInt8(down_reason != '')) AS down_reasons,
+    maxState(ecc_dbe_total) AS max_ecc_dbe_total
+FROM {db}.gpu_health
+GROUP BY
+    hour,
+    day,
+    cluster,
+    node,
+    gpu_uuid,
+    gpu_model;
 
 CREATE VIEW {db}.gpu_health_samples
 (
@@ -358,6 +816,64 @@ AS SELECT
     length(xid_errors) AS xid_count
 FROM {db}.gpu_health;
 
+CREATE TABLE {db}.gpu_latest
+(
+    `cluster` LowCardinality(String),
+    `gpu_uuid` String,
+    `last_end_ms` SimpleAggregateFunction(max, Int64),
+    `node` AggregateFunction(maxArgMax, String, Int64),
+    `gpu_model` AggregateFunction(maxArgMax, String, Int64),
+    `state_rank` AggregateFunction(maxArgMax, UInt8, Int64),
+    `job_id` AggregateFunction(minIfArgMax, String, UInt8, Int64),
+    `tenant` AggregateFunction(minIfArgMax, String, UInt8, Int64),
+    `queue` AggregateFunction(minIfArgMax, String, UInt8, Int64),
+    `jobs` AggregateFunction(groupUniqArrayIfArgMax, String, UInt8, Int64),
+    `tenants` AggregateFunction(groupUniqArrayIfArgMax, String, UInt8, Int64),
+    `queues` AggregateFunction(groupUniqArrayIfArgMax, String, UInt8, Int64),
+    `share_milli` AggregateFunction(sumIfArgMax, UInt64, UInt8, Int64),
+    `util_pct` AggregateFunction(maxArgMax, Float64, Int64)
+)
+ENGINE = AggregatingMergeTree
+ORDER BY (cluster, gpu_uuid)
+SETTINGS non_replicated_deduplication_window = 1000, index_granularity = 8192;
+
+CREATE MATERIALIZED VIEW {db}.gpu_latest_mv TO {db}.gpu_latest
+(
+    `cluster` LowCardinality(String),
+    `gpu_uuid` String,
+    `last_end_ms` Int64,
+    `node` AggregateFunction(maxArgMax, String, Int64),
+    `gpu_model` AggregateFunction(maxArgMax, String, Int64),
+    `state_rank` AggregateFunction(maxArgMax, UInt8, Int64),
+    `job_id` AggregateFunction(minIfArgMax, String, UInt8, Int64),
+    `tenant` AggregateFunction(minIfArgMax, String, UInt8, Int64),
+    `queue` AggregateFunction(minIfArgMax, String, UInt8, Int64),
+    `jobs` AggregateFunction(groupUniqArrayIfArgMax, String, UInt8, Int64),
+    `tenants` AggregateFunction(groupUniqArrayIfArgMax, String, UInt8, Int64),
+    `queues` AggregateFunction(groupUniqArrayIfArgMax, String, UInt8, Int64),
+    `share_milli` AggregateFunction(sumIfArgMax, UInt64, UInt8, Int64),
+    `util_pct` AggregateFunction(maxArgMax, Float64, Int64)
+)
+AS SELECT
+    cluster,
+    gpu_uuid,
+    max(end_ms) AS last_end_ms,
+    maxArgMaxState(toString(usage_raw.node), usage_raw.end_ms) AS node,
+    maxArgMaxState(toString(usage_raw.gpu_model), usage_raw.end_ms) AS gpu_model,
+    maxArgMaxState(toUInt8(multiIf(usage_raw.state = 'down', 3, usage_raw.state = 'executing', 2, usage_raw.state = 'allocated_idle', 1, 0)), usage_raw.end_ms) AS state_rank,
+    minIfArgMaxState(usage_raw.job_id, toUInt8(usage_raw.job_id != ''), usage_raw.end_ms) AS job_id,
+    minIfArgMaxState(toString(usage_raw.tenant), toUInt8(usage_raw.tenant != ''), usage_raw.end_ms) AS tenant,
+    minIfArgMaxState(toString(usage_raw.queue), toUInt8(usage_raw.queue != ''), usage_raw.end_ms) AS queue,
+    groupUniqArrayIfArgMaxState(usage_raw.job_id, toUInt8(usage_raw.job_id != ''), usage_raw.end_ms) AS jobs,
+    groupUniqArrayIfArgMaxState(toString(usage_raw.tenant), toUInt8(usage_raw.tenant != ''), usage_raw.end_ms) AS tenants,
+    groupUniqArrayIfArgMaxState(toString(usage_raw.queue), toUInt8(usage_raw.queue != ''), usage_raw.end_ms) AS queues,
+    sumIfArgMaxState(toUInt64(usage_raw.share_milli), toUInt8(usage_raw.job_id != ''), usage_raw.end_ms) AS share_milli,
+    maxArgMaxState(ifNull(usage_raw.util_pct, -1.), usage_raw.end_ms) AS util_pct
+FROM {db}.usage_raw
+GROUP BY
+    cluster,
+    gpu_uuid;
+
 CREATE VIEW {db}.gpu_load_5m
 (
     `ts` DateTime('UTC'),
@@ -376,29 +892,87 @@ CREATE VIEW {db}.gpu_load_5m
     `util_gpu_ms` UInt64
 )
 AS SELECT
-    toStartOfFiveMinutes(fromUnixTimestamp64Milli(start_ms, 'UTC')) AS ts,
-    day,
-    cluster,
-    node,
-    gpu_uuid,
-    gpu_model,
-    queue,
-    sum(gpu_ms) AS total_gpu_ms,
-    sumIf(gpu_ms, state = 'executing') AS executing_gpu_ms,
-    sumIf(gpu_ms, state = 'allocated_idle') AS idle_gpu_ms,
-    sumIf(gpu_ms, state = 'unallocated') AS unallocated_gpu_ms,
-    sumIf(gpu_ms, state = 'down') AS down_gpu_ms,
-    sumIf(assumeNotNull(util_pct) * gpu_ms, (state = 'executing') AND (util_pct IS NOT NULL)) AS util_weighted_gpu_ms,
-    sumIf(gpu_ms, (state = 'executing') AND (util_pct IS NOT NULL)) AS util_gpu_ms
-FROM {db}.usage_raw
-GROUP BY
     ts,
     day,
     cluster,
     node,
     gpu_uuid,
     gpu_model,
-    queue;
+    queue,
+    total_gpu_ms,
+    executing_gpu_ms,
+    idle_gpu_ms,
+    unallocated_gpu_ms,
+    down_gpu_ms,
+    util_weighted_gpu_ms,
+    util_gpu_ms
+FROM {db}.usage_gpu_5m
+FINAL;
+
+CREATE TABLE {db}.gpu_repairs
+(
+    `repair_id` String,
+    `gpu_uuid` String,
+    `repaired_ms` Int64,
+    `note` String,
+    `recorded_by` String,
+    `recorded_at` DateTime64(3, 'UTC') DEFAULT now64(3)
+)
+ENGINE = MergeTree
+ORDER BY (gpu_uuid, repaired_ms, repair_id)
+SETTINGS index_granularity = 8192;
+
+CREATE TABLE {db}.gpu_sightings
+(
+    `gpu_uuid` String,
+    `cluster` LowCardinality(String),
+    `node` String,
+    `gpu_model` LowCardinality(String),
+    `serial` String,
+    `board_part_number` String,
+    `vbios_version` String,
+    `first_seen_ms` SimpleAggregateFunction(min, Int64),
+    `last_seen_ms` SimpleAggregateFunction(max, Int64),
+    `reports` SimpleAggregateFunction(sum, UInt64)
+)
+ENGINE = AggregatingMergeTree
+ORDER BY (gpu_uuid, cluster, node, gpu_model, serial, board_part_number, vbios_version)
+SETTINGS index_granularity = 8192;
+
+CREATE MATERIALIZED VIEW {db}.gpu_sightings_mv TO {db}.gpu_sightings
+(
+    `gpu_uuid` String,
+    `cluster` LowCardinality(String),
+    `node` String,
+    `gpu_model` LowCardinality(String),
+    `serial` String,
+    `board_part_number` String,
+    `vbios_version` String,
+    `first_seen_ms` Int64,
+    `last_seen_ms` Int64,
+    `reports` UInt64
+)
+AS SELECT
+    gpu_uuids[i] AS gpu_uuid,
+    cluster,
+    node,
+    toLowCardinality(gpu_models[i]) AS gpu_model,
+    gpu_serials[i] AS serial,
+    gpu_board_part_numbers[i] AS board_part_number,
+    gpu_vbios_versions[i] AS vbios_version,
+    min(seen_ms) AS first_seen_ms,
+    max(seen_ms) AS last_seen_ms,
+    count() AS reports
+FROM {db}.node_inventory
+ARRAY JOIN arrayEnumerate(gpu_uuids) AS i
+GROUP BY
+    gpu_uuid,
+    cluster,
+    node,
+    gpu_model,
+    serial,
+    board_part_number,
+    vbios_version;
 
 CREATE VIEW {db}.idle_waste_daily
 (
@@ -428,6 +1002,24 @@ GROUP BY
     queue,
     tenant,
     gpu_model;
+
+CREATE VIEW {db}.job_attempt_outcomes
+(
+    `cluster` String,
+    `job_id` String,
+    `attempt` UInt32,
+    `outcome` String
+)
+AS SELECT
+    cluster,
+    job_id,
+    attempt,
+    argMinMerge(outcome) AS outcome
+FROM {db}.job_attempts_state
+GROUP BY
+    cluster,
+    job_id,
+    attempt;
 
 CREATE VIEW {db}.job_attempts
 (
@@ -543,6 +1135,32 @@ ENGINE = AggregatingMergeTree
 ORDER BY (cluster, job_id, attempt)
 SETTINGS index_granularity = 8192, non_replicated_deduplication_window = 1000;
 
+CREATE VIEW {db}.job_checkpoint_time
+(
+    `job_id` String,
+    `attempt` UInt32,
+    `checkpoints` UInt64,
+    `checkpoint_seconds` Float64
+)
+AS SELECT
+    job_id,
+    attempt,
+    length(ends) AS checkpoints,
+    arraySum(arrayMap((b, e) -> greatest(e - b, 0), arraySlice(begins, 1, length(ends)), ends)) / 1000 AS checkpoint_seconds
+FROM
+(
+    SELECT
+        job_id,
+        attempt,
+        arraySort(groupArrayIf(ts_ms, kind = 'checkpoint_begin')) AS begins,
+        arraySlice(arraySort(groupArrayIf(ts_ms, kind = 'checkpoint_end')), 1, countIf(kind = 'checkpoint_begin')) AS ends
+    FROM {db}.job_events
+    WHERE kind IN ('checkpoint_begin', 'checkpoint_end')
+    GROUP BY
+        job_id,
+        attempt
+);
+
 CREATE VIEW {db}.job_cost
 (
     `cluster` String,
@@ -653,7 +1271,7 @@ CREATE VIEW {db}.job_cost_by_attempt
     `gpu_hours` Float64,
     `effective_gpu_hours` Float64,
     `cost` Float64,
-    `cost_micros` SimpleAggregateFunction(sum, UInt64)
+    `cost_micros` SimpleAggregateFunction(sum, Int128)
 )
 AS SELECT
     u.day AS day,
@@ -672,15 +1290,7 @@ AS SELECT
     u.cost_micros / 1000000. AS cost,
     u.cost_micros AS cost_micros
 FROM {db}.usage_by_job_daily AS u
-LEFT JOIN
-(
-    SELECT
-        cluster,
-        job_id,
-        attempt,
-        outcome
-    FROM {db}.job_attempts
-) AS a ON (u.cluster = a.cluster) AND (u.job_id = a.job_id) AND (u.attempt = a.attempt)
+LEFT JOIN {db}.job_attempt_outcomes AS a ON (u.cluster = a.cluster) AND (u.job_id = a.job_id) AND (u.attempt = a.attempt)
 WHERE (u.state IN ('executing', 'allocated_idle')) AND (u.job_id != '');
 
 CREATE VIEW {db}.job_cost_for
@@ -749,13 +1359,12 @@ AS SELECT
     concat(toString(node), '/', substring(gpu_uuid, 5, 8)) AS gpu,
     sumIf(gpu_ms, state = 'executing') / 1000 AS executing_gpu_seconds,
     sumIf(gpu_ms, state = 'allocated_idle') / 1000 AS idle_gpu_seconds,
-    sumIf(assumeNotNull(util_pct) * gpu_ms, (state = 'executing') AND (util_pct IS NOT NULL)) AS util_weighted_gpu_ms,
-    sumIf(gpu_ms, (state = 'executing') AND (util_pct IS NOT NULL)) AS util_gpu_ms,
+    sumIf(job_gpu_usage.util_weighted_gpu_ms, state = 'executing') AS util_weighted_gpu_ms,
+    sumIf(job_gpu_usage.util_gpu_ms, state = 'executing') AS util_gpu_ms,
     if(util_gpu_ms = 0, NULL, util_weighted_gpu_ms / util_gpu_ms) AS mean_util_pct,
-    min(start_ms) AS first_start_ms,
-    max(end_ms) AS last_end_ms
-FROM {db}.usage_raw
-WHERE (job_id != '') AND (state IN ('executing', 'allocated_idle'))
+    toInt64(min(job_gpu_usage.first_start_ms)) AS first_start_ms,
+    toInt64(max(job_gpu_usage.last_end_ms)) AS last_end_ms
+FROM {db}.job_gpu_usage
 GROUP BY
     cluster,
     tenant,
@@ -765,6 +1374,123 @@ GROUP BY
     node,
     gpu_uuid,
     gpu_model;
+
+CREATE TABLE {db}.job_gpu_usage
+(
+    `job_id` String,
+    `attempt` UInt32,
+    `cluster` LowCardinality(String),
+    `gpu_uuid` String,
+    `node` LowCardinality(String),
+    `gpu_model` LowCardinality(String),
+    `tenant` LowCardinality(String),
+    `queue` LowCardinality(String),
+    `state` LowCardinality(String),
+    `gpu_ms` SimpleAggregateFunction(sum, UInt64),
+    `util_weighted_gpu_ms` SimpleAggregateFunction(sum, Float64),
+    `util_gpu_ms` SimpleAggregateFunction(sum, UInt64),
+    `first_start_ms` SimpleAggregateFunction(min, Int64),
+    `last_end_ms` SimpleAggregateFunction(max, Int64)
+)
+ENGINE = AggregatingMergeTree
+ORDER BY (job_id, attempt, cluster, gpu_uuid, node, gpu_model, tenant, queue, state)
+SETTINGS non_replicated_deduplication_window = 1000, index_granularity = 8192;
+
+CREATE MATERIALIZED VIEW {db}.job_gpu_usage_mv TO {db}.job_gpu_usage
+(
+    `job_id` String,
+    `attempt` UInt32,
+    `cluster` LowCardinality(String),
+    `gpu_uuid` String,
+    `node` LowCardinality(String),
+    `gpu_model` LowCardinality(String),
+    `tenant` LowCardinality(String),
+    `queue` LowCardinality(String),
+    `state` LowCardinality(String),
+    `gpu_ms` UInt64,
+    `util_weighted_gpu_ms` Float64,
+    `util_gpu_ms` UInt64,
+    `first_start_ms` Int64,
+    `last_end_ms` Int64
+)
+AS SELECT
+    job_id,
+    attempt,
+    cluster,
+    gpu_uuid,
+    node,
+    gpu_model,
+    tenant,
+    queue,
+    state,
+    sum(usage_raw.gpu_ms) AS gpu_ms,
+    sum(if(util_pct IS NULL, 0., assumeNotNull(util_pct) * usage_raw.gpu_ms)) AS util_weighted_gpu_ms,
+    sum(if(util_pct IS NULL, toUInt64(0), usage_raw.gpu_ms)) AS util_gpu_ms,
+    min(start_ms) AS first_start_ms,
+    max(end_ms) AS last_end_ms
+FROM {db}.usage_raw
+WHERE (job_id != '') AND (state IN ('executing', 'allocated_idle'))
+GROUP BY
+    job_id,
+    attempt,
+    cluster,
+    gpu_uuid,
+    node,
+    gpu_model,
+    tenant,
+    queue,
+    state;
+
+CREATE TABLE {db}.job_idle_segments
+(
+    `cluster` LowCardinality(String),
+    `tenant` LowCardinality(String),
+    `queue` LowCardinality(String),
+    `job_id` String,
+    `attempt` UInt32,
+    `node` LowCardinality(String),
+    `gpu_uuid` String,
+    `gpu_model` LowCardinality(String),
+    `day` Date,
+    `start_ms` Int64,
+    `end_ms` Int64,
+    `gpu_ms` UInt64
+)
+ENGINE = MergeTree
+PARTITION BY toYYYYMM(day)
+ORDER BY (job_id, attempt, cluster, gpu_uuid, start_ms)
+SETTINGS non_replicated_deduplication_window = 1000, index_granularity = 8192;
+
+CREATE MATERIALIZED VIEW {db}.job_idle_segments_mv TO {db}.job_idle_segments
+(
+    `cluster` LowCardinality(String),
+    `tenant` LowCardinality(String),
+    `queue` LowCardinality(String),
+    `job_id` String,
+    `attempt` UInt32,
+    `node` LowCardinality(String),
+    `gpu_uuid` String,
+    `gpu_model` LowCardinality(String),
+    `day` Date,
+    `start_ms` Int64,
+    `end_ms` Int64,
+    `gpu_ms` UInt64
+)
+AS SELECT
+    cluster,
+    tenant,
+    queue,
+    job_id,
+    attempt,
+    node,
+    gpu_uuid,
+    gpu_model,
+    day,
+    start_ms,
+    end_ms,
+    gpu_ms
+FROM {db}.usage_raw
+WHERE (job_id != '') AND (state = 'allocated_idle');
 
 CREATE VIEW {db}.job_idle_stretches
 (
@@ -783,24 +1509,31 @@ CREATE VIEW {db}.job_idle_stretches
     `offset_ms` Int64
 )
 AS SELECT
-    cluster,
-    tenant,
-    queue,
-    job_id,
-    attempt,
-    node,
-    gpu_uuid,
-    gpu_model,
-    fromUnixTimestamp64Milli(min(start_ms), 'UTC') AS stretch_start,
-    fromUnixTimestamp64Milli(max(end_ms), 'UTC') AS stretch_end,
-    (max(end_ms) - min(start_ms)) / 1000 AS duration_seconds,
-    sum(gpu_ms) / 1000 AS idle_gpu_seconds,
-    min(start_ms) - any(attempt_start_ms) AS offset_ms
+    s.cluster AS cluster,
+    s.tenant AS tenant,
+    s.queue AS queue,
+    s.job_id AS job_id,
+    s.attempt AS attempt,
+    s.node AS node,
+    s.gpu_uuid AS gpu_uuid,
+    s.gpu_model AS gpu_model,
+    fromUnixTimestamp64Milli(st.1, 'UTC') AS stretch_start,
+    fromUnixTimestamp64Milli(st.2, 'UTC') AS stretch_end,
+    ((st.2) - (st.1)) / 1000 AS duration_seconds,
+    (st.3) / 1000 AS idle_gpu_seconds,
+    (st.1) - a.attempt_start_ms AS offset_ms
 FROM
 (
     SELECT
-        *,
-        sum(is_new) OVER (PARTITION BY cluster, gpu_uuid, job_id, attempt ORDER BY start_ms ASC ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS stretch
+        cluster,
+        tenant,
+        queue,
+        job_id,
+        attempt,
+        node,
+        gpu_uuid,
+        gpu_model,
+        arrayMap(run -> ((run[1]).1, arrayMax(arrayMap(x -> (x.2), run)), arraySum(arrayMap(x -> (x.3), run))), arraySplit((x, i) -> ((i > 1) AND ((x.1) != ((segs[i - 1]).2))), segs, arrayEnumerate(segs))) AS stretches
     FROM
     (
         SELECT
@@ -812,28 +1545,331 @@ FROM
             node,
             gpu_uuid,
             gpu_model,
-            start_ms,
-            end_ms,
-            gpu_ms,
-            state,
-            min(start_ms) OVER (PARTITION BY cluster, job_id, attempt) AS attempt_start_ms,
-            if((state = 'allocated_idle') AND (lagInFrame(state, 1, '') OVER w = 'allocated_idle') AND (lagInFrame(end_ms, 1, toInt64(-1)) OVER w = start_ms), 0, 1) AS is_new
-        FROM {db}.usage_raw
-        WHERE (job_id != '') AND (state IN ('executing', 'allocated_idle'))
-        WINDOW w AS (PARTITION BY cluster, gpu_uuid, job_id, attempt ORDER BY start_ms ASC ROWS BETWEEN 1 PRECEDING AND CURRENT ROW)
+            arraySort(groupArray((start_ms, end_ms, gpu_ms))) AS segs
+        FROM {db}.job_idle_segments
+        GROUP BY
+            job_id,
+            attempt,
+            cluster,
+            gpu_uuid,
+            tenant,
+            queue,
+            node,
+            gpu_model
     )
+) AS s
+ARRAY JOIN s.stretches AS st
+LEFT JOIN
+(
+    SELECT
+        cluster,
+        job_id,
+        attempt,
+        min(first_start_ms) AS attempt_start_ms
+    FROM {db}.usage_by_job_daily
+    WHERE (job_id != '') AND (state IN ('executing', 'allocated_idle'))
+    GROUP BY
+        cluster,
+        job_id,
+        attempt
+) AS a ON (s.cluster = a.cluster) AND (s.job_id = a.job_id) AND (s.attempt = a.attempt);
+
+CREATE TABLE {db}.job_progress
+(
+    `schema_version` UInt8,
+    `ts_ms` Int64,
+    `day` Date DEFAULT toDate(fromUnixTimestamp64Milli(ts_ms, 'UTC')),
+    `cluster` LowCardinality(String),
+    `job_id` String,
+    `attempt` UInt32,
+    `step` Int64,
+    `samples` Nullable(Int64),
+    `tokens` Nullable(Int64),
+    `epoch` Nullable(Float64),
+    `samples_per_s` Nullable(Float64),
+    `tokens_per_s` Nullable(Float64),
+    `step_time_ms` Nullable(Float64),
+    `loss` Nullable(Float64),
+    `rank_ids` Array(UInt32),
+    `rank_step_time_ms` Array(Float64),
+    `kafka_topic` LowCardinality(String),
+    `kafka_partition` Int32,
+    `kafka_offset` Int64,
+    `inserted_at` DateTime64(3, 'UTC') DEFAULT now64(3)
 )
-WHERE state = 'allocated_idle'
+ENGINE = MergeTree
+PARTITION BY toYYYYMM(day)
+ORDER BY (job_id, attempt, ts_ms)
+SETTINGS index_granularity = 8192;
+
+CREATE VIEW {db}.job_progress_deltas
+(
+    `job_id` String,
+    `attempt` UInt32,
+    `ts_ms` Int64,
+    `step` Int64,
+    `tokens` Nullable(Int64),
+    `samples` Nullable(Int64),
+    `epoch` Nullable(Float64),
+    `loss` Nullable(Float64),
+    `step_time_ms` Nullable(Float64),
+    `window_start` DateTime('UTC'),
+    `d_ms` Int64,
+    `d_step` Int64,
+    `d_tokens` Int64
+)
+AS SELECT
+    job_id,
+    attempt,
+    ts_ms,
+    step,
+    tokens,
+    samples,
+    epoch,
+    loss,
+    step_time_ms,
+    toStartOfInterval(fromUnixTimestamp64Milli(ts_ms, 'UTC'), toIntervalMinute(10)) AS window_start,
+    if(prev_ts = 0, 0, ts_ms - prev_ts) AS d_ms,
+    if(prev_ts = 0, 0, step - prev_step) AS d_step,
+    if((prev_ts = 0) OR (tokens IS NULL), 0, assumeNotNull(tokens) - prev_tokens) AS d_tokens
+FROM
+(
+    SELECT
+        job_id,
+        attempt,
+        ts_ms,
+        step,
+        tokens,
+        samples,
+        epoch,
+        loss,
+        step_time_ms,
+        lagInFrame(ts_ms, 1, 0) OVER w AS prev_ts,
+        lagInFrame(step, 1, 0) OVER w AS prev_step,
+        lagInFrame(coalesce(tokens, 0), 1, 0) OVER w AS prev_tokens
+    FROM {db}.job_progress
+    WINDOW w AS (PARTITION BY job_id, attempt ORDER BY ts_ms ASC ROWS BETWEEN 1 PRECEDING AND CURRENT ROW)
+);
+
+CREATE VIEW {db}.job_progress_windows
+(
+    `job_id` String,
+    `attempt` UInt32,
+    `window_start` DateTime('UTC'),
+    `steps` Int64,
+    `seconds` Float64,
+    `steps_per_s` Float64,
+    `tokens_per_s` Float64,
+    `reports` UInt64,
+    `util_pct` Nullable(Float64)
+)
+AS SELECT
+    p.job_id AS job_id,
+    p.attempt AS attempt,
+    p.window_start AS window_start,
+    p.steps AS steps,
+    p.seconds AS seconds,
+    p.steps / p.seconds AS steps_per_s,
+    p.tokens / p.seconds AS tokens_per_s,
+    p.reports AS reports,
+    u.util_pct AS util_pct
+FROM
+(
+    SELECT
+        job_id,
+        attempt,
+        window_start,
+        sum(d_step) AS steps,
+        sum(d_ms) / 1000 AS seconds,
+        sum(d_tokens) AS tokens,
+        count() AS reports
+    FROM {db}.job_progress_deltas
+    WHERE d_ms > 0
+    GROUP BY
+        job_id,
+        attempt,
+        window_start
+) AS p
+LEFT JOIN
+(
+    SELECT
+        job_id,
+        attempt,
+        toStartOfInterval(fromUnixTimestamp64Milli(start_ms, 'UTC'), toIntervalMinute(10)) AS window_start,
+        sumIf(assumeNotNull(util_pct) * gpu_ms, (state = 'executing') AND (util_pct IS NOT NULL)) / nullIf(sumIf(gpu_ms, (state = 'executing') AND (util_pct IS NOT NULL)), 0) AS util_pct
+    FROM {db}.usage_raw
+    WHERE job_id IN (
+        SELECT DISTINCT job_id
+        FROM {db}.job_progress
+    )
+    GROUP BY
+        job_id,
+        attempt,
+        window_start
+) AS u ON (p.job_id = u.job_id) AND (p.attempt = u.attempt) AND (p.window_start = u.window_start)
+WHERE p.seconds > 0;
+
+CREATE VIEW {db}.job_rank_step_times
+(
+    `job_id` String,
+    `attempt` UInt32,
+    `rank` UInt32,
+    `mean_step_time_ms` Float64,
+    `reports` UInt64
+)
+AS SELECT
+    job_id,
+    attempt,
+    rank,
+    avg(rank_time) AS mean_step_time_ms,
+    count() AS reports
+FROM {db}.job_progress
+ARRAY JOIN
+    rank_ids AS rank,
+    rank_step_time_ms AS rank_time
 GROUP BY
+    job_id,
+    attempt,
+    rank;
+
+CREATE VIEW {db}.job_training_signals
+(
+    `job_id` String,
+    `attempt` UInt32,
+    `first_ms` Int64,
+    `last_ms` Int64,
+    `reports` UInt64,
+    `steps` Int64,
+    `tokens` Int64,
+    `last_loss` Nullable(Float64),
+    `span_seconds` Float64,
+    `span_gpu_hours` Float64,
+    `span_cost` Float64,
+    `span_energy_j` Float64,
+    `cost_per_step` Nullable(Float64),
+    `cost_per_million_tokens` Nullable(Float64),
+    `checkpoints` UInt64,
+    `checkpoint_seconds` Float64
+)
+AS SELECT
+    p.job_id AS job_id,
+    p.attempt AS attempt,
+    p.first_ms AS first_ms,
+    p.last_ms AS last_ms,
+    p.reports AS reports,
+    p.steps AS steps,
+    p.tokens AS tokens,
+    p.last_loss AS last_loss,
+    (p.last_ms - p.first_ms) / 1000 AS span_seconds,
+    u.gpu_ms / 3600000 AS span_gpu_hours,
+    u.cost_micros / 1000000. AS span_cost,
+    u.energy_j AS span_energy_j,
+    (u.cost_micros / 1000000.) / nullIf(p.steps, 0) AS cost_per_step,
+    ((u.cost_micros / 1000000.) / nullIf(p.tokens, 0)) * 1000000. AS cost_per_million_tokens,
+    coalesce(c.checkpoints, 0) AS checkpoints,
+    coalesce(c.checkpoint_seconds, 0) AS checkpoint_seconds
+FROM
+(
+    SELECT
+        job_id,
+        attempt,
+        min(ts_ms) AS first_ms,
+        max(ts_ms) AS last_ms,
+        count() AS reports,
+        argMax(step, ts_ms) - argMin(step, ts_ms) AS steps,
+        coalesce(argMax(tokens, ts_ms), 0) - coalesce(argMin(tokens, ts_ms), 0) AS tokens,
+        argMax(loss, ts_ms) AS last_loss
+    FROM {db}.job_progress
+    GROUP BY
+        job_id,
+        attempt
+) AS p
+LEFT JOIN
+(
+    SELECT
+        r.job_id AS job_id,
+        r.attempt AS attempt,
+        sum(r.gpu_ms * r.part) AS gpu_ms,
+        sum(r.cost_micros * r.part) AS cost_micros,
+        sum(r.energy_j * r.part) AS energy_j
+    FROM
+    (
+        SELECT
+            u.job_id AS job_id,
+            u.attempt AS attempt,
+            u.gpu_ms AS gpu_ms,
+            u.cost_micros AS cost_micros,
+            u.energy_j AS energy_j,
+            greatest(least(u.end_ms, s.last_ms) - greatest(u.start_ms, s.first_ms), 0) / greatest(u.end_ms - u.start_ms, 1) AS part
+        FROM {db}.usage_raw AS u
+        INNER JOIN
+        (
+            SELECT
+                job_id,
+                attempt,
+                min(ts_ms) AS first_ms,
+                max(ts_ms) AS last_ms
+            FROM {db}.job_progress
+            GROUP BY
+                job_id,
+                attempt
+        ) AS s ON (u.job_id = s.job_id) AND (u.attempt = s.attempt)
+        WHERE u.state IN ('executing', 'allocated_idle')
+    ) AS r
+    GROUP BY
+        r.job_id,
+        r.attempt
+) AS u ON (p.job_id = u.job_id) AND (p.attempt = u.attempt)
+LEFT JOIN {db}.job_checkpoint_time AS c ON (p.job_id = c.job_id) AND (p.attempt = c.attempt);
+
+CREATE TABLE {db}.job_util_buckets
+(
+    `job_id` String,
+    `attempt` UInt32,
+    `cluster` LowCardinality(String),
+    `tenant` LowCardinality(String),
+    `queue` LowCardinality(String),
+    `gpu_model` LowCardinality(String),
+    `util_bucket_pct` UInt8,
+    `gpu_ms` UInt64,
+    `slices` UInt64
+)
+ENGINE = SummingMergeTree
+ORDER BY (job_id, attempt, cluster, tenant, queue, gpu_model, util_bucket_pct)
+SETTINGS non_replicated_deduplication_window = 1000, index_granularity = 8192;
+
+CREATE MATERIALIZED VIEW {db}.job_util_buckets_mv TO {db}.job_util_buckets
+(
+    `job_id` String,
+    `attempt` UInt32,
+    `cluster` LowCardinality(String),
+    `tenant` LowCardinality(String),
+    `queue` LowCardinality(String),
+    `gpu_model` LowCardinality(String),
+    `util_bucket_pct` UInt8,
+    `gpu_ms` UInt64,
+    `slices` UInt64
+)
+AS SELECT
+    job_id,
+    attempt,
     cluster,
     tenant,
     queue,
+    gpu_model,
+    toUInt8(least(floor(assumeNotNull(util_pct) / 10), 9) * 10) AS util_bucket_pct,
+    sum(usage_raw.gpu_ms) AS gpu_ms,
+    count() AS slices
+FROM {db}.usage_raw
+WHERE (state = 'executing') AND (util_pct IS NOT NULL) AND (job_id != '')
+GROUP BY
     job_id,
     attempt,
-    node,
-    gpu_uuid,
+    cluster,
+    tenant,
+    queue,
     gpu_model,
-    stretch;
+    util_bucket_pct;
 
 CREATE VIEW {db}.job_util_histogram
 (
@@ -855,12 +1891,11 @@ AS SELECT
     job_id,
     attempt,
     gpu_model,
-    toUInt8(least(floor(assumeNotNull(util_pct) / 10), 9) * 10) AS util_bucket_pct,
+    util_bucket_pct,
     concat(leftPad(toString(util_bucket_pct), 2, '0'), '-', toString(util_bucket_pct + 10), '%') AS util_bucket,
     sum(gpu_ms) / 1000 AS gpu_seconds,
-    count() AS slices
-FROM {db}.usage_raw
-WHERE (state = 'executing') AND (util_pct IS NOT NULL) AND (job_id != '')
+    sum(slices) AS slices
+FROM {db}.job_util_buckets
 GROUP BY
     cluster,
     tenant,
@@ -946,7 +1981,10 @@ CREATE TABLE {db}.node_inventory
     `kafka_topic` LowCardinality(String) DEFAULT '',
     `kafka_partition` Int32 DEFAULT -1,
     `kafka_offset` Int64 DEFAULT -1,
-    `inserted_at` DateTime64(3, 'UTC') DEFAULT now64(3)
+    `inserted_at` DateTime64(3, 'UTC') DEFAULT now64(3),
+    `gpu_serials` Array(String) DEFAULT [],
+    `gpu_board_part_numbers` Array(String) DEFAULT [],
+    `gpu_vbios_versions` Array(String) DEFAULT []
 )
 ENGINE = ReplacingMergeTree(seen_ms)
 ORDER BY (cluster, node)
@@ -1080,6 +2118,106 @@ CREATE TABLE {db}.rebilled_usage
 ENGINE = MergeTree
 ORDER BY (rebill_id, day, tenant, job_id, attempt, gpu_model, state)
 SETTINGS index_granularity = 8192;
+
+CREATE TABLE {db}.reclaim_suggestions
+(
+    `schema_version` UInt8,
+    `suggestion_id` String,
+    `definition_version` LowCardinality(String),
+    `cluster` LowCardinality(String),
+    `queue` LowCardinality(String),
+    `status` LowCardinality(String),
+    `version` UInt8,
+    `opened_at_ms` Int64,
+    `withdrawn_at_ms` Nullable(Int64),
+    `execution_rate` Float64,
+    `window_ms` Int64,
+    `job_ids` Array(String),
+    `job_attempts` Array(UInt32),
+    `job_tenants` Array(String),
+    `job_gpus` Array(Array(String)),
+    `job_gpus_freed` Array(Float64),
+    `job_execution_rates` Array(Float64),
+    `job_idle_cost_micros` Array(Int64),
+    `gpus_freed` Float64,
+    `waiting_gpus` Float64,
+    `waiting_jobs` UInt32,
+    `waiting_priority` Int32,
+    `waiting_queues` Array(String),
+    `idle_cost_micros` Int64,
+    `currency` LowCardinality(String),
+    `message` String,
+    `day` Date DEFAULT toDate(fromUnixTimestamp64Milli(opened_at_ms, 'UTC')),
+    `kafka_topic` LowCardinality(String),
+    `kafka_partition` Int32,
+    `kafka_offset` Int64,
+    `inserted_at` DateTime64(3, 'UTC') DEFAULT now64(3)
+)
+ENGINE = ReplacingMergeTree(version)
+PARTITION BY toYYYYMM(day)
+ORDER BY (cluster, queue, suggestion_id)
+SETTINGS index_granularity = 8192;
+
+CREATE VIEW {db}.reclaim_suggestions_latest
+(
+    `suggestion_id` String,
+    `definition_version` LowCardinality(String),
+    `cluster` LowCardinality(String),
+    `queue` LowCardinality(String),
+    `status` LowCardinality(String),
+    `opened_at` DateTime64(3, 'UTC'),
+    `withdrawn_at` Nullable(DateTime64(3, 'UTC')),
+    `opened_at_ms` Int64,
+    `withdrawn_at_ms` Nullable(Int64),
+    `execution_rate` Float64,
+    `window_ms` Int64,
+    `job_ids` Array(String),
+    `job_attempts` Array(UInt32),
+    `job_tenants` Array(String),
+    `job_gpus` Array(Array(String)),
+    `job_gpus_freed` Array(Float64),
+    `job_execution_rates` Array(Float64),
+    `job_idle_cost_micros` Array(Int64),
+    `gpus_freed` Float64,
+    `waiting_gpus` Float64,
+    `waiting_jobs` UInt32,
+    `waiting_priority` Int32,
+    `waiting_queues` Array(String),
+    `idle_cost_micros` Int64,
+    `currency` LowCardinality(String),
+    `message` String,
+    `day` Date
+)
+AS SELECT
+    suggestion_id,
+    definition_version,
+    cluster,
+    queue,
+    status,
+    fromUnixTimestamp64Milli(opened_at_ms, 'UTC') AS opened_at,
+    if(withdrawn_at_ms IS NULL, NULL, fromUnixTimestamp64Milli(assumeNotNull(withdrawn_at_ms), 'UTC')) AS withdrawn_at,
+    opened_at_ms,
+    withdrawn_at_ms,
+    execution_rate,
+    window_ms,
+    job_ids,
+    job_attempts,
+    job_tenants,
+    job_gpus,
+    job_gpus_freed,
+    job_execution_rates,
+    job_idle_cost_micros,
+    gpus_freed,
+    waiting_gpus,
+    waiting_jobs,
+    waiting_priority,
+    waiting_queues,
+    idle_cost_micros,
+    currency,
+    message,
+    day
+FROM {db}.reclaim_suggestions
+FINAL;
 
 CREATE TABLE {db}.scheduler_preemptions
 (
@@ -1221,15 +2359,7 @@ FROM
         u.cost_micros AS line_cost_micros,
         u.priced_by_default_gpu_ms AS line_priced_by_default_gpu_ms
     FROM {db}.usage_by_job_daily AS u
-    LEFT JOIN
-    (
-        SELECT
-            cluster,
-            job_id,
-            attempt,
-            outcome
-        FROM {db}.job_attempts
-    ) AS a ON (u.cluster = a.cluster) AND (u.job_id = a.job_id) AND (u.attempt = a.attempt)
+    LEFT JOIN {db}.job_attempt_outcomes AS a ON (u.cluster = a.cluster) AND (u.job_id = a.job_id) AND (u.attempt = a.attempt)
     WHERE (u.state IN ('executing', 'allocated_idle')) AND (u.job_id != '')
 )
 GROUP BY
@@ -1241,6 +2371,35 @@ CREATE VIEW {db}.tenant_daily_bill_for
 AS SELECT *
 FROM {db}.tenant_daily_bill
 WHERE tenant = {tenant:String};
+
+CREATE VIEW {db}.tenant_daily_carbon
+(
+    `day` Date,
+    `cluster` LowCardinality(String),
+    `tenant` LowCardinality(String),
+    `definition_version` LowCardinality(String),
+    `carbon_version` String,
+    `energy_kwh` Float64,
+    `facility_energy_kwh` Float64,
+    `co2e_kg` Float64
+)
+AS SELECT
+    day,
+    cluster,
+    tenant,
+    definition_version,
+    carbon_version,
+    sum(energy_j) / 3600000 AS energy_kwh,
+    sum(energy_j * pue) / 3600000 AS facility_energy_kwh,
+    sum(co2e_g) / 1000 AS co2e_kg
+FROM {db}.usage_carbon
+WHERE (job_id != '') AND (state IN ('executing', 'allocated_idle'))
+GROUP BY
+    day,
+    cluster,
+    tenant,
+    definition_version,
+    carbon_version;
 
 CREATE VIEW {db}.tenant_daily_rebill
 (
@@ -1436,6 +2595,88 @@ GROUP BY
     state,
     definition_version;
 
+CREATE VIEW {db}.usage_carbon
+(
+    `day` Date,
+    `cluster` LowCardinality(String),
+    `record_id` String,
+    `gpu_uuid` String,
+    `gpu_model` LowCardinality(String),
+    `state` LowCardinality(String),
+    `tenant` LowCardinality(String),
+    `queue` LowCardinality(String),
+    `job_id` String,
+    `attempt` UInt32,
+    `definition_version` LowCardinality(String),
+    `start_ms` Int64,
+    `energy_j` Float64,
+    `carbon_version` String,
+    `pue` Float64,
+    `zone` String,
+    `gco2e_per_kwh` Float64,
+    `intensity_source` String,
+    `co2e_g` Float64
+)
+AS SELECT
+    x.day AS day,
+    x.cluster AS cluster,
+    x.record_id AS record_id,
+    x.gpu_uuid AS gpu_uuid,
+    x.gpu_model AS gpu_model,
+    x.state AS state,
+    x.tenant AS tenant,
+    x.queue AS queue,
+    x.job_id AS job_id,
+    x.attempt AS attempt,
+    x.definition_version AS definition_version,
+    x.start_ms AS start_ms,
+    x.energy_j AS energy_j,
+    x.carbon_version AS carbon_version,
+    x.pue AS pue,
+    x.zone AS zone,
+    if(ci.found = 1, ci.gco2e_per_kwh, x.default_gco2e_per_kwh) AS gco2e_per_kwh,
+    if(ci.found = 1, 'loaded', 'default') AS intensity_source,
+    ((x.energy_j / 3600000) * x.pue) * if(ci.found = 1, ci.gco2e_per_kwh, x.default_gco2e_per_kwh) AS co2e_g
+FROM
+(
+    SELECT
+        u.day AS day,
+        toString(u.cluster) AS cluster,
+        u.record_id AS record_id,
+        u.gpu_uuid AS gpu_uuid,
+        toString(u.gpu_model) AS gpu_model,
+        toString(u.state) AS state,
+        toString(u.tenant) AS tenant,
+        toString(u.queue) AS queue,
+        u.job_id AS job_id,
+        u.attempt AS attempt,
+        toString(u.definition_version) AS definition_version,
+        u.start_ms AS start_ms,
+        u.energy_j AS energy_j,
+        d.carbon_version AS carbon_version,
+        d.pue AS pue,
+        d.default_gco2e_per_kwh AS default_gco2e_per_kwh,
+        if(mapContains(d.zones, toString(u.cluster)), d.zones[toString(u.cluster)], toString(u.cluster)) AS zone
+    FROM
+    (
+        SELECT *
+        FROM {db}.usage_raw
+        LIMIT 1 BY
+            cluster,
+            record_id
+    ) AS u
+    CROSS JOIN {db}.carbon_definition_current AS d
+) AS x
+ASOF LEFT JOIN
+(
+    SELECT
+        zone,
+        valid_from_ms,
+        gco2e_per_kwh,
+        toUInt8(1) AS found
+    FROM {db}.carbon_intensity_current
+) AS ci ON (x.zone = ci.zone) AND (x.start_ms >= ci.valid_from_ms);
+
 CREATE VIEW {db}.usage_dedup_audit
 (
     `day` Date,
@@ -1484,6 +2725,128 @@ FROM
 ) AS t
 INNER JOIN ids ON ids.day = t.day;
 
+CREATE TABLE {db}.usage_gpu_5m
+(
+    `ts` DateTime('UTC'),
+    `day` Date,
+    `cluster` LowCardinality(String),
+    `node` LowCardinality(String),
+    `gpu_uuid` String,
+    `gpu_model` LowCardinality(String),
+    `queue` LowCardinality(String),
+    `total_gpu_ms` UInt64,
+    `executing_gpu_ms` UInt64,
+    `idle_gpu_ms` UInt64,
+    `unallocated_gpu_ms` UInt64,
+    `down_gpu_ms` UInt64,
+    `util_weighted_gpu_ms` Float64,
+    `util_gpu_ms` UInt64
+)
+ENGINE = SummingMergeTree
+PARTITION BY toYYYYMM(day)
+ORDER BY (ts, cluster, node, gpu_uuid, gpu_model, queue, day)
+SETTINGS non_replicated_deduplication_window = 1000, index_granularity = 8192;
+
+CREATE MATERIALIZED VIEW {db}.usage_gpu_5m_mv TO {db}.usage_gpu_5m
+(
+    `ts` DateTime('UTC'),
+    `day` Date,
+    `cluster` LowCardinality(String),
+    `node` LowCardinality(String),
+    `gpu_uuid` String,
+    `gpu_model` LowCardinality(String),
+    `queue` LowCardinality(String),
+    `total_gpu_ms` UInt64,
+    `executing_gpu_ms` UInt64,
+    `idle_gpu_ms` UInt64,
+    `unallocated_gpu_ms` UInt64,
+    `down_gpu_ms` UInt64,
+    `util_weighted_gpu_ms` Float64,
+    `util_gpu_ms` UInt64
+)
+AS SELECT
+    toStartOfFiveMinutes(fromUnixTimestamp64Milli(start_ms, 'UTC')) AS ts,
+    day,
+    cluster,
+    node,
+    gpu_uuid,
+    gpu_model,
+    queue,
+    sum(gpu_ms) AS total_gpu_ms,
+    sumIf(gpu_ms, state = 'executing') AS executing_gpu_ms,
+    sumIf(gpu_ms, state = 'allocated_idle') AS idle_gpu_ms,
+    sumIf(gpu_ms, state = 'unallocated') AS unallocated_gpu_ms,
+    sumIf(gpu_ms, state = 'down') AS down_gpu_ms,
+    sumIf(assumeNotNull(util_pct) * gpu_ms, (state = 'executing') AND (util_pct IS NOT NULL)) AS util_weighted_gpu_ms,
+    sumIf(gpu_ms, (state = 'executing') AND (util_pct IS NOT NULL)) AS util_gpu_ms
+FROM {db}.usage_raw
+GROUP BY
+    ts,
+    day,
+    cluster,
+    node,
+    gpu_uuid,
+    gpu_model,
+    queue;
+
+CREATE TABLE {db}.usage_gpu_hourly
+(
+    `hour` DateTime('UTC'),
+    `day` Date,
+    `cluster` LowCardinality(String),
+    `node` LowCardinality(String),
+    `gpu_uuid` String,
+    `gpu_model` LowCardinality(String),
+    `state` LowCardinality(String),
+    `gpu_ms` UInt64,
+    `effective_gpu_ms` UInt64,
+    `cost_micros` Int128,
+    `util_weighted_gpu_ms` Float64,
+    `util_gpu_ms` UInt64
+)
+ENGINE = SummingMergeTree
+PARTITION BY toYYYYMM(day)
+ORDER BY (cluster, hour, gpu_model, node, gpu_uuid, state, day)
+SETTINGS non_replicated_deduplication_window = 1000, index_granularity = 8192;
+
+CREATE MATERIALIZED VIEW {db}.usage_gpu_hourly_mv TO {db}.usage_gpu_hourly
+(
+    `hour` DateTime('UTC'),
+    `day` Date,
+    `cluster` LowCardinality(String),
+    `node` LowCardinality(String),
+    `gpu_uuid` String,
+    `gpu_model` LowCardinality(String),
+    `state` LowCardinality(String),
+    `gpu_ms` UInt64,
+    `effective_gpu_ms` UInt64,
+    `cost_micros` Int128,
+    `util_weighted_gpu_ms` Float64,
+    `util_gpu_ms` UInt64
+)
+AS SELECT
+    toStartOfHour(fromUnixTimestamp64Milli(start_ms, 'UTC')) AS hour,
+    day,
+    cluster,
+    node,
+    gpu_uuid,
+    gpu_model,
+    state,
+    sum(usage_raw.gpu_ms) AS gpu_ms,
+    sum(usage_raw.effective_gpu_ms) AS effective_gpu_ms,
+    sum(toInt128(usage_raw.cost_micros)) AS cost_micros,
+    sum(if(util_pct IS NULL, 0., assumeNotNull(util_pct) * usage_raw.gpu_ms)) AS util_weighted_gpu_ms,
+    sum(if(util_pct IS NULL, toUInt64(0), usage_raw.gpu_ms)) AS util_gpu_ms
+FROM {db}.usage_raw
+GROUP BY
+    hour,
+    day,
+    cluster,
+    node,
+    gpu_uuid,
+    gpu_model,
+    state;
+
 CREATE TABLE {db}.usage_raw
 (
     `schema_version` UInt8,
@@ -1513,6 +2876,7 @@ CREATE TABLE {db}.usage_raw
     `definition_version` LowCardinality(String),
     `price_version` LowCardinality(String) DEFAULT '',
     `priced_by_default` Bool DEFAULT false,
+    `sample_count` UInt32 DEFAULT 1,
     `kafka_topic` LowCardinality(String),
     `kafka_partition` Int32,
     `kafka_offset` Int64,
@@ -1540,7 +2904,7 @@ CREATE VIEW {db}.utilization_hourly
     `unallocated_cost` Float64
 )
 AS SELECT
-    toStartOfHour(fromUnixTimestamp64Milli(start_ms, 'UTC')) AS hour,
+    hour,
     day,
     cluster,
     gpu_model,
@@ -1550,10 +2914,10 @@ AS SELECT
     sumIf(gpu_ms, (state IN ('allocated_idle', 'executing'))) AS allocated_gpu_ms,
     sumIf(gpu_ms, state = 'executing') AS executing_gpu_ms,
     sumIf(effective_gpu_ms, state = 'executing') AS executing_effective_gpu_ms,
-    sumIf(assumeNotNull(util_pct) * gpu_ms, (state = 'executing') AND (util_pct IS NOT NULL)) AS util_weighted_gpu_ms,
-    sumIf(gpu_ms, (state = 'executing') AND (util_pct IS NOT NULL)) AS util_gpu_ms,
-    sumIf(cost_micros, state = 'unallocated') / 1000000. AS unallocated_cost
-FROM {db}.usage_raw
+    sumIf(util_weighted_gpu_ms, state = 'executing') AS util_weighted_gpu_ms,
+    sumIf(util_gpu_ms, state = 'executing') AS util_gpu_ms,
+    toFloat64(sumIf(cost_micros, state = 'unallocated')) / 1000000. AS unallocated_cost
+FROM {db}.usage_gpu_hourly
 GROUP BY
     hour,
     day,
