@@ -1,5 +1,8 @@
-"""The ledger's reports: rows read from the warehouse views (`fetch`) and rendered for people
-or programs (`render`).
+"""The ledger's table reports: rows read from the warehouse views (`fetch`); report_text.py renders
+them for people or programs.
+
+Why one file: every `gpuledger report` table shares one set of filters (`REPORT_FILTERS`, `_where`),
+parameter handling and money columns; each report is one short query function below.
 
 Every user-supplied value reaches ClickHouse as a server-side parameter (`{name:Type}`); the only
 SQL assembled here is from fixed fragments and whitelisted column names.
