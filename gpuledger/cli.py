@@ -20,7 +20,7 @@ CARD_REPORTS = ("gpu", "gpu-fleet")  # GPU ID cards: gpuledger/warehouse/cards.p
 REPORT_NAMES = TABLE_REPORTS + PERIODIC_REPORTS + CARD_REPORTS
 
 
-def _settings(args) -> Settings:
+def settings_from_args(args) -> Settings:
     overrides = {}
     if getattr(args, "data_dir", None):
         overrides["data_dir"] = Path(args.data_dir)
@@ -34,7 +34,7 @@ def _settings(args) -> Settings:
 def cmd_topics(args) -> int:
     from gpuledger.topics import create_topics, list_topics
 
-    settings = _settings(args)
+    settings = settings_from_args(args)
     result = create_topics(settings) if args.action == "create" else list_topics(settings)
     for name, value in sorted(result.items()):
         print(f"{name}\t{value}")
@@ -47,7 +47,7 @@ def cmd_migrate(args) -> int:
     from gpuledger.warehouse import connect
     from gpuledger.warehouse.migrations import migrate_configured
 
-    settings = _settings(args)
+    settings = settings_from_args(args)
     ledger = load_ledger_config(settings.ledger_config)
     client = connect(settings)
     try:
@@ -70,7 +70,7 @@ def cmd_coefficients(args) -> int:
     from gpuledger.ledger_files import load_ledger_config
     from gpuledger.warehouse import connect
 
-    settings = _settings(args)
+    settings = settings_from_args(args)
     if args.action == "list":
         print(render(history_rows(load_ledger_config(settings.ledger_config)), args.format), end="")
         return 0
@@ -99,7 +99,7 @@ def cmd_rebill(args) -> int:
     from gpuledger.ledger_files import load_ledger_config
     from gpuledger.warehouse import connect
 
-    settings = _settings(args)
+    settings = settings_from_args(args)
     ledger = load_ledger_config(settings.ledger_config)
     client = connect(settings)
     try:
@@ -118,21 +118,21 @@ def cmd_rebill(args) -> int:
 def cmd_worker(args) -> int:
     from gpuledger.streams.app import run_worker
 
-    run_worker(_settings(args), loglevel=args.loglevel)
+    run_worker(settings_from_args(args), loglevel=args.loglevel)
     return 0
 
 
 def cmd_watch(args) -> int:
     from gpuledger.watch import run_watch
 
-    run_watch(_settings(args), loglevel=args.loglevel)
+    run_watch(settings_from_args(args), loglevel=args.loglevel)
     return 0
 
 
 def cmd_tail(args) -> int:
     from gpuledger.watch import tail_alerts
 
-    tail_alerts(_settings(args), as_json=args.json, from_beginning=args.from_beginning, max_messages=args.max,
+    tail_alerts(settings_from_args(args), as_json=args.json, from_beginning=args.from_beginning, max_messages=args.max,
                 idle_timeout_s=args.idle_timeout)
     return 0
 
@@ -141,7 +141,7 @@ def cmd_sink(args) -> int:
     from gpuledger.metrics import start_metrics_server
     from gpuledger.sink.loop import run_sink
 
-    settings = _settings(args)
+    settings = settings_from_args(args)
     start_metrics_server(settings.sink_metrics_port)  # 0 = off
     stats = run_sink(settings, until_caught_up=args.until_caught_up)
     print(json.dumps(stats, default=str))
@@ -178,7 +178,7 @@ def cmd_simulate(args) -> int:
         return 0
     from gpuledger.agents.publisher import KafkaPublisher
 
-    settings = _settings(args)
+    settings = settings_from_args(args)
     with KafkaPublisher(settings) as publisher:
         counts = publish(simulate(spec), publisher, settings, speedup=args.speedup)
     print(json.dumps(counts))
@@ -189,7 +189,7 @@ def cmd_replay(args) -> int:
     from gpuledger.agents.publisher import KafkaPublisher
     from gpuledger.embedded.replay import publish, read_dump
 
-    settings = _settings(args)
+    settings = settings_from_args(args)
     lines = read_dump(Path(args.file))
     with KafkaPublisher(settings) as publisher:
         counts = publish(lines, publisher, settings, speedup=args.speedup,
@@ -207,7 +207,7 @@ def _progress_printer():
 
 
 def cmd_report(args) -> int:
-    settings = _settings(args)
+    settings = settings_from_args(args)
     if args.report in PERIODIC_REPORTS:
         return _periodic_report(args, settings)
     if args.report in CARD_REPORTS:
@@ -308,7 +308,7 @@ def cmd_bills(args) -> int:
     from gpuledger.ledger_files import load_ledger_config
     from gpuledger.warehouse import connect, connect_readonly
 
-    settings = _settings(args)
+    settings = settings_from_args(args)
     if args.action == "close":
         ledger = load_ledger_config(settings.ledger_config)
         publisher = None
@@ -384,7 +384,7 @@ def _check_broker(settings: Settings, timeout_s: float = 5.0) -> None:
 def cmd_demo(args) -> int:
     from gpuledger.embedded.demo import run_demo
 
-    return run_demo(_settings(args), hours=args.hours, nodes=args.nodes, seed=args.seed, dump=args.input)
+    return run_demo(settings_from_args(args), hours=args.hours, nodes=args.nodes, seed=args.seed, dump=args.input)
 
 
 def cmd_schemas(args) -> int:

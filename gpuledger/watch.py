@@ -34,7 +34,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartiti
 
 from gpuledger.config import Settings
 from gpuledger.ledger_files import load_ledger_config
-from gpuledger.streams.app import LedgerApp, faust_broker_credentials, read_last_snapshot
+from gpuledger.streams.app import new_ledger_app, read_last_snapshot
 from gpuledger.streams.pricing import LedgerConfig
 from gpuledger.streams.watch import Watcher
 
@@ -65,27 +65,9 @@ def make_watcher(settings: Settings, ledger: LedgerConfig) -> Watcher:
 def create_watch_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.App:
     ledger = ledger or load_ledger_config(settings.ledger_config)
     t = settings.topics
-    app = LedgerApp(
-        watch_group(settings),
-        broker=[f"kafka://{host}" for host in settings.kafka_bootstrap.split(",")],
-        broker_credentials=faust_broker_credentials(settings),
-        store="memory://",
-        topic_replication_factor=settings.replication_factor,
-        topic_allow_declare=False,      # topics come from `gpuledger topics create`
-        topic_disable_leader=True,
-        web_enabled=False,
-        consumer_auto_offset_reset="earliest",
-        producer_acks=-1,
-        producer_max_request_size=16 * 1024 * 1024,  # state snapshots
-        # One message per batch: Tansu reports a partition's end as its last batch's start + 1, which
-        # readers that stop at the end would take for the end of alerts sent together. Alerts are few.
-        producer_max_batch_size=1,
-        stream_wait_empty=False,        # input is acknowledged only after a snapshot
-        broker_rebalance_timeout=settings.worker_rebalance_timeout_s,
-        broker_session_timeout=max(10.0, settings.worker_rebalance_timeout_s),
-        datadir=str(settings.data_dir / "watch"),
-    )
-    app.fetch_max_wait_ms = settings.kafka_fetch_max_wait_ms
+    # One message per batch: Tansu reports a partition's end as its last batch's start + 1, which
+    # readers that stop at the end would take for the end of alerts sent together. Alerts are few.
+    app = new_ledger_app(settings, watch_group(settings), str(settings.data_dir / "watch"), producer_max_batch_size=1)
     watcher = make_watcher(settings, ledger)
     app.watcher = watcher  # for tests
     raw = dict(value_serializer="raw", key_serializer="raw")

@@ -126,15 +126,15 @@ class LedgerApp(faust.App):
         return _LedgerTransport(self.conf.broker_consumer, self)
 
 
-def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.App:
-    ledger = ledger or load_ledger_config(settings.ledger_config)
-    topics = settings.topics
+def new_ledger_app(settings: Settings, app_id: str, datadir: str, **conf) -> LedgerApp:
+    """A LedgerApp configured as the ledger's Faust processes share it (the worker, the watcher):
+    raw bytes, topics from `gpuledger topics create`, input acknowledged by the caller, short
+    rebalances; `conf` adds or overrides Faust settings."""
     app = LedgerApp(
-        settings.worker_app_id,
+        app_id,
         broker=[f"kafka://{host}" for host in settings.kafka_bootstrap.split(",")],
         broker_credentials=faust_broker_credentials(settings),
         store="memory://",
-        topic_partitions=settings.partitions_gpu_samples,
         topic_replication_factor=settings.replication_factor,
         topic_allow_declare=False,      # topics come from `gpuledger topics create`
         topic_disable_leader=True,
@@ -148,9 +148,18 @@ def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.
         # JoinGroup for about half of it even for a lone member, so keep it short.
         broker_rebalance_timeout=settings.worker_rebalance_timeout_s,
         broker_session_timeout=max(10.0, settings.worker_rebalance_timeout_s),
-        datadir=str(settings.data_dir / "worker"),
+        datadir=datadir,
+        **conf,
     )
     app.fetch_max_wait_ms = settings.kafka_fetch_max_wait_ms
+    return app
+
+
+def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.App:
+    ledger = ledger or load_ledger_config(settings.ledger_config)
+    topics = settings.topics
+    app = new_ledger_app(settings, settings.worker_app_id, str(settings.data_dir / "worker"),
+                         topic_partitions=settings.partitions_gpu_samples)
     core = make_core(settings, ledger)
     app.ledger_core = core  # for tests and metrics
     from gpuledger.metrics import worker_metrics

@@ -168,12 +168,12 @@ def show(client, database: str) -> dict[str, list[dict]]:
 
 # --------------------------------------------------------------------------- CLI
 def cmd_carbon(args) -> int:
-    from gpuledger.cli import _settings
+    from gpuledger.cli import settings_from_args
     from gpuledger.ledger_files import load_ledger_config
     from gpuledger.warehouse import connect, connect_readonly
     from gpuledger.warehouse.report_text import render
 
-    settings = _settings(args)
+    settings = settings_from_args(args)
     if args.action == "load":
         if not args.file:
             raise SystemExit("usage: gpuledger carbon load FILE.csv")

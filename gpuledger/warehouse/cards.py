@@ -336,10 +336,10 @@ def report_command(args, settings) -> int:
 
 
 def cmd_gpu(args) -> int:
-    from gpuledger.cli import _settings
+    from gpuledger.cli import settings_from_args
     from gpuledger.warehouse import connect
 
-    settings = _settings(args)
+    settings = settings_from_args(args)
     client = connect(settings)
     try:
         repair_id = record_repair(client, settings.database, args.gpu_uuid, args.note or "", _parse_at(args.at),

@@ -27,7 +27,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gpuledger.streams.pricing import JOULES_PER_KWH, MS_PER_HOUR, LedgerConfig
+from gpuledger.streams.pricing import JOULES_PER_KWH, LedgerConfig
 from gpuledger.warehouse.client import quoted_database
 
 DEFAULT_THRESHOLD = 10_000.0
@@ -290,12 +290,12 @@ def publish(settings, rows: list[dict], timeout_s: float = 15.0) -> None:
 
 # --------------------------------------------------------------------------- CLI
 def cmd_estimate(args) -> int:
-    from gpuledger.cli import _settings
+    from gpuledger.cli import settings_from_args
     from gpuledger.ledger_files import load_ledger_config
     from gpuledger.warehouse import connect
     from gpuledger.warehouse.report_text import render
 
-    settings = _settings(args)
+    settings = settings_from_args(args)
     targets = [(t, getattr(args, f"target_{t}")) for t in TARGETS if getattr(args, f"target_{t}") is not None]
     if len(targets) != 1:
         raise ValueError("give exactly one of --target-steps, --target-tokens, --target-epochs")
@@ -330,11 +330,11 @@ def cmd_estimate(args) -> int:
 
 
 def cmd_approvals(args) -> int:
-    from gpuledger.cli import _settings
+    from gpuledger.cli import settings_from_args
     from gpuledger.warehouse import connect, connect_readonly
     from gpuledger.warehouse.report_text import render
 
-    settings = _settings(args)
+    settings = settings_from_args(args)
     if args.action == "list":
         client = connect_readonly(settings)
         try:

@@ -258,11 +258,11 @@ def trace_daily_demand(pods, days: int | None = None) -> dict[str, list[float]]:
 def cmd_forecast(args) -> int:
     import json
 
-    from gpuledger.cli import _settings
+    from gpuledger.cli import settings_from_args
     from gpuledger.warehouse import connect
     from gpuledger.warehouse.report_text import render
 
-    settings = _settings(args)
+    settings = settings_from_args(args)
     if args.action == "backtest":
         from gpuledger.traces.v2023 import read_pods
 
