@@ -125,6 +125,10 @@ class Attempt:
                    dict(s["open"]), list(s["down"]), dict(s["rearm"]), s["ended_ms"], s["ended_kind"])
 
 
+#: a GPU whose usage is this far behind the cluster's newest is not waited for by reclaim judgement
+RECLAIM_STALE_MS = 10 * 60_000
+
+
 class Watcher:
     """All of the watcher's state and logic; the process only moves bytes in and out."""
 
@@ -151,6 +155,9 @@ class Watcher:
         #: cluster -> compact scheduler snapshots by time: a queue is judged against the one of its
         #: window's end, not the newest read (snapshots run ahead of usage, as lifecycle does)
         self.snapshots: dict[str, list[dict]] = {}
+        #: cluster -> the newest snapshot time read: reclaim is judged only up to it, so the same input
+        #: gives the same suggestions whether snapshots arrive before or after the usage they judge
+        self.snapshot_horizon: dict[str, int] = {}
         self.suggestions: dict[tuple[str, str], dict] = {}       # (cluster, queue) -> open suggestion wire dict
         self.next_offsets: dict[str, dict[int, int]] = {}        # topic -> partition -> next offset
         self.counters: Counter[str] = Counter()
@@ -255,7 +262,9 @@ class Watcher:
                        for q in snap.queues}}
         known = [k for k in self.snapshots.get(snap.cluster, []) if k["ts_ms"] != snap.ts_ms]
         self.snapshots[snap.cluster] = sorted([*known, compact], key=lambda k: k["ts_ms"])
-        return []
+        self.snapshot_horizon[snap.cluster] = max(self.snapshot_horizon.get(snap.cluster, 0), snap.ts_ms)
+        # usage may have come first: the steps it waited on this snapshot for are judged now
+        return self._evaluate_reclaim(snap.cluster) if snap.cluster in self.horizon else []
 
     # ------------------------------------------------------------------ usage
     def _attempt(self, key: tuple[str, str, int], tenant: str, queue: str) -> Attempt:
@@ -552,9 +561,20 @@ class Watcher:
         alloc = sum(buckets[i][total] for i in indices if i in buckets)
         return None if alloc <= 0 else min(1.0, sum(buckets[i][executing] for i in indices if i in buckets) / alloc)
 
+    def _usage_horizon(self, cluster: str) -> int:
+        """How far every GPU of the cluster that still reports has had its usage read: a queue's rate
+        is judged only over windows all of its GPUs' usage is in (usage comes per node partition, at
+        each partition's pace). A GPU silent for RECLAIM_STALE_MS behind the newest is not waited for."""
+        newest = self.horizon[cluster]
+        live = [end for (c, _), end in self.gpu_seen.items() if c == cluster and end >= newest - RECLAIM_STALE_MS]
+        return min(live, default=newest)
+
     def _evaluate_reclaim(self, cluster: str) -> list[Out]:
         r = self.d.reclaim
-        hb = self.horizon[cluster] // self.bucket_ms - 1  # the newest bucket may still be filling
+        if cluster not in self.snapshot_horizon:
+            return []  # no snapshot yet: nothing is known to wait
+        hb = min(self._usage_horizon(cluster) // self.bucket_ms - 1,  # the newest bucket may still be filling
+                 self.snapshot_horizon[cluster] // self.bucket_ms)  # a later snapshot may still come for later steps
         done = self.reclaim_evaluated.get(cluster, 0)
         if not r.enabled or hb <= done:
             return []
@@ -701,6 +721,7 @@ class Watcher:
                 "gpu_seen": [[*k, t] for k, t in sorted(self.gpu_seen.items())],
                 "queues": [[c, q, [[i, *b] for i, b in sorted(bs.items())]] for (c, q), bs in sorted(self.queues.items())],
                 "horizon": self.horizon, "reclaim_evaluated": self.reclaim_evaluated, "snapshots": self.snapshots,
+                "snapshot_horizon": self.snapshot_horizon,
                 "suggestions": [s for _, s in sorted(self.suggestions.items())],
                 "next_offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in self.next_offsets.items()}}
 
@@ -716,6 +737,8 @@ class Watcher:
         self.horizon = dict(state["horizon"])
         self.reclaim_evaluated = dict(state["reclaim_evaluated"])
         self.snapshots = {c: list(snaps) for c, snaps in state["snapshots"].items()}
+        self.snapshot_horizon = dict(state.get("snapshot_horizon")
+                                     or {c: snaps[-1]["ts_ms"] for c, snaps in self.snapshots.items() if snaps})
         self.suggestions = {(s["cluster"], s["queue"]): s for s in state["suggestions"]}
         self.next_offsets = {t: {int(p): o for p, o in ps.items()} for t, ps in state["next_offsets"].items()}
 

@@ -38,7 +38,7 @@ CURRENCY = tomllib.loads((HERE.parent / "gpuledger" / "ledger_defaults.toml").re
 CURRENCY_FORMAT = {"symbol": CURRENCY, "symbolPosition": "suffix"}
 #: d3 number format of a column of each unit (gpuledger.periodic.columns): numbers rounded for reading
 D3_FORMAT = {"money": ",.2f", "gpu_hours": ",.2f", "seconds": ",.0f", "pct": ".1f", "ratio": ".1%", "count": ",d",
-             "score": ".2f"}
+             "score": ".2f", "number": ",.1f"}
 
 
 def uid(*parts: str) -> str:

@@ -48,8 +48,9 @@ from gpuledger.config import Settings
 
 def _default_bundle() -> Path:
     """The checkout's superset/bundle, or the copy an installed wheel carries (gpuledger/superset_bundle)."""
-    checkout = Path(__file__).resolve().parent.parent / "superset" / "bundle"
-    return checkout if checkout.is_dir() else Path(__file__).resolve().parent / "superset_bundle"
+    package = Path(__file__).resolve().parents[1]  # gpuledger/ (this file is gpuledger/integrations/superset.py)
+    checkout = package.parent / "superset" / "bundle"
+    return checkout if checkout.is_dir() else package / "superset_bundle"
 
 
 DEFAULT_BUNDLE = _default_bundle()

@@ -3,6 +3,7 @@ ledger defaults, the Superset bundle, the PodResources proto), and builds withou
 warning. Built from a copy of the packaged folders, so the checkout's build/ is left alone."""
 
 import shutil
+import os
 import subprocess
 import sys
 import zipfile
@@ -60,3 +61,13 @@ def test_the_wheel_carries_schemas_migrations_defaults_and_the_superset_bundle(t
         assert required in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "gpuledger = gpuledger.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+    # the installed code finds what the wheel carries (no checkout beside it)
+    unpacked = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(unpacked)
+    probe = subprocess.run([sys.executable, "-c", "from gpuledger.integrations.superset import DEFAULT_BUNDLE as b; "
+                            "print(b); assert (b / 'metadata.yaml').is_file(), b"],
+                           env={**os.environ, "PYTHONPATH": str(unpacked)}, cwd=tmp_path, capture_output=True, text=True,
+                           timeout=120)
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.strip() == str(unpacked / "gpuledger" / "superset_bundle")

@@ -36,3 +36,10 @@ def test_every_long_source_file_says_why_it_is_one_file():
     missing = long_files_without_a_reason()
     assert not missing, ("split these by job, or say in the module docstring why they stay one file "
                          "('Why one file: ...'):\n  " + "\n  ".join(missing))
+
+
+def test_the_superset_bundle_is_found_from_the_checkout():
+    from gpuledger.integrations.superset import DEFAULT_BUNDLE
+
+    assert DEFAULT_BUNDLE == ROOT / "superset" / "bundle"
+    assert (DEFAULT_BUNDLE / "metadata.yaml").is_file()

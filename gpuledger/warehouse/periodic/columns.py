@@ -44,7 +44,7 @@ _HEADERS = {
 @dataclass(frozen=True)
 class Column:
     """`unit`: money, gpu_hours, ratio (0..1, written as %), pct (0..100, written as %), seconds,
-    score, day, time, count or text."""
+    score, number (a measured quantity: minutes, °C, W, fractional GPUs), day, time, count or text."""
 
     name: str
     unit: str
@@ -95,6 +95,8 @@ class Column:
             return f"{value:,.2f}"
         if self.unit == "score":
             return f"{value:.2f}"
+        if self.unit == "number":
+            return f"{value:,.1f}"
         if isinstance(value, int):
             return f"{value:,}"
         return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:,.2f}"
@@ -118,8 +120,13 @@ def column(name: str) -> Column:
         unit = "day"
     elif name.endswith(("_start", "_at")):
         unit = "time"
-    elif re.fullmatch(r"attempts?|failed_attempts|cards|nodes|gpus|slices|low_util_cards|offset_ms", name):
+    elif re.fullmatch(r"attempts?|failed_attempts|cards|nodes|gpus|slices|low_util_cards|offset_ms|repairs|xid_errors|"
+                      r"waiting_priority|reports", name):
         unit = "count"
+    elif name.endswith("_rate"):
+        unit = "ratio"
+    elif name.endswith(("_minutes", "_c", "_w")) or name in ("gpus_freed", "waiting_gpus"):
+        unit = "number"
     else:
         unit = "text"
     return Column(name, unit)
