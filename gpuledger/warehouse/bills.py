@@ -182,16 +182,30 @@ def fetch_outcomes(client, db: str, cluster: str | None = None) -> dict[tuple, s
             for r in _q(client, f"SELECT cluster, job_id, attempt, outcome FROM {db}.job_attempts {cond}", params)}
 
 
+COHORT_DAY = "toDate(fromUnixTimestamp64Milli(coalesce(a.queued_ms, a.first_seen_ms), 'UTC'))"
+
+
 def queue_efficiency_sql(db: str, usage_conds: Sequence[str] = (), attempt_conds: Sequence[str] = (),
-                         by_tenant: bool = False) -> str:
+                         by_tenant: bool = False, cohort_conds: Sequence[str] = ()) -> str:
     """The queue_efficiency view's figures (sql/0004) over deduplicated usage, per cohort day, cluster,
-    queue and (by_tenant) tenant; tenant is '' for all tenants together."""
-    inner = dedup_usage_sql(db, ["job_id != ''", *usage_conds],
+    queue and (by_tenant) tenant; tenant is '' for all tenants together.
+    `attempt_conds`: on job_attempts AS a; `cohort_conds`: on the attempt's columns plus `day`, its
+    cohort day. Only the usage of the chosen attempts is deduplicated, and only from the first day
+    any of them was seen: an attempt's usage starts at one of its own events (the join opens a holder
+    at the allocation's time), so none of it lies before its first_seen_ms."""
+    where = " AND ".join(attempt_conds) if attempt_conds else "1"
+    cohort_where = " AND ".join(cohort_conds) if cohort_conds else "1"
+    inner = dedup_usage_sql(db, ["job_id != ''", *usage_conds,
+                                 "(cluster, job_id, attempt) IN (SELECT cluster, job_id, attempt FROM cohort)",
+                                 "day >= (SELECT toDate(fromUnixTimestamp64Milli(min(first_seen_ms), 'UTC')) FROM cohort)"],
                             "cluster, record_id, job_id, attempt, state, gpu_ms, end_ms")
     tenant = "toString(a.tenant)" if by_tenant else "''"
-    where = " AND ".join(attempt_conds) if attempt_conds else "1"
     return f"""
-        WITH u AS (
+        WITH cohort AS (
+            SELECT * FROM (SELECT a.*, {COHORT_DAY} AS day FROM {db}.job_attempts AS a WHERE {where})
+            WHERE {cohort_where}
+        ),
+        u AS (
             SELECT cluster, job_id, attempt,
                 sumIf(gpu_ms, state IN ('allocated_idle', 'executing')) AS u_allocated_gpu_ms,
                 sumIf(gpu_ms, state = 'executing') AS u_executed_gpu_ms,
@@ -210,8 +224,7 @@ def queue_efficiency_sql(db: str, usage_conds: Sequence[str] = (), attempt_conds
         FROM
         (
             SELECT
-                toDate(fromUnixTimestamp64Milli(coalesce(a.queued_ms, a.first_seen_ms), 'UTC')) AS day,
-                a.cluster AS cluster, a.queue AS queue, {tenant} AS tenant,
+                a.day AS day, a.cluster AS cluster, a.queue AS queue, {tenant} AS tenant,
                 count() AS attempts,
                 sum(a.requested_gpus * (coalesce(a.ended_ms, greatest(a.last_seen_ms, u.u_last_end_ms))
                                         - coalesce(a.queued_ms, a.first_seen_ms))) / 1000 AS requested_gpu_seconds,
@@ -223,9 +236,8 @@ def queue_efficiency_sql(db: str, usage_conds: Sequence[str] = (), attempt_conds
                 quantileExactInclusive(0.99)(a.queue_wait_ms / 1000) AS wait_p99,
                 avg(a.queue_wait_ms / 1000) AS wait_mean,
                 max(a.queue_wait_ms / 1000) AS wait_max
-            FROM {db}.job_attempts AS a
+            FROM cohort AS a
             LEFT JOIN u ON a.cluster = u.cluster AND a.job_id = u.job_id AND a.attempt = u.attempt
-            WHERE {where}
             GROUP BY day, cluster, queue, tenant
         )"""
 
@@ -378,8 +390,8 @@ def _queue_rows(client, db: str, cluster: str, day_from: dt.date, day_to: dt.dat
             "queue_wait_mean_s", "queue_wait_max_s")
     rows = []
     for by_tenant in (False, True):
-        sql = queue_efficiency_sql(db, ["cluster = {cluster:String}"], ["a.cluster = {cluster:String}"], by_tenant)
-        sql = f"SELECT * FROM ({sql}) WHERE day BETWEEN {{day_from:Date}} AND {{day_to:Date}}"
+        sql = queue_efficiency_sql(db, ["cluster = {cluster:String}"], ["a.cluster = {cluster:String}"], by_tenant,
+                                   ["day BETWEEN {day_from:Date} AND {day_to:Date}"])
         for r in _q(client, sql, {"cluster": cluster, "day_from": day_from, "day_to": day_to}):
             row = {k: r[k] for k in keep}
             row.update(cluster=str(row["cluster"]), queue=str(row["queue"]), definition_version=dv, bill_run_id=run_id)

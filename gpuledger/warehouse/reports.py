@@ -360,8 +360,10 @@ def _queues(client, db: str, filters: dict[str, Any]) -> list[dict]:
     attempt_conds = ["a.tenant = {tenant:String}"] if by_tenant else []
     if filters.get("cluster") is not None:
         attempt_conds.append("a.cluster = {cluster:String}")
+    # the open cohorts only: their attempts' usage is all that is deduplicated
+    open_cohorts = [*conds, f"(cluster, day) NOT IN ({b.closed_days_sql(db)})"]
     live = b.queue_efficiency_sql(db, ["cluster = {cluster:String}"] if filters.get("cluster") is not None else [],
-                                  attempt_conds, by_tenant)
+                                  attempt_conds, by_tenant, open_cohorts)
     opened = (f"SELECT 'open' AS status, {cols} FROM ({live}) WHERE {_and(conds)} "
               f"AND (cluster, day) NOT IN ({b.closed_days_sql(db)})")
     sql = f"SELECT day, status, * EXCEPT (day, status) FROM ({closed} UNION ALL {opened}) ORDER BY day, cluster, queue"
