@@ -91,7 +91,7 @@ def create_watch_app(settings: Settings, ledger: LedgerConfig | None = None) -> 
                 log.info("watch: restored from %s", "a snapshot" if blob else "nothing (fresh)")
             watcher.counters["messages"] += 1
             try:
-                outs = watcher.on_message(m.topic, m.partition, m.offset, event.value)
+                outs = watcher.on_message(m.topic, m.partition, m.offset, event.value, now_s=time.monotonic())
             except Exception:  # a bug must not stop the watcher: the message is skipped and counted
                 log.exception("watch: cannot process %s[%d]@%d", m.topic, m.partition, m.offset)
                 watcher.counters["errors"] += 1

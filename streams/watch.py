@@ -125,8 +125,15 @@ class Attempt:
                    dict(s["open"]), list(s["down"]), dict(s["rearm"]), s["ended_ms"], s["ended_kind"])
 
 
-#: a GPU whose usage is this far behind the cluster's newest is not waited for by reclaim judgement
+#: reclaim judgement stops waiting for a GPU whose usage is this far behind the rest of its usage
+#: partition (its node stopped reporting), or for a whole partition this far behind the cluster's
+#: newest that has also delivered nothing for RECLAIM_QUIET_S of wall-clock time (every node on it
+#: stopped). A partition that is only behind (a backlog being read) is waited for.
 RECLAIM_STALE_MS = 10 * 60_000
+RECLAIM_QUIET_S = 60.0
+#: buckets are kept for reclaim steps not yet judged (usage of a partition, or the snapshots, behind)
+#: at most this far behind what the alert rules need: bounded memory while snapshots stop
+RECLAIM_MAX_LAG_MS = 2 * 3_600_000
 
 
 class Watcher:
@@ -149,6 +156,11 @@ class Watcher:
         self.ended: dict[tuple[str, str, int], int] = {}
         self.holders: dict[tuple[str, str], list] = {}         # (cluster, gpu) -> [job_id, attempt, last end]
         self.gpu_seen: dict[tuple[str, str], int] = {}         # (cluster, gpu) -> end of its newest record
+        self.gpu_partition: dict[tuple[str, str], int] = {}    # (cluster, gpu) -> usage partition it comes on
+        self.partition_seen: dict[tuple[str, int], int] = {}   # (cluster, usage partition) -> newest record end
+        #: usage partition -> wall-clock time (the caller's `now_s`) it last delivered; not in the state
+        self.partition_heard: dict[int, float] = {}
+        self.now_s: float | None = None
         self.queues: dict[tuple[str, str], dict[int, list]] = {}  # (cluster, queue) -> bucket -> [gpu_ms, exec]
         self.horizon: dict[str, int] = {}                        # cluster -> newest record end
         self.reclaim_evaluated: dict[str, int] = {}              # cluster -> bucket evaluated up to
@@ -159,12 +171,21 @@ class Watcher:
         #: gives the same suggestions whether snapshots arrive before or after the usage they judge
         self.snapshot_horizon: dict[str, int] = {}
         self.suggestions: dict[tuple[str, str], dict] = {}       # (cluster, queue) -> open suggestion wire dict
+        #: ended attempts the alert rules are done with but a reclaim step before their end has yet to
+        #: judge (usage of other partitions, or the snapshot, still behind): kept for those steps only
+        self.reclaim_pending: dict[tuple[str, str, int], Attempt] = {}
         self.next_offsets: dict[str, dict[int, int]] = {}        # topic -> partition -> next offset
         self.counters: Counter[str] = Counter()
 
     # ------------------------------------------------------------------ input
-    def on_message(self, topic: str, partition: int, offset: int, raw: bytes | None) -> list[Out]:
-        """One input message (any of the three topics); messages already seen are skipped."""
+    def on_message(self, topic: str, partition: int, offset: int, raw: bytes | None,
+                   now_s: float | None = None) -> list[Out]:
+        """One input message (any of the three topics); messages already seen are skipped. `now_s`:
+        wall-clock seconds (the process passes its clock; None: whole usage partitions are never
+        taken for silent, as in tests that replay without one)."""
+        self.now_s = now_s
+        if topic == self.usage_topic and now_s is not None:
+            self.partition_heard[partition] = now_s
         offsets = self.next_offsets.setdefault(topic, {})
         if offset < offsets.get(partition, 0):
             self.counters["redelivered"] += 1
@@ -172,7 +193,7 @@ class Watcher:
         offsets[partition] = offset + 1
         try:
             if topic == self.usage_topic:
-                return self.on_usage(raw)
+                return self.on_usage(raw, partition)
             if topic == self.lifecycle_topic:
                 return self.on_lifecycle(raw)
             if topic == self.snapshots_topic:
@@ -184,7 +205,7 @@ class Watcher:
             return []
         raise ValueError(f"the watcher does not read topic {topic!r}")
 
-    def on_usage(self, raw: bytes | None) -> list[Out]:
+    def on_usage(self, raw: bytes | None, partition: int = 0) -> list[Out]:
         try:
             records = orjson.loads(raw or b"")["records"]
             parsed = [(r["cluster"], r["gpu_uuid"], int(r["start_ms"]), int(r["end_ms"]), r["state"], r) for r in records]
@@ -200,6 +221,8 @@ class Watcher:
             clusters.add(cluster)
             self.horizon[cluster] = max(self.horizon.get(cluster, 0), end)
             self.gpu_seen[(cluster, gpu)] = max(self.gpu_seen.get((cluster, gpu), 0), end)
+            self.gpu_partition[(cluster, gpu)] = partition
+            self.partition_seen[(cluster, partition)] = max(self.partition_seen.get((cluster, partition), 0), end)
             if state == DOWN:
                 outs += self._gpu_down(cluster, gpu, start, end)
                 continue
@@ -235,7 +258,8 @@ class Watcher:
             a = self.attempts.get(key)
             if a is not None:  # its alerts close once its usage up to the end has been judged
                 a.ended_ms, a.ended_kind = e.ts_ms, e.kind.value
-            return self._job_ended(e.cluster, e.queue, e.job_id, e.attempt, e.ts_ms)
+            # (a suggestion naming it is withdrawn by the reclaim step that passes its end)
+            return []
         if e.kind not in (JobEventKind.allocated, JobEventKind.started, JobEventKind.checkpoint_begin,
                           JobEventKind.checkpoint_end):
             return []
@@ -431,8 +455,9 @@ class Watcher:
                     out = judge(a, gpus, step, step * self.bucket_ms)
                     if out is not None:
                         outs.append(out)
+        keep = self._keep_from(a.cluster, hb)
         for g in list(a.buckets):  # keep what the longest window needs
-            for i in [i for i in a.buckets[g] if i < hb - self.lookback_buckets]:
+            for i in [i for i in a.buckets[g] if i < keep]:
                 del a.buckets[g][i]
         return outs
 
@@ -564,10 +589,27 @@ class Watcher:
     def _usage_horizon(self, cluster: str) -> int:
         """How far every GPU of the cluster that still reports has had its usage read: a queue's rate
         is judged only over windows all of its GPUs' usage is in (usage comes per node partition, at
-        each partition's pace). A GPU silent for RECLAIM_STALE_MS behind the newest is not waited for."""
+        each partition's pace, and a backlog can put one partition hours behind another). Not waited
+        for: a GPU RECLAIM_STALE_MS behind the rest of its partition, and the GPUs of a partition
+        that is that far behind the newest and quiet for RECLAIM_QUIET_S (see RECLAIM_STALE_MS)."""
         newest = self.horizon[cluster]
-        live = [end for (c, _), end in self.gpu_seen.items() if c == cluster and end >= newest - RECLAIM_STALE_MS]
-        return min(live, default=newest)
+        waits = []
+        quiet: dict[int, bool] = {}
+        for (c, gpu), end in self.gpu_seen.items():
+            if c != cluster:
+                continue
+            p = self.gpu_partition.get((c, gpu), 0)
+            partition_end = self.partition_seen.get((c, p), end)
+            if partition_end - end > RECLAIM_STALE_MS:
+                continue  # its partition went on without it: its node stopped
+            if newest - partition_end > RECLAIM_STALE_MS:
+                if p not in quiet:
+                    heard = self.partition_heard.get(p)
+                    quiet[p] = self.now_s is not None and heard is not None and self.now_s - heard > RECLAIM_QUIET_S
+                if quiet[p]:
+                    continue  # the whole partition stopped
+            waits.append(end)
+        return min(waits, default=newest)
 
     def _evaluate_reclaim(self, cluster: str) -> list[Out]:
         r = self.d.reclaim
@@ -580,7 +622,16 @@ class Watcher:
             return []
         self.reclaim_evaluated[cluster] = hb
         n = self._n(r.window_s)
-        outs = [out for step in range(max(done + 1, hb - n), hb + 1) for out in self._reclaim_at(cluster, step)]
+        # a step whose window reaches below what RECLAIM_MAX_LAG_MS kept is not judged (counted)
+        whole_from = self.horizon[cluster] // self.bucket_ms - self.lookback_buckets - RECLAIM_MAX_LAG_MS // self.bucket_ms + n
+        outs = []
+        for step in range(max(done + 1, hb - n), hb + 1):
+            if step < whole_from:
+                self.counters["reclaim_steps_skipped"] += 1
+                continue
+            outs += self._reclaim_at(cluster, step)
+        for key in [k for k, a in self.reclaim_pending.items() if k[0] == cluster and a.ended_ms <= hb * self.bucket_ms]:
+            del self.reclaim_pending[key]
         # snapshots no later step can use: the newest at or before this step stays
         snaps = self.snapshots.get(cluster, [])
         usable = [i for i, k in enumerate(snaps) if k["ts_ms"] <= hb * self.bucket_ms]
@@ -598,6 +649,10 @@ class Watcher:
             if c != cluster:
                 continue
             open_ = self.suggestions.get((cluster, queue))
+            released = self._released_at(cluster, open_) if open_ is not None else None
+            if released is not None and released <= horizon:
+                outs.append(self._withdraw(cluster, queue, released, "every named job has released its GPUs"))
+                open_ = None
             rate = self._rate(buckets, window, 0, 1)
             waiting = self._waiting(cluster, queue, horizon)
             if waiting is None or (rate is None and open_ is None):
@@ -617,12 +672,16 @@ class Watcher:
     def _suggest(self, cluster: str, queue: str, rate: float, waiting: WaitingDemand, window: range,
                  horizon: int) -> list[Out]:
         r = self.d.reclaim
+        # judged as of the step's horizon, whatever has been read since (lifecycle runs ahead of usage,
+        # and one partition's usage ahead of another's): a job ending later is still a candidate; its
+        # GPUs are those it held in the window's last bucket, its idle cost what accrued before it
+        hb = horizon // self.bucket_ms
         candidates = []
-        for a in self.attempts.values():
-            if a.cluster != cluster or a.queue != queue or a.start_ms is None or a.ended_ms is not None or \
-                    horizon - a.start_ms < r.min_job_age_s * 1000:
+        for a in [*self.attempts.values(), *self.reclaim_pending.values()]:
+            if a.cluster != cluster or a.queue != queue or a.start_ms is None or \
+                    (a.ended_ms is not None and a.ended_ms <= horizon) or horizon - a.start_ms < r.min_job_age_s * 1000:
                 continue
-            gpus = sorted(g for g in a.last_end if g not in a.down)
+            gpus = sorted(g for g, bs in a.buckets.items() if hb - 1 in bs)
             merged: dict[int, list] = {}
             for g in gpus:
                 for i, b in a.buckets[g].items():
@@ -631,14 +690,16 @@ class Watcher:
                     m[1] += b[EXEC]
             job_rate = self._rate(merged, window, 0, 1)
             if gpus and job_rate is not None and job_rate < r.execution_rate_below:
-                candidates.append((job_rate, -a.idle_cost_micros, a.job_id, a.attempt, a, gpus))
+                later = sum(b[IDLE_COST] for bs in a.buckets.values() for i, b in bs.items() if i >= hb)
+                idle = a.idle_cost_micros - round(later)
+                candidates.append((job_rate, -idle, a.job_id, a.attempt, a, gpus))
         chosen, freed = [], 0.0
-        for job_rate, _, _, _, a, gpus in sorted(candidates, key=lambda c: c[:4]):
+        for job_rate, minus_idle, _, _, a, gpus in sorted(candidates, key=lambda c: c[:4]):
             if freed >= waiting.gpus:
                 break
             frees = round(sum(a.shares.get(g, 1000) for g in gpus) / 1000, 3)
             chosen.append(SuggestedJob(job_id=a.job_id, attempt=a.attempt, tenant=a.tenant, gpus=gpus, gpus_freed=frees,
-                                       execution_rate=round(job_rate, 4), idle_cost_micros=a.idle_cost_micros))
+                                       execution_rate=round(job_rate, 4), idle_cost_micros=-minus_idle))
             freed += frees
         if not chosen:
             return []
@@ -664,14 +725,11 @@ class Watcher:
         self.counters["suggestions_withdrawn"] += 1
         return Out(self.suggestions_topic, encode(suggestion), key=queue.encode())
 
-    def _job_ended(self, cluster: str, queue: str, job_id: str, attempt: int, ts_ms: int) -> list[Out]:
-        """A suggestion all of whose jobs have ended is withdrawn: the scheduler (or the owners) acted."""
-        s = self.suggestions.get((cluster, queue))
-        if s is None:
-            return []
-        if all((cluster, j["job_id"], j["attempt"]) in self.ended for j in s["jobs"]):
-            return [self._withdraw(cluster, queue, ts_ms, "every named job has released its GPUs")]
-        return []
+    def _released_at(self, cluster: str, suggestion: dict) -> int | None:
+        """When the last of a suggestion's jobs ended (the scheduler, or the owners, acted); None while
+        one has not."""
+        ends = [self.ended.get((cluster, j["job_id"], j["attempt"])) for j in suggestion["jobs"]]
+        return None if None in ends else max(ends)
 
     def _forget_ended(self, cluster: str) -> list[Out]:
         """Ended attempts whose usage up to the end has been read: open alerts closed at the end."""
@@ -687,22 +745,37 @@ class Watcher:
         def done(a: Attempt) -> bool:  # (no usage of it read yet: its end came first, its usage follows)
             return bool(a.last_end) and all(gpu_done(g, a.ended_ms) for g in a.last_end)
 
+        judged_to = self.reclaim_evaluated.get(cluster, 0) * self.bucket_ms
+        reclaim_waits = self.d.reclaim.enabled and cluster in self.snapshot_horizon
         for key in sorted(k for k, a in self.attempts.items() if k[0] == cluster and a.ended_ms is not None and done(a)):
             a = self.attempts.pop(key)
             outs += [self._close(a, rule, a.ended_ms, a.ended_ms, a.ended_ms, f"the job {a.ended_kind}")
                      for rule in sorted(a.open)]
+            if reclaim_waits and judged_to < a.ended_ms:
+                self.reclaim_pending[key] = a
         return outs
 
     # ------------------------------------------------------------------ housekeeping
+    def _keep_from(self, cluster: str, hb: int) -> int:
+        """The oldest bucket to keep when rules have judged up to bucket hb: what their longest
+        window needs, and what the reclaim steps not judged yet need (up to RECLAIM_MAX_LAG_MS)."""
+        keep = hb - self.lookback_buckets
+        if self.d.reclaim.enabled and cluster in self.snapshot_horizon:
+            waiting = self.reclaim_evaluated.get(cluster, 0) - self.lookback_buckets
+            keep = max(min(keep, waiting), keep - RECLAIM_MAX_LAG_MS // self.bucket_ms)
+        return keep
+
     def _prune(self, cluster: str) -> None:
         horizon = self.horizon[cluster]
-        oldest = horizon // self.bucket_ms - self.lookback_buckets
+        oldest = self._keep_from(cluster, horizon // self.bucket_ms)
         for (c, _), buckets in self.queues.items():
             if c == cluster:
                 for i in [i for i in buckets if i < oldest]:
                     del buckets[i]
         for key in [k for k, t in self.ended.items() if k[0] == cluster and t < horizon - ENDED_RETENTION_MS]:
             del self.ended[key]
+        for key in [k for k, a in self.reclaim_pending.items() if k[0] == cluster and a.ended_ms < horizon - ENDED_RETENTION_MS]:
+            del self.reclaim_pending[key]
         # attempts whose end was never seen, or whose usage never came: forgotten after a day
         for key in [k for k, a in self.attempts.items()
                     if k[0] == cluster and max([*a.last_end.values(), a.ended_ms or 0, a.start_ms or 0])
@@ -719,10 +792,13 @@ class Watcher:
                 "ended": [[*k, t] for k, t in sorted(self.ended.items())],
                 "holders": [[*k, *h] for k, h in sorted(self.holders.items())],
                 "gpu_seen": [[*k, t] for k, t in sorted(self.gpu_seen.items())],
+                "gpu_partition": [[*k, p] for k, p in sorted(self.gpu_partition.items())],
+                "partition_seen": [[*k, t] for k, t in sorted(self.partition_seen.items())],
                 "queues": [[c, q, [[i, *b] for i, b in sorted(bs.items())]] for (c, q), bs in sorted(self.queues.items())],
                 "horizon": self.horizon, "reclaim_evaluated": self.reclaim_evaluated, "snapshots": self.snapshots,
                 "snapshot_horizon": self.snapshot_horizon,
                 "suggestions": [s for _, s in sorted(self.suggestions.items())],
+                "reclaim_pending": [a.to_state() for _, a in sorted(self.reclaim_pending.items())],
                 "next_offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in self.next_offsets.items()}}
 
     def load_state(self, state: dict) -> None:
@@ -733,6 +809,8 @@ class Watcher:
         self.ended = {(c, j, n): t for c, j, n, t in state["ended"]}
         self.holders = {(c, g): [j, n, t] for c, g, j, n, t in state["holders"]}
         self.gpu_seen = {(c, g): t for c, g, t in state["gpu_seen"]}
+        self.gpu_partition = {(c, g): p for c, g, p in state.get("gpu_partition", [])}
+        self.partition_seen = {(c, p): t for c, p, t in state.get("partition_seen", [])}
         self.queues = {(c, q): {row[0]: list(row[1:]) for row in rows} for c, q, rows in state["queues"]}
         self.horizon = dict(state["horizon"])
         self.reclaim_evaluated = dict(state["reclaim_evaluated"])
@@ -740,6 +818,7 @@ class Watcher:
         self.snapshot_horizon = dict(state.get("snapshot_horizon")
                                      or {c: snaps[-1]["ts_ms"] for c, snaps in self.snapshots.items() if snaps})
         self.suggestions = {(s["cluster"], s["queue"]): s for s in state["suggestions"]}
+        self.reclaim_pending = {a.key: a for a in map(Attempt.from_state, state.get("reclaim_pending", []))}
         self.next_offsets = {t: {int(p): o for p, o in ps.items()} for t, ps in state["next_offsets"].items()}
 
     def snapshot(self) -> bytes:

@@ -186,10 +186,11 @@ def test_reclaim_suggestion_and_its_withdrawal(settings):
     assert [(s.status, s.opened_at_ms - T0, s.withdrawn_at_ms and s.withdrawn_at_ms - T0) for s in got] == \
         [("open", 30 * MIN, None), ("withdrawn", 30 * MIN, 36 * MIN)]
     opened = got[0]
-    # executing: 1 of 4 GPUs for the whole 30-min window; the idle job, 3 GPUs idle for the 31 minutes seen
+    # executing: 1 of 4 GPUs for the whole 30-min window; the idle job, 3 GPUs idle for the 30 minutes
+    # before the step it opened at (however much later usage had been read by then)
     assert opened.execution_rate == 0.25 and opened.window_ms == 30 * MIN
     assert [(j.job_id, j.gpus, j.execution_rate, j.idle_cost_micros) for j in opened.jobs] == \
-        [("idle-job", ["GPU-1", "GPU-2", "GPU-3"], 0.0, 3 * 31 * 1000)]
+        [("idle-job", ["GPU-1", "GPU-2", "GPU-3"], 0.0, 3 * 30 * 1000)]
     assert (opened.gpus_freed, opened.waiting_demand.gpus, opened.waiting_demand.priority) == (3.0, 2.0, 10)
     assert got[1].suggestion_id == opened.suggestion_id and "no higher-priority work waits" in got[1].message
 

@@ -324,8 +324,9 @@ def test_reclaim_suggestion_names_the_least_productive_old_jobs_and_is_withdrawn
         [("idle-job", ["GPU-1", "GPU-2", "GPU-3"], 3.0, 0.0)]
     assert opened.gpus_freed == 3.0 and opened.waiting_demand.gpus == 2.0 and opened.waiting_demand.priority == 10
     assert opened.waiting_demand.queues == ["prod"] and opened.currency == "USD"
-    # idle cost so far: 3 GPUs x 1000 micros a minute, for the 31 minutes seen when it opened
-    assert opened.idle_cost_micros == opened.jobs[0].idle_cost_micros == 3 * 31 * 1000
+    # idle cost so far: 3 GPUs x 1000 micros a minute for the 30 minutes before it opened (the 31st,
+    # read already, lies after the step it was judged at)
+    assert opened.idle_cost_micros == opened.jobs[0].idle_cost_micros == 3 * 30 * 1000
     assert opened.definition_version == "reclaim-unit-1/reclaim.v1"
     # the prod work stops waiting at 36 min: withdrawn at the next evaluation
     assert withdrawn.suggestion_id == opened.suggestion_id and withdrawn.status == "withdrawn"
@@ -341,6 +342,11 @@ def test_a_suggestion_whose_jobs_all_ended_is_withdrawn():
         queue_minute(feed, m)
     assert [s.status for s in feed.suggestions()] == ["open"]
     feed.send(LIFE, event("preempted", 33, job="idle-job"))
+    # judged when the usage of the cluster passes the end (the lifecycle runs ahead of usage), at the end
+    assert [s.status for s in feed.suggestions()] == ["open"]
+    for m in range(32, 35):  # (to 35 min: the young job is not 15 min old yet, nothing new opens)
+        feed.send(SNAP, snapshot(m))
+        queue_minute(feed, m)
     assert [(s.status, s.withdrawn_at_ms) for s in feed.suggestions()] == [("open", None), ("withdrawn", T0 + 33 * MIN)]
 
 
