@@ -29,7 +29,7 @@ import pytest
 
 from gpuledger.embedded.broker import EmbeddedBroker
 from gpuledger.config import Settings
-from gpuledger.embedded.processes import ChildProcess, wait_until_caught_up
+from gpuledger.embedded.processes import ChildProcess, read_topic, wait_until_caught_up
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
@@ -44,6 +44,21 @@ CLUSTER = "gpuledger"
 
 def say(text: str) -> None:
     print(f"[slurm-check {time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+def wait_for_first_ticks(settings: Settings, nodes, timeout_s: float = 120) -> None:
+    """Until every node's GPU agent has published a tick. The ledger bills observed time only, so a job
+    allocated before its node's first tick would be short of sacct by the gap: on a loaded machine an
+    agent took over 3 s to start (a fixed sleep here once let jobs start 2 s before gpu02's first tick).
+    Ticks lie on a whole-second grid, so a tick read now is at or before any job's start from here on."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        seen = {k.decode() for k, _ in read_topic(settings, settings.topics.gpu_samples) if k}
+        if set(nodes) <= seen:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no GPU tick from {sorted(set(nodes) - seen)} within {timeout_s:.0f} s")
+        time.sleep(0.5)
 
 
 def sh(*argv: str, timeout: float = 20, check: bool = True) -> str:
@@ -214,7 +229,7 @@ def test_ledger_matches_sacct(cluster, tmp_path):
             agent_args = ("agent", "slurm", "--cluster", CLUSTER, "--interval", str(POLL_S),
                           "--state-file", str(state_file), "--command-timeout", "8")
             agent = child("slurm-agent", *agent_args)
-            time.sleep(3)  # GPU agents ticking before the first job
+            wait_for_first_ticks(s, NODES)
 
             say("phase A: completed, exit 3, cancelled, hung, array, multi-node, requeue")
             ok = cluster.submit("-A", "teama", "--gres=gpu:2", "--wrap", "sleep 15")
