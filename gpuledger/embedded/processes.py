@@ -123,6 +123,12 @@ def wait_until_caught_up(settings: Settings, group: str, topics: list[str], *, t
 
 def read_topic(settings: Settings, topic: str, timeout_s: float = 30.0) -> list[tuple[bytes | None, bytes]]:
     """Every (key, value) in `topic` up to its current end, read by assignment (no group)."""
+    return [(key, value) for _, key, value in read_topic_records(settings, topic, timeout_s)]
+
+
+def read_topic_records(settings: Settings, topic: str,
+                       timeout_s: float = 30.0) -> list[tuple[int, bytes | None, bytes]]:
+    """Every (partition, key, value) in `topic` up to its current end, read by assignment (no group)."""
     consumer = Consumer({**settings.kafka_client_config(), "group.id": "gpuledger-reader", "enable.auto.commit": False})
     try:
         metadata = consumer.list_topics(topic, timeout=10)
@@ -132,13 +138,13 @@ def read_topic(settings: Settings, topic: str, timeout_s: float = 30.0) -> list[
             if high > low:
                 ends[p] = high
         consumer.assign([TopicPartition(topic, p, 0) for p in ends])
-        out: list[tuple[bytes | None, bytes]] = []
+        out: list[tuple[int, bytes | None, bytes]] = []
         deadline = time.monotonic() + timeout_s
         while ends and time.monotonic() < deadline:
             msg = consumer.poll(0.5)
             if msg is None or msg.error():
                 continue
-            out.append((msg.key(), msg.value()))
+            out.append((msg.partition(), msg.key(), msg.value()))
             if msg.offset() + 1 >= ends.get(msg.partition(), 0):
                 ends.pop(msg.partition(), None)
         if ends:

@@ -25,11 +25,12 @@ import time
 import uuid
 from pathlib import Path
 
+import orjson
 import pytest
 
 from gpuledger.embedded.broker import EmbeddedBroker
 from gpuledger.config import Settings
-from gpuledger.embedded.processes import ChildProcess, read_topic, wait_until_caught_up
+from gpuledger.embedded.processes import ChildProcess, read_topic, read_topic_records, wait_until_caught_up
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
@@ -58,6 +59,21 @@ def wait_for_first_ticks(settings: Settings, nodes, timeout_s: float = 120) -> N
             return
         if time.monotonic() > deadline:
             raise TimeoutError(f"no GPU tick from {sorted(set(nodes) - seen)} within {timeout_s:.0f} s")
+        time.sleep(0.5)
+
+
+def wait_for_lifecycle(settings: Settings, match, what: str, *, every_partition: bool = False,
+                       timeout_s: float = 120) -> None:
+    """Until a message on the job-events topic matches (on every partition: watermarks are sent to
+    each), instead of sleeping for what an agent usually needs: a loaded machine stretches it."""
+    topic = settings.topics.job_events
+    deadline = time.monotonic() + timeout_s
+    while True:
+        hits = {p for p, _, v in read_topic_records(settings, topic) if match(orjson.loads(v))}
+        if hits and (not every_partition or hits >= set(range(settings.partitions_job_events))):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {what} on {topic} within {timeout_s:.0f} s")
         time.sleep(0.5)
 
 
@@ -276,7 +292,8 @@ def test_ledger_matches_sacct(cluster, tmp_path):
             say(f"phase C: a job leaves squeue (MinJobAge {MIN_JOB_AGE_S} s) while the Slurm agent is down")
             gone = cluster.submit("-A", "teamb", "--gres=gpu:2", "--wrap", "sleep 6")
             cluster.wait(gone, {"RUNNING"})
-            time.sleep(2 * POLL_S + 1)  # the agent has seen it running, with its GPUs
+            wait_for_lifecycle(s, lambda m: m.get("job_id") == gone and m.get("kind") == "allocated",
+                               f"the Slurm agent publishing job {gone}'s allocation")  # it saw it running
             agent.stop()
             deadline = time.monotonic() + 180  # slurmctld purges old jobs about once a minute
             while gone in cluster.jobs() and time.monotonic() < deadline:
@@ -297,7 +314,10 @@ def test_ledger_matches_sacct(cluster, tmp_path):
             for p in procs:
                 if p.args[:2] == ("agent", "gpu"):
                     p.stop()
-            time.sleep(4 * POLL_S + 2)
+            ticks_end_ms = int(time.time() * 1000)
+            wait_for_lifecycle(s, lambda m: m.get("type") == "watermark" and m["ts_ms"] >= ticks_end_ms,
+                               "a lifecycle watermark past the GPU agents' last tick",
+                               every_partition=True)
             agent.stop()
             t = s.topics
             say("waiting for the worker and the sink")
