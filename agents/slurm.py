@@ -237,6 +237,10 @@ class SacctRow:
 
 
 # --------------------------------------------------------------------------- state
+#: polls a requeue waits for squeue's submit_time to move to the requeue time (see _translate_job)
+REQUEUE_WAIT_POLLS = 10
+
+
 @dataclass
 class JobState:
     """What the agent has already published about one job (by canonical id)."""
@@ -253,6 +257,7 @@ class JobState:
     tenant: str = ""
     queued_events: int = 0           # queued events of `attempt` (the reason changed in between)
     queued_reason: str = ""          # the pending reason of the last one
+    requeue_wait_polls: int = 0      # polls a requeue has waited for Slurm's new submit_time
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -505,8 +510,17 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
         js.submitted = True
 
     if job.attempt > js.attempt:
-        # Requeued since the last poll (Slurm sets submit_time to the requeue time).
-        requeued_ms = max(job.submit_ms, js.alloc_start_ms)
+        # Requeued since the last poll (Slurm sets submit_time to the requeue time). squeue can show the
+        # new restart count a moment before the new submit_time (seen: the old one, 4 s before the
+        # requeue): then the requeue time is not known yet, so the job waits for the next poll and holds
+        # the watermark; after REQUEUE_WAIT_POLLS the latest time already promised stands in for it.
+        stale = js.allocated and not js.ended and job.submit_ms <= js.alloc_start_ms
+        if stale and js.requeue_wait_polls < REQUEUE_WAIT_POLLS:
+            js.requeue_wait_polls += 1
+            hold_ms.append(promised_ms)
+            return
+        requeued_ms = max(job.submit_ms, js.alloc_start_ms, promised_ms if stale else 0)
+        js.requeue_wait_polls = 0
         if js.allocated and not js.ended:
             by = _preemptor(job, js, requeued_ms, jobs, tiers)
             reason = f"requeued to reclaim resources for job {by.job_id}" if by else "requeued"

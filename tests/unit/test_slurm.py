@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpuledger.agents.slurm import (
+    REQUEUE_WAIT_POLLS,
     AgentState,
     SacctRow,
     SlurmInputError,
@@ -59,6 +60,43 @@ def run_steps(steps=STEPS, state: AgentState | None = None, round_trip: bool = F
 def ids(result) -> list[str]:
     return [e.event_id for e in result.events]
 
+
+
+def _with_stale_requeue(doc: dict) -> dict:
+    """squeue_requeued as squeue can show it for a moment: job 7's new restart count with its old
+    submit_time (seen on a real cluster: the requeue 4 s after it, its submit_time not yet moved)."""
+    doc = copy.deepcopy(doc)
+    job = next(j for j in doc["jobs"] if str(j["job_id"]) == "7")
+    old = 1796084036
+    job["submit_time"] = {**job["submit_time"], "number": old} if isinstance(job["submit_time"], dict) else old
+    return doc
+
+
+def test_a_requeue_shown_before_its_new_submit_time_waits_for_it():
+    _, state = run_steps(["running", "pending"])
+    promised = state.watermark_ms
+    stale = translate(_with_stale_requeue(squeue("requeued")), state, cluster="c",
+                      poll_started_ms=POLL_MS["requeued"], tiers=TIERS)
+    assert not [e for e in stale.events if e.job_id == "7"]  # no guess at the requeue time
+    assert stale.watermark.ts_ms == promised                  # and nothing promised past it
+    later = translate(squeue("requeued"), stale.state, cluster="c", poll_started_ms=POLL_MS["requeued"] + 1000,
+                      tiers=TIERS)
+    by_id = {e.event_id: e for e in later.events}
+    assert by_id["slurm:c:7:0:preempted"].ts_ms == 1796084040_000  # sacct: End 00:14:00
+    assert by_id["slurm:c:7:1:retried"].ts_ms == 1796084040_000
+
+
+def test_a_requeue_whose_submit_time_never_moves_ends_at_the_promised_watermark():
+    _, state = run_steps(["running", "pending"])
+    promised = state.watermark_ms
+    doc = _with_stale_requeue(squeue("requeued"))
+    for n in range(REQUEUE_WAIT_POLLS + 1):
+        r = translate(doc, state, cluster="c", poll_started_ms=POLL_MS["requeued"] + 1000 * n, tiers=TIERS)
+        state = r.state
+        ends = [e for e in r.events if e.event_id == "slurm:c:7:0:preempted"]
+        if n < REQUEUE_WAIT_POLLS:
+            assert not ends and r.watermark.ts_ms == promised
+    assert [e.ts_ms for e in ends] == [promised]  # late rather than never; never behind the watermark
 
 # --------------------------------------------------------------------------- parsers
 @pytest.mark.parametrize("expr, names", [
