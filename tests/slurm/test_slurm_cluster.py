@@ -30,7 +30,7 @@ import pytest
 
 from gpuledger.embedded.broker import EmbeddedBroker
 from gpuledger.config import Settings
-from gpuledger.embedded.processes import ChildProcess, read_topic, read_topic_records, wait_until_caught_up
+from gpuledger.embedded.processes import ChildProcess, read_topic_records, wait_until_caught_up
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
@@ -47,34 +47,18 @@ def say(text: str) -> None:
     print(f"[slurm-check {time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
-def wait_for_first_ticks(settings: Settings, nodes, timeout_s: float = 120) -> None:
-    """Until every node's GPU agent has published a tick. The ledger bills observed time only, so a job
-    allocated before its node's first tick would be short of sacct by the gap: on a loaded machine an
-    agent took over 3 s to start (a fixed sleep here once let jobs start 2 s before gpu02's first tick).
-    Ticks lie on a whole-second grid, so a tick read now is at or before any job's start from here on."""
+def wait_for_topic(settings: Settings, topic: str, satisfied, what: str, timeout_s: float = 120) -> None:
+    """Until `satisfied` holds for the (partition, key, value) records in `topic`: waits on what an
+    agent has published, not a sleep for what it usually needs (a loaded machine stretches that)."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        seen = {k.decode() for k, _ in read_topic(settings, settings.topics.gpu_samples) if k}
-        if set(nodes) <= seen:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no GPU tick from {sorted(set(nodes) - seen)} within {timeout_s:.0f} s")
-        time.sleep(0.5)
-
-
-def wait_for_lifecycle(settings: Settings, match, what: str, *, every_partition: bool = False,
-                       timeout_s: float = 120) -> None:
-    """Until a message on the job-events topic matches (on every partition: watermarks are sent to
-    each), instead of sleeping for what an agent usually needs: a loaded machine stretches it."""
-    topic = settings.topics.job_events
-    deadline = time.monotonic() + timeout_s
-    while True:
-        hits = {p for p, _, v in read_topic_records(settings, topic) if match(orjson.loads(v))}
-        if hits and (not every_partition or hits >= set(range(settings.partitions_job_events))):
-            return
+    while not satisfied(read_topic_records(settings, topic)):
         if time.monotonic() > deadline:
             raise TimeoutError(f"no {what} on {topic} within {timeout_s:.0f} s")
         time.sleep(0.5)
+
+
+def lifecycle(records) -> list[tuple[int, dict]]:
+    return [(p, orjson.loads(v)) for p, _, v in records]
 
 
 def sh(*argv: str, timeout: float = 20, check: bool = True) -> str:
@@ -245,7 +229,11 @@ def test_ledger_matches_sacct(cluster, tmp_path):
             agent_args = ("agent", "slurm", "--cluster", CLUSTER, "--interval", str(POLL_S),
                           "--state-file", str(state_file), "--command-timeout", "8")
             agent = child("slurm-agent", *agent_args)
-            wait_for_first_ticks(s, NODES)
+            # the ledger bills observed time only: a job allocated before its node's first tick would be
+            # short of sacct by the gap (a fixed 3-s sleep here once let jobs start 2 s before gpu02's
+            # first tick); ticks lie on a whole-second grid, so one read now is at or before any later start
+            wait_for_topic(s, s.topics.gpu_samples, lambda recs: set(NODES) <= {k.decode() for _, k, _ in recs if k},
+                           "GPU tick from every node")
 
             say("phase A: completed, exit 3, cancelled, hung, array, multi-node, requeue")
             ok = cluster.submit("-A", "teama", "--gres=gpu:2", "--wrap", "sleep 15")
@@ -292,8 +280,10 @@ def test_ledger_matches_sacct(cluster, tmp_path):
             say(f"phase C: a job leaves squeue (MinJobAge {MIN_JOB_AGE_S} s) while the Slurm agent is down")
             gone = cluster.submit("-A", "teamb", "--gres=gpu:2", "--wrap", "sleep 6")
             cluster.wait(gone, {"RUNNING"})
-            wait_for_lifecycle(s, lambda m: m.get("job_id") == gone and m.get("kind") == "allocated",
-                               f"the Slurm agent publishing job {gone}'s allocation")  # it saw it running
+            wait_for_topic(s, s.topics.job_events,  # the agent saw it running, with its GPUs
+                           lambda recs: any(m.get("job_id") == gone and m.get("kind") == "allocated"
+                                            for _, m in lifecycle(recs)),
+                           f"allocation event of job {gone}")
             agent.stop()
             deadline = time.monotonic() + 180  # slurmctld purges old jobs about once a minute
             while gone in cluster.jobs() and time.monotonic() < deadline:
@@ -315,9 +305,10 @@ def test_ledger_matches_sacct(cluster, tmp_path):
                 if p.args[:2] == ("agent", "gpu"):
                     p.stop()
             ticks_end_ms = int(time.time() * 1000)
-            wait_for_lifecycle(s, lambda m: m.get("type") == "watermark" and m["ts_ms"] >= ticks_end_ms,
-                               "a lifecycle watermark past the GPU agents' last tick",
-                               every_partition=True)
+            wait_for_topic(s, s.topics.job_events,  # watermarks go to every partition
+                           lambda recs: {p for p, m in lifecycle(recs) if m.get("type") == "watermark"
+                                         and m["ts_ms"] >= ticks_end_ms} >= set(range(s.partitions_job_events)),
+                           "lifecycle watermark past the GPU agents' last tick on every partition")
             agent.stop()
             t = s.topics
             say("waiting for the worker and the sink")
