@@ -153,12 +153,19 @@ def closed_days_sql(db: str) -> str:
     return f"SELECT cluster, day FROM {db}.closed_days WHERE {committed(db)}"
 
 
+def open_days_sql(db: str) -> str:
+    """(cluster, day) pairs with usage that are not closed, from the small per-day aggregate: as an
+    `IN` filter it reaches usage_raw's sort key (cluster, day, ...), where `NOT IN closed` scanned."""
+    return (f"SELECT DISTINCT cluster, day FROM {db}.usage_capacity_daily "
+            f"WHERE (cluster, day) NOT IN ({closed_days_sql(db)})")
+
+
 def dedup_usage_sql(db: str, conds: Sequence[str] = (), columns: str = "*") -> str:
-    """usage_raw with each (cluster, record_id) once: `LIMIT 1 BY cluster, record_id` after the filters
-    (copies of a record are identical, so filtering first keeps the same one)."""
+    """usage_raw with each (cluster, record_id) once: `FINAL` of the ReplacingMergeTree (sql/0022: a
+    record id is gpu_uuid/start_ms/slot, so copies of a record share the whole sort key and are
+    identical; merges keep one, FINAL folds those not merged yet)."""
     where = " AND ".join(conds) if conds else "1"
-    return (f"SELECT {columns} FROM {db}.usage_raw WHERE {where} "
-            "LIMIT 1 BY cluster, record_id")
+    return f"SELECT {columns} FROM {db}.usage_raw FINAL WHERE {where}"
 
 
 def fetch_basis(client, db: str, conds: Sequence[str] = (), params: dict | None = None) -> list[dict]:

@@ -15,6 +15,9 @@ statement is parsed again, so a rendering ClickHouse cannot read never leaves th
                               non_replicated_deduplication_window becomes replicated_deduplication_window
   ALTER TABLE mv MODIFY QUERY -> ON CLUSTER, reading the source's t_local
   INSERT ... SELECT        -> unchanged: run once, through the Distributed tables (back-fills)
+  EXCHANGE TABLES a AND b  -> ON CLUSTER, of a_local and b_local (the Distributed tables name the
+                              locals, so they follow); a table rebuild (sql/0022)
+  DROP TABLE IF EXISTS t   -> ON CLUSTER, t (Distributed) then t_local
 
 Views and reports read the Distributed tables; every view over an aggregate groups again, so partial
 aggregates of one key on several shards add up (the sharding keys below keep most keys on one shard).
@@ -31,6 +34,8 @@ from typing import Callable
 #: the rows a ReplacingMergeTree or AggregatingMergeTree folds together on one shard.
 SHARDING_KEYS: dict[str, str] = {
     "usage_raw": "cityHash64(gpu_uuid)",
+    # sql/0022's rebuild of usage_raw: copied rows land on the shard usage_raw keeps them on
+    "usage_raw_by_day": "cityHash64(gpu_uuid)",
     "gpu_health": "cityHash64(gpu_uuid)",
     "gpu_latest": "cityHash64(gpu_uuid)",
     "gpu_health_hourly": "cityHash64(gpu_uuid)",
@@ -98,6 +103,8 @@ _CREATE_VIEW = re.compile(r"^CREATE (OR REPLACE )?VIEW (IF NOT EXISTS )?(`?\w+`?
 _ALTER = re.compile(r"^ALTER TABLE (`?\w+`?)\n")
 _ENGINE = re.compile(r"^ENGINE = (\w*)MergeTree(?:\((.*)\))?$", re.MULTILINE)
 _ORDER_BY = re.compile(r"^ORDER BY (.+)$", re.MULTILINE)
+_EXCHANGE = re.compile(r"^EXCHANGE TABLES (`?\w+`?) AND (`?\w+`?)$")
+_DROP_TABLE = re.compile(r"^DROP TABLE IF EXISTS (`?\w+`?)$")
 _FROM = re.compile(r"\bFROM (`?\w+`?)")
 
 
@@ -136,6 +143,10 @@ class ClusterRenderer:
             out = self._alter(canonical, m)
         elif canonical.startswith("INSERT INTO "):
             out = [canonical]
+        elif m := _EXCHANGE.match(canonical):
+            out = [self._exchange(*(_ident(g) for g in m.groups()))]
+        elif m := _DROP_TABLE.match(canonical):
+            out = self._drop(_ident(m.group(1)))
         else:
             raise RenderError(f"no cluster rendering for statement:\n{canonical}")
         # every rendered statement must parse; what is returned is ClickHouse's own text of it
@@ -161,6 +172,21 @@ class ClusterRenderer:
                 f"ENGINE = Distributed(`{self.cluster}`, `{self.database}`, `{name}{LOCAL_SUFFIX}`, {key})")
         self.tables.add(name)
         return [local, dist]
+
+    def _known_table(self, name: str, what: str) -> None:
+        if name not in self.tables:
+            raise RenderError(f"{what} {name}: not a table of these migrations")
+
+    def _exchange(self, a: str, b: str) -> str:
+        self._known_table(a, "EXCHANGE TABLES")
+        self._known_table(b, "EXCHANGE TABLES")
+        return f"EXCHANGE TABLES `{a}{LOCAL_SUFFIX}` AND `{b}{LOCAL_SUFFIX}` {self._on_cluster()}"
+
+    def _drop(self, name: str) -> list[str]:
+        self._known_table(name, "DROP TABLE")
+        self.tables.discard(name)
+        return [f"DROP TABLE IF EXISTS `{name}` {self._on_cluster()}",
+                f"DROP TABLE IF EXISTS `{name}{LOCAL_SUFFIX}` {self._on_cluster()}"]
 
     def _local_source(self, select: str) -> str:
         """The first FROM of a materialized view's query, and its qualified column references, read the

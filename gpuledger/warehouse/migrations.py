@@ -22,6 +22,9 @@ MIGRATIONS_TABLE = "schema_migrations"
 
 
 _MIGRATION_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+_EXCHANGE = re.compile(r"^EXCHANGE TABLES `?(\w+)`? AND `?(\w+)`?")
+_CREATE_TABLE = re.compile(r"^CREATE TABLE (?:IF NOT EXISTS )?`?(\w+)`?")
+_ORDER_BY = re.compile(r"^ORDER BY \((.+)\)\s*$", re.MULTILINE)
 
 
 
@@ -68,6 +71,16 @@ class Migration:
         raise WarehouseError(
             f"migration {self.version}_{self.name} was applied with checksum {recorded[:12]}… but its SQL now has "
             f"{self.checksum[:12]}…; applied migrations must not change (comments may; add a new migration)")
+
+    def declared_sort_keys(self) -> dict[str, str]:
+        """Table -> sort key ("a, f(b), c") of each CREATE TABLE in the file (compared with system.tables'
+        sorting_key with the spaces left out)."""
+        keys = {}
+        for st in self.statements():
+            body = "\n".join(line for line in st.splitlines() if not line.strip().startswith("--")).strip()
+            if (name := _CREATE_TABLE.match(body)) and (order := _ORDER_BY.search(body)):
+                keys[name.group(1)] = ", ".join(part.strip() for part in order.group(1).split(","))
+        return keys
 
     def statements(self) -> list[str]:
         """Statements end with ';' at the end of a line; comment-only chunks are dropped."""
@@ -146,6 +159,10 @@ def migrate(client, database: str, *, cluster: str | None = None,
                 continue
             log.info("applying migration %s_%s to %s%s", mg.version, mg.name, db, on_cluster)
             for statement in statements:
+                if _exchanged_already(client, db, statement, mg.declared_sort_keys(), bool(cluster)):
+                    log.info("migration %s_%s: %s took effect before; not run again", mg.version, mg.name,
+                             statement.splitlines()[0])
+                    continue
                 try:
                     client.command(statement)
                 except Exception as exc:
@@ -159,6 +176,23 @@ def migrate(client, database: str, *, cluster: str | None = None,
     finally:
         if previous and previous != db:
             client.database = previous
+
+
+def _exchanged_already(client, db: str, statement: str, declared: dict[str, str], cluster: bool) -> bool:
+    """Whether `EXCHANGE TABLES a AND b` (a table rebuild: b created in the same file with a new sort
+    key, filled, then swapped in) already took effect: `a` has b's declared sort key. The one statement
+    of a migration that is not idempotent; a file interrupted after it must not swap the tables back."""
+    m = _EXCHANGE.match(statement)
+    if m is None:
+        return False
+    table, rebuilt = m.groups()
+    if cluster:
+        rebuilt = rebuilt.removesuffix(LOCAL_SUFFIX)
+    if rebuilt not in declared:
+        raise WarehouseError(f"EXCHANGE TABLES {table} AND {m.group(2)}: the migration must create {rebuilt}")
+    rows = client.query("SELECT sorting_key FROM system.tables WHERE database = {db:String} AND name = {t:String}",
+                        parameters={"db": db, "t": table}).result_rows
+    return bool(rows) and "".join(rows[0][0].split()) == "".join(declared[rebuilt].split())
 
 
 def _record(client, db: str, mg: Migration) -> None:

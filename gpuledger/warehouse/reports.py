@@ -200,7 +200,7 @@ def _bills(client, db: str, filters: dict[str, Any]) -> list[dict]:
     for r in _query(client, adj_sql, params):
         add((r["booked_day"], "adjustment", r["cluster"], r["tenant"], r["definition_version"], r["corrects_day"],
              r["reason"]), r["line"], r["g"], r["e"], r["c"], r["currency"])
-    basis = b.fetch_basis(client, db, [*conds, f"(cluster, day) NOT IN ({b.closed_days_sql(db)})"], params)
+    basis = b.fetch_basis(client, db, [*conds, f"(cluster, day) IN ({b.open_days_sql(db)})"], params)
     for (day, cluster, tenant, _q, _job, _att, dv, line), (g, e, c) in b.job_lines(basis, b.fetch_outcomes(client, db)).items():
         add((day, "open", cluster, tenant, dv, None, None), line, g, e, c)
     order = {"closed": 0, "open": 0, "adjustment": 1}
@@ -303,7 +303,7 @@ def _job_money(client, db: str, rows: list[dict], currencies: dict[str, str]) ->
                sum(toInt64(effective_gpu_ms)), sum(toInt128(cost_micros))
         FROM ({b.dedup_usage_sql(db, ["job_id != ''", "state IN ('executing', 'allocated_idle')",
                                       "cluster IN {clusters:Array(String)}",
-                                      f"(cluster, day) NOT IN ({b.closed_days_sql(db)})"],
+                                      f"(cluster, day) IN ({b.open_days_sql(db)})"],
                                  "cluster, record_id, job_id, definition_version, state, gpu_ms, effective_gpu_ms, cost_micros")})
         GROUP BY cluster, job_id, definition_version"""
     money: dict[tuple, list[int]] = {}
@@ -408,8 +408,11 @@ def _unmatched(client, db: str, filters: dict[str, Any]) -> list[dict]:
             GROUP BY cluster, job_id, attempt, node
         ),
         billed AS (
+            -- the per-job aggregate (sql/0018, sorted by job): the GPUs each allocation's attempt was billed
+            -- on, on whatever day (its first record is at the allocation), without scanning usage_raw
             SELECT cluster, job_id, attempt, node, uniqExact(gpu_uuid) AS gpus
-            FROM {db}.usage_raw WHERE job_id != '' AND {where}
+            FROM {db}.job_gpu_usage
+            WHERE (job_id, attempt, cluster) IN (SELECT job_id, attempt, cluster FROM allocations)
             GROUP BY cluster, job_id, attempt, node
         ),
         known_nodes AS (SELECT DISTINCT cluster, node FROM {db}.node_inventory)

@@ -258,7 +258,10 @@ try:
                         ("capacity_daily", "day, cluster, gpu_model, definition_version")]:
         out[name] = [{k: (v if isinstance(v, (int, float, str)) or v is None else str(v)) for k, v in r.items()}
                      for r in c.query(f"SELECT * FROM {name} ORDER BY {order}").named_results()]
-    (n, ids), = c.query("SELECT count(), uniqExact(record_id) FROM usage_raw").result_rows
+    # rows: every record written, copies included (the per-day aggregate counts each insert; usage_raw
+    # itself folds copies of a record id when its parts merge, sql/0022)
+    (n, ids), = c.query("SELECT (SELECT sum(slices) FROM usage_capacity_daily), uniqExact(record_id) "
+                        "FROM usage_raw").result_rows
     out["usage_raw"] = {"rows": n, "record_ids": ids}
     out["job_events"] = c.query("SELECT count(), uniqExact(event_id) FROM job_events").result_rows[0]
 finally:
@@ -462,7 +465,10 @@ try:
         "GROUP BY day, tenant, state, definition_version ORDER BY day, tenant, state, definition_version"
     ).named_results()
     out = {"bills": [{k: (v if isinstance(v, (int, float, str)) else str(v)) for k, v in r.items()} for r in rows]}
-    (n, ids), = c.query("SELECT count(), uniqExact(record_id) FROM usage_raw").result_rows
+    # rows: every record written, copies included (the per-day aggregate counts each insert; usage_raw
+    # itself folds copies of a record id when its parts merge, sql/0022)
+    (n, ids), = c.query("SELECT (SELECT sum(slices) FROM usage_capacity_daily), uniqExact(record_id) "
+                        "FROM usage_raw").result_rows
     out["usage_raw"] = {"rows": n, "record_ids": ids}
 finally:
     c.close()

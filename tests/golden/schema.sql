@@ -2882,10 +2882,10 @@ CREATE TABLE {db}.usage_raw
     `kafka_offset` Int64,
     `inserted_at` DateTime64(3, 'UTC') DEFAULT now64(3)
 )
-ENGINE = MergeTree
+ENGINE = ReplacingMergeTree
 PARTITION BY toYYYYMM(day)
-ORDER BY (cluster, gpu_uuid, start_ms, record_id)
-SETTINGS index_granularity = 8192, non_replicated_deduplication_window = 1000;
+ORDER BY (cluster, day, intDiv(start_ms, 3600000), gpu_uuid, start_ms, record_id)
+SETTINGS non_replicated_deduplication_window = 1000, index_granularity = 8192;
 
 CREATE VIEW {db}.utilization_hourly
 (

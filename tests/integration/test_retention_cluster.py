@@ -91,10 +91,16 @@ def _columns_from_create(sql: str) -> list[tuple[str, str]]:
 
 
 def simulate_columns(statements: list[str]) -> dict[str, list[tuple[str, str]]]:
-    """Table -> columns after the CREATE TABLE and ALTER ... COLUMN statements, in order."""
+    """Table -> columns after the CREATE TABLE, ALTER ... COLUMN, EXCHANGE TABLES and DROP TABLE
+    statements, in order."""
     tables: dict[str, list[tuple[str, str]]] = {}
     for sql in statements:
-        if m := re.match(r"^CREATE TABLE (?:IF NOT EXISTS )?`?(\w+)`?(?: ON CLUSTER `?\w+`?)? AS `?(\w+)`?\n", sql):
+        if m := re.match(r"^EXCHANGE TABLES `?(\w+)`? AND `?(\w+)`?", sql):
+            a, b = m.groups()
+            tables[a], tables[b] = tables[b], tables[a]
+        elif m := re.match(r"^DROP TABLE IF EXISTS `?(\w+)`?", sql):
+            tables.pop(m.group(1), None)
+        elif m := re.match(r"^CREATE TABLE (?:IF NOT EXISTS )?`?(\w+)`?(?: ON CLUSTER `?\w+`?)? AS `?(\w+)`?\n", sql):
             tables[m.group(1)] = list(tables[m.group(2)])
         elif m := re.match(r"^CREATE TABLE (?:IF NOT EXISTS )?`?(\w+)`?", sql):
             tables.setdefault(m.group(1), _columns_from_create(sql))

@@ -147,7 +147,9 @@ try:
         "GROUP BY job_id, attempt").result_rows
     events = c.query("SELECT job_id, attempt, kind, reason, tenant, queue, event_id FROM job_events "
                      "ORDER BY job_id, attempt, ts_ms").result_rows
-    (rows, ids), = c.query("SELECT count(), uniqExact(record_id) FROM usage_raw").result_rows
+    # rows: every record written, copies included (usage_raw folds copies when its parts merge, sql/0022)
+    (rows, ids), = c.query("SELECT (SELECT sum(slices) FROM usage_capacity_daily), uniqExact(record_id) "
+                           "FROM usage_raw").result_rows
     snaps = c.query("SELECT count() FROM scheduler_snapshots").result_rows[0][0]
     queues = c.query("SELECT queue, max(quota_gpus), max(allocated_gpus), max(pending_jobs) FROM scheduler_snapshots "
                      "GROUP BY queue ORDER BY queue").result_rows
