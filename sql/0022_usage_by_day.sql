@@ -17,6 +17,8 @@
 -- the copy and the exchange would stay in the old table. The migrator runs the EXCHANGE only while
 -- usage_raw's sort key is not yet the new one, so a file interrupted anywhere is safe to run again
 -- (gpuledger/warehouse/migrations.py); copying twice is harmless (the copies merge away).
+-- The DROP is SYNC: an Atomic database otherwise keeps a dropped table's data for 8 minutes
+-- (database_atomic_delay_before_drop_table_sec), here a copy of every usage record.
 -- Retention (TTL) is configuration: `gpuledger migrate` sets it on the new table after the migrations.
 
 CREATE TABLE IF NOT EXISTS usage_raw_by_day
@@ -63,4 +65,4 @@ INSERT INTO usage_raw_by_day SELECT * FROM usage_raw;
 
 EXCHANGE TABLES usage_raw AND usage_raw_by_day;
 
-DROP TABLE IF EXISTS usage_raw_by_day;
+DROP TABLE IF EXISTS usage_raw_by_day SYNC;

@@ -17,7 +17,7 @@ statement is parsed again, so a rendering ClickHouse cannot read never leaves th
   INSERT ... SELECT        -> unchanged: run once, through the Distributed tables (back-fills)
   EXCHANGE TABLES a AND b  -> ON CLUSTER, of a_local and b_local (the Distributed tables name the
                               locals, so they follow); a table rebuild (sql/0022)
-  DROP TABLE IF EXISTS t   -> ON CLUSTER, t (Distributed) then t_local
+  DROP TABLE IF EXISTS t [SYNC] -> ON CLUSTER, t (Distributed) then t_local
 
 Views and reports read the Distributed tables; every view over an aggregate groups again, so partial
 aggregates of one key on several shards add up (the sharding keys below keep most keys on one shard).
@@ -104,7 +104,7 @@ _ALTER = re.compile(r"^ALTER TABLE (`?\w+`?)\n")
 _ENGINE = re.compile(r"^ENGINE = (\w*)MergeTree(?:\((.*)\))?$", re.MULTILINE)
 _ORDER_BY = re.compile(r"^ORDER BY (.+)$", re.MULTILINE)
 _EXCHANGE = re.compile(r"^EXCHANGE TABLES (`?\w+`?) AND (`?\w+`?)$")
-_DROP_TABLE = re.compile(r"^DROP TABLE IF EXISTS (`?\w+`?)$")
+_DROP_TABLE = re.compile(r"^DROP TABLE IF EXISTS (`?\w+`?)( SYNC)?$")
 _FROM = re.compile(r"\bFROM (`?\w+`?)")
 
 
@@ -146,7 +146,7 @@ class ClusterRenderer:
         elif m := _EXCHANGE.match(canonical):
             out = [self._exchange(*(_ident(g) for g in m.groups()))]
         elif m := _DROP_TABLE.match(canonical):
-            out = self._drop(_ident(m.group(1)))
+            out = self._drop(_ident(m.group(1)), m.group(2) or "")
         else:
             raise RenderError(f"no cluster rendering for statement:\n{canonical}")
         # every rendered statement must parse; what is returned is ClickHouse's own text of it
@@ -182,11 +182,11 @@ class ClusterRenderer:
         self._known_table(b, "EXCHANGE TABLES")
         return f"EXCHANGE TABLES `{a}{LOCAL_SUFFIX}` AND `{b}{LOCAL_SUFFIX}` {self._on_cluster()}"
 
-    def _drop(self, name: str) -> list[str]:
+    def _drop(self, name: str, sync: str) -> list[str]:
         self._known_table(name, "DROP TABLE")
         self.tables.discard(name)
-        return [f"DROP TABLE IF EXISTS `{name}` {self._on_cluster()}",
-                f"DROP TABLE IF EXISTS `{name}{LOCAL_SUFFIX}` {self._on_cluster()}"]
+        return [f"DROP TABLE IF EXISTS `{name}` {self._on_cluster()}{sync}",
+                f"DROP TABLE IF EXISTS `{name}{LOCAL_SUFFIX}` {self._on_cluster()}{sync}"]
 
     def _local_source(self, select: str) -> str:
         """The first FROM of a materialized view's query, and its qualified column references, read the
