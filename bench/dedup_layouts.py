@@ -1,5 +1,5 @@
 """Why usage_raw is a day-first ReplacingMergeTree (sql/0022): one open day's bill basis read with
-each record once, on three layouts of the same rows. Not part of `make bench` (~6 min at full size);
+each record once, on four layouts of the same rows. Not part of `make bench` (~10 min at full size);
 its figures are quoted in docs/reliability.md ("What may write usage_raw, and what counts").
 
     .venv/bin/python -m bench.dedup_layouts                  # 10,000 GPUs x 7 days of 60-s segments

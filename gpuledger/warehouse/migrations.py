@@ -73,13 +73,12 @@ class Migration:
             f"{self.checksum[:12]}…; applied migrations must not change (comments may; add a new migration)")
 
     def declared_sort_keys(self) -> dict[str, str]:
-        """Table -> sort key ("a, f(b), c") of each CREATE TABLE in the file (compared with system.tables'
-        sorting_key with the spaces left out)."""
+        """Table -> sort key as written ("a, f(b), c") of each CREATE TABLE in the file."""
         keys = {}
         for st in self.statements():
             body = "\n".join(line for line in st.splitlines() if not line.strip().startswith("--")).strip()
             if (name := _CREATE_TABLE.match(body)) and (order := _ORDER_BY.search(body)):
-                keys[name.group(1)] = ", ".join(part.strip() for part in order.group(1).split(","))
+                keys[name.group(1)] = order.group(1)
         return keys
 
     def statements(self) -> list[str]:
@@ -159,7 +158,7 @@ def migrate(client, database: str, *, cluster: str | None = None,
                 continue
             log.info("applying migration %s_%s to %s%s", mg.version, mg.name, db, on_cluster)
             for statement in statements:
-                if _exchanged_already(client, db, statement, mg.declared_sort_keys(), bool(cluster)):
+                if _exchanged_already(client, db, statement, mg, bool(cluster)):
                     log.info("migration %s_%s: %s took effect before; not run again", mg.version, mg.name,
                              statement.splitlines()[0])
                     continue
@@ -178,7 +177,7 @@ def migrate(client, database: str, *, cluster: str | None = None,
             client.database = previous
 
 
-def _exchanged_already(client, db: str, statement: str, declared: dict[str, str], cluster: bool) -> bool:
+def _exchanged_already(client, db: str, statement: str, mg: Migration, cluster: bool) -> bool:
     """Whether `EXCHANGE TABLES a AND b` (a table rebuild: b created in the same file with a new sort
     key, filled, then swapped in) already took effect: `a` has b's declared sort key. The one statement
     of a migration that is not idempotent; a file interrupted after it must not swap the tables back."""
@@ -188,10 +187,12 @@ def _exchanged_already(client, db: str, statement: str, declared: dict[str, str]
     table, rebuilt = m.groups()
     if cluster:
         rebuilt = rebuilt.removesuffix(LOCAL_SUFFIX)
+    declared = mg.declared_sort_keys()
     if rebuilt not in declared:
         raise WarehouseError(f"EXCHANGE TABLES {table} AND {m.group(2)}: the migration must create {rebuilt}")
     rows = client.query("SELECT sorting_key FROM system.tables WHERE database = {db:String} AND name = {t:String}",
                         parameters={"db": db, "t": table}).result_rows
+    # system.tables spaces the key its own way: compare without spaces
     return bool(rows) and "".join(rows[0][0].split()) == "".join(declared[rebuilt].split())
 
 
