@@ -12,9 +12,11 @@ Everything is generated inside the engine (INSERT ... SELECT FROM numbers()), so
 views fill the aggregates as they would from the sink; then background merges are allowed to finish
 (OPTIMIZE ... FINAL on the aggregates, as hours of operation would).
 
-Before the reports are timed, every day past its grace is closed (`bills.close_due`, as the bills
-timer does in operation), so the reports read closed bills for those days and live, deduplicated
-usage for the last, open day.
+Carbon inputs are recorded as a running ledger has them: the default [carbon] definition (which
+`gpuledger migrate` records) and an hourly intensity series for the cluster, so every CO2e figure is
+computed. Before the charts and reports are timed, every day past its grace is closed
+(`bills.close_due`, as the bills timer does in operation), so they read closed bills (and closed
+days' energy) for those days and live, deduplicated usage for the last, open day.
 
 Chart queries are built from the bundle (superset/bundle): the chart's dataset, its metrics'
 expressions, group-bys, time grain, row limit and order, as Superset's SQL for those chart types
@@ -198,6 +200,23 @@ def bundle_charts() -> list[tuple[str, str]]:
     return out
 
 
+def record_carbon(client) -> int:
+    """Carbon inputs as a running ledger has them: the default ledger's [carbon] definition (recorded by
+    `gpuledger migrate`) and an hourly grid-intensity series for the bench's cluster over the generated
+    days (`gpuledger carbon load`), so the reports' and the carbon chart's CO2e are computed. Returns the
+    number of intensity values loaded (0 when a kept directory has them already)."""
+    from gpuledger.ledger_files import load_ledger_config
+    from gpuledger.warehouse import carbon
+
+    carbon.record_definition(client, DATABASE, load_ledger_config(None).carbon)
+    if client.query("SELECT count() FROM carbon_intensity").result_rows[0][0]:
+        return 0
+    hours = -(-ROWS // GPUS) // 60 + 1
+    series = [{"zone": "bench", "valid_from_ms": START_MS + h * 3_600_000, "gco2e_per_kwh": 250.0 + (h * 37) % 300}
+              for h in range(hours)]
+    return carbon.load_intensity(client, DATABASE, series, "bench-hourly.csv", "bench")
+
+
 def _timed(fn) -> tuple[float, int]:
     t0 = time.perf_counter()
     n = fn()  # warm-up
@@ -236,15 +255,7 @@ def run() -> dict:
             say(f"queries: generating {ROWS:,} usage segments for {GPUS:,} GPUs")
             detail = generate(client)
             say(f"queries: generated in {detail['generate_s']} s, merged in {detail['merge_s']} s: {detail['rows']}")
-        timings: dict[str, float] = {}
-        tables = {r[0] for r in client.query("SELECT name FROM system.tables WHERE database = currentDatabase()").result_rows}
-        for name, table, sql in bundle_charts():
-            if table not in tables:  # a dataset of a migration this tree does not have yet
-                say(f"queries: {name}: skipped, no {table} in the warehouse")
-                continue
-            s, n = _timed(lambda sql=sql: len(client.query(sql).result_rows))
-            timings[name] = s
-            say(f"queries: {name}: {1000 * s:,.0f} ms ({n} rows)")
+        detail["intensity_values_loaded"] = record_carbon(client)
         if "reused" not in detail:
             # as in operation: every day past its grace is closed (the bills timer), the last one open
             from gpuledger.config import Settings
@@ -257,6 +268,15 @@ def run() -> dict:
             detail["close_s"] = round(time.perf_counter() - t0, 1)
             detail["closed_days"] = sum(len(d) for d in closed.closed.values())
             say(f"queries: closed {detail['closed_days']} days in {detail['close_s']} s")
+        timings: dict[str, float] = {}
+        tables = {r[0] for r in client.query("SELECT name FROM system.tables WHERE database = currentDatabase()").result_rows}
+        for name, table, sql in bundle_charts():
+            if table not in tables:  # a dataset of a migration this tree does not have yet
+                say(f"queries: {name}: skipped, no {table} in the warehouse")
+                continue
+            s, n = _timed(lambda sql=sql: len(client.query(sql).result_rows))
+            timings[name] = s
+            say(f"queries: {name}: {1000 * s:,.0f} ms ({n} rows)")
         last_day = dt.date(2026, 11, 1) + dt.timedelta(days=-(-ROWS // GPUS) // 1440)
         for name in reports.REPORTS:
             for label, filters in (("all days", {}), ("open day", {"day_from": last_day, "day_to": last_day})):

@@ -16,6 +16,10 @@ current data and compared, attempt by attempt, with what was closed plus the adj
 booked; the difference is booked into the cluster's next open day as `bill_adjustments` rows with a
 reason (`diff_adjustments`). Running the closer again with nothing new books nothing.
 
+Closing also writes each day's energy per hour into `closed_energy` (carbon of closed days, sql/0023);
+the adjustment pass writes the difference late records make there (`diff_energy`), keyed by the day
+they belong to, under the same run.
+
 The pure parts (lines, due days, the diff, messages) are plain functions tested in
 tests/unit/test_bills.py; the rest reads and writes the warehouse.
 """
@@ -135,6 +139,23 @@ def diff_adjustments(booked: Mapping[tuple, Amount], now: Mapping[tuple, Amount]
     return out
 
 
+#: (day, cluster, hour, tenant, queue, job_id, attempt, definition_version, state)
+EnergyKey = tuple
+ENERGY_KEYS = ("day", "cluster", "hour", "tenant", "queue", "job_id", "attempt", "definition_version", "state")
+
+
+def diff_energy(booked: Mapping[EnergyKey, Sequence[int]], now: Mapping[EnergyKey, Sequence[int]]) -> list[tuple]:
+    """The closed_energy rows that make booked + rows == now: [(key, [energy_mj, records])] for every key
+    whose whole millijoules or record count differ, in key order (sql/0023)."""
+    out = []
+    for key in sorted(set(booked) | set(now), key=lambda k: tuple(str(x) for x in k)):
+        b, n = booked.get(key, (0, 0)), now.get(key, (0, 0))
+        delta = [int(n[0]) - int(b[0]), int(n[1]) - int(b[1])]
+        if any(delta):
+            out.append((key, delta))
+    return out
+
+
 # --------------------------------------------------------------------------- SQL helpers
 def _q(client, sql: str, params: dict | None = None) -> list[dict]:
     return list(client.query(sql, parameters=params or {}).named_results())
@@ -181,6 +202,39 @@ def fetch_basis(client, db: str, conds: Sequence[str] = (), params: dict | None 
     for r in rows:
         r["cluster"] = str(r["cluster"])
     return rows
+
+
+def _energy_key(r: Mapping[str, Any]) -> EnergyKey:
+    return (r["day"], str(r["cluster"]), int(r["hour"]), str(r["tenant"]), str(r["queue"]), r["job_id"],
+            int(r["attempt"]), str(r["definition_version"]), str(r["state"]))
+
+
+def fetch_energy(client, db: str, cluster: str, day_from: dt.date, day_to: dt.date) -> dict[EnergyKey, list[int]]:
+    """{energy key: [energy_mj, records]} of a cluster's days from usage deduplicated by record id: the
+    jobs' executing and allocated-idle usage per hour, in whole millijoules (each record rounded)."""
+    inner = dedup_usage_sql(db, ["cluster = {cluster:String}", "day BETWEEN {day_from:Date} AND {day_to:Date}",
+                                 "job_id != ''", "state IN ('executing', 'allocated_idle')"],
+                            "day, cluster, start_ms, tenant, queue, job_id, attempt, definition_version, state, energy_j")
+    sql = (f"SELECT day, cluster, intDiv(start_ms, 3600000) AS hour, tenant, queue, job_id, attempt, definition_version, "
+           f"state, sum(toInt64(round(energy_j * 1000))) AS energy_mj, count() AS records FROM ({inner}) "
+           "GROUP BY day, cluster, hour, tenant, queue, job_id, attempt, definition_version, state")
+    return {_energy_key(r): [int(r["energy_mj"]), int(r["records"])]
+            for r in _q(client, sql, {"cluster": cluster, "day_from": day_from, "day_to": day_to})}
+
+
+def _booked_energy(client, db: str, cluster: str, day_from: dt.date, day_to: dt.date) -> dict[EnergyKey, list[int]]:
+    """closed_energy of committed runs for a cluster's closed days in the range, summed per key."""
+    sql = (f"SELECT day, cluster, hour, tenant, queue, job_id, attempt, definition_version, state, "
+           f"sum(energy_mj) AS energy_mj, sum(records) AS records FROM {db}.closed_energy "
+           f"WHERE cluster = {{cluster:String}} AND day BETWEEN {{day_from:Date}} AND {{day_to:Date}} AND {committed(db)} "
+           "GROUP BY day, cluster, hour, tenant, queue, job_id, attempt, definition_version, state")
+    return {_energy_key(r): [int(r["energy_mj"]), int(r["records"])]
+            for r in _q(client, sql, {"cluster": cluster, "day_from": day_from, "day_to": day_to})}
+
+
+def _energy_rows(items: Iterable[tuple[EnergyKey, Sequence[int]]], run_id: str) -> list[dict]:
+    return [{**dict(zip(ENERGY_KEYS, key)), "energy_mj": int(mj), "records": int(n), "bill_run_id": run_id}
+            for key, (mj, n) in items]
 
 
 def fetch_outcomes(client, db: str, cluster: str | None = None) -> dict[tuple, str]:
@@ -257,13 +311,15 @@ class CloseResult:
     horizons: dict[str, int] = field(default_factory=dict)
     closed_rows: int = 0
     adjustment_rows: int = 0
+    energy_rows: int = 0                                             # closed_energy rows (sql/0023)
     messages: list = field(default_factory=list)                     # BillRow, published or not
 
     def as_dict(self) -> dict:
         return {"bill_run_id": self.bill_run_id,
                 "closed": {c: [d.isoformat() for d in days] for c, days in self.closed.items()},
                 "horizons_ms": self.horizons, "closed_rows": self.closed_rows,
-                "adjustment_rows": self.adjustment_rows, "messages": len(self.messages)}
+                "adjustment_rows": self.adjustment_rows, "energy_rows": self.energy_rows,
+                "messages": len(self.messages)}
 
 
 def _closed_state(client, db: str) -> dict[str, list[dt.date]]:
@@ -328,6 +384,7 @@ def close_due(client, settings, ledger, now: dt.datetime | None = None, publishe
     closed_queue_rows: list[dict] = []
     closed_day_rows: list[dict] = []
     adjustment_rows: list[dict] = []
+    energy_rows: list[dict] = []     # closed_energy: closed days' energy, and late records' difference
     for cluster in sorted(set(horizons) | set(closed)):
         h = horizons.get(cluster)
         horizon = int(h["horizon_ms"]) if h else 0
@@ -352,6 +409,8 @@ def close_due(client, settings, ledger, now: dt.datetime | None = None, publishe
                                                currency=currency, bill_run_id=run_id))
             closed_queue_rows.extend(_queue_rows(client, db, cluster, new_days[0], new_days[-1], run_id,
                                                  ledger.definition_version))
+            energy_rows.extend(_energy_rows(sorted(fetch_energy(client, db, cluster, new_days[0], new_days[-1]).items(),
+                                                   key=lambda kv: tuple(map(str, kv[0]))), run_id))
             closed_day_rows.extend(dict(day=d, cluster=cluster, bill_run_id=run_id, horizon_ms=horizon) for d in new_days)
             result.closed[cluster] = new_days
         # adjustments for days closed before this run, booked into the next open day
@@ -366,23 +425,27 @@ def close_due(client, settings, ledger, now: dt.datetime | None = None, publishe
                                             queue=queue, job_id=job_id, attempt=attempt, line=line,
                                             definition_version=dv, reason=reason, gpu_ms=g, effective_gpu_ms=e,
                                             cost_micros=c, currency=currency, bill_run_id=run_id))
-    if not closed_day_rows and not adjustment_rows:
+            energy_rows.extend(_energy_rows(diff_energy(_booked_energy(client, db, cluster, start, already[-1]),
+                                                        fetch_energy(client, db, cluster, start, already[-1])), run_id))
+    if not closed_day_rows and not adjustment_rows and not energy_rows:
         return result
     # data first, the run's row last: it commits the run
     for table, rows in (("closed_job_cost", closed_job_rows), ("closed_tenant_bill", closed_tenant_rows),
                         ("closed_queue_efficiency", closed_queue_rows), ("bill_adjustments", adjustment_rows),
-                        ("closed_days", closed_day_rows)):
+                        ("closed_energy", energy_rows), ("closed_days", closed_day_rows)):
         if rows:
             insert_rows(client, table, rows, database=db_name)
-    days = sorted({r["day"] for r in closed_day_rows} | {r["booked_day"] for r in adjustment_rows})
+    days = sorted({r["day"] for r in closed_day_rows} | {r["booked_day"] for r in adjustment_rows}
+                  | {r["day"] for r in energy_rows})
     insert_rows(client, "bill_runs", [dict(
         bill_run_id=run_id, created_at=now, days=days,
-        clusters=sorted(set(result.closed) | {r["cluster"] for r in adjustment_rows}),
+        clusters=sorted(set(result.closed) | {r["cluster"] for r in adjustment_rows} | {r["cluster"] for r in energy_rows}),
         definition_version=ledger.definition_version, grace_s=grace, horizons=result.horizons,
         closed_rows=len(closed_tenant_rows), adjustment_rows=len(adjustment_rows))], database=db_name)
     result.bill_run_id = run_id
     result.closed_rows = len(closed_tenant_rows)
     result.adjustment_rows = len(adjustment_rows)
+    result.energy_rows = len(energy_rows)
     result.messages = bill_messages(run_id, closed_tenant_rows, adjustment_rows)
     log.info("bill run %s: closed %s, %d adjustment rows", run_id,
              {c: [d.isoformat() for d in ds] for c, ds in result.closed.items()}, len(adjustment_rows))

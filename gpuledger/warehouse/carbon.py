@@ -8,6 +8,10 @@ intensity of its cluster's zone valid at the record's start (ASOF JOIN on valid_
 definition's default intensity. The definition ([carbon] in the ledger TOML, streams/carbondefs.py)
 is recorded in `carbon_definitions` by `gpuledger migrate` and `gpuledger carbon load`; the latest
 recorded one applies and its version is named beside every figure. Tables and views: sql/0020.
+
+Closed days read their energy per hour from `closed_energy`, which the bill close writes (sql/0023,
+gpuledger/warehouse/bills.py), not every record from usage_raw; the definition and the series are
+still applied when a figure is read.
 """
 
 from __future__ import annotations
@@ -115,41 +119,61 @@ def _user() -> str:
         return "unknown"
 
 
-def usage_carbon_sql(db: str, conds: Sequence[str] = (), columns: str = "") -> str:
-    """The usage_carbon view's figures (sql/0020) with `conds` on usage_raw applied before the
-    deduplication and the join, so a report reads only its own days. `columns`: extra usage_raw columns."""
-    from gpuledger.warehouse.bills import dedup_usage_sql
+#: the usage a carbon figure covers: jobs' executing and allocated-idle time, as a tenant bill charges
+CARBON_USAGE = ("job_id != ''", "state IN ('executing', 'allocated_idle')")
+_KEY_COLUMNS = ("day", "cluster", "tenant", "queue", "job_id", "attempt", "definition_version", "state")
 
-    extra = f", {columns}" if columns else ""
-    inner = dedup_usage_sql(db, conds, "cluster, record_id, day, state, tenant, queue, job_id, attempt, "
-                                       f"definition_version, gpu_uuid, start_ms, energy_j{extra}")
-    return f"""
-        SELECT x.*, if(ci.found = 1, ci.gco2e_per_kwh, x.default_gco2e_per_kwh) AS gco2e_per_kwh,
-               x.energy_j / 3600000 * x.pue * if(ci.found = 1, ci.gco2e_per_kwh, x.default_gco2e_per_kwh) AS co2e_g
-        FROM (SELECT u.*, d.carbon_version AS carbon_version, d.pue AS pue,
-                     d.default_gco2e_per_kwh AS default_gco2e_per_kwh,
-                     if(mapContains(d.zones, toString(u.cluster)), d.zones[toString(u.cluster)], toString(u.cluster)) AS zone
-              FROM ({inner}) AS u CROSS JOIN {db}.carbon_definition_current AS d) AS x
-        ASOF LEFT JOIN (SELECT zone, valid_from_ms, gco2e_per_kwh, toUInt8(1) AS found
-                        FROM {db}.carbon_intensity_current) AS ci
-        ON x.zone = ci.zone AND x.start_ms >= ci.valid_from_ms"""
+
+def carbon_energy_sql(db: str, keys: Sequence[str], conds: Sequence[str] = ()) -> str:
+    """Rows (keys..., start_ms, energy_j) of jobs' usage energy: closed days from closed_energy per hour
+    (committed runs; start_ms = the hour's start), the days of carbon_raw_days (open days, and closed
+    days whose intensity changes within an hour) from usage_raw deduplicated (sql/0023). `keys` and the
+    columns `conds` name are among day, cluster, tenant, queue, job_id, attempt, definition_version and
+    state, which both tables have (cluster is always among the rows' columns); `conds` apply to both
+    parts, before any join."""
+    from gpuledger.warehouse.bills import committed, dedup_usage_sql
+
+    unknown = sorted(set(keys) - set(_KEY_COLUMNS))
+    if unknown:
+        raise ValueError(f"carbon figures are kept by {', '.join(_KEY_COLUMNS)}; not by {', '.join(unknown)}")
+    keys = list(keys) if "cluster" in keys else ["cluster", *keys]  # the zone is the cluster's
+    cols = ", ".join(k if k in ("day", "attempt") else f"toString({k}) AS {k}" for k in keys)
+    where = " AND ".join(conds) if conds else "1"
+    raw_days = f"(cluster, day) IN (SELECT cluster, day FROM {db}.carbon_raw_days)"
+    # filters on the stored columns inside, conversions outside: an alias named like a column would
+    # stand for it in WHERE and hide the sort key
+    closed = (f"SELECT {cols}, hour * 3600000 AS start_ms, sum(energy_mj) / 1000 AS energy_j FROM ("
+              f"SELECT {', '.join(keys)}, hour, energy_mj FROM {db}.closed_energy "
+              f"WHERE {committed(db)} AND NOT {raw_days} AND {where}) GROUP BY {', '.join(keys)}, hour")
+    raw = dedup_usage_sql(db, [*CARBON_USAGE, raw_days, *conds], f"{', '.join(keys)}, start_ms, energy_j")
+    return f"{closed} UNION ALL SELECT {cols}, start_ms, energy_j FROM ({raw})"
 
 
 def co2e_by(client, database: str, keys: Sequence[str], conds: Sequence[str] = (),
             params: dict | None = None) -> dict[tuple, dict]:
     """{key values: {co2e_kg, energy_kwh, carbon_version}} of jobs' usage (executing, allocated idle),
-    grouped by `keys` (usage_raw columns). Empty when no carbon definition is recorded."""
+    grouped by `keys` (see carbon_energy_sql): energy x PUE x the intensity of the cluster's zone valid
+    at the usage's start, else the default. Empty when no carbon definition is recorded."""
     db = quoted_database(database)
-    usage = usage_carbon_sql(db, ["job_id != ''", *conds])
-    key_sql = ", ".join(f"toString({k}) AS {k}" if k not in ("day", "attempt") else k for k in keys)
-    sql = (f"SELECT {key_sql}, sum(co2e_g) / 1000 AS co2e_kg, sum(energy_j) / 3600000 AS energy_kwh, "
-           f"any(carbon_version) AS carbon_version "
-           f"FROM ({usage}) "
-           f"WHERE state IN ('executing', 'allocated_idle') GROUP BY {', '.join(keys)}")
+    usage = carbon_energy_sql(db, keys, conds)
+    key_list = ", ".join(keys)
+    sql = f"""
+        SELECT {key_list}, sum(x.energy_j / 3600000 * x.pue * if(ci.found = 1, ci.gco2e_per_kwh, x.default_gco2e_per_kwh))
+                   / 1000 AS co2e_kg,
+               sum(x.energy_j) / 3600000 AS energy_kwh, any(x.carbon_version) AS carbon_version
+        FROM (SELECT u.*, d.carbon_version AS carbon_version, d.pue AS pue,
+                     d.default_gco2e_per_kwh AS default_gco2e_per_kwh,
+                     if(mapContains(d.zones, u.cluster), d.zones[u.cluster], u.cluster) AS zone
+              FROM ({usage}) AS u CROSS JOIN {db}.carbon_definition_current AS d) AS x
+        ASOF LEFT JOIN (SELECT zone, valid_from_ms, gco2e_per_kwh, toUInt8(1) AS found
+                        FROM {db}.carbon_intensity_current) AS ci
+        ON x.zone = ci.zone AND x.start_ms >= ci.valid_from_ms
+        GROUP BY {key_list}"""
     try:
         rows = _query(client, sql, params)
-    except Exception as exc:  # a warehouse before sql/0020: reports keep working, without carbon
-        if "carbon_" in str(exc) and ("UNKNOWN_TABLE" in str(exc) or "doesn't exist" in str(exc)):
+    except Exception as exc:  # a warehouse before sql/0020 or 0023: reports keep working, without carbon
+        text = str(exc)
+        if ("carbon_" in text or "closed_energy" in text) and ("UNKNOWN_TABLE" in text or "doesn't exist" in text):
             return {}
         raise
     return {tuple(r[k] for k in keys): r for r in rows}

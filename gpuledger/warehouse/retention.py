@@ -45,6 +45,7 @@ RETENTION: dict[str, Retention] = {
     "closed_job_cost": Retention("retention_bills_days", "day", "closed bills"),
     "closed_queue_efficiency": Retention("retention_bills_days", "day", "closed bills"),
     "closed_days": Retention("retention_bills_days", "day", "closed bills"),
+    "closed_energy": Retention("retention_bills_days", "day", "closed days' energy: their carbon (sql/0023)"),
     "bill_adjustments": Retention("retention_bills_days", "booked_day", "adjustments"),
     "bill_runs": Retention("retention_bills_days", "toDate(created_at)", "close runs"),
     "rebilled_usage": Retention("retention_bills_days", "day", "re-bills"),

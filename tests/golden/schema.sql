@@ -316,6 +316,33 @@ GROUP BY
     zone,
     valid_from_ms;
 
+CREATE VIEW {db}.carbon_raw_days
+(
+    `cluster` LowCardinality(String),
+    `day` Date
+)
+AS SELECT DISTINCT
+    c.cluster AS cluster,
+    c.day AS day
+FROM {db}.usage_capacity_daily AS c
+CROSS JOIN {db}.carbon_definition_current AS d
+WHERE ((c.cluster, c.day) NOT IN (
+    SELECT
+        cluster,
+        day
+    FROM {db}.closed_days
+    WHERE bill_run_id IN (
+        SELECT bill_run_id
+        FROM {db}.bill_runs
+    )
+)) OR ((if(mapContains(d.zones, toString(c.cluster)), d.zones[toString(c.cluster)], toString(c.cluster)), c.day) IN (
+    SELECT
+        zone,
+        toDate(fromUnixTimestamp64Milli(valid_from_ms, 'UTC'))
+    FROM {db}.carbon_intensity_current
+    WHERE (valid_from_ms % 3600000) != 0
+));
+
 CREATE TABLE {db}.closed_days
 (
     `day` Date,
@@ -326,6 +353,27 @@ CREATE TABLE {db}.closed_days
 )
 ENGINE = MergeTree
 ORDER BY (cluster, day)
+SETTINGS index_granularity = 8192;
+
+CREATE TABLE {db}.closed_energy
+(
+    `day` Date,
+    `cluster` LowCardinality(String),
+    `hour` Int64,
+    `tenant` LowCardinality(String),
+    `queue` LowCardinality(String),
+    `job_id` String,
+    `attempt` UInt32,
+    `definition_version` LowCardinality(String),
+    `state` LowCardinality(String),
+    `energy_mj` Int64,
+    `records` Int64,
+    `bill_run_id` String,
+    `closed_at` DateTime64(3, 'UTC') DEFAULT now64(3)
+)
+ENGINE = MergeTree
+PARTITION BY toYYYYMM(day)
+ORDER BY (cluster, day, tenant, job_id, attempt, hour, state, definition_version)
 SETTINGS index_granularity = 8192;
 
 CREATE TABLE {db}.closed_job_cost
@@ -2384,16 +2432,80 @@ CREATE VIEW {db}.tenant_daily_carbon
     `co2e_kg` Float64
 )
 AS SELECT
-    day,
-    cluster,
-    tenant,
-    definition_version,
-    carbon_version,
-    sum(energy_j) / 3600000 AS energy_kwh,
-    sum(energy_j * pue) / 3600000 AS facility_energy_kwh,
-    sum(co2e_g) / 1000 AS co2e_kg
-FROM {db}.usage_carbon
-WHERE (job_id != '') AND (state IN ('executing', 'allocated_idle'))
+    x.day AS day,
+    x.cluster AS cluster,
+    x.tenant AS tenant,
+    x.definition_version AS definition_version,
+    x.carbon_version AS carbon_version,
+    sum(x.energy_j) / 3600000 AS energy_kwh,
+    sum(x.energy_j * x.pue) / 3600000 AS facility_energy_kwh,
+    sum(((x.energy_j / 3600000) * x.pue) * if(ci.found = 1, ci.gco2e_per_kwh, x.default_gco2e_per_kwh)) / 1000 AS co2e_kg
+FROM
+(
+    SELECT
+        u.day AS day,
+        u.cluster AS cluster,
+        u.tenant AS tenant,
+        u.definition_version AS definition_version,
+        u.start_ms AS start_ms,
+        u.energy_j AS energy_j,
+        d.carbon_version AS carbon_version,
+        d.pue AS pue,
+        d.default_gco2e_per_kwh AS default_gco2e_per_kwh,
+        if(mapContains(d.zones, u.cluster), d.zones[u.cluster], u.cluster) AS zone
+    FROM
+    (
+        SELECT
+            e.day AS day,
+            toString(e.cluster) AS cluster,
+            toString(e.tenant) AS tenant,
+            toString(e.definition_version) AS definition_version,
+            e.hour * 3600000 AS start_ms,
+            sum(e.energy_mj) / 1000 AS energy_j
+        FROM {db}.closed_energy AS e
+        WHERE (e.bill_run_id IN (
+            SELECT bill_run_id
+            FROM {db}.bill_runs
+        )) AND ((e.cluster, e.day) NOT IN (
+            SELECT
+                cluster,
+                day
+            FROM {db}.carbon_raw_days
+        ))
+        GROUP BY
+            e.day,
+            e.cluster,
+            e.tenant,
+            e.definition_version,
+            e.hour
+        UNION ALL
+        SELECT
+            r.day AS day,
+            toString(r.cluster) AS cluster,
+            toString(r.tenant) AS tenant,
+            toString(r.definition_version) AS definition_version,
+            r.start_ms AS start_ms,
+            r.energy_j AS energy_j
+        FROM {db}.usage_raw AS r
+        FINAL
+        WHERE (r.job_id != '') AND (r.state IN ('executing', 'allocated_idle')) AND ((r.cluster, r.day) IN (
+            SELECT
+                cluster,
+                day
+            FROM {db}.carbon_raw_days
+        ))
+    ) AS u
+    CROSS JOIN {db}.carbon_definition_current AS d
+) AS x
+ASOF LEFT JOIN
+(
+    SELECT
+        zone,
+        valid_from_ms,
+        gco2e_per_kwh,
+        toUInt8(1) AS found
+    FROM {db}.carbon_intensity_current
+) AS ci ON (x.zone = ci.zone) AND (x.start_ms >= ci.valid_from_ms)
 GROUP BY
     day,
     cluster,
@@ -2661,9 +2773,7 @@ FROM
     (
         SELECT *
         FROM {db}.usage_raw
-        LIMIT 1 BY
-            cluster,
-            record_id
+        FINAL
     ) AS u
     CROSS JOIN {db}.carbon_definition_current AS d
 ) AS x

@@ -1,0 +1,195 @@
+"""Carbon of closed days from closed_energy (sql/0023, docs/carbon.md "Closed days"), on the real engine
+(chDB): the same figures before and after the close, read from closed_energy and not from usage_raw; a
+zone whose intensity changes within an hour is read from usage_raw; late records correct a closed day's
+energy once; the migration back-fills days closed before it.
+
+The scenario, worked by hand (cluster and zone "cc", day D = 2026-11-10 UTC, PUE 1.5, default 500 g/kWh,
+series: 200 g/kWh from D 00:00, 800 from D 02:00):
+  j1 (t1) gpu-1 00:00-00:05 executing       36,000 J = 0.010 kWh x 1.5 x 200 =  3.0 g
+  j1 (t1) gpu-1 00:05-00:10 allocated idle  18,000 J = 0.005 kWh x 1.5 x 200 =  1.5 g
+  j1 (t1) gpu-1 02:00-02:05 executing       36,000 J = 0.010 kWh x 1.5 x 800 = 12.0 g   (j1: 16.5 g)
+  j2 (t2) gpu-2 01:50-02:00 executing       72,000 J = 0.020 kWh x 1.5 x 200 =  6.0 g
+  gpu-3 D+1 00:00-02:00 unallocated: the horizon is D+1 02:00, so D is due with a grace of 1 h.
+  The j2 record is written twice (a replay): counted once.
+A value of 400 from D 01:45 splits D's 01:00 hour: j2 (starting 01:50) is then 0.020 x 1.5 x 400 = 12 g,
+which only the record-level read gets right (the hour's start is under the 200 value).
+A late record for D after the close: j2 gpu-4 01:00-01:10, 36,000 J -> +3 g for t2 (200 g/kWh).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import tempfile
+
+import pytest
+from clickhouse_connect import get_client
+
+from gpuledger import warehouse
+from gpuledger.config import Settings
+from gpuledger.ledger_files import load_ledger_config
+from gpuledger.schemas.models import UsageBatch, UsageRecord
+from gpuledger.sink.rows import Source, usage_rows
+from gpuledger.streams.carbondefs import CarbonDefinition
+from gpuledger.warehouse import bills, carbon, migrations, reports
+
+pytestmark = pytest.mark.integration
+
+DB = "carbon_closed"
+MIN = 60_000
+D = dt.date(2026, 11, 10)
+T = int(dt.datetime(2026, 11, 10, tzinfo=dt.timezone.utc).timestamp() * 1000)
+NEXT = T + 86_400_000
+DEFINITION = CarbonDefinition(version="c-test", pue=1.5, default_gco2e_per_kwh=500.0, default_source="test")
+SERIES = [{"zone": "cc", "valid_from_ms": T, "gco2e_per_kwh": 200.0},
+          {"zone": "cc", "valid_from_ms": T + 120 * MIN, "gco2e_per_kwh": 800.0}]
+WITHIN_AN_HOUR = [{"zone": "cc", "valid_from_ms": T + 105 * MIN, "gco2e_per_kwh": 400.0}]
+
+
+def rec(gpu: str, start: int, end: int, state: str, job: str = "", tenant: str = "", energy: float = 0.0) -> UsageRecord:
+    ms = end - start
+    return UsageRecord(record_id=f"{gpu}/{start}/0", cluster="cc", node="n1", gpu_uuid=gpu, gpu_model="A100",
+                       start_ms=start, end_ms=end, state=state, job_id=job, tenant=tenant, queue="q" if job else "",
+                       share_milli=1000, gpu_ms=ms, util_pct=None, energy_j=energy, coefficient=1.0,
+                       coefficient_version="v1", effective_gpu_ms=ms, cost_micros=ms // 1000, definition_version="d1")
+
+
+USAGE = [
+    rec("gpu-1", T, T + 5 * MIN, "executing", "j1", "t1", 36_000.0),
+    rec("gpu-1", T + 5 * MIN, T + 10 * MIN, "allocated_idle", "j1", "t1", 18_000.0),
+    rec("gpu-1", T + 120 * MIN, T + 125 * MIN, "executing", "j1", "t1", 36_000.0),
+    rec("gpu-2", T + 110 * MIN, T + 120 * MIN, "executing", "j2", "t2", 72_000.0),
+    rec("gpu-3", NEXT, NEXT + 120 * MIN, "unallocated"),
+]
+LATE = [rec("gpu-4", T + 60 * MIN, T + 70 * MIN, "executing", "j2", "t2", 36_000.0)]
+CLOSE_AT = dt.datetime(2026, 11, 11, 3, tzinfo=dt.timezone.utc)
+
+
+def put(client, records, offset):
+    rows = usage_rows(UsageBatch(node="n1", records=records), Source("t.usage", 0, offset))
+    warehouse.insert_rows(client, "usage_raw", rows, database=DB)
+
+
+def figures(client) -> dict:
+    """kg CO2e of D by (source, tenant or job): the bills report, the jobs report, tenant_daily_carbon."""
+    out = {("bills", r["tenant"]): r["co2e_kg"] for r in reports.fetch(client, DB, "bills")
+           if r["status"] != "adjustment" and r["day"] == D}
+    out.update({("jobs", r["job_id"]): r["co2e_kg"] for r in reports.fetch(client, DB, "jobs")})
+    out.update({("view", r[0]): r[1] for r in client.query(
+        f"SELECT tenant, co2e_kg FROM {DB}.tenant_daily_carbon WHERE day = '{D}'").result_rows})
+    return out
+
+
+def expected(t1_g: float, t2_g: float, j1_g: float, j2_g: float, sources=("bills", "jobs", "view")) -> dict:
+    by = {"bills": {"t1": t1_g, "t2": t2_g}, "view": {"t1": t1_g, "t2": t2_g}, "jobs": {"j1": j1_g, "j2": j2_g}}
+    return {(source, k): g / 1000 for source in sources for k, g in by[source].items()}
+
+
+def raw_days(client) -> set:
+    return {(r[0], r[1]) for r in client.query(f"SELECT cluster, day FROM {DB}.carbon_raw_days").result_rows}
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    settings = Settings(warehouse=f"chdb:{tmp_path / 'chdb'}", database=DB, bills_close_grace_s=3600)
+    client = warehouse.connect(settings)
+    try:
+        warehouse.migrate(client, DB)
+        put(client, USAGE, 0)
+        put(client, USAGE[3:4], 10)  # a replayed copy of j2's record
+        carbon.record_definition(client, DB, DEFINITION)
+        carbon.load_intensity(client, DB, SERIES, "series.csv", "ops")
+        yield client, settings, load_ledger_config(None)
+    finally:
+        client.close()
+
+
+def close(client, settings, ledger_cfg, now=CLOSE_AT):
+    return bills.close_due(client, settings, ledger_cfg, now=now)
+
+
+def test_closed_days_read_their_energy_from_closed_energy(ledger):
+    client, settings, ledger_cfg = ledger
+    assert figures(client) == pytest.approx(expected(16.5, 6.0, 16.5, 6.0))  # open: from usage_raw
+    assert ("cc", D) in raw_days(client)
+    run = close(client, settings, ledger_cfg)
+    assert run.closed == {"cc": [D]} and run.energy_rows == 4  # (hour, job, state): 00 j1 x2, 01 j2, 02 j1
+    stored = client.query(f"SELECT hour - intDiv({T}, 3600000), job_id, state, energy_mj, records, bill_run_id "
+                          f"FROM {DB}.closed_energy ORDER BY ALL").result_rows
+    assert stored == [(0, "j1", "allocated_idle", 18_000_000, 1, run.bill_run_id),
+                      (0, "j1", "executing", 36_000_000, 1, run.bill_run_id),
+                      (1, "j2", "executing", 72_000_000, 1, run.bill_run_id),  # the replayed copy once
+                      (2, "j1", "executing", 36_000_000, 1, run.bill_run_id)]
+    assert ("cc", D) not in raw_days(client)
+    assert figures(client) == pytest.approx(expected(16.5, 6.0, 16.5, 6.0))
+    # not from usage_raw: with D's records gone from it, the closed day's carbon stays
+    client.command(f"ALTER TABLE {DB}.usage_raw DELETE WHERE day = '{D}' SETTINGS mutations_sync = 2")
+    assert figures(client) == pytest.approx(expected(16.5, 6.0, 16.5, 6.0))
+    # a new definition applies to closed days too
+    carbon.record_definition(client, DB, CarbonDefinition(version="c-2", pue=3.0, default_gco2e_per_kwh=500.0,
+                                                          default_source="test"))
+    assert figures(client) == pytest.approx(expected(33.0, 12.0, 33.0, 12.0))
+
+
+def test_an_intensity_change_within_an_hour_reads_the_records(ledger):
+    client, settings, ledger_cfg = ledger
+    close(client, settings, ledger_cfg)
+    carbon.load_intensity(client, DB, WITHIN_AN_HOUR, "corrected.csv", "ops")
+    assert ("cc", D) in raw_days(client)
+    # j2 starts at 01:50, after the 01:45 value: 12 g; the hour's start alone would say 6 g
+    assert figures(client) == pytest.approx(expected(16.5, 12.0, 16.5, 12.0))
+
+
+def test_late_records_correct_a_closed_days_energy_once(ledger):
+    client, settings, ledger_cfg = ledger
+    first = close(client, settings, ledger_cfg)
+    put(client, LATE, 20)
+    second = close(client, settings, ledger_cfg, CLOSE_AT + dt.timedelta(hours=1))
+    assert second.closed == {} and second.adjustment_rows == 1 and second.energy_rows == 1
+    assert client.query(f"SELECT day, hour - intDiv({T}, 3600000), job_id, energy_mj, records FROM {DB}.closed_energy "
+                        f"WHERE bill_run_id = '{second.bill_run_id}'").result_rows == [(D, 1, "j2", 36_000_000, 1)]
+    assert figures(client) == pytest.approx(expected(16.5, 9.0, 16.5, 9.0))
+    third = close(client, settings, ledger_cfg, CLOSE_AT + dt.timedelta(hours=2))
+    assert third.bill_run_id is None  # nothing new: nothing written
+    assert first.bill_run_id != second.bill_run_id
+
+
+def test_the_migration_back_fills_days_closed_before_it():
+    """A warehouse at 0022 with D closed (its rows as a close run of that version wrote them): 0023 writes
+    D's energy under the run 'sql/0023' and commits it; running the file again writes nothing more."""
+    client = get_client(interface="chdb", path=tempfile.mkdtemp(prefix="closed-energy-"))
+    try:
+        client.command(f"CREATE DATABASE IF NOT EXISTS {DB}")
+        client.database = DB
+        client.command(f"CREATE TABLE {DB}.{migrations.MIGRATIONS_TABLE} (version String, name String, "
+                       "checksum String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) "
+                       "ENGINE = MergeTree ORDER BY version")
+        for mg in migrations.load_migrations():
+            if mg.version < "0023":
+                for statement in mg.statements():
+                    client.command(statement)
+                client.insert(migrations.MIGRATIONS_TABLE, [[mg.version, mg.name, mg.checksum]],
+                              column_names=["version", "name", "checksum"], database=DB)
+        put(client, USAGE, 0)
+        put(client, USAGE[3:4], 10)
+        warehouse.insert_rows(client, "closed_days", [dict(day=D, cluster="cc", bill_run_id="br-old", horizon_ms=0)],
+                              database=DB)
+        warehouse.insert_rows(client, "bill_runs", [dict(bill_run_id="br-old", days=[D], clusters=["cc"],
+                                                         definition_version="d1", grace_s=3600.0, horizons={},
+                                                         closed_rows=0, adjustment_rows=0)], database=DB)
+        assert migrations.migrate(client, DB) == ["0023"]
+        carbon.record_definition(client, DB, DEFINITION)
+        carbon.load_intensity(client, DB, SERIES, "series.csv", "ops")
+        assert ("cc", D) not in raw_days(client)
+        filled = client.query(f"SELECT sum(energy_mj), sum(records), any(bill_run_id) FROM {DB}.closed_energy").result_rows
+        assert filled == [(162_000_000, 4, "sql/0023")]
+        view = {k: v for k, v in figures(client).items() if k[0] == "view"}
+        assert view == pytest.approx(expected(16.5, 6.0, 16.5, 6.0, sources=("view",)))
+        runs = client.query(f"SELECT days, clusters FROM {DB}.bill_runs WHERE bill_run_id = 'sql/0023'").result_rows
+        assert runs == [([D], ["cc"])]
+        # the file again (as if interrupted before its record): no second copy, no second run row
+        client.command(f"DELETE FROM {DB}.{migrations.MIGRATIONS_TABLE} WHERE version = '0023'")
+        assert migrations.migrate(client, DB) == ["0023"]
+        assert client.query(f"SELECT sum(energy_mj), count() FROM {DB}.closed_energy").result_rows == [(162_000_000, 4)]
+        assert client.query(f"SELECT count() FROM {DB}.bill_runs WHERE bill_run_id = 'sql/0023'").result_rows == [(1,)]
+    finally:
+        client.close()
