@@ -9,9 +9,11 @@
 --  * energy is kept in whole millijoules (each record's energy_j rounded, then summed), so a recomputed
 --    day compares exactly equal and running the close again writes nothing;
 --  * the carbon definition (PUE, zones) and the intensity series are applied when a figure is read, as
---    before: a new definition or a corrected series changes closed days' carbon too. Per hour is exact
---    wherever the zone's intensity changes only on the hour; a closed day of a zone whose series changes
---    within an hour that day is read from usage_raw as before (carbon_raw_days).
+--    before: a new definition or a corrected series changes closed days' carbon too;
+--  * energy is summed per hour before the intensity is joined (open days too): every record of an hour
+--    takes the value valid at its start, the same as the hour's start wherever the zone's series changes
+--    only on the hour. Days of a zone whose series has a value within an hour are worked out record by
+--    record from usage_raw (carbon_record_days).
 -- The back-fill below writes the energy of the days already closed, under the run id 'sql/0023', and
 -- commits it with a bill_runs row of that id (data first, the run's row last, as a close run does). It
 -- skips days that already have energy rows, so a file interrupted after it is safe to run again. (No
@@ -52,17 +54,17 @@ FROM closed_days
 WHERE bill_run_id IN (SELECT bill_run_id FROM bill_runs) AND 'sql/0023' NOT IN (SELECT bill_run_id FROM bill_runs)
 HAVING count() > 0;
 
--- The (cluster, day) pairs whose carbon is read from usage_raw: days not closed, and closed days of a zone
--- whose intensity series changes within an hour on that day. Every other day's carbon comes from
--- closed_energy. Empty while no carbon definition is recorded (no carbon figure then).
-CREATE OR REPLACE VIEW carbon_raw_days AS
+-- The (cluster, day) pairs whose carbon is worked out record by record: days of a zone whose intensity
+-- series has a value starting within an hour on that day. Every other day's energy is summed per hour
+-- first (closed days: closed_energy; open days: usage_raw) and takes the intensity valid at the hour's
+-- start, which every record of the hour also takes. Empty while no carbon definition is recorded.
+CREATE OR REPLACE VIEW carbon_record_days AS
 SELECT DISTINCT c.cluster AS cluster, c.day AS day
 FROM usage_capacity_daily AS c
 CROSS JOIN carbon_definition_current AS d
-WHERE (c.cluster, c.day) NOT IN (SELECT cluster, day FROM closed_days WHERE bill_run_id IN (SELECT bill_run_id FROM bill_runs))
-   OR (if(mapContains(d.zones, toString(c.cluster)), d.zones[toString(c.cluster)], toString(c.cluster)), c.day) IN (
-        SELECT zone, toDate(fromUnixTimestamp64Milli(valid_from_ms, 'UTC')) FROM carbon_intensity_current
-        WHERE valid_from_ms % 3600000 != 0);
+WHERE (if(mapContains(d.zones, toString(c.cluster)), d.zones[toString(c.cluster)], toString(c.cluster)), c.day) IN (
+    SELECT zone, toDate(fromUnixTimestamp64Milli(valid_from_ms, 'UTC')) FROM carbon_intensity_current
+    WHERE valid_from_ms % 3600000 != 0);
 
 -- Carbon of every usage record, each record id once (FINAL of sql/0022 instead of LIMIT 1 BY).
 CREATE OR REPLACE VIEW usage_carbon AS
@@ -93,8 +95,9 @@ ASOF LEFT JOIN
 ON x.zone = ci.zone AND x.start_ms >= ci.valid_from_ms;
 
 -- Carbon of tenants' jobs per UTC day (same columns as in sql/0020): closed days from closed_energy per
--- hour (committed runs), the days of carbon_raw_days from usage_raw. gpuledger/warehouse/carbon.py
--- builds the same figures with a report's filters applied to both parts.
+-- hour (committed runs); open days from usage_raw, each record id once, per hour; the days of
+-- carbon_record_days from usage_raw record by record. gpuledger/warehouse/carbon.py builds the same
+-- figures with a report's filters applied to every part.
 CREATE OR REPLACE VIEW tenant_daily_carbon AS
 SELECT
     x.day AS day, x.cluster AS cluster, x.tenant AS tenant, x.definition_version AS definition_version,
@@ -116,14 +119,21 @@ FROM
                sum(e.energy_mj) / 1000 AS energy_j
         FROM closed_energy AS e
         WHERE e.bill_run_id IN (SELECT bill_run_id FROM bill_runs)
-          AND (e.cluster, e.day) NOT IN (SELECT cluster, day FROM carbon_raw_days)
+          AND (e.cluster, e.day) NOT IN (SELECT cluster, day FROM carbon_record_days)
         GROUP BY e.day, e.cluster, e.tenant, e.definition_version, e.hour
         UNION ALL
         SELECT r.day AS day, toString(r.cluster) AS cluster, toString(r.tenant) AS tenant,
-               toString(r.definition_version) AS definition_version, r.start_ms AS start_ms, r.energy_j AS energy_j
+               toString(r.definition_version) AS definition_version,
+               if((r.cluster, r.day) IN (SELECT cluster, day FROM carbon_record_days), r.start_ms,
+                  intDiv(r.start_ms, 3600000) * 3600000) AS bucket_ms,
+               sum(r.energy_j) AS energy_j
         FROM usage_raw AS r FINAL
         WHERE r.job_id != '' AND r.state IN ('executing', 'allocated_idle')
-          AND (r.cluster, r.day) IN (SELECT cluster, day FROM carbon_raw_days)
+          AND ((r.cluster, r.day) IN (SELECT DISTINCT cluster, day FROM usage_capacity_daily
+                                      WHERE (cluster, day) NOT IN (SELECT cluster, day FROM closed_days
+                                                                   WHERE bill_run_id IN (SELECT bill_run_id FROM bill_runs)))
+               OR (r.cluster, r.day) IN (SELECT cluster, day FROM carbon_record_days))
+        GROUP BY r.day, r.cluster, r.tenant, r.definition_version, bucket_ms
     ) AS u
     CROSS JOIN carbon_definition_current AS d
 ) AS x

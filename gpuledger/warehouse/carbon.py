@@ -122,60 +122,98 @@ def _user() -> str:
 #: the usage a carbon figure covers: jobs' executing and allocated-idle time, as a tenant bill charges
 CARBON_USAGE = ("job_id != ''", "state IN ('executing', 'allocated_idle')")
 _KEY_COLUMNS = ("day", "cluster", "tenant", "queue", "job_id", "attempt", "definition_version", "state")
+HOUR_MS = 3_600_000
+
+
+def definition_now(client, database: str) -> dict | None:
+    """The carbon definition that applies (the latest recorded), or None: none recorded, or a warehouse
+    before sql/0020 (reports then carry no carbon figure)."""
+    db = quoted_database(database)
+    try:
+        rows = _query(client, f"SELECT carbon_version, pue, default_gco2e_per_kwh, zones FROM {db}.carbon_definition_current")
+    except Exception as exc:
+        if "carbon_" in str(exc) and ("UNKNOWN_TABLE" in str(exc) or "doesn't exist" in str(exc)):
+            return None
+        raise
+    return rows[0] if rows else None
+
+
+def definition_params(definition: dict | None) -> dict:
+    """Query parameters carbon_sql reads (neutral values when there is no definition)."""
+    d = definition or {"pue": 0.0, "default_gco2e_per_kwh": 0.0, "zones": {}}
+    zones = dict(d["zones"])
+    return {"carbon_pue": float(d["pue"]), "carbon_default": float(d["default_gco2e_per_kwh"]),
+            "carbon_zone_of": sorted(zones), "carbon_zone": [zones[k] for k in sorted(zones)]}
+
+
+def record_days_sql(db: str) -> str:
+    """SQL condition: the row's (cluster, day) is worked out record by record (sql/0023 carbon_record_days)."""
+    return f"(cluster, day) IN (SELECT cluster, day FROM {db}.carbon_record_days)"
+
+
+def bucket_sql(db: str) -> str:
+    """A usage record's carbon time: its hour's start, or its own start on a day of carbon_record_days
+    (the zone's series changes within an hour that day)."""
+    return f"if({record_days_sql(db)}, start_ms, intDiv(start_ms, {HOUR_MS}) * {HOUR_MS})"
 
 
 def carbon_energy_sql(db: str, keys: Sequence[str], conds: Sequence[str] = ()) -> str:
-    """Rows (keys..., start_ms, energy_j) of jobs' usage energy: closed days from closed_energy per hour
-    (committed runs; start_ms = the hour's start), the days of carbon_raw_days (open days, and closed
-    days whose intensity changes within an hour) from usage_raw deduplicated (sql/0023). `keys` and the
-    columns `conds` name are among day, cluster, tenant, queue, job_id, attempt, definition_version and
-    state, which both tables have (cluster is always among the rows' columns); `conds` apply to both
-    parts, before any join."""
-    from gpuledger.warehouse.bills import committed, dedup_usage_sql
+    """Rows (keys..., cluster, start_ms, energy_j) of jobs' usage energy, summed per hour (sql/0023):
+    closed days from closed_energy (committed runs), open days from usage_raw with each record id once;
+    the days of carbon_record_days from usage_raw record by record. `keys` and the columns `conds` name
+    are among day, cluster, tenant, queue, job_id, attempt, definition_version and state, which both
+    tables have; `conds` apply to every part, before any join."""
+    from gpuledger.warehouse.bills import committed, dedup_usage_sql, open_days_sql
 
     unknown = sorted(set(keys) - set(_KEY_COLUMNS))
     if unknown:
         raise ValueError(f"carbon figures are kept by {', '.join(_KEY_COLUMNS)}; not by {', '.join(unknown)}")
     keys = list(keys) if "cluster" in keys else ["cluster", *keys]  # the zone is the cluster's
     cols = ", ".join(k if k in ("day", "attempt") else f"toString({k}) AS {k}" for k in keys)
+    key_list = ", ".join(keys)
     where = " AND ".join(conds) if conds else "1"
-    raw_days = f"(cluster, day) IN (SELECT cluster, day FROM {db}.carbon_raw_days)"
     # filters on the stored columns inside, conversions outside: an alias named like a column would
     # stand for it in WHERE and hide the sort key
-    closed = (f"SELECT {cols}, hour * 3600000 AS start_ms, sum(energy_mj) / 1000 AS energy_j FROM ("
-              f"SELECT {', '.join(keys)}, hour, energy_mj FROM {db}.closed_energy "
-              f"WHERE {committed(db)} AND NOT {raw_days} AND {where}) GROUP BY {', '.join(keys)}, hour")
-    raw = dedup_usage_sql(db, [*CARBON_USAGE, raw_days, *conds], f"{', '.join(keys)}, start_ms, energy_j")
-    return f"{closed} UNION ALL SELECT {cols}, start_ms, energy_j FROM ({raw})"
+    closed = (f"SELECT {cols}, hour * {HOUR_MS} AS start_ms, sum(energy_mj) / 1000 AS energy_j FROM ("
+              f"SELECT {key_list}, hour, energy_mj FROM {db}.closed_energy "
+              f"WHERE {committed(db)} AND NOT {record_days_sql(db)} AND {where}) GROUP BY {key_list}, hour")
+    live = dedup_usage_sql(db, [*CARBON_USAGE, f"((cluster, day) IN ({open_days_sql(db)}) OR {record_days_sql(db)})",
+                                *conds], f"{key_list}, {bucket_sql(db)} AS bucket_ms, energy_j")
+    return (f"{closed} UNION ALL SELECT {cols}, bucket_ms AS start_ms, sum(energy_j) AS energy_j FROM ({live}) "
+            f"GROUP BY {key_list}, bucket_ms")
+
+
+def co2e_sql(db: str, rows_sql: str, keys: Sequence[str], sums: str = "") -> str:
+    """Per `keys`: energy_kwh and co2e_kg of rows (cluster, start_ms, energy_j, ...): energy x PUE x the
+    intensity of the cluster's zone valid at start_ms (ASOF JOIN), else the default; the definition
+    comes as parameters (definition_params). `sums`: more aggregates over the rows, SQL."""
+    key_list = ", ".join(keys)
+    zone = ("if(has({carbon_zone_of:Array(String)}, cluster), "
+            "{carbon_zone:Array(String)}[indexOf({carbon_zone_of:Array(String)}, cluster)], cluster)")
+    more = f", {sums}" if sums else ""
+    return f"""
+        SELECT {key_list}, sum(x.energy_j) / 3600000 AS energy_kwh,
+               sum(x.energy_j / 3600000 * {{carbon_pue:Float64}}
+                   * if(ci.found = 1, ci.gco2e_per_kwh, {{carbon_default:Float64}})) / 1000 AS co2e_kg{more}
+        FROM (SELECT *, {zone} AS zone FROM ({rows_sql})) AS x
+        ASOF LEFT JOIN (SELECT zone, valid_from_ms, gco2e_per_kwh, toUInt8(1) AS found
+                        FROM {db}.carbon_intensity_current) AS ci
+        ON x.zone = ci.zone AND x.start_ms >= ci.valid_from_ms
+        GROUP BY {key_list}"""
 
 
 def co2e_by(client, database: str, keys: Sequence[str], conds: Sequence[str] = (),
             params: dict | None = None) -> dict[tuple, dict]:
     """{key values: {co2e_kg, energy_kwh, carbon_version}} of jobs' usage (executing, allocated idle),
-    grouped by `keys` (see carbon_energy_sql): energy x PUE x the intensity of the cluster's zone valid
-    at the usage's start, else the default. Empty when no carbon definition is recorded."""
+    grouped by `keys` (see carbon_energy_sql). Empty when no carbon definition is recorded."""
+    definition = definition_now(client, database)
+    if definition is None:
+        return {}
     db = quoted_database(database)
-    usage = carbon_energy_sql(db, keys, conds)
-    key_list = ", ".join(keys)
-    sql = f"""
-        SELECT {key_list}, sum(x.energy_j / 3600000 * x.pue * if(ci.found = 1, ci.gco2e_per_kwh, x.default_gco2e_per_kwh))
-                   / 1000 AS co2e_kg,
-               sum(x.energy_j) / 3600000 AS energy_kwh, any(x.carbon_version) AS carbon_version
-        FROM (SELECT u.*, d.carbon_version AS carbon_version, d.pue AS pue,
-                     d.default_gco2e_per_kwh AS default_gco2e_per_kwh,
-                     if(mapContains(d.zones, u.cluster), d.zones[u.cluster], u.cluster) AS zone
-              FROM ({usage}) AS u CROSS JOIN {db}.carbon_definition_current AS d) AS x
-        ASOF LEFT JOIN (SELECT zone, valid_from_ms, gco2e_per_kwh, toUInt8(1) AS found
-                        FROM {db}.carbon_intensity_current) AS ci
-        ON x.zone = ci.zone AND x.start_ms >= ci.valid_from_ms
-        GROUP BY {key_list}"""
-    try:
-        rows = _query(client, sql, params)
-    except Exception as exc:  # a warehouse before sql/0020 or 0023: reports keep working, without carbon
-        text = str(exc)
-        if ("carbon_" in text or "closed_energy" in text) and ("UNKNOWN_TABLE" in text or "doesn't exist" in text):
-            return {}
-        raise
+    sql = co2e_sql(db, carbon_energy_sql(db, keys, conds), keys)
+    rows = _query(client, sql, {**(params or {}), **definition_params(definition)})
+    for r in rows:
+        r["carbon_version"] = definition["carbon_version"]
     return {tuple(r[k] for k in keys): r for r in rows}
 
 

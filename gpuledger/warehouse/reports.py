@@ -268,60 +268,79 @@ def _jobs(client, db: str, filters: dict[str, Any]) -> list[dict]:
     )
     rows = _query(client, sql, params)
     _job_money(client, db, rows, _currencies(client, db, filters.get("currency")))
-    if rows:
-        _add_co2e(client, database=db, rows=rows, keys=("cluster", "job_id", "definition_version"),
-                  conds=["cluster IN {co2e_clusters:Array(String)}", "job_id IN {co2e_jobs:Array(String)}"],
-                  params={"co2e_clusters": sorted({r["cluster"] for r in rows}),
-                          "co2e_jobs": sorted({r["job_id"] for r in rows})})
     rows.sort(key=lambda r: (-(r["cost"] or 0), -(r["gpu_hours"] or 0), r["cluster"], r["job_id"], r["definition_version"]))
     return rows[: filters["limit"]] if filters.get("limit") else rows
 
 
 def _job_money(client, db: str, rows: list[dict], currencies: dict[str, str]) -> None:
-    """GPU-time and money of each job from its closed rows and adjustments on closed days, and live
-    deduplicated usage on open days; `status` closed when all its usage days are closed, else open."""
+    """GPU-time, money and carbon of each job: money from its closed rows and adjustments on closed days
+    and live deduplicated usage on open days; carbon (co2e_kg, carbon_version; None without a carbon
+    definition) from closed_energy and the same read of the live usage, summed per hour
+    (docs/carbon.md). `status` closed when all its usage days are closed, else open. One query: the open
+    days' usage is read once for both."""
     from gpuledger.warehouse import bills as b
+    from gpuledger.warehouse import carbon
 
     if not rows:
         return
+    definition = carbon.definition_now(client, db.strip("`"))
     clusters = sorted({r["cluster"] for r in rows})
-    params = {"clusters": clusters}
+    params = {"clusters": clusters, **carbon.definition_params(definition)}
+    keys = "toString(cluster) AS cluster, job_id, toString(definition_version) AS definition_version"
+    no_energy = "toUInt8(0) AS has_energy, toInt64(0) AS start_ms, toFloat64(0) AS energy_j"
+    record_days = carbon.record_days_sql(db)
+    is_open = f"(cluster, day) IN ({b.open_days_sql(db)})"
+    live = b.dedup_usage_sql(db, [*carbon.CARBON_USAGE, "cluster IN {clusters:Array(String)}",
+                                  f"({is_open} OR {record_days})"],
+                             f"cluster, job_id, definition_version, state, gpu_ms, effective_gpu_ms, cost_micros, "
+                             f"energy_j, {is_open} AS is_open, {carbon.bucket_sql(db)} AS bucket_ms")
+    # columns: job, open (usage on an open day), money (a money row), x, i, e, c, has_energy, start_ms, energy_j
     parts = f"""
-        SELECT cluster, job_id, definition_version, toUInt8(0) AS open,
+        SELECT {keys}, toUInt8(0) AS open, toUInt8(1) AS money,
                sumIf(toInt64(gpu_ms), line != 'idle') AS x, sumIf(toInt64(gpu_ms), line = 'idle') AS i,
-               sum(toInt64(effective_gpu_ms)) AS e, sum(toInt128(cost_micros)) AS c
+               sum(toInt64(effective_gpu_ms)) AS e, sum(toInt128(cost_micros)) AS c, {no_energy}
         FROM {db}.closed_job_cost WHERE {b.committed(db)} AND cluster IN {{clusters:Array(String)}}
         GROUP BY cluster, job_id, definition_version
         UNION ALL
-        SELECT cluster, job_id, definition_version, toUInt8(0) AS open,
-               sumIf(gpu_ms, line != 'idle'), sumIf(gpu_ms, line = 'idle'), sum(effective_gpu_ms), sum(cost_micros)
+        SELECT {keys}, toUInt8(0), toUInt8(1),
+               sumIf(gpu_ms, line != 'idle'), sumIf(gpu_ms, line = 'idle'), sum(effective_gpu_ms), sum(cost_micros),
+               {no_energy}
         FROM {db}.bill_adjustments WHERE {b.committed(db)} AND cluster IN {{clusters:Array(String)}}
         GROUP BY cluster, job_id, definition_version
         UNION ALL
-        SELECT cluster, job_id, definition_version, toUInt8(1) AS open,
-               sumIf(toInt64(gpu_ms), state = 'executing'), sumIf(toInt64(gpu_ms), state = 'allocated_idle'),
-               sum(toInt64(effective_gpu_ms)), sum(toInt128(cost_micros))
-        FROM ({b.dedup_usage_sql(db, ["job_id != ''", "state IN ('executing', 'allocated_idle')",
-                                      "cluster IN {clusters:Array(String)}",
-                                      f"(cluster, day) IN ({b.open_days_sql(db)})"],
-                                 "cluster, record_id, job_id, definition_version, state, gpu_ms, effective_gpu_ms, cost_micros")})
-        GROUP BY cluster, job_id, definition_version"""
-    money: dict[tuple, list[int]] = {}
-    for r in _query(client, f"SELECT toString(cluster) AS cluster, job_id, toString(definition_version) AS dv, "
-                            f"max(open) AS open, sum(x) AS x, sum(i) AS i, sum(e) AS e, sum(c) AS c FROM ({parts}) "
-                            "GROUP BY cluster, job_id, dv", params):
-        money[(r["cluster"], r["job_id"], r["dv"])] = [r["open"], r["x"], r["i"], r["e"], r["c"]]
+        SELECT {keys}, toUInt8(0), toUInt8(0), toInt64(0), toInt64(0), toInt64(0), toInt128(0),
+               toUInt8(1), hour * {carbon.HOUR_MS}, sum(energy_mj) / 1000
+        FROM (SELECT cluster, job_id, definition_version, hour, energy_mj FROM {db}.closed_energy
+              WHERE {b.committed(db)} AND cluster IN {{clusters:Array(String)}} AND NOT {record_days})
+        GROUP BY cluster, job_id, definition_version, hour
+        UNION ALL
+        SELECT {keys}, toUInt8(max(is_open)), toUInt8(max(is_open)),
+               sumIf(toInt64(gpu_ms), is_open AND state = 'executing'),
+               sumIf(toInt64(gpu_ms), is_open AND state = 'allocated_idle'),
+               sumIf(toInt64(effective_gpu_ms), is_open), sumIf(toInt128(cost_micros), is_open),
+               toUInt8(1), bucket_ms, sum(energy_j)
+        FROM ({live})
+        GROUP BY cluster, job_id, definition_version, bucket_ms"""
+    sql = carbon.co2e_sql(db, parts, ("cluster", "job_id", "definition_version"),
+                          "max(open) AS open, max(money) AS money, sum(x) AS x, sum(i) AS i, sum(e) AS e, "
+                          "sum(c) AS c, max(has_energy) AS has_energy")
+    money: dict[tuple, dict] = {}
+    for r in _query(client, sql, params):
+        money[(r["cluster"], r["job_id"], r["definition_version"])] = r
     for n, row in enumerate(rows):
         m = money.get((row["cluster"], row["job_id"], row["definition_version"]))
-        if m is not None:
-            is_open, x, i, e, c = m
+        if m is not None and m["money"]:
+            x, i, e, c = int(m["x"]), int(m["i"]), int(m["e"]), int(m["c"])
             row.update(gpu_hours=(x + i) / 3600000, executing_gpu_hours=x / 3600000, idle_gpu_hours=i / 3600000,
                        effective_gpu_hours=e / 3600000, cost=c / 1e6, cost_micros=c)
         # status and currency right after the job's identity
         head = {k: row[k] for k in ("cluster", "job_id", "tenant", "queue", "definition_version") if k in row}
-        head["status"] = "closed" if m is not None and not m[0] else "open"
+        head["status"] = "closed" if m is not None and m["money"] and not m["open"] else "open"
         head["currency"] = _currency_of(currencies, row["definition_version"])
         rows[n] = {**head, **{k: v for k, v in row.items() if k not in head}}
+        hit = m is not None and definition is not None and m["has_energy"]
+        rows[n]["co2e_kg"] = m["co2e_kg"] if hit else None
+        rows[n]["carbon_version"] = definition["carbon_version"] if hit else None
 
 
 def _add_co2e(client, *, database: str, rows: list[dict], keys: Sequence[str], conds: Sequence[str],

@@ -316,7 +316,7 @@ GROUP BY
     zone,
     valid_from_ms;
 
-CREATE VIEW {db}.carbon_raw_days
+CREATE VIEW {db}.carbon_record_days
 (
     `cluster` LowCardinality(String),
     `day` Date
@@ -326,22 +326,13 @@ AS SELECT DISTINCT
     c.day AS day
 FROM {db}.usage_capacity_daily AS c
 CROSS JOIN {db}.carbon_definition_current AS d
-WHERE ((c.cluster, c.day) NOT IN (
-    SELECT
-        cluster,
-        day
-    FROM {db}.closed_days
-    WHERE bill_run_id IN (
-        SELECT bill_run_id
-        FROM {db}.bill_runs
-    )
-)) OR ((if(mapContains(d.zones, toString(c.cluster)), d.zones[toString(c.cluster)], toString(c.cluster)), c.day) IN (
+WHERE (if(mapContains(d.zones, toString(c.cluster)), d.zones[toString(c.cluster)], toString(c.cluster)), c.day) IN (
     SELECT
         zone,
         toDate(fromUnixTimestamp64Milli(valid_from_ms, 'UTC'))
     FROM {db}.carbon_intensity_current
     WHERE (valid_from_ms % 3600000) != 0
-));
+);
 
 CREATE TABLE {db}.closed_days
 (
@@ -2470,7 +2461,7 @@ FROM
             SELECT
                 cluster,
                 day
-            FROM {db}.carbon_raw_days
+            FROM {db}.carbon_record_days
         ))
         GROUP BY
             e.day,
@@ -2484,16 +2475,42 @@ FROM
             toString(r.cluster) AS cluster,
             toString(r.tenant) AS tenant,
             toString(r.definition_version) AS definition_version,
-            r.start_ms AS start_ms,
-            r.energy_j AS energy_j
+            if(((r.cluster, r.day) IN (
+                SELECT
+                    cluster,
+                    day
+                FROM {db}.carbon_record_days
+            )), r.start_ms, intDiv(r.start_ms, 3600000) * 3600000) AS bucket_ms,
+            sum(r.energy_j) AS energy_j
         FROM {db}.usage_raw AS r
         FINAL
-        WHERE (r.job_id != '') AND (r.state IN ('executing', 'allocated_idle')) AND ((r.cluster, r.day) IN (
+        WHERE (r.job_id != '') AND (r.state IN ('executing', 'allocated_idle')) AND (((r.cluster, r.day) IN (
+            SELECT DISTINCT
+                cluster,
+                day
+            FROM {db}.usage_capacity_daily
+            WHERE (cluster, day) NOT IN (
+                SELECT
+                    cluster,
+                    day
+                FROM {db}.closed_days
+                WHERE bill_run_id IN (
+                    SELECT bill_run_id
+                    FROM {db}.bill_runs
+                )
+            )
+        )) OR ((r.cluster, r.day) IN (
             SELECT
                 cluster,
                 day
-            FROM {db}.carbon_raw_days
-        ))
+            FROM {db}.carbon_record_days
+        )))
+        GROUP BY
+            r.day,
+            r.cluster,
+            r.tenant,
+            r.definition_version,
+            bucket_ms
     ) AS u
     CROSS JOIN {db}.carbon_definition_current AS d
 ) AS x

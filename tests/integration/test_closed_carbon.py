@@ -1,7 +1,8 @@
 """Carbon of closed days from closed_energy (sql/0023, docs/carbon.md "Closed days"), on the real engine
-(chDB): the same figures before and after the close, read from closed_energy and not from usage_raw; a
-zone whose intensity changes within an hour is read from usage_raw; late records correct a closed day's
-energy once; the migration back-fills days closed before it.
+(chDB): the same figures before and after the close (open days: usage_raw summed per hour; closed days:
+closed_energy, not usage_raw); a day whose zone's intensity changes within an hour is worked out record
+by record, open or closed; late records correct a closed day's energy once; the migration back-fills days
+closed before it.
 
 The scenario, worked by hand (cluster and zone "cc", day D = 2026-11-10 UTC, PUE 1.5, default 500 g/kWh,
 series: 200 g/kWh from D 00:00, 800 from D 02:00):
@@ -84,8 +85,8 @@ def expected(t1_g: float, t2_g: float, j1_g: float, j2_g: float, sources=("bills
     return {(source, k): g / 1000 for source in sources for k, g in by[source].items()}
 
 
-def raw_days(client) -> set:
-    return {(r[0], r[1]) for r in client.query(f"SELECT cluster, day FROM {DB}.carbon_raw_days").result_rows}
+def record_days(client) -> set:
+    return {(r[0], r[1]) for r in client.query(f"SELECT cluster, day FROM {DB}.carbon_record_days").result_rows}
 
 
 @pytest.fixture
@@ -109,8 +110,8 @@ def close(client, settings, ledger_cfg, now=CLOSE_AT):
 
 def test_closed_days_read_their_energy_from_closed_energy(ledger):
     client, settings, ledger_cfg = ledger
-    assert figures(client) == pytest.approx(expected(16.5, 6.0, 16.5, 6.0))  # open: from usage_raw
-    assert ("cc", D) in raw_days(client)
+    assert figures(client) == pytest.approx(expected(16.5, 6.0, 16.5, 6.0))  # open: usage_raw per hour
+    assert ("cc", D) not in record_days(client)
     run = close(client, settings, ledger_cfg)
     assert run.closed == {"cc": [D]} and run.energy_rows == 4  # (hour, job, state): 00 j1 x2, 01 j2, 02 j1
     stored = client.query(f"SELECT hour - intDiv({T}, 3600000), job_id, state, energy_mj, records, bill_run_id "
@@ -119,7 +120,6 @@ def test_closed_days_read_their_energy_from_closed_energy(ledger):
                       (0, "j1", "executing", 36_000_000, 1, run.bill_run_id),
                       (1, "j2", "executing", 72_000_000, 1, run.bill_run_id),  # the replayed copy once
                       (2, "j1", "executing", 36_000_000, 1, run.bill_run_id)]
-    assert ("cc", D) not in raw_days(client)
     assert figures(client) == pytest.approx(expected(16.5, 6.0, 16.5, 6.0))
     # not from usage_raw: with D's records gone from it, the closed day's carbon stays
     client.command(f"ALTER TABLE {DB}.usage_raw DELETE WHERE day = '{D}' SETTINGS mutations_sync = 2")
@@ -132,11 +132,12 @@ def test_closed_days_read_their_energy_from_closed_energy(ledger):
 
 def test_an_intensity_change_within_an_hour_reads_the_records(ledger):
     client, settings, ledger_cfg = ledger
-    close(client, settings, ledger_cfg)
     carbon.load_intensity(client, DB, WITHIN_AN_HOUR, "corrected.csv", "ops")
-    assert ("cc", D) in raw_days(client)
+    assert ("cc", D) in record_days(client)
     # j2 starts at 01:50, after the 01:45 value: 12 g; the hour's start alone would say 6 g
-    assert figures(client) == pytest.approx(expected(16.5, 12.0, 16.5, 12.0))
+    assert figures(client) == pytest.approx(expected(16.5, 12.0, 16.5, 12.0))  # open
+    close(client, settings, ledger_cfg)
+    assert figures(client) == pytest.approx(expected(16.5, 12.0, 16.5, 12.0))  # closed
 
 
 def test_late_records_correct_a_closed_days_energy_once(ledger):
@@ -179,7 +180,7 @@ def test_the_migration_back_fills_days_closed_before_it():
         assert migrations.migrate(client, DB) == ["0023"]
         carbon.record_definition(client, DB, DEFINITION)
         carbon.load_intensity(client, DB, SERIES, "series.csv", "ops")
-        assert ("cc", D) not in raw_days(client)
+        assert ("cc", D) not in record_days(client)
         filled = client.query(f"SELECT sum(energy_mj), sum(records), any(bill_run_id) FROM {DB}.closed_energy").result_rows
         assert filled == [(162_000_000, 4, "sql/0023")]
         view = {k: v for k, v in figures(client).items() if k[0] == "view"}
