@@ -96,8 +96,8 @@ ON x.zone = ci.zone AND x.start_ms >= ci.valid_from_ms;
 
 -- Carbon of tenants' jobs per UTC day (same columns as in sql/0020): closed days from closed_energy per
 -- hour (committed runs); open days from usage_raw, each record id once, per hour; the days of
--- carbon_record_days from usage_raw record by record. gpuledger/warehouse/carbon.py builds the same
--- figures with a report's filters applied to every part.
+-- carbon_record_days from usage_raw record by record. The bills and jobs reports build the same figures
+-- (gpuledger/warehouse/reports.py with carbon.py's pieces) with their filters applied to every part.
 CREATE OR REPLACE VIEW tenant_daily_carbon AS
 SELECT
     x.day AS day, x.cluster AS cluster, x.tenant AS tenant, x.definition_version AS definition_version,

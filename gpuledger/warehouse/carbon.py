@@ -9,9 +9,12 @@ definition's default intensity. The definition ([carbon] in the ledger TOML, str
 is recorded in `carbon_definitions` by `gpuledger migrate` and `gpuledger carbon load`; the latest
 recorded one applies and its version is named beside every figure. Tables and views: sql/0020.
 
-Closed days read their energy per hour from `closed_energy`, which the bill close writes (sql/0023,
-gpuledger/warehouse/bills.py), not every record from usage_raw; the definition and the series are
-still applied when a figure is read.
+Energy is summed per hour before the intensity is joined (docs/carbon.md "Closed days"): closed days
+from `closed_energy`, which the bill close writes (sql/0023, gpuledger/warehouse/bills.py), open days
+from usage_raw; only days whose zone's series changes within an hour (`carbon_record_days`) are worked
+out record by record. The definition and the series are applied when a figure is read. The pieces
+below build the reports' carbon (gpuledger/warehouse/reports.py), which read the open days' records
+once for money and carbon.
 """
 
 from __future__ import annotations
@@ -121,7 +124,6 @@ def _user() -> str:
 
 #: the usage a carbon figure covers: jobs' executing and allocated-idle time, as a tenant bill charges
 CARBON_USAGE = ("job_id != ''", "state IN ('executing', 'allocated_idle')")
-_KEY_COLUMNS = ("day", "cluster", "tenant", "queue", "job_id", "attempt", "definition_version", "state")
 HOUR_MS = 3_600_000
 
 
@@ -157,64 +159,28 @@ def bucket_sql(db: str) -> str:
     return f"if({record_days_sql(db)}, start_ms, intDiv(start_ms, {HOUR_MS}) * {HOUR_MS})"
 
 
-def carbon_energy_sql(db: str, keys: Sequence[str], conds: Sequence[str] = ()) -> str:
-    """Rows (keys..., cluster, start_ms, energy_j) of jobs' usage energy, summed per hour (sql/0023):
-    closed days from closed_energy (committed runs), open days from usage_raw with each record id once;
-    the days of carbon_record_days from usage_raw record by record. `keys` and the columns `conds` name
-    are among day, cluster, tenant, queue, job_id, attempt, definition_version and state, which both
-    tables have; `conds` apply to every part, before any join."""
-    from gpuledger.warehouse.bills import committed, dedup_usage_sql, open_days_sql
-
-    unknown = sorted(set(keys) - set(_KEY_COLUMNS))
-    if unknown:
-        raise ValueError(f"carbon figures are kept by {', '.join(_KEY_COLUMNS)}; not by {', '.join(unknown)}")
-    keys = list(keys) if "cluster" in keys else ["cluster", *keys]  # the zone is the cluster's
-    cols = ", ".join(k if k in ("day", "attempt") else f"toString({k}) AS {k}" for k in keys)
-    key_list = ", ".join(keys)
-    where = " AND ".join(conds) if conds else "1"
-    # filters on the stored columns inside, conversions outside: an alias named like a column would
-    # stand for it in WHERE and hide the sort key
-    closed = (f"SELECT {cols}, hour * {HOUR_MS} AS start_ms, sum(energy_mj) / 1000 AS energy_j FROM ("
-              f"SELECT {key_list}, hour, energy_mj FROM {db}.closed_energy "
-              f"WHERE {committed(db)} AND NOT {record_days_sql(db)} AND {where}) GROUP BY {key_list}, hour")
-    live = dedup_usage_sql(db, [*CARBON_USAGE, f"((cluster, day) IN ({open_days_sql(db)}) OR {record_days_sql(db)})",
-                                *conds], f"{key_list}, {bucket_sql(db)} AS bucket_ms, energy_j")
-    return (f"{closed} UNION ALL SELECT {cols}, bucket_ms AS start_ms, sum(energy_j) AS energy_j FROM ({live}) "
-            f"GROUP BY {key_list}, bucket_ms")
-
-
-def co2e_sql(db: str, rows_sql: str, keys: Sequence[str], sums: str = "") -> str:
-    """Per `keys`: energy_kwh and co2e_kg of rows (cluster, start_ms, energy_j, ...): energy x PUE x the
-    intensity of the cluster's zone valid at start_ms (ASOF JOIN), else the default; the definition
-    comes as parameters (definition_params). `sums`: more aggregates over the rows, SQL."""
-    key_list = ", ".join(keys)
+def intensity_join_sql(db: str, rows_sql: str) -> str:
+    """Rows (cluster, start_ms, energy_j, ...) with co2e_g: energy x PUE x the intensity of the cluster's
+    zone valid at start_ms (ASOF JOIN), else the default; the definition comes as parameters
+    (definition_params)."""
     zone = ("if(has({carbon_zone_of:Array(String)}, cluster), "
             "{carbon_zone:Array(String)}[indexOf({carbon_zone_of:Array(String)}, cluster)], cluster)")
-    more = f", {sums}" if sums else ""
     return f"""
-        SELECT {key_list}, sum(x.energy_j) / 3600000 AS energy_kwh,
-               sum(x.energy_j / 3600000 * {{carbon_pue:Float64}}
-                   * if(ci.found = 1, ci.gco2e_per_kwh, {{carbon_default:Float64}})) / 1000 AS co2e_kg{more}
+        SELECT x.*, x.energy_j / 3600000 * {{carbon_pue:Float64}}
+                    * if(ci.found = 1, ci.gco2e_per_kwh, {{carbon_default:Float64}}) AS co2e_g
         FROM (SELECT *, {zone} AS zone FROM ({rows_sql})) AS x
         ASOF LEFT JOIN (SELECT zone, valid_from_ms, gco2e_per_kwh, toUInt8(1) AS found
                         FROM {db}.carbon_intensity_current) AS ci
-        ON x.zone = ci.zone AND x.start_ms >= ci.valid_from_ms
-        GROUP BY {key_list}"""
+        ON x.zone = ci.zone AND x.start_ms >= ci.valid_from_ms"""
 
 
-def co2e_by(client, database: str, keys: Sequence[str], conds: Sequence[str] = (),
-            params: dict | None = None) -> dict[tuple, dict]:
-    """{key values: {co2e_kg, energy_kwh, carbon_version}} of jobs' usage (executing, allocated idle),
-    grouped by `keys` (see carbon_energy_sql). Empty when no carbon definition is recorded."""
-    definition = definition_now(client, database)
-    if definition is None:
-        return {}
-    db = quoted_database(database)
-    sql = co2e_sql(db, carbon_energy_sql(db, keys, conds), keys)
-    rows = _query(client, sql, {**(params or {}), **definition_params(definition)})
-    for r in rows:
-        r["carbon_version"] = definition["carbon_version"]
-    return {tuple(r[k] for k in keys): r for r in rows}
+def co2e_sql(db: str, rows_sql: str, keys: Sequence[str], sums: str = "") -> str:
+    """Per `keys`: energy_kwh and co2e_kg of rows (cluster, start_ms, energy_j, ...) (intensity_join_sql).
+    `sums`: more aggregates over the rows, SQL."""
+    key_list = ", ".join(keys)
+    more = f", {sums}" if sums else ""
+    return (f"SELECT {key_list}, sum(energy_j) / 3600000 AS energy_kwh, sum(co2e_g) / 1000 AS co2e_kg{more} "
+            f"FROM ({intensity_join_sql(db, rows_sql)}) GROUP BY {key_list}")
 
 
 def show(client, database: str) -> dict[str, list[dict]]:

@@ -200,7 +200,7 @@ def _bills(client, db: str, filters: dict[str, Any]) -> list[dict]:
     for r in _query(client, adj_sql, params):
         add((r["booked_day"], "adjustment", r["cluster"], r["tenant"], r["definition_version"], r["corrects_day"],
              r["reason"]), r["line"], r["g"], r["e"], r["c"], r["currency"])
-    basis = b.fetch_basis(client, db, [*conds, f"(cluster, day) IN ({b.open_days_sql(db)})"], params)
+    basis, carbon_of, carbon_version = _open_basis_and_carbon(client, db, conds, params)
     for (day, cluster, tenant, _q, _job, _att, dv, line), (g, e, c) in b.job_lines(basis, b.fetch_outcomes(client, db)).items():
         add((day, "open", cluster, tenant, dv, None, None), line, g, e, c)
     order = {"closed": 0, "open": 0, "adjustment": 1}
@@ -212,8 +212,11 @@ def _bills(client, db: str, filters: dict[str, Any]) -> list[dict]:
             head.update(corrects_day=corrects, reason=reason)
         rows.append(_bill_row(head, groups[key], row_currency.get(key) or _currency_of(currencies, dv)))
     _flag_priced_by_default(client, db, rows)
-    _add_co2e(client, database=db, rows=rows, keys=("day", "cluster", "tenant", "definition_version"),
-              conds=conds, params=params)
+    for row in rows:  # carbon of the day's usage; none on adjustment rows (docs/carbon.md)
+        kg = None if row["status"] == "adjustment" else carbon_of.get(
+            (row["day"], row["cluster"], row["tenant"], row["definition_version"]))
+        row["co2e_kg"] = kg
+        row["carbon_version"] = carbon_version if kg is not None else None
     if policy == "none":
         return rows[: filters["limit"]] if filters.get("limit") else rows
     billed = [r for r in rows if r["status"] != "adjustment"]
@@ -343,18 +346,56 @@ def _job_money(client, db: str, rows: list[dict], currencies: dict[str, str]) ->
         rows[n]["carbon_version"] = definition["carbon_version"] if hit else None
 
 
-def _add_co2e(client, *, database: str, rows: list[dict], keys: Sequence[str], conds: Sequence[str],
-              params: dict[str, Any]) -> None:
-    """`co2e_kg` (and `carbon_version`) of each bill or job row from its usage's energy (docs/carbon.md);
-    None on adjustments and where no carbon definition is recorded."""
-    from gpuledger.warehouse.carbon import co2e_by
+def _open_basis_and_carbon(client, db: str, conds: Sequence[str], params: dict[str, Any]
+                           ) -> tuple[list[dict], dict[tuple, float], str | None]:
+    """The open days' bill basis (as bills.fetch_basis: jobs' usage per day, attempt and state, each
+    record id once) and the carbon (kg CO2e) per day, cluster, tenant and definition version of every
+    day `conds` select, with the carbon version (None without a definition). One query: the open days'
+    records are read once for both (GROUPING SETS); closed days' carbon comes from closed_energy
+    (docs/carbon.md)."""
+    from gpuledger.warehouse import bills as b
+    from gpuledger.warehouse import carbon
 
-    # the database name arrives quoted; co2e_by quotes it itself
-    carbon = co2e_by(client, database.strip("`"), keys, conds, params)
-    for row in rows:
-        hit = None if row.get("status") == "adjustment" else carbon.get(tuple(row.get(k) for k in keys))
-        row["co2e_kg"] = hit["co2e_kg"] if hit else None
-        row["carbon_version"] = hit["carbon_version"] if hit else None
+    definition = carbon.definition_now(client, db.strip("`"))
+    is_open = f"(cluster, day) IN ({b.open_days_sql(db)})"
+    record_days = carbon.record_days_sql(db)
+    live = b.dedup_usage_sql(db, [*carbon.CARBON_USAGE, f"({is_open} OR {record_days})" if definition else is_open,
+                                  *conds],
+                             "day, cluster, tenant, queue, job_id, attempt, definition_version, state, gpu_ms, "
+                             f"effective_gpu_ms, cost_micros, energy_j, {is_open} AS is_open, "
+                             f"{carbon.bucket_sql(db)} AS bucket_ms")
+    # rows with a state: the basis (per attempt and state); rows without: energy per hour (state '')
+    grouped = f"""
+        SELECT day, toString(cluster) AS cluster, toString(tenant) AS tenant, toString(queue) AS queue, job_id,
+               attempt, toString(definition_version) AS definition_version, toString(state) AS state,
+               toInt64(bucket_ms) AS start_ms, toUInt64(sumIf(gpu_ms, is_open)) AS gpu_ms,
+               toUInt64(sumIf(effective_gpu_ms, is_open)) AS effective_gpu_ms,
+               sumIf(toInt128(cost_micros), is_open) AS cost_micros, toUInt64(countIf(is_open)) AS records,
+               sum(energy_j) AS energy_j
+        FROM ({live})
+        GROUP BY GROUPING SETS ((day, cluster, tenant, queue, job_id, attempt, definition_version, state),
+                                (day, cluster, tenant, definition_version, bucket_ms))"""
+    if definition is None:
+        rows = _query(client, grouped, params)
+    else:
+        closed = f"""
+            SELECT day, toString(cluster) AS cluster, toString(tenant) AS tenant, '' AS queue, '' AS job_id,
+                   toUInt32(0) AS attempt, toString(definition_version) AS definition_version, '' AS state,
+                   toInt64(hour * {carbon.HOUR_MS}) AS start_ms, toUInt64(0) AS gpu_ms, toUInt64(0) AS effective_gpu_ms,
+                   toInt128(0) AS cost_micros, toUInt64(0) AS records, sum(energy_mj) / 1000 AS energy_j
+            FROM (SELECT day, cluster, tenant, definition_version, hour, energy_mj FROM {db}.closed_energy
+                  WHERE {b.committed(db)} AND NOT {record_days} AND {_and(conds)})
+            GROUP BY day, cluster, tenant, definition_version, hour"""
+        rows = _query(client, carbon.intensity_join_sql(db, f"{grouped} UNION ALL {closed}"),
+                      {**params, **carbon.definition_params(definition)})
+    basis = [r for r in rows if r["state"] and r["records"]]
+    kg: dict[tuple, float] = {}
+    if definition is not None:
+        for r in rows:
+            if not r["state"]:
+                key = (r["day"], r["cluster"], r["tenant"], r["definition_version"])
+                kg[key] = kg.get(key, 0.0) + r["co2e_g"] / 1000
+    return basis, kg, definition["carbon_version"] if definition else None
 
 
 def _queues(client, db: str, filters: dict[str, Any]) -> list[dict]:
