@@ -61,18 +61,22 @@ LAYERS = {
 
 #: the forecast's series of pending demand, which has no GPU model (gpuledger/warehouse/forecast.py)
 FORECAST_PENDING = "(pending: any model)"
+#: metrics of the 5-minute load tables (per GPU and per node: the same columns)
+LOAD_METRICS = [
+    m("hardware_util_pct", "sum(util_weighted_gpu_ms) / nullIf(sum(util_gpu_ms), 0)", "Hardware utilization %", ".1f"),
+    m("executing_gpus", "sum(executing_gpu_ms) / 300000", "Executing GPUs", ".2f"),
+    m("idle_gpus", "sum(idle_gpu_ms) / 300000", "Allocated idle GPUs", ".2f"),
+    m("unallocated_gpus", "sum(unallocated_gpu_ms) / 300000", "Unallocated GPUs", ".2f"),
+    m("down_gpus", "sum(down_gpu_ms) / 300000", "Down GPUs", ".2f"),
+]
 #: table -> (description, main time column or None, metrics, tenant-scoped)
 DATASETS: dict[str, tuple[str, str | None, list[dict], bool]] = {
     "gpu_current": ("Every GPU as of its last usage slice: state, job, tenant, queue", "last_seen", [
         m("gpus", "count()", "GPUs", ",d"),
     ], False),
-    "gpu_load_5m": ("Per-GPU load history in 5-minute buckets", "ts", [
-        m("hardware_util_pct", "sum(util_weighted_gpu_ms) / nullIf(sum(util_gpu_ms), 0)", "Hardware utilization %", ".1f"),
-        m("executing_gpus", "sum(executing_gpu_ms) / 300000", "Executing GPUs", ".2f"),
-        m("idle_gpus", "sum(idle_gpu_ms) / 300000", "Allocated idle GPUs", ".2f"),
-        m("unallocated_gpus", "sum(unallocated_gpu_ms) / 300000", "Unallocated GPUs", ".2f"),
-        m("down_gpus", "sum(down_gpu_ms) / 300000", "Down GPUs", ".2f"),
-    ], False),
+    "gpu_load_5m": ("Per-GPU load history in 5-minute buckets", "ts", LOAD_METRICS, False),
+    "node_load_5m": ("Per-node load history in 5-minute buckets (sums of the node's GPUs, sql/0024)", "ts",
+                     LOAD_METRICS, False),
     "gpu_health_daily": ("Health record per GPU and day: down time, temperature, Xid errors", "day", [
         m("down_hours", "sum(down_seconds) / 3600", "Down hours", ".2f"),
         m("max_temperature", "max(max_temperature_c)", "Max temperature °C", ".1f"),
@@ -244,7 +248,7 @@ DASHBOARDS = {
              ("gpus_now", "Every GPU: current job and tenant", "gpu_current",
               table_raw(["node", "gpu_uuid", "gpu_model", "state", "job_id", "tenant", "queue", "jobs", "util_pct", "last_seen"],
                         ("node", True), 1000), 8)],
-            [("gpu_load_by_node", "Load history: hardware utilization % by node", "gpu_load_5m",
+            [("gpu_load_by_node", "Load history: hardware utilization % by node", "node_load_5m",
               ts_chart("echarts_timeseries_line", "ts", "PT5M", ["hardware_util_pct"], ["node"], ".0f",
                        **axes("Time (UTC)", "Hardware utilization (%)")), 6),
              ("gpu_states_history", "GPU states over time (GPUs)", "gpu_load_5m",

@@ -56,6 +56,9 @@ _REPORT_OPTIONS: dict[str, frozenset[str]] = {
     "suggestions": frozenset({"limit", "followed_within_s"}),
 }
 
+#: `report unmatched`: utilization above which unallocated GPU time is busy; sql/0025 aggregates it
+DEFAULT_BUSY_FLOOR_PCT = 1.0
+
 UTILIZATION_DIMENSIONS = ("day", "cluster", "gpu_model", "queue", "tenant", "job_id")
 #: dimensions capacity is known by; tenant and queue hold no capacity (down/unallocated have neither)
 _CAPACITY_DIMENSIONS = frozenset({"day", "cluster", "gpu_model"})
@@ -457,7 +460,16 @@ def _unmatched(client, db: str, filters: dict[str, Any]) -> list[dict]:
       `busy_floor_pct`, default 1 %): a job the scheduler does not know, or a missing event."""
     conds, params = _where(filters, sorted(REPORT_FILTERS["unmatched"]))
     where = _and(conds)
-    params["floor"] = float(filters.get("busy_floor_pct", 1.0))
+    params["floor"] = float(filters.get("busy_floor_pct", DEFAULT_BUSY_FLOOR_PCT))
+    if params["floor"] == DEFAULT_BUSY_FLOOR_PCT:  # the per-day aggregate holds it (sql/0025)
+        busy = f"""
+            SELECT cluster, node, gpu_uuid, min(day) AS first_day, sum(gpu_ms) AS gpu_ms
+            FROM {db}.busy_unallocated_daily WHERE {where} GROUP BY cluster, node, gpu_uuid HAVING gpu_ms > 0"""
+    else:
+        busy = f"""
+            SELECT cluster, node, gpu_uuid, min(day) AS first_day, sum(gpu_ms) AS gpu_ms
+            FROM {db}.usage_raw WHERE state = 'unallocated' AND util_pct > {{floor:Float64}} AND {where}
+            GROUP BY cluster, node, gpu_uuid"""
     sql = f"""
         WITH allocations AS (
             SELECT cluster, job_id, attempt, node, groupUniqArray(ref) AS refs, min(day) AS first_day,
@@ -487,12 +499,10 @@ def _unmatched(client, db: str, filters: dict[str, Any]) -> list[dict]:
             LEFT JOIN known_nodes AS k ON k.cluster = a.cluster AND k.node = a.node
             WHERE k.node = '' OR b.gpus < length(a.refs) OR a.mig_refs > 0
             UNION ALL
-            SELECT 'busy_unallocated' AS kind, min(day) AS first_day, cluster, node, '' AS job_id, toUInt32(0) AS attempt,
-                   toUInt64(0) AS gpus_named, toUInt64(0) AS gpus_billed, sum(gpu_ms) / 3600000 AS gpu_hours,
+            SELECT 'busy_unallocated' AS kind, first_day, cluster, node, '' AS job_id, toUInt32(0) AS attempt,
+                   toUInt64(0) AS gpus_named, toUInt64(0) AS gpus_billed, gpu_ms / 3600000 AS gpu_hours,
                    gpu_uuid AS detail
-            FROM {db}.usage_raw
-            WHERE state = 'unallocated' AND util_pct > {{floor:Float64}} AND {where}
-            GROUP BY cluster, node, gpu_uuid
+            FROM ({busy})
         )
         ORDER BY kind, cluster, node, job_id, attempt, detail"""
     return _query(client, sql + _limit(filters, params), params)

@@ -33,6 +33,8 @@ RETENTION: dict[str, Retention] = {
     "gpu_health_hourly": Retention("retention_hourly_days", "day", "hourly health history per GPU"),
     "usage_gpu_hourly": Retention("retention_hourly_days", "day", "hourly load per GPU (utilization, health record)"),
     "usage_gpu_5m": Retention("retention_load_5m_days", "day", "5-minute load history per GPU"),
+    "usage_node_5m": Retention("retention_load_5m_days", "day", "5-minute load history per node (sql/0024)"),
+    "busy_unallocated_daily": Retention("retention_usage_days", "day", "busy unallocated GPU time per day (sql/0025)"),
     "usage_raw": Retention("retention_usage_days", _RAW, "usage records: bills, adjustments and re-bills are computed from them"),
     "job_events": Retention("retention_usage_days", _RAW, "job lifecycle: attempt outcomes decide the bill lines"),
     "job_idle_segments": Retention("retention_usage_days", "day", "idle records behind the idle-stretch views"),

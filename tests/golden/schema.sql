@@ -170,6 +170,41 @@ ENGINE = MergeTree
 ORDER BY (created_at, bill_run_id)
 SETTINGS index_granularity = 8192;
 
+CREATE TABLE {db}.busy_unallocated_daily
+(
+    `day` Date,
+    `cluster` LowCardinality(String),
+    `node` LowCardinality(String),
+    `gpu_uuid` String,
+    `gpu_ms` UInt64
+)
+ENGINE = SummingMergeTree
+PARTITION BY toYYYYMM(day)
+ORDER BY (cluster, node, gpu_uuid, day)
+SETTINGS non_replicated_deduplication_window = 1000, index_granularity = 8192;
+
+CREATE MATERIALIZED VIEW {db}.busy_unallocated_daily_mv TO {db}.busy_unallocated_daily
+(
+    `day` Date,
+    `cluster` LowCardinality(String),
+    `node` LowCardinality(String),
+    `gpu_uuid` String,
+    `gpu_ms` UInt64
+)
+AS SELECT
+    day,
+    cluster,
+    node,
+    gpu_uuid,
+    sum(gpu_ms) AS gpu_ms
+FROM {db}.usage_raw
+WHERE (state = 'unallocated') AND (util_pct > 1)
+GROUP BY
+    day,
+    cluster,
+    node,
+    gpu_uuid;
+
 CREATE VIEW {db}.capacity_daily
 (
     `day` Date,
@@ -2029,6 +2064,38 @@ ENGINE = ReplacingMergeTree(seen_ms)
 ORDER BY (cluster, node)
 SETTINGS index_granularity = 8192, non_replicated_deduplication_window = 1000;
 
+CREATE VIEW {db}.node_load_5m
+(
+    `ts` DateTime('UTC'),
+    `day` Date,
+    `cluster` LowCardinality(String),
+    `node` LowCardinality(String),
+    `gpu_model` LowCardinality(String),
+    `queue` LowCardinality(String),
+    `total_gpu_ms` UInt64,
+    `executing_gpu_ms` UInt64,
+    `idle_gpu_ms` UInt64,
+    `unallocated_gpu_ms` UInt64,
+    `down_gpu_ms` UInt64,
+    `util_weighted_gpu_ms` Float64,
+    `util_gpu_ms` UInt64
+)
+AS SELECT
+    ts,
+    day,
+    cluster,
+    node,
+    gpu_model,
+    queue,
+    total_gpu_ms,
+    executing_gpu_ms,
+    idle_gpu_ms,
+    unallocated_gpu_ms,
+    down_gpu_ms,
+    util_weighted_gpu_ms,
+    util_gpu_ms
+FROM {db}.usage_node_5m;
+
 CREATE TABLE {db}.prices
 (
     `model` LowCardinality(String),
@@ -2973,6 +3040,66 @@ GROUP BY
     gpu_uuid,
     gpu_model,
     state;
+
+CREATE TABLE {db}.usage_node_5m
+(
+    `ts` DateTime('UTC'),
+    `day` Date,
+    `cluster` LowCardinality(String),
+    `node` LowCardinality(String),
+    `gpu_model` LowCardinality(String),
+    `queue` LowCardinality(String),
+    `total_gpu_ms` UInt64,
+    `executing_gpu_ms` UInt64,
+    `idle_gpu_ms` UInt64,
+    `unallocated_gpu_ms` UInt64,
+    `down_gpu_ms` UInt64,
+    `util_weighted_gpu_ms` Float64,
+    `util_gpu_ms` UInt64
+)
+ENGINE = SummingMergeTree
+PARTITION BY toYYYYMM(day)
+ORDER BY (ts, cluster, node, gpu_model, queue, day)
+SETTINGS non_replicated_deduplication_window = 1000, index_granularity = 8192;
+
+CREATE MATERIALIZED VIEW {db}.usage_node_5m_mv TO {db}.usage_node_5m
+(
+    `ts` DateTime('UTC'),
+    `day` Date,
+    `cluster` LowCardinality(String),
+    `node` LowCardinality(String),
+    `gpu_model` LowCardinality(String),
+    `queue` LowCardinality(String),
+    `total_gpu_ms` UInt64,
+    `executing_gpu_ms` UInt64,
+    `idle_gpu_ms` UInt64,
+    `unallocated_gpu_ms` UInt64,
+    `down_gpu_ms` UInt64,
+    `util_weighted_gpu_ms` Float64,
+    `util_gpu_ms` UInt64
+)
+AS SELECT
+    toStartOfFiveMinutes(fromUnixTimestamp64Milli(start_ms, 'UTC')) AS ts,
+    day,
+    cluster,
+    node,
+    gpu_model,
+    queue,
+    sum(gpu_ms) AS total_gpu_ms,
+    sumIf(gpu_ms, state = 'executing') AS executing_gpu_ms,
+    sumIf(gpu_ms, state = 'allocated_idle') AS idle_gpu_ms,
+    sumIf(gpu_ms, state = 'unallocated') AS unallocated_gpu_ms,
+    sumIf(gpu_ms, state = 'down') AS down_gpu_ms,
+    sumIf(assumeNotNull(util_pct) * gpu_ms, (state = 'executing') AND (util_pct IS NOT NULL)) AS util_weighted_gpu_ms,
+    sumIf(gpu_ms, (state = 'executing') AND (util_pct IS NOT NULL)) AS util_gpu_ms
+FROM {db}.usage_raw
+GROUP BY
+    ts,
+    day,
+    cluster,
+    node,
+    gpu_model,
+    queue;
 
 CREATE TABLE {db}.usage_raw
 (

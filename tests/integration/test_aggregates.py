@@ -147,3 +147,20 @@ def test_health_history_keeps_the_hourly_figures(warehouse):
     hourly = warehouse.query(f"""SELECT hour, gpu_uuid, samples, max_temperature_c, xid_count
         FROM {DB}.gpu_health_history ORDER BY hour, gpu_uuid""").result_rows
     assert raw and [tuple(r) for r in raw] == [tuple(r) for r in hourly]
+
+
+def test_node_load_equals_the_per_gpu_load_summed_by_node(warehouse):
+    """sql/0024: the per-node table (back-filled from usage_gpu_5m, then filled by its view, replay included)
+    holds the sums of its GPUs' 5-minute rows."""
+    sums = ("sum(total_gpu_ms), sum(executing_gpu_ms), sum(idle_gpu_ms), sum(unallocated_gpu_ms), sum(down_gpu_ms), "
+            "sum(util_weighted_gpu_ms), sum(util_gpu_ms)")
+    keys = "ts, day, cluster, node, gpu_model, queue"
+    per_gpu = warehouse.query(f"SELECT {keys}, {sums} FROM {DB}.gpu_load_5m GROUP BY {keys} ORDER BY {keys}").result_rows
+    per_node = warehouse.query(f"SELECT {keys}, {sums} FROM {DB}.node_load_5m GROUP BY {keys} ORDER BY {keys}").result_rows
+    assert len(per_gpu) > 50 and len(per_node) == len(per_gpu)
+    for g, n in zip(per_gpu, per_node):
+        assert all(same(x, y) for x, y in zip(g, n)), (g, n)
+    # fewer rows stored than per GPU: two nodes of four GPUs here
+    stored = dict(warehouse.query(f"SELECT name, total_rows FROM system.tables WHERE database = '{DB}' "
+                                  "AND name IN ('usage_gpu_5m', 'usage_node_5m')").result_rows)
+    assert stored["usage_node_5m"] < stored["usage_gpu_5m"]

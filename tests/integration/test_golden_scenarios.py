@@ -351,7 +351,7 @@ def test_9_slurm_hung_job_bills_its_hang_as_idle(warehouse):
     assert jobs(warehouse)["4102"]["last_outcome"] == "cancelled"
 
 
-def test_10_nothing_unmatched_in_silence(warehouse):
+def test_10_nothing_unmatched_in_silence(warehouse, monkeypatch):
     client, settings = warehouse
     rows = fetch(client, settings.database, "unmatched", day_from=DAY, day_to=DAY)
     found = {(r["kind"], r["node"], r["job_id"] or r["detail"]) for r in rows}
@@ -368,6 +368,12 @@ def test_10_nothing_unmatched_in_silence(warehouse):
     }
     busy = next(r for r in rows if r["kind"] == "busy_unallocated")
     assert busy["gpu_hours"] == pytest.approx(10 / 60)               # its 10 busy minutes
+    # the default floor reads the per-day aggregate (sql/0025); scanning the records gives the same rows
+    import gpuledger.warehouse.reports as report_module
+    aggregated = fetch(client, settings.database, "unmatched")
+    monkeypatch.setattr(report_module, "DEFAULT_BUSY_FLOOR_PCT", -1.0)
+    assert fetch(client, settings.database, "unmatched", day_from=DAY, day_to=DAY, busy_floor_pct=1.0) == rows
+    assert fetch(client, settings.database, "unmatched", busy_floor_pct=1.0) == aggregated
     assert next(r for r in rows if r["kind"] == "mig_allocation")["gpus_billed"] == 1
     b = bills(warehouse)[(DAY, "t-mig")]
     assert b["compute_gpu_hours"] == pytest.approx(0.5 * 0.428)      # 3/7 of the parent for 30 minutes
