@@ -181,6 +181,28 @@ def open_days_sql(db: str) -> str:
             f"WHERE (cluster, day) NOT IN ({closed_days_sql(db)})")
 
 
+def days_by_cluster(client, sql: str) -> dict[str, list[dt.date]]:
+    """{cluster: sorted days} of a query returning (cluster, day) pairs (open_days_sql, carbon_record_days)."""
+    out: dict[str, list[dt.date]] = {}
+    for r in _q(client, f"SELECT toString(cluster) AS cluster, day FROM ({sql}) ORDER BY cluster, day"):
+        out.setdefault(r["cluster"], []).append(r["day"])
+    return out
+
+
+def days_condition(days: Mapping[str, Sequence[dt.date]], name: str) -> tuple[str, dict[str, Any]]:
+    """SQL condition (and its parameters, named `name`_...) true for rows of these clusters' days, written
+    `cluster = c AND day IN (...)` per cluster: it reaches usage_raw's sort key, and costs no per-row
+    lookup of a (cluster, day) tuple in a set (0.08 s against 0.4 s for one open day of 13.5 M records)."""
+    if not days:
+        return "0", {}
+    terms, params = [], {}
+    for i, cluster in enumerate(sorted(days)):
+        terms.append(f"(cluster = {{{name}_c{i}:String}} AND day IN {{{name}_d{i}:Array(Date)}})")
+        params[f"{name}_c{i}"] = cluster
+        params[f"{name}_d{i}"] = sorted(days[cluster])
+    return f"({' OR '.join(terms)})", params
+
+
 def dedup_usage_sql(db: str, conds: Sequence[str] = (), columns: str = "*") -> str:
     """usage_raw with each (cluster, record_id) once: `FINAL` of the ReplacingMergeTree (sql/0022: a
     record id is gpu_uuid/start_ms/slot, so copies of a record share the whole sort key and are

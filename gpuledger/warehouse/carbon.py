@@ -148,15 +148,19 @@ def definition_params(definition: dict | None) -> dict:
             "carbon_zone_of": sorted(zones), "carbon_zone": [zones[k] for k in sorted(zones)]}
 
 
-def record_days_sql(db: str) -> str:
-    """SQL condition: the row's (cluster, day) is worked out record by record (sql/0023 carbon_record_days)."""
-    return f"(cluster, day) IN (SELECT cluster, day FROM {db}.carbon_record_days)"
+def record_days(client, database: str) -> dict[str, list[dt.date]]:
+    """{cluster: days} worked out record by record (sql/0023 carbon_record_days: the zone's series changes
+    within an hour on those days); empty without a definition, and wherever series change on the hour."""
+    from gpuledger.warehouse.bills import days_by_cluster
+
+    return days_by_cluster(client, f"SELECT cluster, day FROM {quoted_database(database)}.carbon_record_days")
 
 
-def bucket_sql(db: str) -> str:
-    """A usage record's carbon time: its hour's start, or its own start on a day of carbon_record_days
-    (the zone's series changes within an hour that day)."""
-    return f"if({record_days_sql(db)}, start_ms, intDiv(start_ms, {HOUR_MS}) * {HOUR_MS})"
+def bucket_sql(record_cond: str) -> str:
+    """A usage record's carbon time: its hour's start, or its own start where `record_cond` (the days of
+    record_days, days_condition) holds."""
+    hour = f"intDiv(start_ms, {HOUR_MS}) * {HOUR_MS}"
+    return hour if record_cond == "0" else f"if({record_cond}, start_ms, {hour})"
 
 
 def intensity_join_sql(db: str, rows_sql: str) -> str:

@@ -269,13 +269,27 @@ def _jobs(client, db: str, filters: dict[str, Any]) -> list[dict]:
     else:
         opportunity = "CAST(NULL AS Nullable(Float64))"
     sql = (
-        f"SELECT *, {opportunity} AS opportunity_cost FROM {db}.job_cost WHERE {_and(conds)} "
-        "ORDER BY cost DESC, gpu_hours DESC, cluster, job_id, definition_version"
-    )
+        f"SELECT *, {opportunity} AS opportunity_cost FROM {db}.job_cost WHERE {_and(conds)}"
+    )  # ordered below, once the money of closed and open days is known
     rows = _query(client, sql, params)
     _job_money(client, db, rows, _currencies(client, db, filters.get("currency")))
     rows.sort(key=lambda r: (-(r["cost"] or 0), -(r["gpu_hours"] or 0), r["cluster"], r["job_id"], r["definition_version"]))
     return rows[: filters["limit"]] if filters.get("limit") else rows
+
+
+def _live_days(client, db: str, definition: dict | None) -> tuple[str, str, str, str, dict[str, Any]]:
+    """How a report reads live usage, the days resolved first (days_condition: no per-row set lookups):
+    (days to read: open days, and the days of carbon_record_days; whether a row's day is open; its
+    carbon time bucket; the record days; their parameters)."""
+    from gpuledger.warehouse import bills as b
+    from gpuledger.warehouse import carbon
+
+    open_cond, params = b.days_condition(b.days_by_cluster(client, b.open_days_sql(db)), "open_days")
+    record_cond, more = b.days_condition(carbon.record_days(client, db.strip("`")) if definition else {}, "record_days")
+    if record_cond == "0":
+        return open_cond, "1", carbon.bucket_sql(record_cond), record_cond, params
+    return (f"({open_cond} OR {record_cond})", open_cond, carbon.bucket_sql(record_cond), record_cond,
+            {**params, **more})
 
 
 def _job_money(client, db: str, rows: list[dict], currencies: dict[str, str]) -> None:
@@ -291,15 +305,13 @@ def _job_money(client, db: str, rows: list[dict], currencies: dict[str, str]) ->
         return
     definition = carbon.definition_now(client, db.strip("`"))
     clusters = sorted({r["cluster"] for r in rows})
-    params = {"clusters": clusters, **carbon.definition_params(definition)}
+    read_days, is_open, bucket, record_days, day_params = _live_days(client, db, definition)
+    params = {"clusters": clusters, **carbon.definition_params(definition), **day_params}
     keys = "toString(cluster) AS cluster, job_id, toString(definition_version) AS definition_version"
     no_energy = "toUInt8(0) AS has_energy, toInt64(0) AS start_ms, toFloat64(0) AS energy_j"
-    record_days = carbon.record_days_sql(db)
-    is_open = f"(cluster, day) IN ({b.open_days_sql(db)})"
-    live = b.dedup_usage_sql(db, [*carbon.CARBON_USAGE, "cluster IN {clusters:Array(String)}",
-                                  f"({is_open} OR {record_days})"],
+    live = b.dedup_usage_sql(db, [*carbon.CARBON_USAGE, "cluster IN {clusters:Array(String)}", read_days],
                              f"cluster, job_id, definition_version, state, gpu_ms, effective_gpu_ms, cost_micros, "
-                             f"energy_j, {is_open} AS is_open, {carbon.bucket_sql(db)} AS bucket_ms")
+                             f"energy_j, {is_open} AS is_open, {bucket} AS bucket_ms")
     # columns: job, open (usage on an open day), money (a money row), x, i, e, c, has_energy, start_ms, energy_j
     parts = f"""
         SELECT {keys}, toUInt8(0) AS open, toUInt8(1) AS money,
@@ -330,23 +342,30 @@ def _job_money(client, db: str, rows: list[dict], currencies: dict[str, str]) ->
     sql = carbon.co2e_sql(db, parts, ("cluster", "job_id", "definition_version"),
                           "max(open) AS open, max(money) AS money, sum(x) AS x, sum(i) AS i, sum(e) AS e, "
                           "sum(c) AS c, max(has_energy) AS has_energy")
-    money: dict[tuple, dict] = {}
-    for r in _query(client, sql, params):
-        money[(r["cluster"], r["job_id"], r["definition_version"])] = r
+    result = client.query(sql, parameters=params)
+    col = {name: i for i, name in enumerate(result.column_names)}
+    money = {(r[col["cluster"]], r[col["job_id"]], r[col["definition_version"]]): r for r in result.result_rows}
+    # the job's identity, then status and currency, then the rest (a 45,000-job report: built once per row)
+    ident = [k for k in ("cluster", "job_id", "tenant", "queue", "definition_version") if k in rows[0]]
+    rest = [k for k in rows[0] if k not in ident and k not in ("status", "currency")]
+    currency = {dv: _currency_of(currencies, dv) for dv in {r["definition_version"] for r in rows}}
+    version = definition["carbon_version"] if definition is not None else None
     for n, row in enumerate(rows):
         m = money.get((row["cluster"], row["job_id"], row["definition_version"]))
-        if m is not None and m["money"]:
-            x, i, e, c = int(m["x"]), int(m["i"]), int(m["e"]), int(m["c"])
-            row.update(gpu_hours=(x + i) / 3600000, executing_gpu_hours=x / 3600000, idle_gpu_hours=i / 3600000,
+        has_money = m is not None and m[col["money"]]
+        out = {k: row[k] for k in ident}
+        out["status"] = "closed" if has_money and not m[col["open"]] else "open"
+        out["currency"] = currency[row["definition_version"]]
+        for k in rest:
+            out[k] = row[k]
+        if has_money:
+            x, i, e, c = int(m[col["x"]]), int(m[col["i"]]), int(m[col["e"]]), int(m[col["c"]])
+            out.update(gpu_hours=(x + i) / 3600000, executing_gpu_hours=x / 3600000, idle_gpu_hours=i / 3600000,
                        effective_gpu_hours=e / 3600000, cost=c / 1e6, cost_micros=c)
-        # status and currency right after the job's identity
-        head = {k: row[k] for k in ("cluster", "job_id", "tenant", "queue", "definition_version") if k in row}
-        head["status"] = "closed" if m is not None and m["money"] and not m["open"] else "open"
-        head["currency"] = _currency_of(currencies, row["definition_version"])
-        rows[n] = {**head, **{k: v for k, v in row.items() if k not in head}}
-        hit = m is not None and definition is not None and m["has_energy"]
-        rows[n]["co2e_kg"] = m["co2e_kg"] if hit else None
-        rows[n]["carbon_version"] = definition["carbon_version"] if hit else None
+        hit = m is not None and version is not None and m[col["has_energy"]]
+        out["co2e_kg"] = m[col["co2e_kg"]] if hit else None
+        out["carbon_version"] = version if hit else None
+        rows[n] = out
 
 
 def _open_basis_and_carbon(client, db: str, conds: Sequence[str], params: dict[str, Any]
@@ -360,22 +379,24 @@ def _open_basis_and_carbon(client, db: str, conds: Sequence[str], params: dict[s
     from gpuledger.warehouse import carbon
 
     definition = carbon.definition_now(client, db.strip("`"))
-    is_open = f"(cluster, day) IN ({b.open_days_sql(db)})"
-    record_days = carbon.record_days_sql(db)
-    live = b.dedup_usage_sql(db, [*carbon.CARBON_USAGE, f"({is_open} OR {record_days})" if definition else is_open,
-                                  *conds],
+    read_days, is_open, bucket, record_days, day_params = _live_days(client, db, definition)
+    params = {**params, **day_params}
+    live = b.dedup_usage_sql(db, [*carbon.CARBON_USAGE, read_days, *conds],
                              "day, cluster, tenant, queue, job_id, attempt, definition_version, state, gpu_ms, "
-                             f"effective_gpu_ms, cost_micros, energy_j, {is_open} AS is_open, "
-                             f"{carbon.bucket_sql(db)} AS bucket_ms")
-    # rows with a state: the basis (per attempt and state); rows without: energy per hour (state '')
+                             f"effective_gpu_ms, cost_micros, energy_j, {is_open} AS is_open, {bucket} AS bucket_ms")
+    # rows with a state: the basis (per attempt and state); rows without: energy per hour (state ''). The
+    # records are grouped once, per attempt, state and hour; the two groupings are made of those rows
     grouped = f"""
         SELECT day, toString(cluster) AS cluster, toString(tenant) AS tenant, toString(queue) AS queue, job_id,
                attempt, toString(definition_version) AS definition_version, toString(state) AS state,
-               toInt64(bucket_ms) AS start_ms, toUInt64(sumIf(gpu_ms, is_open)) AS gpu_ms,
-               toUInt64(sumIf(effective_gpu_ms, is_open)) AS effective_gpu_ms,
-               sumIf(toInt128(cost_micros), is_open) AS cost_micros, toUInt64(countIf(is_open)) AS records,
-               sum(energy_j) AS energy_j
-        FROM ({live})
+               toInt64(bucket_ms) AS start_ms, toUInt64(sum(g)) AS gpu_ms, toUInt64(sum(e)) AS effective_gpu_ms,
+               sum(c) AS cost_micros, toUInt64(sum(n)) AS records, sum(j) AS energy_j
+        FROM (
+            SELECT day, cluster, tenant, queue, job_id, attempt, definition_version, state, bucket_ms,
+                   sumIf(gpu_ms, is_open) AS g, sumIf(effective_gpu_ms, is_open) AS e,
+                   sumIf(toInt128(cost_micros), is_open) AS c, countIf(is_open) AS n, sum(energy_j) AS j
+            FROM ({live})
+            GROUP BY day, cluster, tenant, queue, job_id, attempt, definition_version, state, bucket_ms)
         GROUP BY GROUPING SETS ((day, cluster, tenant, queue, job_id, attempt, definition_version, state),
                                 (day, cluster, tenant, definition_version, bucket_ms))"""
     if definition is None:
