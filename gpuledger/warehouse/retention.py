@@ -35,6 +35,7 @@ RETENTION: dict[str, Retention] = {
     "usage_gpu_5m": Retention("retention_load_5m_days", "day", "5-minute load history per GPU"),
     "usage_node_5m": Retention("retention_load_5m_days", "day", "5-minute load history per node (sql/0024)"),
     "busy_unallocated_daily": Retention("retention_usage_days", "day", "busy unallocated GPU time per day (sql/0025)"),
+    "gpu_down_records": Retention("retention_usage_days", "day", "down records behind the cards' down time (sql/0026)"),
     "usage_raw": Retention("retention_usage_days", _RAW, "usage records: bills, adjustments and re-bills are computed from them"),
     "job_events": Retention("retention_usage_days", _RAW, "job lifecycle: attempt outcomes decide the bill lines"),
     "job_idle_segments": Retention("retention_usage_days", "day", "idle records behind the idle-stretch views"),

@@ -580,17 +580,8 @@ LEFT JOIN
     SELECT
         gpu_uuid,
         sum(gpu_ms) / 1000 AS down_seconds
-    FROM
-    (
-        SELECT
-            gpu_uuid,
-            gpu_ms
-        FROM {db}.usage_raw
-        WHERE state = 'down'
-        LIMIT 1 BY
-            cluster,
-            record_id
-    )
+    FROM {db}.gpu_down_records
+    FINAL
     GROUP BY gpu_uuid
 ) AS d ON s.gpu_uuid = d.gpu_uuid
 LEFT JOIN
@@ -640,6 +631,39 @@ FROM {db}.gpu_latest AS g
 GROUP BY
     cluster,
     gpu_uuid;
+
+CREATE TABLE {db}.gpu_down_records
+(
+    `cluster` LowCardinality(String),
+    `gpu_uuid` String,
+    `day` Date,
+    `start_ms` Int64,
+    `record_id` String,
+    `gpu_ms` UInt64
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toYYYYMM(day)
+ORDER BY (cluster, gpu_uuid, start_ms, record_id)
+SETTINGS non_replicated_deduplication_window = 1000, index_granularity = 8192;
+
+CREATE MATERIALIZED VIEW {db}.gpu_down_records_mv TO {db}.gpu_down_records
+(
+    `cluster` LowCardinality(String),
+    `gpu_uuid` String,
+    `day` Date,
+    `start_ms` Int64,
+    `record_id` String,
+    `gpu_ms` UInt64
+)
+AS SELECT
+    cluster,
+    gpu_uuid,
+    day,
+    start_ms,
+    record_id,
+    gpu_ms
+FROM {db}.usage_raw
+WHERE state = 'down';
 
 CREATE TABLE {db}.gpu_health
 (
