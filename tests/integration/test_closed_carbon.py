@@ -194,3 +194,18 @@ def test_the_migration_back_fills_days_closed_before_it():
         assert client.query(f"SELECT count() FROM {DB}.bill_runs WHERE bill_run_id = 'sql/0023'").result_rows == [(1,)]
     finally:
         client.close()
+
+
+def test_a_cluster_mapped_to_a_region_takes_the_regions_series(ledger):
+    """[carbon.zones] maps cluster cc to region r1: the series loaded for r1 applies, open and closed (the
+    definition's zones reach the reports' queries as parameters)."""
+    client, settings, ledger_cfg = ledger
+    mapped = CarbonDefinition(version="c-zones", pue=1.5, default_gco2e_per_kwh=500.0, default_source="test",
+                              zones={"cc": "r1"})
+    carbon.record_definition(client, DB, mapped)
+    # no series for r1 yet: the default, 500 g/kWh, everywhere (j1 0.025 kWh, j2 0.02 kWh, x 1.5)
+    assert figures(client) == pytest.approx(expected(18.75, 15.0, 18.75, 15.0))
+    carbon.load_intensity(client, DB, [{**row, "zone": "r1"} for row in SERIES], "r1.csv", "ops")
+    assert figures(client) == pytest.approx(expected(16.5, 6.0, 16.5, 6.0))
+    close(client, settings, ledger_cfg)
+    assert figures(client) == pytest.approx(expected(16.5, 6.0, 16.5, 6.0))
