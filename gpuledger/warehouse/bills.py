@@ -275,11 +275,14 @@ def queue_efficiency_sql(db: str, usage_conds: Sequence[str] = (), attempt_conds
     `attempt_conds`: on job_attempts AS a; `cohort_conds`: on the attempt's columns plus `day`, its
     cohort day. Only the usage of the chosen attempts is deduplicated, and only from the first day
     any of them was seen: an attempt's usage starts at one of its own events (the join opens a holder
-    at the allocation's time), so none of it lies before its first_seen_ms."""
+    at the allocation's time), so none of it lies before its first_seen_ms. With `attempt_conds` (some
+    tenants' or clusters' attempts) the usage rows are matched to the cohort before grouping; without,
+    most rows since that day are the cohort's, and the join below drops the others after grouping
+    (a per-row lookup of the attempt in the cohort cost more than it saved: ~0.3 s of 1 s at 100 M)."""
     where = " AND ".join(attempt_conds) if attempt_conds else "1"
     cohort_where = " AND ".join(cohort_conds) if cohort_conds else "1"
-    inner = dedup_usage_sql(db, ["job_id != ''", *usage_conds,
-                                 "(cluster, job_id, attempt) IN (SELECT cluster, job_id, attempt FROM cohort)",
+    match = (["(cluster, job_id, attempt) IN (SELECT cluster, job_id, attempt FROM cohort)"] if attempt_conds else [])
+    inner = dedup_usage_sql(db, ["job_id != ''", *usage_conds, *match,
                                  "day >= (SELECT toDate(fromUnixTimestamp64Milli(min(first_seen_ms), 'UTC')) FROM cohort)"],
                             "cluster, record_id, job_id, attempt, state, gpu_ms, end_ms")
     tenant = "toString(a.tenant)" if by_tenant else "''"
