@@ -211,9 +211,13 @@ def dedup_usage_sql(db: str, conds: Sequence[str] = (), columns: str = "*") -> s
     return f"SELECT {columns} FROM {db}.usage_raw FINAL WHERE {where}"
 
 
+#: the usage a bill (and its carbon) charges: jobs' executing and allocated-idle time
+BILLED_USAGE = ("job_id != ''", "state IN ('executing', 'allocated_idle')")
+
+
 def fetch_basis(client, db: str, conds: Sequence[str] = (), params: dict | None = None) -> list[dict]:
     """Executing / allocated-idle usage of jobs per attempt, day and state, deduplicated by record id."""
-    inner = dedup_usage_sql(db, ["job_id != ''", "state IN ('executing', 'allocated_idle')", *conds],
+    inner = dedup_usage_sql(db, [*BILLED_USAGE, *conds],
                             "cluster, record_id, day, tenant, queue, job_id, attempt, definition_version, state, "
                             "gpu_ms, effective_gpu_ms, cost_micros")
     sql = (f"SELECT day, cluster, toString(tenant) AS tenant, toString(queue) AS queue, job_id, attempt, "
@@ -235,7 +239,7 @@ def fetch_energy(client, db: str, cluster: str, day_from: dt.date, day_to: dt.da
     """{energy key: [energy_mj, records]} of a cluster's days from usage deduplicated by record id: the
     jobs' executing and allocated-idle usage per hour, in whole millijoules (each record rounded)."""
     inner = dedup_usage_sql(db, ["cluster = {cluster:String}", "day BETWEEN {day_from:Date} AND {day_to:Date}",
-                                 "job_id != ''", "state IN ('executing', 'allocated_idle')"],
+                                 *BILLED_USAGE],
                             "day, cluster, start_ms, tenant, queue, job_id, attempt, definition_version, state, energy_j")
     sql = (f"SELECT day, cluster, intDiv(start_ms, 3600000) AS hour, tenant, queue, job_id, attempt, definition_version, "
            f"state, sum(toInt64(round(energy_j * 1000))) AS energy_mj, count() AS records FROM ({inner}) "

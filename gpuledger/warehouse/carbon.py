@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gpuledger.streams.carbondefs import MAX_GCO2E_PER_KWH, CarbonDefinition
+from gpuledger.warehouse.bills import BILLED_USAGE
 from gpuledger.warehouse.client import insert_rows, quoted_database
 
 #: header names a CSV may give the zone column (a cluster's name, or a region [carbon.zones] names)
@@ -122,8 +123,8 @@ def _user() -> str:
         return "unknown"
 
 
-#: the usage a carbon figure covers: jobs' executing and allocated-idle time, as a tenant bill charges
-CARBON_USAGE = ("job_id != ''", "state IN ('executing', 'allocated_idle')")
+#: the usage a carbon figure covers: what a tenant bill charges
+CARBON_USAGE = BILLED_USAGE
 HOUR_MS = 3_600_000
 
 
@@ -141,7 +142,7 @@ def definition_now(client, database: str) -> dict | None:
 
 
 def definition_params(definition: dict | None) -> dict:
-    """Query parameters carbon_sql reads (neutral values when there is no definition)."""
+    """Query parameters intensity_join_sql reads (neutral values when there is no definition)."""
     d = definition or {"pue": 0.0, "default_gco2e_per_kwh": 0.0, "zones": {}}
     zones = dict(d["zones"])
     return {"carbon_pue": float(d["pue"]), "carbon_default": float(d["default_gco2e_per_kwh"]),
