@@ -215,6 +215,45 @@ def dedup_usage_sql(db: str, conds: Sequence[str] = (), columns: str = "*") -> s
 BILLED_USAGE = ("job_id != ''", "state IN ('executing', 'allocated_idle')")
 
 
+def exact_hourly_days(client, db: str, days: Mapping[str, Sequence[dt.date]]) -> dict[str, list[dt.date]]:
+    """The days of `days` ({cluster: days}) whose usage_by_job_hourly sums are exact (sql/0027): the
+    table counted as many records as usage_raw holds distinct ones, so no record was inserted twice
+    (its materialized view sums every copy; FINAL keeps one). One count per cluster (grouped by day:
+    grouping by the cluster too cost twice as much)."""
+    out: dict[str, list[dt.date]] = {}
+    for cluster in sorted(days):
+        params = {"cluster": cluster, "days": sorted(days[cluster])}
+        where = "cluster = {cluster:String} AND day IN {days:Array(Date)} GROUP BY day"
+        summed = {r["day"]: int(r["n"]) for r in
+                  _q(client, f"SELECT day, sum(records) AS n FROM {db}.usage_by_job_hourly WHERE {where}", params)}
+        distinct = {r["day"]: int(r["n"]) for r in
+                    _q(client, f"SELECT day, count() AS n FROM {db}.usage_raw FINAL WHERE {where}", params)}
+        exact = [d for d in params["days"] if d in distinct and summed.get(d) == distinct[d]]
+        if exact:
+            out[cluster] = exact
+    return out
+
+
+def live_usage_sql(db: str, exact_days: str, raw_days: str, bucket: str, conds: Sequence[str] = ()) -> str:
+    """Jobs' billed usage per day, cluster, tenant, queue, attempt, definition version, state and carbon
+    bucket (bucket_ms), each record once: records, gpu_ms, effective_gpu_ms, cost_micros (Int128),
+    energy_j. Days where `exact_days` holds (conditions of days_condition) come from usage_by_job_hourly,
+    their bucket the hour; days where `raw_days` holds from usage_raw deduplicated, their bucket
+    `bucket` (carbon.bucket_sql). `conds`: more conditions on columns both tables have."""
+    keys = "day, cluster, tenant, queue, job_id, attempt, definition_version, state"
+    sums = ("toUInt64(sum({n})) AS records, toUInt64(sum(gpu_ms)) AS gpu_ms, "
+            "toUInt64(sum(effective_gpu_ms)) AS effective_gpu_ms, sum(toInt128(cost_micros)) AS cost_micros, "
+            "toFloat64(sum(energy_j)) AS energy_j")
+    raw = dedup_usage_sql(db, [*BILLED_USAGE, raw_days, *conds],
+                          f"{keys}, gpu_ms, effective_gpu_ms, cost_micros, energy_j, toInt64({bucket}) AS bucket_ms")
+    sql = f"SELECT {keys}, bucket_ms, {sums.format(n='1')} FROM ({raw}) GROUP BY {keys}, bucket_ms"
+    if exact_days != "0":
+        where = " AND ".join([*BILLED_USAGE, exact_days, *conds])
+        sql = (f"SELECT {keys}, toInt64(hour * 3600000) AS bucket_ms, {sums.format(n='records')} "
+               f"FROM {db}.usage_by_job_hourly WHERE {where} GROUP BY {keys}, hour UNION ALL {sql}")
+    return sql
+
+
 def fetch_basis(client, db: str, conds: Sequence[str] = (), params: dict | None = None) -> list[dict]:
     """Executing / allocated-idle usage of jobs per attempt, day and state, deduplicated by record id."""
     inner = dedup_usage_sql(db, [*BILLED_USAGE, *conds],

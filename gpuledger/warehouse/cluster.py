@@ -48,6 +48,7 @@ SHARDING_KEYS: dict[str, str] = {
     "job_gpu_usage": "cityHash64(cluster, job_id)",
     "job_util_buckets": "cityHash64(cluster, job_id)",
     "usage_by_job_daily": "cityHash64(cluster, job_id)",
+    "usage_by_job_hourly": "cityHash64(cluster, job_id)",
     "node_inventory": "cityHash64(cluster, node)",
     "usage_node_5m": "cityHash64(cluster, node)",
 }

@@ -268,104 +268,108 @@ def _jobs(client, db: str, filters: dict[str, Any]) -> list[dict]:
         opportunity = "queue_wait_gpu_hours * {ref:Float64}"
     else:
         opportunity = "CAST(NULL AS Nullable(Float64))"
-    sql = (
-        f"SELECT *, {opportunity} AS opportunity_cost FROM {db}.job_cost WHERE {_and(conds)}"
-    )  # ordered below, once the money of closed and open days is known
-    rows = _query(client, sql, params)
-    _job_money(client, db, rows, _currencies(client, db, filters.get("currency")))
-    rows.sort(key=lambda r: (-(r["cost"] or 0), -(r["gpu_hours"] or 0), r["cluster"], r["job_id"], r["definition_version"]))
-    return rows[: filters["limit"]] if filters.get("limit") else rows
+    jobs = f"SELECT *, {opportunity} AS opportunity_cost FROM {db}.job_cost WHERE {_and(conds)}"
+    money_params = {"cluster": params["cluster"]} if "cluster" in params else {}
+    money, more = _job_money_sql(client, db, "cluster = {cluster:String}" if money_params else "1")
+    currencies = _currencies(client, db, filters.get("currency"))
+    named = {dv: cur for dv, cur in currencies.items() if dv}
+    params.update(more, currency_dv=list(named), currency=list(named.values()), currency_default=currencies.get("", ""))
+    # job_cost's rows with the money of closed and open days and the carbon (_job_money_sql), most
+    # expensive first: one query, so that a 45,000-job report is joined and ordered by the engine
+    money_cols = {"gpu_hours": "(m.x + m.i) / 3600000", "executing_gpu_hours": "m.x / 3600000",
+                  "idle_gpu_hours": "m.i / 3600000", "effective_gpu_hours": "m.e / 3600000", "cost": "m.c / 1e6",
+                  "cost_micros": "m.c"}
+    replaced = ", ".join(f"if(m.money = 1, {expr}, j.{col}) AS {col}" for col, expr in money_cols.items())
+    ident = "cluster, job_id, tenant, queue, definition_version"
+    carbon = "m.has_energy = 1 AND {carbon_known:UInt8} = 1"
+    sql = f"""
+        SELECT {", ".join(f"j.{k} AS {k}" for k in ident.split(", "))},
+               if(m.money = 1 AND m.open = 0, 'closed', 'open') AS status,
+               transform(j.definition_version, {{currency_dv:Array(String)}}, {{currency:Array(String)}},
+                         {{currency_default:String}}) AS currency,
+               j.* EXCEPT ({ident}) REPLACE ({replaced}),
+               if({carbon}, m.co2e_kg, NULL) AS co2e_kg, if({carbon}, {{carbon_version:String}}, NULL) AS carbon_version
+        FROM ({jobs}) AS j
+        LEFT JOIN ({money}) AS m
+          ON j.cluster = m.cluster AND j.job_id = m.job_id AND j.definition_version = m.definition_version
+        ORDER BY coalesce(cost, 0) DESC, coalesce(gpu_hours, 0) DESC, cluster, job_id, definition_version
+        {"LIMIT {limit:UInt64}" if filters.get("limit") else ""}"""
+    if filters.get("limit"):
+        params["limit"] = int(filters["limit"])
+    return _query(client, sql, params)
 
 
-def _live_days(client, db: str, definition: dict | None) -> tuple[str, str, str, str, dict[str, Any]]:
-    """How a report reads live usage, the days resolved first (days_condition: no per-row set lookups):
-    (days to read: open days, and the days of carbon_record_days; whether a row's day is open; its
-    carbon time bucket; the record days; their parameters)."""
+def _live_days(client, db: str, definition: dict | None) -> tuple[str, str, str, str, str, dict[str, Any]]:
+    """How a report reads live usage (bills.live_usage_sql), the days resolved first (days_condition: no
+    per-row set lookups): (days read from usage_by_job_hourly: open days where it is exact, not record
+    days; days read from usage_raw: the other open days, and the days of carbon_record_days; whether a
+    row's day is open; the raw rows' carbon time bucket; the record days; their parameters)."""
     from gpuledger.warehouse import bills as b
     from gpuledger.warehouse import carbon
 
-    open_cond, params = b.days_condition(b.days_by_cluster(client, b.open_days_sql(db)), "open_days")
-    record_cond, more = b.days_condition(carbon.record_days(client, db.strip("`")) if definition else {}, "record_days")
-    if record_cond == "0":
-        return open_cond, "1", carbon.bucket_sql(record_cond), record_cond, params
-    return (f"({open_cond} OR {record_cond})", open_cond, carbon.bucket_sql(record_cond), record_cond,
-            {**params, **more})
+    open_days = b.days_by_cluster(client, b.open_days_sql(db))
+    record = carbon.record_days(client, db.strip("`")) if definition else {}
+    exact = b.exact_hourly_days(client, db, {c: [d for d in days if d not in record.get(c, ())]
+                                             for c, days in open_days.items()})
+    raw = {c: sorted(set(days) - set(exact.get(c, ())) | set(record.get(c, ())))
+           for c, days in {**record, **open_days}.items()}
+    conds, params = {}, {}
+    for name, days in (("open_days", open_days), ("exact_days", exact), ("raw_days", raw), ("record_days", record)):
+        conds[name], more = b.days_condition({c: d for c, d in days.items() if d}, name)
+        params.update(more)
+    is_open = "1" if conds["record_days"] == "0" else conds["open_days"]
+    return (conds["exact_days"], conds["raw_days"], is_open, carbon.bucket_sql(conds["record_days"]),
+            conds["record_days"], params)
 
 
-def _job_money(client, db: str, rows: list[dict], currencies: dict[str, str]) -> None:
-    """GPU-time, money and carbon of each job: money from its closed rows and adjustments on closed days
-    and live deduplicated usage on open days; carbon (co2e_kg, carbon_version; None without a carbon
-    definition) from closed_energy and the same read of the live usage, summed per hour
-    (docs/carbon.md). `status` closed when all its usage days are closed, else open. One query: the open
-    days' usage is read once for both."""
+def _job_money_sql(client, db: str, cluster_cond: str) -> tuple[str, dict[str, Any]]:
+    """SQL of each job's GPU-time, money and carbon per cluster, job and definition version (and its
+    parameters): money (x executing, i idle GPU-ms, e effective GPU-ms, c cost micros; money = 1 where
+    there are any) from its closed rows and adjustments on closed days and live deduplicated usage on
+    open days (open = 1 where it has usage on an open day); carbon (co2e_kg, where has_energy = 1) from
+    closed_energy and the same read of the live usage, summed per hour (docs/carbon.md). The open days'
+    usage is read once for both. carbon_known: whether a carbon definition is recorded."""
     from gpuledger.warehouse import bills as b
     from gpuledger.warehouse import carbon
 
-    if not rows:
-        return
     definition = carbon.definition_now(client, db.strip("`"))
-    clusters = sorted({r["cluster"] for r in rows})
-    read_days, is_open, bucket, record_days, day_params = _live_days(client, db, definition)
-    params = {"clusters": clusters, **carbon.definition_params(definition), **day_params}
+    exact_days, raw_days, is_open, bucket, record_days, day_params = _live_days(client, db, definition)
+    params = {**carbon.definition_params(definition), **day_params, "carbon_known": int(definition is not None),
+              "carbon_version": definition["carbon_version"] if definition is not None else ""}
     keys = "toString(cluster) AS cluster, job_id, toString(definition_version) AS definition_version"
     no_energy = "toUInt8(0) AS has_energy, toInt64(0) AS start_ms, toFloat64(0) AS energy_j"
-    live = b.dedup_usage_sql(db, [*carbon.CARBON_USAGE, "cluster IN {clusters:Array(String)}", read_days],
-                             f"cluster, job_id, definition_version, state, gpu_ms, effective_gpu_ms, cost_micros, "
-                             f"energy_j, {is_open} AS is_open, {bucket} AS bucket_ms")
+    live = f"SELECT *, {is_open} AS is_open FROM ({b.live_usage_sql(db, exact_days, raw_days, bucket, [cluster_cond])})"
     # columns: job, open (usage on an open day), money (a money row), x, i, e, c, has_energy, start_ms, energy_j
     parts = f"""
         SELECT {keys}, toUInt8(0) AS open, toUInt8(1) AS money,
                sumIf(toInt64(gpu_ms), line != 'idle') AS x, sumIf(toInt64(gpu_ms), line = 'idle') AS i,
                sum(toInt64(effective_gpu_ms)) AS e, sum(toInt128(cost_micros)) AS c, {no_energy}
-        FROM {db}.closed_job_cost WHERE {b.committed(db)} AND cluster IN {{clusters:Array(String)}}
+        FROM {db}.closed_job_cost WHERE {b.committed(db)} AND {cluster_cond}
         GROUP BY cluster, job_id, definition_version
         UNION ALL
         SELECT {keys}, toUInt8(0), toUInt8(1),
                sumIf(gpu_ms, line != 'idle'), sumIf(gpu_ms, line = 'idle'), sum(effective_gpu_ms), sum(cost_micros),
                {no_energy}
-        FROM {db}.bill_adjustments WHERE {b.committed(db)} AND cluster IN {{clusters:Array(String)}}
+        FROM {db}.bill_adjustments WHERE {b.committed(db)} AND {cluster_cond}
         GROUP BY cluster, job_id, definition_version
         UNION ALL
         SELECT {keys}, toUInt8(0), toUInt8(0), toInt64(0), toInt64(0), toInt64(0), toInt128(0),
                toUInt8(1), hour * {carbon.HOUR_MS}, sum(energy_mj) / 1000
         FROM (SELECT cluster, job_id, definition_version, hour, energy_mj FROM {db}.closed_energy
-              WHERE {b.committed(db)} AND cluster IN {{clusters:Array(String)}} AND NOT {record_days})
+              WHERE {b.committed(db)} AND {cluster_cond} AND NOT {record_days})
         GROUP BY cluster, job_id, definition_version, hour
         UNION ALL
         SELECT {keys}, toUInt8(max(is_open)), toUInt8(max(is_open)),
                sumIf(toInt64(gpu_ms), is_open AND state = 'executing'),
                sumIf(toInt64(gpu_ms), is_open AND state = 'allocated_idle'),
-               sumIf(toInt64(effective_gpu_ms), is_open), sumIf(toInt128(cost_micros), is_open),
+               sumIf(toInt64(effective_gpu_ms), is_open), sumIf(cost_micros, is_open),
                toUInt8(1), bucket_ms, sum(energy_j)
         FROM ({live})
         GROUP BY cluster, job_id, definition_version, bucket_ms"""
     sql = carbon.co2e_sql(db, parts, ("cluster", "job_id", "definition_version"),
                           "max(open) AS open, max(money) AS money, sum(x) AS x, sum(i) AS i, sum(e) AS e, "
                           "sum(c) AS c, max(has_energy) AS has_energy")
-    result = client.query(sql, parameters=params)
-    col = {name: i for i, name in enumerate(result.column_names)}
-    money = {(r[col["cluster"]], r[col["job_id"]], r[col["definition_version"]]): r for r in result.result_rows}
-    # the job's identity, then status and currency, then the rest (a 45,000-job report: built once per row)
-    ident = [k for k in ("cluster", "job_id", "tenant", "queue", "definition_version") if k in rows[0]]
-    rest = [k for k in rows[0] if k not in ident and k not in ("status", "currency")]
-    currency = {dv: _currency_of(currencies, dv) for dv in {r["definition_version"] for r in rows}}
-    version = definition["carbon_version"] if definition is not None else None
-    for n, row in enumerate(rows):
-        m = money.get((row["cluster"], row["job_id"], row["definition_version"]))
-        has_money = m is not None and m[col["money"]]
-        out = {k: row[k] for k in ident}
-        out["status"] = "closed" if has_money and not m[col["open"]] else "open"
-        out["currency"] = currency[row["definition_version"]]
-        for k in rest:
-            out[k] = row[k]
-        if has_money:
-            x, i, e, c = int(m[col["x"]]), int(m[col["i"]]), int(m[col["e"]]), int(m[col["c"]])
-            out.update(gpu_hours=(x + i) / 3600000, executing_gpu_hours=x / 3600000, idle_gpu_hours=i / 3600000,
-                       effective_gpu_hours=e / 3600000, cost=c / 1e6, cost_micros=c)
-        hit = m is not None and version is not None and m[col["has_energy"]]
-        out["co2e_kg"] = m[col["co2e_kg"]] if hit else None
-        out["carbon_version"] = version if hit else None
-        rows[n] = out
+    return sql, params
 
 
 def _open_basis_and_carbon(client, db: str, conds: Sequence[str], params: dict[str, Any]
@@ -379,13 +383,11 @@ def _open_basis_and_carbon(client, db: str, conds: Sequence[str], params: dict[s
     from gpuledger.warehouse import carbon
 
     definition = carbon.definition_now(client, db.strip("`"))
-    read_days, is_open, bucket, record_days, day_params = _live_days(client, db, definition)
+    exact_days, raw_days, is_open, bucket, record_days, day_params = _live_days(client, db, definition)
     params = {**params, **day_params}
-    live = b.dedup_usage_sql(db, [*carbon.CARBON_USAGE, read_days, *conds],
-                             "day, cluster, tenant, queue, job_id, attempt, definition_version, state, gpu_ms, "
-                             f"effective_gpu_ms, cost_micros, energy_j, {is_open} AS is_open, {bucket} AS bucket_ms")
+    live = f"SELECT *, {is_open} AS is_open FROM ({b.live_usage_sql(db, exact_days, raw_days, bucket, conds)})"
     # rows with a state: the basis (per attempt and state); rows without: energy per hour (state ''). The
-    # records are grouped once, per attempt, state and hour; the two groupings are made of those rows
+    # usage comes grouped per attempt, state and hour; the two groupings are made of those rows
     grouped = f"""
         SELECT day, toString(cluster) AS cluster, toString(tenant) AS tenant, toString(queue) AS queue, job_id,
                attempt, toString(definition_version) AS definition_version, toString(state) AS state,
@@ -394,7 +396,7 @@ def _open_basis_and_carbon(client, db: str, conds: Sequence[str], params: dict[s
         FROM (
             SELECT day, cluster, tenant, queue, job_id, attempt, definition_version, state, bucket_ms,
                    sumIf(gpu_ms, is_open) AS g, sumIf(effective_gpu_ms, is_open) AS e,
-                   sumIf(toInt128(cost_micros), is_open) AS c, countIf(is_open) AS n, sum(energy_j) AS j
+                   sumIf(cost_micros, is_open) AS c, sumIf(records, is_open) AS n, sum(energy_j) AS j
             FROM ({live})
             GROUP BY day, cluster, tenant, queue, job_id, attempt, definition_version, state, bucket_ms)
         GROUP BY GROUPING SETS ((day, cluster, tenant, queue, job_id, attempt, definition_version, state),

@@ -2753,6 +2753,75 @@ GROUP BY
     state,
     definition_version;
 
+CREATE TABLE {db}.usage_by_job_hourly
+(
+    `day` Date,
+    `cluster` LowCardinality(String),
+    `hour` Int64,
+    `tenant` LowCardinality(String),
+    `queue` LowCardinality(String),
+    `job_id` String,
+    `attempt` UInt32,
+    `definition_version` LowCardinality(String),
+    `state` LowCardinality(String),
+    `records` UInt64,
+    `gpu_ms` UInt64,
+    `effective_gpu_ms` UInt64,
+    `cost_micros` UInt64,
+    `energy_j` Float64,
+    `energy_mj` Int64
+)
+ENGINE = SummingMergeTree
+PARTITION BY toYYYYMM(day)
+ORDER BY (cluster, day, hour, state, tenant, queue, job_id, attempt, definition_version)
+SETTINGS non_replicated_deduplication_window = 1000, index_granularity = 8192;
+
+CREATE MATERIALIZED VIEW {db}.usage_by_job_hourly_mv TO {db}.usage_by_job_hourly
+(
+    `day` Date,
+    `cluster` LowCardinality(String),
+    `hour` Int64,
+    `tenant` LowCardinality(String),
+    `queue` LowCardinality(String),
+    `job_id` String,
+    `attempt` UInt32,
+    `definition_version` LowCardinality(String),
+    `state` LowCardinality(String),
+    `records` UInt64,
+    `gpu_ms` UInt64,
+    `effective_gpu_ms` UInt64,
+    `cost_micros` UInt64,
+    `energy_j` Float64,
+    `energy_mj` Int64
+)
+AS SELECT
+    day,
+    cluster,
+    intDiv(start_ms, 3600000) AS hour,
+    tenant,
+    queue,
+    job_id,
+    attempt,
+    definition_version,
+    state,
+    count() AS records,
+    sum(gpu_ms) AS gpu_ms,
+    sum(effective_gpu_ms) AS effective_gpu_ms,
+    sum(cost_micros) AS cost_micros,
+    sum(energy_j) AS energy_j,
+    sum(toInt64(round(usage_raw.energy_j * 1000))) AS energy_mj
+FROM {db}.usage_raw
+GROUP BY
+    day,
+    cluster,
+    hour,
+    tenant,
+    queue,
+    job_id,
+    attempt,
+    definition_version,
+    state;
+
 CREATE TABLE {db}.usage_capacity_daily
 (
     `day` Date,

@@ -7,13 +7,13 @@ from __future__ import annotations
 import math
 import random
 import re
-import tempfile
 from importlib import resources
 
 import pytest
-from clickhouse_connect import get_client
 
 from gpuledger.warehouse import migrations
+
+from warehouse_helpers import warehouse_before
 
 pytestmark = pytest.mark.integration
 
@@ -104,19 +104,8 @@ def same(a, b) -> bool:
 
 @pytest.fixture(scope="module")
 def warehouse():
-    client = get_client(interface="chdb", path=tempfile.mkdtemp(prefix="agg-"))
-    client.command(f"CREATE DATABASE IF NOT EXISTS {DB}")
-    client.database = DB
-    ms = migrations.load_migrations()
     # an "old" warehouse: apply everything before 0018 only, then write, then upgrade
-    client.command(f"CREATE TABLE {DB}.{migrations.MIGRATIONS_TABLE} (version String, name String, checksum String, "
-                   "applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) ENGINE = MergeTree ORDER BY version")
-    for mg in ms:
-        if mg.version < "0018":
-            for statement in mg.statements():
-                client.command(statement)
-            client.insert(migrations.MIGRATIONS_TABLE, [[mg.version, mg.name, mg.checksum]],
-                          column_names=["version", "name", "checksum"], database=DB)
+    client = warehouse_before("0018", DB, prefix="agg-")
     write(client, random.Random(13), 0)
     for name, (version, _) in REPLACED.items():
         client.command(old_view_sql(name, version))

@@ -20,18 +20,17 @@ A late record for D after the close: j2 gpu-4 01:00-01:10, 36,000 J -> +3 g for 
 from __future__ import annotations
 
 import datetime as dt
-import tempfile
 
 import pytest
-from clickhouse_connect import get_client
 
 from gpuledger import warehouse
 from gpuledger.config import Settings
 from gpuledger.ledger_files import load_ledger_config
-from gpuledger.schemas.models import UsageBatch, UsageRecord
-from gpuledger.sink.rows import Source, usage_rows
+from gpuledger.schemas.models import UsageRecord
 from gpuledger.streams.carbondefs import CarbonDefinition
 from gpuledger.warehouse import bills, carbon, migrations, reports
+
+from warehouse_helpers import put_usage, usage_record, warehouse_before
 
 pytestmark = pytest.mark.integration
 
@@ -47,11 +46,7 @@ WITHIN_AN_HOUR = [{"zone": "cc", "valid_from_ms": T + 105 * MIN, "gco2e_per_kwh"
 
 
 def rec(gpu: str, start: int, end: int, state: str, job: str = "", tenant: str = "", energy: float = 0.0) -> UsageRecord:
-    ms = end - start
-    return UsageRecord(record_id=f"{gpu}/{start}/0", cluster="cc", node="n1", gpu_uuid=gpu, gpu_model="A100",
-                       start_ms=start, end_ms=end, state=state, job_id=job, tenant=tenant, queue="q" if job else "",
-                       share_milli=1000, gpu_ms=ms, util_pct=None, energy_j=energy, coefficient=1.0,
-                       coefficient_version="v1", effective_gpu_ms=ms, cost_micros=ms // 1000, definition_version="d1")
+    return usage_record("cc", gpu, start, end, state, job, tenant, energy)
 
 
 USAGE = [
@@ -66,8 +61,7 @@ CLOSE_AT = dt.datetime(2026, 11, 11, 3, tzinfo=dt.timezone.utc)
 
 
 def put(client, records, offset):
-    rows = usage_rows(UsageBatch(node="n1", records=records), Source("t.usage", 0, offset))
-    warehouse.insert_rows(client, "usage_raw", rows, database=DB)
+    put_usage(client, DB, records, offset)
 
 
 def figures(client) -> dict:
@@ -157,19 +151,8 @@ def test_late_records_correct_a_closed_days_energy_once(ledger):
 def test_the_migration_back_fills_days_closed_before_it():
     """A warehouse at 0022 with D closed (its rows as a close run of that version wrote them): 0023 writes
     D's energy under the run 'sql/0023' and commits it; running the file again writes nothing more."""
-    client = get_client(interface="chdb", path=tempfile.mkdtemp(prefix="closed-energy-"))
+    client = warehouse_before("0023", DB, prefix="closed-energy-")
     try:
-        client.command(f"CREATE DATABASE IF NOT EXISTS {DB}")
-        client.database = DB
-        client.command(f"CREATE TABLE {DB}.{migrations.MIGRATIONS_TABLE} (version String, name String, "
-                       "checksum String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) "
-                       "ENGINE = MergeTree ORDER BY version")
-        for mg in migrations.load_migrations():
-            if mg.version < "0023":
-                for statement in mg.statements():
-                    client.command(statement)
-                client.insert(migrations.MIGRATIONS_TABLE, [[mg.version, mg.name, mg.checksum]],
-                              column_names=["version", "name", "checksum"], database=DB)
         put(client, USAGE, 0)
         put(client, USAGE[3:4], 10)
         warehouse.insert_rows(client, "closed_days", [dict(day=D, cluster="cc", bill_run_id="br-old", horizon_ms=0)],

@@ -5,12 +5,11 @@ real engine (chDB)."""
 
 from __future__ import annotations
 
-import tempfile
-
 import pytest
-from clickhouse_connect import get_client
 
 from gpuledger.warehouse import migrations
+
+from warehouse_helpers import warehouse_before
 
 pytestmark = pytest.mark.integration
 
@@ -37,17 +36,7 @@ def insert(client, rows: list[list]) -> None:
 @pytest.fixture()
 def old_warehouse():
     """A warehouse at 0021 holding 240 records, 40 of them written twice (a replay)."""
-    client = get_client(interface="chdb", path=tempfile.mkdtemp(prefix="rebuild-"))
-    client.command(f"CREATE DATABASE IF NOT EXISTS {DB}")
-    client.database = DB
-    client.command(f"CREATE TABLE {DB}.{migrations.MIGRATIONS_TABLE} (version String, name String, checksum String, "
-                   "applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) ENGINE = MergeTree ORDER BY version")
-    for mg in migrations.load_migrations():
-        if mg.version < "0022":
-            for statement in mg.statements():
-                client.command(statement)
-            client.insert(migrations.MIGRATIONS_TABLE, [[mg.version, mg.name, mg.checksum]],
-                          column_names=["version", "name", "checksum"], database=DB)
+    client = warehouse_before("0022", DB, prefix="rebuild-")
     insert(client, records(0, 60))
     insert(client, records(0, 10))
     yield client

@@ -1,0 +1,132 @@
+"""Open days from usage_by_job_hourly (sql/0027), on the real engine (chDB): the reports read a day from
+the hourly table only while it is exact (as many records counted as usage_raw holds distinct ones), and
+from usage_raw with each record once otherwise; the migration back-fills the table.
+
+The scenario, worked by hand (cluster "hc", day D = 2026-11-20 UTC, open; cost 1 micro per GPU-s):
+  j1 (t1) gpu-1 00:00-00:05 executing        300 s, 36,000 J
+  j1 (t1) gpu-1 00:05-00:10 allocated idle   300 s, 18,000 J
+  j1 (t1) gpu-1 01:00-01:01 executing         60 s,  7,200.4 J (rounded to 7,200,400 mJ)
+  j2 (t2) gpu-2 00:50-01:00 executing        600 s, 72,000 J
+  gpu-3 00:00-02:00 unallocated             7200 s (not billed; counted by the check)
+So t1: compute 360 s = 360 micros, idle 300; t2: compute 600. A copy of j2's record written
+again (a replay) makes the day inexact: the hourly table then counts it twice, the reports still once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from gpuledger import warehouse
+from gpuledger.config import Settings
+from gpuledger.schemas.models import UsageRecord
+from gpuledger.warehouse import bills, migrations, reports
+
+from warehouse_helpers import put_usage, usage_record, warehouse_before
+
+pytestmark = pytest.mark.integration
+
+DB = "hourly_usage"
+MIN = 60_000
+D = dt.date(2026, 11, 20)
+T = int(dt.datetime(2026, 11, 20, tzinfo=dt.timezone.utc).timestamp() * 1000)
+HOUR0 = T // 3_600_000
+
+
+def rec(gpu: str, start: int, end: int, state: str, job: str = "", tenant: str = "", energy: float = 0.0) -> UsageRecord:
+    return usage_record("hc", gpu, start, end, state, job, tenant, energy)
+
+
+USAGE = [
+    rec("gpu-1", T, T + 5 * MIN, "executing", "j1", "t1", 36_000.0),
+    rec("gpu-1", T + 5 * MIN, T + 10 * MIN, "allocated_idle", "j1", "t1", 18_000.0),
+    rec("gpu-1", T + 60 * MIN, T + 61 * MIN, "executing", "j1", "t1", 7_200.4),
+    rec("gpu-2", T + 50 * MIN, T + 60 * MIN, "executing", "j2", "t2", 72_000.0),
+    rec("gpu-3", T, T + 120 * MIN, "unallocated"),
+]
+#: (tenant, compute micros, idle micros) and (job, cost micros, executing GPU-ms) of D, by hand
+BILLS = {("t1", 360, 300), ("t2", 600, 0)}
+JOBS = {("j1", 660, 360_000), ("j2", 600, 600_000)}
+
+
+def put(client, records, offset):
+    put_usage(client, DB, records, offset)
+
+
+def bill_figures(client) -> set:
+    return {(r["tenant"], r["compute_cost_micros"], r["idle_cost_micros"])
+            for r in reports.fetch(client, DB, "bills") if r["day"] == D}
+
+
+def job_figures(client) -> set:
+    return {(r["job_id"], r["cost_micros"], round(r["executing_gpu_hours"] * 3_600_000))
+            for r in reports.fetch(client, DB, "jobs")}
+
+
+def hourly(client) -> list[tuple]:
+    return client.query(f"SELECT hour - {HOUR0}, job_id, state, sum(records), sum(gpu_ms), sum(cost_micros), "
+                        f"sum(energy_mj) FROM {DB}.usage_by_job_hourly GROUP BY ALL ORDER BY ALL").result_rows
+
+
+@pytest.fixture
+def client(tmp_path):
+    settings = Settings(warehouse=f"chdb:{tmp_path / 'chdb'}", database=DB)
+    client = warehouse.connect(settings)
+    try:
+        warehouse.migrate(client, DB)
+        put(client, USAGE, 0)
+        yield client
+    finally:
+        client.close()
+
+
+def test_an_exact_day_is_read_from_the_hourly_table(client):
+    assert hourly(client) == [(0, "", "unallocated", 1, 7_200_000, 7200, 0),  # an hour: the record's start
+                              (0, "j1", "allocated_idle", 1, 300_000, 300, 18_000_000),
+                              (0, "j1", "executing", 1, 300_000, 300, 36_000_000),
+                              (0, "j2", "executing", 1, 600_000, 600, 72_000_000),
+                              (1, "j1", "executing", 1, 60_000, 60, 7_200_400)]
+    assert bills.exact_hourly_days(client, DB, {"hc": [D]}) == {"hc": [D]}
+    assert bill_figures(client) == BILLS and job_figures(client) == JOBS
+    # the reports read the hourly table for D: a row added to it alone (no record) shows in them
+    client.insert("usage_by_job_hourly", [[D, "hc", HOUR0, "t2", "q", "j2", 0, "d1", "executing", 0, 0, 0, 1, 0.0, 0]],
+                  column_names=["day", "cluster", "hour", "tenant", "queue", "job_id", "attempt", "definition_version",
+                                "state", "records", "gpu_ms", "effective_gpu_ms", "cost_micros", "energy_j", "energy_mj"],
+                  database=DB)
+    assert bills.exact_hourly_days(client, DB, {"hc": [D]}) == {"hc": [D]}
+    assert ("t2", 601, 0) in bill_figures(client) and ("j2", 601, 600_000) in job_figures(client)
+
+
+def test_a_record_written_twice_sends_the_reports_to_usage_raw(client):
+    put(client, USAGE[3:4], 10)  # a replayed copy of j2's record, in its own insert
+    assert (0, "j2", "executing", 2, 1_200_000, 1200, 144_000_000) in hourly(client)  # the view counts both
+    assert bills.exact_hourly_days(client, DB, {"hc": [D]}) == {}
+    assert bill_figures(client) == BILLS and job_figures(client) == JOBS  # each record once
+
+
+def test_a_day_missing_records_in_usage_raw_is_not_exact(client):
+    client.command(f"DELETE FROM {DB}.usage_raw WHERE gpu_uuid = 'gpu-3'")  # e.g. expired or repaired
+    assert bills.exact_hourly_days(client, DB, {"hc": [D]}) == {}
+    assert bill_figures(client) == BILLS and job_figures(client) == JOBS
+
+
+def test_the_migration_back_fills_the_hourly_table():
+    """A warehouse at 0026 holding D's records (one written twice): 0027 fills the table from what
+    usage_raw holds; running the file again adds nothing."""
+    client = warehouse_before("0027", DB, prefix="hourly-usage-")
+    try:
+        put(client, USAGE, 0)
+        put(client, USAGE[3:4], 10)
+        client.command(f"OPTIMIZE TABLE {DB}.usage_raw FINAL")  # the copy merged away, as merges do
+        assert migrations.migrate(client, DB)[0] == "0027"
+        assert [row[:4] for row in hourly(client)] == [(0, "", "unallocated", 1), (0, "j1", "allocated_idle", 1),
+                                                       (0, "j1", "executing", 1), (0, "j2", "executing", 1),
+                                                       (1, "j1", "executing", 1)]
+        assert bills.exact_hourly_days(client, DB, {"hc": [D]}) == {"hc": [D]}
+        assert bill_figures(client) == BILLS and job_figures(client) == JOBS
+        client.command(f"DELETE FROM {DB}.{migrations.MIGRATIONS_TABLE} WHERE version = '0027'")
+        assert migrations.migrate(client, DB) == ["0027"]
+        assert client.query(f"SELECT sum(records) FROM {DB}.usage_by_job_hourly").result_rows == [(5,)]
+    finally:
+        client.close()
