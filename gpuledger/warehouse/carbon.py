@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gpuledger.streams.carbondefs import MAX_GCO2E_PER_KWH, CarbonDefinition
-from gpuledger.warehouse.bills import BILLED_USAGE
 from gpuledger.warehouse.client import insert_rows, quoted_database
 
 #: header names a CSV may give the zone column (a cluster's name, or a region [carbon.zones] names)
@@ -123,8 +122,6 @@ def _user() -> str:
         return "unknown"
 
 
-#: the usage a carbon figure covers: what a tenant bill charges
-CARBON_USAGE = BILLED_USAGE
 HOUR_MS = 3_600_000
 
 
