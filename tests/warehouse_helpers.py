@@ -1,16 +1,32 @@
-"""Helpers of the warehouse tests: a warehouse as an older release left it (for the tests of upgrades),
-and usage records worked by hand, written as the sink writes them."""
+"""Helpers of the warehouse tests: a migrated embedded warehouse, one as an older release left it (for
+the tests of upgrades), and usage records worked by hand, written as the sink writes them."""
 
 from __future__ import annotations
 
 import tempfile
+from contextlib import contextmanager
+from pathlib import Path
 
 from clickhouse_connect import get_client
 
 from gpuledger import warehouse
+from gpuledger.config import Settings
 from gpuledger.schemas.models import UsageBatch, UsageRecord
 from gpuledger.sink.rows import Source, usage_rows
 from gpuledger.warehouse import migrations
+
+
+@contextmanager
+def migrated_warehouse(tmp_path: Path, database: str, **settings):
+    """(client, Settings) of an embedded warehouse in tmp_path with every migration applied; `settings`:
+    more Settings fields. Closed on exit."""
+    config = Settings(warehouse=f"chdb:{tmp_path / 'chdb'}", database=database, **settings)
+    client = warehouse.connect(config)
+    try:
+        warehouse.migrate(client, database)
+        yield client, config
+    finally:
+        client.close()
 
 
 def warehouse_before(version: str, database: str, prefix: str = "old-warehouse-"):

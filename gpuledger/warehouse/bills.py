@@ -32,6 +32,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+from gpuledger.warehouse import idle_stretches
 from gpuledger.warehouse.client import quoted_database
 
 log = logging.getLogger(__name__)
@@ -380,6 +381,7 @@ class CloseResult:
     closed_rows: int = 0
     adjustment_rows: int = 0
     energy_rows: int = 0                                             # closed_energy rows (sql/0023)
+    idle_stretch_days: dict[str, list[dt.date]] = field(default_factory=dict)  # days worked out (sql/0028)
     messages: list = field(default_factory=list)                     # BillRow, published or not
 
     def as_dict(self) -> dict:
@@ -387,6 +389,7 @@ class CloseResult:
                 "closed": {c: [d.isoformat() for d in days] for c, days in self.closed.items()},
                 "horizons_ms": self.horizons, "closed_rows": self.closed_rows,
                 "adjustment_rows": self.adjustment_rows, "energy_rows": self.energy_rows,
+                "idle_stretch_days": {c: [d.isoformat() for d in days] for c, days in self.idle_stretch_days.items()},
                 "messages": len(self.messages)}
 
 
@@ -482,8 +485,8 @@ def close_due(client, settings, ledger, now: dt.datetime | None = None, publishe
             closed_day_rows.extend(dict(day=d, cluster=cluster, bill_run_id=run_id, horizon_ms=horizon) for d in new_days)
             result.closed[cluster] = new_days
         # adjustments for days closed before this run, booked into the next open day
+        start = max(already[0], already[-1] - dt.timedelta(days=lookback - 1)) if already else None
         if already:
-            start = max(already[0], already[-1] - dt.timedelta(days=lookback - 1))
             booked = _booked(client, db, cluster, start, already[-1])
             now_lines = _lines_for(client, db, cluster, start, already[-1], outcomes)
             booked_day = (new_days[-1] if new_days else already[-1]) + dt.timedelta(days=1)
@@ -495,6 +498,10 @@ def close_due(client, settings, ledger, now: dt.datetime | None = None, publishe
                                             cost_micros=c, currency=currency, bill_run_id=run_id))
             energy_rows.extend(_energy_rows(diff_energy(_booked_energy(client, db, cluster, start, already[-1]),
                                                         fetch_energy(client, db, cluster, start, already[-1])), run_id))
+        # idle stretches of the days closed now and of those in the look-back whose idle records changed
+        worked = idle_stretches.refresh(client, db, cluster, (days_between(start, already[-1]) if already else []) + new_days)
+        if worked:
+            result.idle_stretch_days[cluster] = worked
     if not closed_day_rows and not adjustment_rows and not energy_rows:
         return result
     # data first, the run's row last: it commits the run

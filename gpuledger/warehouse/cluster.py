@@ -43,6 +43,7 @@ SHARDING_KEYS: dict[str, str] = {
     "usage_gpu_hourly": "cityHash64(gpu_uuid)",
     "job_idle_segments": "cityHash64(gpu_uuid)",
     "gpu_down_records": "cityHash64(gpu_uuid)",
+    "idle_stretches_daily": "cityHash64(gpu_uuid)",
     "job_events": "cityHash64(cluster, job_id)",
     "job_attempts_state": "cityHash64(cluster, job_id)",
     "job_gpu_usage": "cityHash64(cluster, job_id)",

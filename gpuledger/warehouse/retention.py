@@ -39,6 +39,8 @@ RETENTION: dict[str, Retention] = {
     "usage_raw": Retention("retention_usage_days", _RAW, "usage records: bills, adjustments and re-bills are computed from them"),
     "job_events": Retention("retention_usage_days", _RAW, "job lifecycle: attempt outcomes decide the bill lines"),
     "job_idle_segments": Retention("retention_usage_days", "day", "idle records behind the idle-stretch views"),
+    "idle_stretches_daily": Retention("retention_usage_days", "day", "idle stretches of closed days (sql/0028)"),
+    "idle_stretch_days": Retention("retention_usage_days", "day", "the days whose idle stretches are kept (sql/0028)"),
     "scheduler_snapshots": Retention("retention_ops_days", _RAW, "queue snapshots"),
     "scheduler_preemptions": Retention("retention_ops_days", _RAW, "preemptions"),
     "node_inventory": Retention("retention_ops_days", _RAW, "node inventory (a node unseen this long is dropped)"),

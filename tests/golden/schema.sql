@@ -1072,6 +1072,39 @@ GROUP BY
     board_part_number,
     vbios_version;
 
+CREATE TABLE {db}.idle_stretch_days
+(
+    `cluster` LowCardinality(String),
+    `day` Date,
+    `segments` UInt64,
+    `version` UInt64
+)
+ENGINE = ReplacingMergeTree(version)
+ORDER BY (cluster, day)
+SETTINGS index_granularity = 8192;
+
+CREATE TABLE {db}.idle_stretches_daily
+(
+    `cluster` LowCardinality(String),
+    `day` Date,
+    `tenant` LowCardinality(String),
+    `queue` LowCardinality(String),
+    `job_id` String,
+    `attempt` UInt32,
+    `node` LowCardinality(String),
+    `gpu_uuid` String,
+    `gpu_model` LowCardinality(String),
+    `start_ms` Int64,
+    `end_ms` Int64,
+    `gpu_ms` UInt64,
+    `version` UInt64,
+    `is_deleted` UInt8
+)
+ENGINE = ReplacingMergeTree(version, is_deleted)
+PARTITION BY toYYYYMM(day)
+ORDER BY (job_id, attempt, cluster, gpu_uuid, start_ms)
+SETTINGS index_granularity = 8192;
+
 CREATE VIEW {db}.idle_waste_daily
 (
     `day` Date,
@@ -1539,6 +1572,75 @@ GROUP BY
     queue,
     state;
 
+CREATE VIEW {db}.job_idle_day_stretches
+(
+    `cluster` LowCardinality(String),
+    `day` Date,
+    `tenant` LowCardinality(String),
+    `queue` LowCardinality(String),
+    `job_id` String,
+    `attempt` UInt32,
+    `node` LowCardinality(String),
+    `gpu_uuid` String,
+    `gpu_model` LowCardinality(String),
+    `start_ms` Int64,
+    `end_ms` Int64,
+    `gpu_ms` UInt64
+)
+AS SELECT
+    cluster,
+    day,
+    tenant,
+    queue,
+    job_id,
+    attempt,
+    node,
+    gpu_uuid,
+    gpu_model,
+    st.1 AS start_ms,
+    st.2 AS end_ms,
+    st.3 AS gpu_ms
+FROM
+(
+    SELECT
+        cluster,
+        day,
+        tenant,
+        queue,
+        job_id,
+        attempt,
+        node,
+        gpu_uuid,
+        gpu_model,
+        arrayMap(run -> ((run[1]).1, arrayMax(arrayMap(x -> (x.2), run)), arraySum(arrayMap(x -> (x.3), run))), arraySplit((x, i) -> ((i > 1) AND ((x.1) != ((segs[i - 1]).2))), segs, arrayEnumerate(segs))) AS stretches
+    FROM
+    (
+        SELECT
+            cluster,
+            day,
+            tenant,
+            queue,
+            job_id,
+            attempt,
+            node,
+            gpu_uuid,
+            gpu_model,
+            arraySort(groupArray((start_ms, end_ms, gpu_ms))) AS segs
+        FROM {db}.job_idle_segments
+        GROUP BY
+            job_id,
+            attempt,
+            cluster,
+            gpu_uuid,
+            tenant,
+            queue,
+            node,
+            gpu_model,
+            day
+    )
+)
+ARRAY JOIN stretches AS st;
+
 CREATE TABLE {db}.job_idle_segments
 (
     `cluster` LowCardinality(String),
@@ -1615,11 +1717,11 @@ AS SELECT
     s.node AS node,
     s.gpu_uuid AS gpu_uuid,
     s.gpu_model AS gpu_model,
-    fromUnixTimestamp64Milli(st.1, 'UTC') AS stretch_start,
-    fromUnixTimestamp64Milli(st.2, 'UTC') AS stretch_end,
-    ((st.2) - (st.1)) / 1000 AS duration_seconds,
-    (st.3) / 1000 AS idle_gpu_seconds,
-    (st.1) - a.attempt_start_ms AS offset_ms
+    fromUnixTimestamp64Milli(s.start_ms, 'UTC') AS stretch_start,
+    fromUnixTimestamp64Milli(s.end_ms, 'UTC') AS stretch_end,
+    (s.end_ms - s.start_ms) / 1000 AS duration_seconds,
+    s.gpu_ms / 1000 AS idle_gpu_seconds,
+    s.start_ms - a.attempt_start_ms AS offset_ms
 FROM
 (
     SELECT
@@ -1631,7 +1733,25 @@ FROM
         node,
         gpu_uuid,
         gpu_model,
-        arrayMap(run -> ((run[1]).1, arrayMax(arrayMap(x -> (x.2), run)), arraySum(arrayMap(x -> (x.3), run))), arraySplit((x, i) -> ((i > 1) AND ((x.1) != ((segs[i - 1]).2))), segs, arrayEnumerate(segs))) AS stretches
+        start_ms,
+        end_ms,
+        gpu_ms
+    FROM {db}.idle_stretches_daily
+    FINAL
+    WHERE (start_ms != (toInt64(toUInt16(day)) * 86400000)) AND (end_ms != ((toInt64(toUInt16(day)) + 1) * 86400000))
+    UNION ALL
+    SELECT
+        cluster,
+        tenant,
+        queue,
+        job_id,
+        attempt,
+        node,
+        gpu_uuid,
+        gpu_model,
+        st.1,
+        st.2,
+        st.3
     FROM
     (
         SELECT
@@ -1643,20 +1763,79 @@ FROM
             node,
             gpu_uuid,
             gpu_model,
-            arraySort(groupArray((start_ms, end_ms, gpu_ms))) AS segs
-        FROM {db}.job_idle_segments
-        GROUP BY
-            job_id,
-            attempt,
-            cluster,
-            gpu_uuid,
-            tenant,
-            queue,
-            node,
-            gpu_model
+            arrayMap(run -> ((run[1]).1, arrayMax(arrayMap(x -> (x.2), run)), arraySum(arrayMap(x -> (x.3), run))), arraySplit((x, i) -> ((i > 1) AND ((x.1) != ((segs[i - 1]).2))), segs, arrayEnumerate(segs))) AS stretches
+        FROM
+        (
+            SELECT
+                cluster,
+                tenant,
+                queue,
+                job_id,
+                attempt,
+                node,
+                gpu_uuid,
+                gpu_model,
+                arraySort(groupArray((start_ms, end_ms, gpu_ms))) AS segs
+            FROM
+            (
+                SELECT
+                    cluster,
+                    tenant,
+                    queue,
+                    job_id,
+                    attempt,
+                    node,
+                    gpu_uuid,
+                    gpu_model,
+                    start_ms,
+                    end_ms,
+                    gpu_ms
+                FROM {db}.idle_stretches_daily
+                FINAL
+                WHERE (start_ms = (toInt64(toUInt16(day)) * 86400000)) OR (end_ms = ((toInt64(toUInt16(day)) + 1) * 86400000))
+                UNION ALL
+                SELECT
+                    cluster,
+                    tenant,
+                    queue,
+                    job_id,
+                    attempt,
+                    node,
+                    gpu_uuid,
+                    gpu_model,
+                    start_ms,
+                    end_ms,
+                    gpu_ms
+                FROM {db}.job_idle_segments
+                WHERE (day IN (
+                    SELECT day
+                    FROM {db}.usage_capacity_daily
+                    WHERE (cluster, day) NOT IN (
+                        SELECT
+                            cluster,
+                            day
+                        FROM {db}.idle_stretch_days
+                    )
+                )) AND ((cluster, day) NOT IN (
+                    SELECT
+                        cluster,
+                        day
+                    FROM {db}.idle_stretch_days
+                ))
+            )
+            GROUP BY
+                job_id,
+                attempt,
+                cluster,
+                gpu_uuid,
+                tenant,
+                queue,
+                node,
+                gpu_model
+        )
     )
+    ARRAY JOIN stretches AS st
 ) AS s
-ARRAY JOIN s.stretches AS st
 LEFT JOIN
 (
     SELECT

@@ -7,11 +7,10 @@ from __future__ import annotations
 import math
 import random
 import re
-from importlib import resources
 
 import pytest
 
-from gpuledger.warehouse import migrations
+from gpuledger.warehouse import idle_stretches, migrations
 
 from warehouse_helpers import warehouse_before
 
@@ -153,3 +152,16 @@ def test_node_load_equals_the_per_gpu_load_summed_by_node(warehouse):
     stored = dict(warehouse.query(f"SELECT name, total_rows FROM system.tables WHERE database = '{DB}' "
                                   "AND name IN ('usage_gpu_5m', 'usage_node_5m')").result_rows)
     assert stored["usage_node_5m"] < stored["usage_gpu_5m"]
+
+
+def test_idle_stretches_of_worked_out_days_equal_the_raw_view(warehouse):
+    """sql/0028: with the first two days' stretches worked out (kept in idle_stretches_daily, as the bill
+    close does) and the third left to the idle records, the view still gives the raw view's stretches:
+    those across midnight joined, the replay's copies as the raw view sorts them."""
+    days = [d for (d,) in warehouse.query(f"SELECT DISTINCT day FROM {DB}.job_idle_segments ORDER BY day").result_rows]
+    assert len(days) == 3
+    assert idle_stretches.refresh(warehouse, DB, "c1", days[:2]) == days[:2]
+    assert idle_stretches.refresh(warehouse, DB, "c1", days[:2]) == []  # nothing changed since
+    kept = warehouse.query(f"SELECT count() FROM {DB}.idle_stretches_daily FINAL").result_rows[0][0]
+    assert kept > 0
+    test_aggregate_view_equals_the_raw_view(warehouse, "job_idle_stretches")

@@ -32,10 +32,11 @@ import pytest
 
 from gpuledger import warehouse
 from gpuledger.warehouse import bills, reports
-from gpuledger.config import Settings
 from gpuledger.schemas.models import BillRow, GpuAssignment, JobEvent, UsageBatch, UsageRecord
 from gpuledger.sink.rows import Source, job_event_row, usage_rows
 from gpuledger.ledger_files import load_ledger_config
+
+from warehouse_helpers import migrated_warehouse
 
 pytestmark = pytest.mark.integration
 
@@ -97,15 +98,10 @@ def put_events(client, events, offset):
 
 @pytest.fixture
 def ledger(tmp_path):
-    settings = Settings(warehouse=f"chdb:{tmp_path / 'chdb'}", database=DB, bills_close_grace_s=3600)
-    client = warehouse.connect(settings)
-    try:
-        warehouse.migrate(client, DB)
+    with migrated_warehouse(tmp_path, DB, bills_close_grace_s=3600) as (client, settings):
         put_usage(client, USAGE, 0)
         put_events(client, EVENTS, 0)
         yield client, settings, load_ledger_config(None)
-    finally:
-        client.close()
 
 
 def closed_rows(client, table="closed_tenant_bill"):

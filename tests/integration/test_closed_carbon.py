@@ -24,13 +24,12 @@ import datetime as dt
 import pytest
 
 from gpuledger import warehouse
-from gpuledger.config import Settings
 from gpuledger.ledger_files import load_ledger_config
 from gpuledger.schemas.models import UsageRecord
 from gpuledger.streams.carbondefs import CarbonDefinition
 from gpuledger.warehouse import bills, carbon, migrations, reports
 
-from warehouse_helpers import put_usage, usage_record, warehouse_before
+from warehouse_helpers import migrated_warehouse, put_usage, usage_record, warehouse_before
 
 pytestmark = pytest.mark.integration
 
@@ -85,17 +84,12 @@ def record_days(client) -> set:
 
 @pytest.fixture
 def ledger(tmp_path):
-    settings = Settings(warehouse=f"chdb:{tmp_path / 'chdb'}", database=DB, bills_close_grace_s=3600)
-    client = warehouse.connect(settings)
-    try:
-        warehouse.migrate(client, DB)
+    with migrated_warehouse(tmp_path, DB, bills_close_grace_s=3600) as (client, settings):
         put(client, USAGE, 0)
         put(client, USAGE[3:4], 10)  # a replayed copy of j2's record
         carbon.record_definition(client, DB, DEFINITION)
         carbon.load_intensity(client, DB, SERIES, "series.csv", "ops")
         yield client, settings, load_ledger_config(None)
-    finally:
-        client.close()
 
 
 def close(client, settings, ledger_cfg, now=CLOSE_AT):

@@ -18,12 +18,10 @@ import datetime as dt
 
 import pytest
 
-from gpuledger import warehouse
-from gpuledger.config import Settings
 from gpuledger.schemas.models import UsageRecord
 from gpuledger.warehouse import bills, migrations, reports
 
-from warehouse_helpers import put_usage, usage_record, warehouse_before
+from warehouse_helpers import migrated_warehouse, put_usage, usage_record, warehouse_before
 
 pytestmark = pytest.mark.integration
 
@@ -71,14 +69,9 @@ def hourly(client) -> list[tuple]:
 
 @pytest.fixture
 def client(tmp_path):
-    settings = Settings(warehouse=f"chdb:{tmp_path / 'chdb'}", database=DB)
-    client = warehouse.connect(settings)
-    try:
-        warehouse.migrate(client, DB)
+    with migrated_warehouse(tmp_path, DB) as (client, _):
         put(client, USAGE, 0)
         yield client
-    finally:
-        client.close()
 
 
 def test_an_exact_day_is_read_from_the_hourly_table(client):
