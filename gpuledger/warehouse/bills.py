@@ -238,15 +238,17 @@ def exact_hourly_days(client, db: str, days: Mapping[str, Sequence[dt.date]]) ->
 def live_usage_sql(db: str, exact_days: str, raw_days: str, bucket: str, conds: Sequence[str] = ()) -> str:
     """Jobs' billed usage per day, cluster, tenant, queue, attempt, definition version, state and carbon
     bucket (bucket_ms), each record once: records, gpu_ms, effective_gpu_ms, cost_micros (Int128),
-    energy_j. Days where `exact_days` holds (conditions of days_condition) come from usage_by_job_hourly,
-    their bucket the hour; days where `raw_days` holds from usage_raw deduplicated, their bucket
-    `bucket` (carbon.bucket_sql). `conds`: more conditions on columns both tables have."""
+    energy_j, energy_mj (each record rounded to whole millijoules, then summed). Days where `exact_days`
+    holds (conditions of days_condition) come from usage_by_job_hourly, their bucket the hour; days where
+    `raw_days` holds from usage_raw deduplicated, their bucket `bucket` (carbon.bucket_sql). `conds`:
+    more conditions on columns both tables have."""
     keys = "day, cluster, tenant, queue, job_id, attempt, definition_version, state"
     sums = ("toUInt64(sum({n})) AS records, toUInt64(sum(gpu_ms)) AS gpu_ms, "
             "toUInt64(sum(effective_gpu_ms)) AS effective_gpu_ms, sum(toInt128(cost_micros)) AS cost_micros, "
-            "toFloat64(sum(energy_j)) AS energy_j")
+            "toFloat64(sum(energy_j)) AS energy_j, toInt64(sum(energy_mj)) AS energy_mj")
     raw = dedup_usage_sql(db, [*BILLED_USAGE, raw_days, *conds],
-                          f"{keys}, gpu_ms, effective_gpu_ms, cost_micros, energy_j, toInt64({bucket}) AS bucket_ms")
+                          f"{keys}, gpu_ms, effective_gpu_ms, cost_micros, energy_j, "
+                          f"toInt64(round(energy_j * 1000)) AS energy_mj, toInt64({bucket}) AS bucket_ms")
     sql = f"SELECT {keys}, bucket_ms, {sums.format(n='1')} FROM ({raw}) GROUP BY {keys}, bucket_ms"
     if exact_days != "0":
         where = " AND ".join([*BILLED_USAGE, exact_days, *conds])
@@ -255,37 +257,40 @@ def live_usage_sql(db: str, exact_days: str, raw_days: str, bucket: str, conds: 
     return sql
 
 
-def fetch_basis(client, db: str, conds: Sequence[str] = (), params: dict | None = None) -> list[dict]:
-    """Executing / allocated-idle usage of jobs per attempt, day and state, deduplicated by record id."""
-    inner = dedup_usage_sql(db, [*BILLED_USAGE, *conds],
-                            "cluster, record_id, day, tenant, queue, job_id, attempt, definition_version, state, "
-                            "gpu_ms, effective_gpu_ms, cost_micros")
-    sql = (f"SELECT day, cluster, toString(tenant) AS tenant, toString(queue) AS queue, job_id, attempt, "
-           "toString(definition_version) AS definition_version, toString(state) AS state, "
-           "sum(gpu_ms) AS gpu_ms, sum(effective_gpu_ms) AS effective_gpu_ms, sum(toInt128(cost_micros)) AS cost_micros "
-           f"FROM ({inner}) GROUP BY day, cluster, tenant, queue, job_id, attempt, definition_version, state")
-    rows = _q(client, sql, params)
-    for r in rows:
-        r["cluster"] = str(r["cluster"])
-    return rows
-
-
 def _energy_key(r: Mapping[str, Any]) -> EnergyKey:
     return (r["day"], str(r["cluster"]), int(r["hour"]), str(r["tenant"]), str(r["queue"]), r["job_id"],
             int(r["attempt"]), str(r["definition_version"]), str(r["state"]))
 
 
-def fetch_energy(client, db: str, cluster: str, day_from: dt.date, day_to: dt.date) -> dict[EnergyKey, list[int]]:
-    """{energy key: [energy_mj, records]} of a cluster's days from usage deduplicated by record id: the
-    jobs' executing and allocated-idle usage per hour, in whole millijoules (each record rounded)."""
-    inner = dedup_usage_sql(db, ["cluster = {cluster:String}", "day BETWEEN {day_from:Date} AND {day_to:Date}",
-                                 *BILLED_USAGE],
-                            "day, cluster, start_ms, tenant, queue, job_id, attempt, definition_version, state, energy_j")
-    sql = (f"SELECT day, cluster, intDiv(start_ms, 3600000) AS hour, tenant, queue, job_id, attempt, definition_version, "
-           f"state, sum(toInt64(round(energy_j * 1000))) AS energy_mj, count() AS records FROM ({inner}) "
-           "GROUP BY day, cluster, hour, tenant, queue, job_id, attempt, definition_version, state")
-    return {_energy_key(r): [int(r["energy_mj"]), int(r["records"])]
-            for r in _q(client, sql, {"cluster": cluster, "day_from": day_from, "day_to": day_to})}
+def fetch_day_usage(client, db: str, cluster: str, day_from: dt.date, day_to: dt.date) -> list[dict]:
+    """The jobs' executing and allocated-idle usage of a cluster's days per hour, attempt and state,
+    each record id once: day, cluster, hour, tenant, queue, job_id, attempt, definition_version, state,
+    gpu_ms, effective_gpu_ms, cost_micros, energy_mj (whole millijoules, each record rounded), records.
+    The bill basis (job_lines sums the rows per line) and the closed days' energy (keyed per row) of a
+    close run, from one read: usage_by_job_hourly on the days where it is exact (exact_hourly_days),
+    usage_raw with FINAL on the others."""
+    days = days_between(day_from, day_to)
+    exact = exact_hourly_days(client, db, {cluster: days}).get(cluster, [])
+    exact_cond, params = days_condition({cluster: exact} if exact else {}, "exact_days")
+    raw = [d for d in days if d not in set(exact)]
+    raw_cond, more = days_condition({cluster: raw} if raw else {}, "raw_days")
+    hourly = live_usage_sql(db, exact_cond, raw_cond, "intDiv(start_ms, 3600000) * 3600000")
+    rows = _q(client, f"""
+        SELECT day, toString(cluster) AS cluster, intDiv(bucket_ms, 3600000) AS hour, toString(tenant) AS tenant,
+               toString(queue) AS queue, job_id, attempt, toString(definition_version) AS definition_version,
+               toString(state) AS state, gpu_ms, effective_gpu_ms, cost_micros, energy_mj, records
+        FROM ({hourly})""", {**params, **more})
+    return rows
+
+
+def day_energy(rows: Iterable[Mapping[str, Any]]) -> dict[EnergyKey, list[int]]:
+    """{energy key: [energy_mj, records]} of fetch_day_usage's rows."""
+    out: dict[EnergyKey, list[int]] = {}
+    for r in rows:
+        acc = out.setdefault(_energy_key(r), [0, 0])
+        acc[0] += int(r["energy_mj"])
+        acc[1] += int(r["records"])
+    return out
 
 
 def _booked_energy(client, db: str, cluster: str, day_from: dt.date, day_to: dt.date) -> dict[EnergyKey, list[int]]:
@@ -424,13 +429,6 @@ def _booked(client, db: str, cluster: str, day_from: dt.date, day_to: dt.date) -
             for r in _q(client, sql, params)}
 
 
-def _lines_for(client, db: str, cluster: str, day_from: dt.date, day_to: dt.date,
-               outcomes: Mapping[tuple, str]) -> dict[tuple, Amount]:
-    basis = fetch_basis(client, db, ["cluster = {cluster:String}", "day BETWEEN {day_from:Date} AND {day_to:Date}"],
-                        {"cluster": cluster, "day_from": day_from, "day_to": day_to})
-    return job_lines(basis, outcomes)
-
-
 def close_due(client, settings, ledger, now: dt.datetime | None = None, publisher=None,
               database: str | None = None) -> CloseResult:
     """Close every day that is due (see the module doc), book adjustments for closed days, commit the
@@ -466,7 +464,8 @@ def close_due(client, settings, ledger, now: dt.datetime | None = None, publishe
         new_days = days_between(first, last_due) if (first and last_due and first <= last_due) else []
         outcomes = fetch_outcomes(client, db, cluster)
         if new_days:
-            lines = _lines_for(client, db, cluster, new_days[0], new_days[-1], outcomes)
+            usage = fetch_day_usage(client, db, cluster, new_days[0], new_days[-1])
+            lines = job_lines(usage, outcomes)
             for key, (g, e, c) in sorted(lines.items(), key=lambda kv: tuple(map(str, kv[0]))):
                 day, _, tenant, queue, job_id, attempt, dv, line = key
                 closed_job_rows.append(dict(day=day, cluster=cluster, tenant=tenant, queue=queue, job_id=job_id,
@@ -480,15 +479,16 @@ def close_due(client, settings, ledger, now: dt.datetime | None = None, publishe
                                                currency=currency, bill_run_id=run_id))
             closed_queue_rows.extend(_queue_rows(client, db, cluster, new_days[0], new_days[-1], run_id,
                                                  ledger.definition_version))
-            energy_rows.extend(_energy_rows(sorted(fetch_energy(client, db, cluster, new_days[0], new_days[-1]).items(),
-                                                   key=lambda kv: tuple(map(str, kv[0]))), run_id))
+            energy_rows.extend(_energy_rows(sorted(day_energy(usage).items(), key=lambda kv: tuple(map(str, kv[0]))),
+                                            run_id))
             closed_day_rows.extend(dict(day=d, cluster=cluster, bill_run_id=run_id, horizon_ms=horizon) for d in new_days)
             result.closed[cluster] = new_days
         # adjustments for days closed before this run, booked into the next open day
         start = max(already[0], already[-1] - dt.timedelta(days=lookback - 1)) if already else None
         if already:
             booked = _booked(client, db, cluster, start, already[-1])
-            now_lines = _lines_for(client, db, cluster, start, already[-1], outcomes)
+            usage = fetch_day_usage(client, db, cluster, start, already[-1])
+            now_lines = job_lines(usage, outcomes)
             booked_day = (new_days[-1] if new_days else already[-1]) + dt.timedelta(days=1)
             for key, reason, (g, e, c) in diff_adjustments(booked, now_lines, outcomes):
                 day, _, tenant, queue, job_id, attempt, dv, line = key
@@ -497,7 +497,7 @@ def close_due(client, settings, ledger, now: dt.datetime | None = None, publishe
                                             definition_version=dv, reason=reason, gpu_ms=g, effective_gpu_ms=e,
                                             cost_micros=c, currency=currency, bill_run_id=run_id))
             energy_rows.extend(_energy_rows(diff_energy(_booked_energy(client, db, cluster, start, already[-1]),
-                                                        fetch_energy(client, db, cluster, start, already[-1])), run_id))
+                                                        day_energy(usage)), run_id))
         # idle stretches of the days closed now and of those in the look-back whose idle records changed
         worked = idle_stretches.refresh(client, db, cluster, (days_between(start, already[-1]) if already else []) + new_days)
         if worked:

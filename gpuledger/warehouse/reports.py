@@ -374,8 +374,8 @@ def _job_money_sql(client, db: str, cluster_cond: str) -> tuple[str, dict[str, A
 
 def _open_basis_and_carbon(client, db: str, conds: Sequence[str], params: dict[str, Any]
                            ) -> tuple[list[dict], dict[tuple, float], str | None]:
-    """The open days' bill basis (as bills.fetch_basis: jobs' usage per day, attempt and state, each
-    record id once) and the carbon (kg CO2e) per day, cluster, tenant and definition version of every
+    """The open days' bill basis (jobs' usage per day, attempt and state, each record id once, as a close
+    run reads it: bills.fetch_day_usage) and the carbon (kg CO2e) per day, cluster, tenant and definition version of every
     day `conds` select, with the carbon version (None without a definition). One query: the open days'
     records are read once for both (GROUPING SETS); closed days' carbon comes from closed_energy
     (docs/carbon.md)."""

@@ -45,7 +45,7 @@ RETENTION: dict[str, Retention] = {
     "scheduler_preemptions": Retention("retention_ops_days", _RAW, "preemptions"),
     "node_inventory": Retention("retention_ops_days", _RAW, "node inventory (a node unseen this long is dropped)"),
     "usage_by_job_daily": Retention("retention_bills_days", "day", "bill grain of the live bills"),
-    "usage_by_job_hourly": Retention("retention_usage_days", "day", "open days' usage per hour and attempt, for reports (sql/0027)"),
+    "usage_by_job_hourly": Retention("retention_usage_days", "day", "usage per hour and attempt: reports, closes (sql/0027)"),
     "usage_capacity_daily": Retention("retention_bills_days", "day", "capacity grain"),
     "closed_tenant_bill": Retention("retention_bills_days", "day", "closed bills"),
     "closed_job_cost": Retention("retention_bills_days", "day", "closed bills"),

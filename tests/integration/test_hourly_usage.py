@@ -1,6 +1,7 @@
-"""Open days from usage_by_job_hourly (sql/0027), on the real engine (chDB): the reports read a day from
-the hourly table only while it is exact (as many records counted as usage_raw holds distinct ones), and
-from usage_raw with each record once otherwise; the migration back-fills the table.
+"""Usage per hour and attempt from usage_by_job_hourly (sql/0027), on the real engine (chDB): the reports
+and the bill close read a day from the hourly table only while it is exact (as many records counted as
+usage_raw holds distinct ones), and from usage_raw with each record once otherwise; the migration
+back-fills the table.
 
 The scenario, worked by hand (cluster "hc", day D = 2026-11-20 UTC, open; cost 1 micro per GPU-s):
   j1 (t1) gpu-1 00:00-00:05 executing        300 s, 36,000 J
@@ -18,6 +19,8 @@ import datetime as dt
 
 import pytest
 
+from gpuledger.config import Settings
+from gpuledger.ledger_files import load_ledger_config
 from gpuledger.schemas.models import UsageRecord
 from gpuledger.warehouse import bills, migrations, reports
 
@@ -123,3 +126,21 @@ def test_the_migration_back_fills_the_hourly_table():
         assert client.query(f"SELECT sum(records) FROM {DB}.usage_by_job_hourly").result_rows == [(5,)]
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("path", ["hourly table", "usage_raw"])
+def test_a_close_run_books_the_same_rows_from_either_read(client, monkeypatch, path):
+    """The close reads D once (bills.fetch_day_usage) for its bill and its energy: from the hourly table
+    while D is exact, else from usage_raw; the closed rows are the hand-worked ones either way."""
+    if path == "usage_raw":
+        monkeypatch.setattr(bills, "exact_hourly_days", lambda *a, **k: {})
+    put(client, [rec("gpu-3", T + 1440 * MIN, T + 1560 * MIN, "unallocated")], 20)  # the horizon: D+1 02:00
+    run = bills.close_due(client, Settings(database=DB, bills_close_grace_s=3600), load_ledger_config(None),
+                          now=dt.datetime(2026, 11, 21, 3, tzinfo=dt.timezone.utc))
+    assert run.closed == {"hc": [D]}
+    lines = client.query(f"SELECT job_id, line, gpu_ms, cost_micros FROM {DB}.closed_job_cost ORDER BY ALL").result_rows
+    assert lines == [("j1", "compute", 360_000, 360), ("j1", "idle", 300_000, 300), ("j2", "compute", 600_000, 600)]
+    energy = client.query(f"SELECT hour - {HOUR0}, job_id, state, energy_mj, records FROM {DB}.closed_energy "
+                          "ORDER BY ALL").result_rows
+    assert energy == [(0, "j1", "allocated_idle", 18_000_000, 1), (0, "j1", "executing", 36_000_000, 1),
+                      (0, "j2", "executing", 72_000_000, 1), (1, "j1", "executing", 7_200_400, 1)]
