@@ -2692,7 +2692,12 @@ CREATE VIEW {db}.tenant_daily_carbon
     `facility_energy_kwh` Float64,
     `co2e_kg` Float64
 )
-AS SELECT
+AS WITH
+    (
+        SELECT groupArray((toString(cluster), day))
+        FROM {db}.usage_by_job_hourly_exact_days
+    ) AS exact_days
+SELECT
     x.day AS day,
     x.cluster AS cluster,
     x.tenant AS tenant,
@@ -2741,6 +2746,22 @@ FROM
             e.hour
         UNION ALL
         SELECT
+            h.day AS day,
+            toString(h.cluster) AS cluster,
+            toString(h.tenant) AS tenant,
+            toString(h.definition_version) AS definition_version,
+            h.hour * 3600000 AS start_ms,
+            sum(h.energy_j) AS energy_j
+        FROM {db}.usage_by_job_hourly AS h
+        WHERE (h.job_id != '') AND (h.state IN ('executing', 'allocated_idle')) AND has(exact_days, (toString(h.cluster), h.day))
+        GROUP BY
+            h.day,
+            h.cluster,
+            h.tenant,
+            h.definition_version,
+            h.hour
+        UNION ALL
+        SELECT
             r.day AS day,
             toString(r.cluster) AS cluster,
             toString(r.tenant) AS tenant,
@@ -2759,7 +2780,7 @@ FROM
                 cluster,
                 day
             FROM {db}.usage_capacity_daily
-            WHERE (cluster, day) NOT IN (
+            WHERE ((cluster, day) NOT IN (
                 SELECT
                     cluster,
                     day
@@ -2768,7 +2789,7 @@ FROM
                     SELECT bill_run_id
                     FROM {db}.bill_runs
                 )
-            )
+            )) AND (NOT has(exact_days, (toString(cluster), day)))
         )) OR ((r.cluster, r.day) IN (
             SELECT
                 cluster,
@@ -2954,6 +2975,74 @@ ENGINE = SummingMergeTree
 PARTITION BY toYYYYMM(day)
 ORDER BY (cluster, day, hour, state, tenant, queue, job_id, attempt, definition_version)
 SETTINGS non_replicated_deduplication_window = 1000, index_granularity = 8192;
+
+CREATE VIEW {db}.usage_by_job_hourly_exact_days
+(
+    `cluster` LowCardinality(String),
+    `day` Date
+)
+AS SELECT
+    a.cluster AS cluster,
+    a.day AS day
+FROM
+(
+    SELECT
+        cluster,
+        day,
+        sum(records) AS n
+    FROM {db}.usage_by_job_hourly
+    WHERE (cluster, day) IN (
+        SELECT DISTINCT
+            cluster,
+            day
+        FROM {db}.usage_capacity_daily
+        WHERE ((cluster, day) NOT IN (
+            SELECT
+                cluster,
+                day
+            FROM {db}.closed_days
+            WHERE bill_run_id IN (
+                SELECT bill_run_id
+                FROM {db}.bill_runs
+            )
+        )) AND ((cluster, day) NOT IN (
+            SELECT
+                cluster,
+                day
+            FROM {db}.carbon_record_days
+        ))
+    )
+    GROUP BY
+        cluster,
+        day
+) AS a
+INNER JOIN
+(
+    SELECT
+        cluster,
+        day,
+        count() AS n
+    FROM {db}.usage_raw
+    FINAL
+    WHERE day IN (
+        SELECT DISTINCT day
+        FROM {db}.usage_capacity_daily
+        WHERE (cluster, day) NOT IN (
+            SELECT
+                cluster,
+                day
+            FROM {db}.closed_days
+            WHERE bill_run_id IN (
+                SELECT bill_run_id
+                FROM {db}.bill_runs
+            )
+        )
+    )
+    GROUP BY
+        cluster,
+        day
+) AS r ON (a.cluster = r.cluster) AND (a.day = r.day)
+WHERE a.n = r.n;
 
 CREATE MATERIALIZED VIEW {db}.usage_by_job_hourly_mv TO {db}.usage_by_job_hourly
 (

@@ -1,5 +1,5 @@
-"""Usage per hour and attempt from usage_by_job_hourly (sql/0027), on the real engine (chDB): the reports
-and the bill close read a day from the hourly table only while it is exact (as many records counted as
+"""Usage per hour and attempt from usage_by_job_hourly (sql/0027), on the real engine (chDB): the reports,
+the bill close and the carbon view (sql/0029) read a day from the hourly table only while it is exact (as many records counted as
 usage_raw holds distinct ones), and from usage_raw with each record once otherwise; the migration
 back-fills the table.
 
@@ -22,7 +22,8 @@ import pytest
 from gpuledger.config import Settings
 from gpuledger.ledger_files import load_ledger_config
 from gpuledger.schemas.models import UsageRecord
-from gpuledger.warehouse import bills, migrations, reports
+from gpuledger.streams.carbondefs import CarbonDefinition
+from gpuledger.warehouse import bills, carbon, migrations, reports
 
 from warehouse_helpers import migrated_warehouse, put_usage, usage_record, warehouse_before
 
@@ -144,3 +145,29 @@ def test_a_close_run_books_the_same_rows_from_either_read(client, monkeypatch, p
                           "ORDER BY ALL").result_rows
     assert energy == [(0, "j1", "allocated_idle", 18_000_000, 1), (0, "j1", "executing", 36_000_000, 1),
                       (0, "j2", "executing", 72_000_000, 1), (1, "j1", "executing", 7_200_400, 1)]
+
+
+def test_the_carbon_view_reads_exact_open_days_from_the_hourly_table(client):
+    """tenant_daily_carbon (sql/0029): D exact -> from the hourly table (a row added to it alone shows), a
+    copy of a record -> from usage_raw, the same kg either way as the bills report. 500 g/kWh, PUE 1:
+    t1 61,200.4 J = 0.0170001 kWh -> 8.50005556 g; t2 72,000 J = 0.02 kWh -> 10 g."""
+    carbon.record_definition(client, DB, CarbonDefinition(version="c1", pue=1.0, default_gco2e_per_kwh=500.0,
+                                                          default_source="test"))
+
+    def view() -> dict:
+        return {t: kg for t, kg in client.query(f"SELECT tenant, co2e_kg FROM {DB}.tenant_daily_carbon").result_rows}
+
+    def billed() -> dict:
+        return {r["tenant"]: r["co2e_kg"] for r in reports.fetch(client, DB, "bills") if r["day"] == D}
+
+    expected = {"t1": 61_200.4 / 3_600_000 * 500 / 1000, "t2": 72_000 / 3_600_000 * 500 / 1000}
+    assert client.query(f"SELECT * FROM {DB}.usage_by_job_hourly_exact_days").result_rows == [("hc", D)]
+    assert view() == pytest.approx(expected) and billed() == pytest.approx(expected)
+    client.insert("usage_by_job_hourly", [[D, "hc", HOUR0, "t2", "q", "j2", 0, "d1", "executing", 0, 0, 0, 0, 3600.0, 0]],
+                  column_names=["day", "cluster", "hour", "tenant", "queue", "job_id", "attempt", "definition_version",
+                                "state", "records", "gpu_ms", "effective_gpu_ms", "cost_micros", "energy_j", "energy_mj"],
+                  database=DB)
+    assert view()["t2"] == pytest.approx(expected["t2"] + 0.0005)  # 3,600 J more: read from the hourly table
+    put(client, USAGE[3:4], 10)  # a copy: D is no longer exact
+    assert client.query(f"SELECT * FROM {DB}.usage_by_job_hourly_exact_days").result_rows == []
+    assert view() == pytest.approx(expected) and billed() == pytest.approx(expected)
