@@ -269,8 +269,8 @@ def _jobs(client, db: str, filters: dict[str, Any]) -> list[dict]:
     else:
         opportunity = "CAST(NULL AS Nullable(Float64))"
     jobs = f"SELECT *, {opportunity} AS opportunity_cost FROM {db}.job_cost WHERE {_and(conds)}"
-    money_params = {"cluster": params["cluster"]} if "cluster" in params else {}
-    money, more = _job_money_sql(client, db, "cluster = {cluster:String}" if money_params else "1")
+    # the money of the cluster asked for (its parameter is already set), else of every cluster
+    money, more = _job_money_sql(client, db, "cluster = {cluster:String}" if "cluster" in params else "1")
     currencies = _currencies(client, db, filters.get("currency"))
     named = {dv: cur for dv, cur in currencies.items() if dv}
     params.update(more, currency_dv=list(named), currency=list(named.values()), currency_default=currencies.get("", ""))
