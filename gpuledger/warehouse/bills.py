@@ -272,15 +272,15 @@ def fetch_day_usage(client, db: str, cluster: str, day_from: dt.date, day_to: dt
     days = days_between(day_from, day_to)
     exact = exact_hourly_days(client, db, {cluster: days}).get(cluster, [])
     exact_cond, params = days_condition({cluster: exact} if exact else {}, "exact_days")
-    raw = [d for d in days if d not in set(exact)]
+    exact_days = set(exact)
+    raw = [d for d in days if d not in exact_days]
     raw_cond, more = days_condition({cluster: raw} if raw else {}, "raw_days")
     hourly = live_usage_sql(db, exact_cond, raw_cond, "intDiv(start_ms, 3600000) * 3600000")
-    rows = _q(client, f"""
+    return _q(client, f"""
         SELECT day, toString(cluster) AS cluster, intDiv(bucket_ms, 3600000) AS hour, toString(tenant) AS tenant,
                toString(queue) AS queue, job_id, attempt, toString(definition_version) AS definition_version,
                toString(state) AS state, gpu_ms, effective_gpu_ms, cost_micros, energy_mj, records
         FROM ({hourly})""", {**params, **more})
-    return rows
 
 
 def day_energy(rows: Iterable[Mapping[str, Any]]) -> dict[EnergyKey, list[int]]:
