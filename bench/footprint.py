@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections import Counter, defaultdict
 from dataclasses import replace
 
 import orjson
@@ -115,16 +116,43 @@ def _warehouse_bytes(name: str, usage: list[bytes], messages) -> dict[str, dict]
         shutil.rmtree(path, ignore_errors=True)
 
 
+def rows_breakdown(records: list[dict], gpu_hours: float, window_ms: int) -> dict:
+    """Usage records per GPU-hour split by cause: one per GPU and window, one more per cut inside a
+    window (a holder change, an executing/idle change, or else: utilization or memory becoming
+    measured or not, a missed sample), and the extra slots of shared GPUs (a record per attempt and
+    state of a segment)."""
+    windows: dict[tuple, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        windows[(r["gpu_uuid"], r["start_ms"] // window_ms)][r["start_ms"]].append(r)
+    cuts: Counter[str] = Counter()
+    slots = 0
+    for segments in windows.values():
+        starts = sorted(segments)
+        slots += sum(len(segments[s]) - 1 for s in starts)
+        for a, b in zip(starts, starts[1:]):
+            before, after = segments[a], segments[b]
+            if {(r.get("job_id"), r.get("attempt")) for r in before} != {(r.get("job_id"), r.get("attempt")) for r in after}:
+                cuts["holder"] += 1
+            elif {(r["state"], r.get("job_id")) for r in before} != {(r["state"], r.get("job_id")) for r in after}:
+                cuts["state"] += 1
+            else:
+                cuts["other"] += 1
+    return {"windows": len(windows) / gpu_hours, "cuts": sum(cuts.values()) / gpu_hours,
+            "cuts_by_kind": {k: v / gpu_hours for k, v in sorted(cuts.items())}, "shared_slots": slots / gpu_hours}
+
+
 def measure_size(gpus: int, hours: float, ledger, *, warehouse: bool = True, label: str = "") -> dict:
     say(f"footprint: {gpus:,} GPUs x {hours} h at {INTERVAL_MS // 1000} s sampling{label} ...")
     messages = _messages(gpus, hours)
     cpu, samples, usage = _core_pass(messages, ledger)
-    records = sum(len(orjson.loads(raw)["records"]) for raw in usage)
+    records = [r for raw in usage for r in orjson.loads(raw)["records"]]
     gpus = 8 * _nodes(gpus)  # whole 8-GPU nodes
     gpu_hours = gpus * hours
-    row = {"gpus": gpus, "hours": hours, "samples": samples, "usage_records": records,
-           "worker_cpu_us_per_sample": 1e6 * cpu / samples, "usage_rows_per_gpu_hour": records / gpu_hours,
+    row = {"gpus": gpus, "hours": hours, "samples": samples, "usage_records": len(records),
+           "worker_cpu_us_per_sample": 1e6 * cpu / samples, "usage_rows_per_gpu_hour": len(records) / gpu_hours,
            "usage_messages": len(usage)}
+    if ledger.segment_window_ms > 1:
+        row["usage_rows_breakdown"] = rows_breakdown(records, gpu_hours, ledger.segment_window_ms)
     if warehouse:
         tables = _warehouse_bytes(f"{gpus}", usage, messages)
         gpu_days = gpu_hours / DAY_H
@@ -150,6 +178,7 @@ def run() -> dict:
     return {
         "usage_rows_per_gpu_hour_5s": first["usage_rows_per_gpu_hour"],
         "usage_rows_per_gpu_hour_5s_per_tick": per_tick["usage_rows_per_gpu_hour"],
+        "usage_rows_breakdown_5s": first["usage_rows_breakdown"],
         "usage_raw_bytes_per_gpu_day": first["usage_raw_bytes_per_gpu_day"],
         "gpu_health_bytes_per_gpu_day": first["gpu_health_bytes_per_gpu_day"],
         "footprint_scaling": rows,
