@@ -254,7 +254,7 @@ def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.
         In a backlog Faust reads the samples as fast as it can while the watermarks come later through
         the router: in bench/join.py 33,000 ticks waited, the worker held 0.9 GB and needed twice the
         CPU per tick (docs/performance.md §1). So a partition's samples are paused while more than
-        `worker_samples_ahead_s` of them wait per node (`WorkerCore.samples_waiting_ms`), resumed at half
+        `worker_samples_ahead_s` of them wait (`WorkerCore.samples_waiting_ms`), and resumed at half
         of it; its allocation changes and watermarks keep flowing, and the backlog waits in Kafka."""
         waiting = core.samples_waiting_ms(partition)
         if partition not in paused and waiting > ahead_limit_ms:
