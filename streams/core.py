@@ -303,18 +303,6 @@ class WorkerCore:
                             for out in self._emit(jp.nodes[name], jp.clock.value, jp.data_ms))
         return outs
 
-    def samples_waiting_ms(self, partition: int) -> int:
-        """How much event time of samples waits for the lifecycle watermark on a join partition: per
-        node, its pending ticks x their interval; the largest of the partition's nodes. Waiting ticks
-        are held in memory (decoded), so the Faust shell pauses the partition's samples while this is
-        large (`worker_samples_ahead_s`). Counted in ticks, not from the latest timestamp, so that one
-        tick from the future (a bad clock) does not hold a partition back."""
-        jp = self.joins.get(partition)
-        if jp is None:
-            return 0
-        return max((len(j.pending_ticks) * j.pending_ticks[-1].interval_ms
-                    for j in jp.nodes.values() if j.pending_ticks), default=0)
-
     # ------------------------------------------------------------------ snapshots
     def covered_offsets(self, kind: str, partition: int) -> dict[str, int]:
         """Input topic -> the offset below which a snapshot taken now covers every message: what the
