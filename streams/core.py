@@ -76,8 +76,10 @@ class JoinPartition:
     nodes: dict[str, NodeJoin] = field(default_factory=dict)
     clock: WatermarkClock = field(default_factory=WatermarkClock)
     next_offsets: dict[str, int] = field(default_factory=dict)  # input topic -> next offset
-    #: samples clock: the latest tick end accepted on this partition, from any node (flushes the open
-    #: segments of a node that stopped reporting, streams/join.py `NodeJoin._flush`)
+    #: samples clock: the latest tick start accepted on this partition, from any node (flushes the open
+    #: segments of a node that stopped reporting, streams/join.py `NodeJoin._flush`). The start, not
+    #: the end: a tick's end is ahead of what its peers have sent by its own interval (a node sampled
+    #: every 3 min would otherwise flush its peers' windows before their ticks of the same time)
     data_ms: int = 0
     #: the last window (data_ms - flush_after, in windows) for which every node was checked for a flush
     flush_scan: int = field(default=0, compare=False)
@@ -284,7 +286,7 @@ class WorkerCore:
                 problems.append(verdict.reason)
             else:
                 self.counters["ticks"] += 1
-                jp.data_ms = max(jp.data_ms, tick.ts_ms + tick.interval_ms)
+                jp.data_ms = max(jp.data_ms, tick.ts_ms)
                 if self.on_tick:
                     self.on_tick(tick.node, tick.ts_ms)
         outs = []

@@ -347,7 +347,7 @@ class NodeJoin:
     def close_until(self, watermark_ms: int, ledger: LedgerConfig, data_ms: int | None = None) -> list[dict]:
         """Close every tick that ends at or before the watermark into the GPUs' segments; return the
         usage records (wire dicts) of the segments that closed, and of those flushed (see `_flush`).
-        `data_ms`: the samples clock of the node's input partition (the latest tick end received
+        `data_ms`: the samples clock of the node's input partition (the latest tick start received
         there, from any node); None: the watermark stands in for it (tools, tests)."""
         data_ms = watermark_ms if data_ms is None else data_ms
         pending = self.pending_ticks
@@ -462,9 +462,10 @@ class NodeJoin:
         return records
 
     def _flush(self, data_ms: int, ledger: LedgerConfig, maker: RecordMaker | None) -> list[dict]:
-        """Emit the open segments of a node that stopped reporting: those whose window ended at least
+        """Emit the open segments of a node that stopped reporting: those whose window ended, and whose
+        next tick (one more interval of the segment's last tick) was due, at least
         `segment_flush_after_ms` before the samples clock of the partition (other nodes have sent
-        ticks that far on; this one has sent none of that window after the segment's end), unless a
+        ticks starting that far on; this one has sent none after the segment's end), unless a
         pending tick of the node starts before that end (it is waiting for the watermark and will
         extend or close the segment). The lifecycle watermark is not the judge: a worker catching up
         on a samples backlog has it far ahead of every tick. The closed horizon moves to the window's
@@ -478,7 +479,9 @@ class NodeJoin:
                 first_pending = self.awaiting_ms[0]
         records: list[dict] = []
         for uuid, seg in list(self.segments.items()):
-            if seg.window_end_ms <= limit and (first_pending is None or first_pending >= seg.window_end_ms):
+            next_tick_end = 2 * seg.end_ms - seg.last_tick_ms
+            if seg.window_end_ms <= limit and next_tick_end <= limit and \
+                    (first_pending is None or first_pending >= seg.window_end_ms):
                 if maker is None:
                     maker = RecordMaker(ledger, self.cluster, self.node)
                 records += seg.records(maker._fill)

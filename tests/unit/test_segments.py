@@ -297,9 +297,10 @@ def test_a_node_that_stops_is_flushed_by_the_samples_clock_and_its_late_ticks_re
                               for k in range(k0, k1)]
     out = usage_of(feed(TOPICS.gpu_samples, encode_node_ticks("b", b_ticks(0, 3))))  # b: [0, 30 s), then silent
     assert out == []  # its segment is open (window [0, 60 s))
-    out = usage_of(feed(TOPICS.gpu_samples, encode_node_ticks("a", a_ticks(0, 8))))  # a reaches 80 s
+    out = usage_of(feed(TOPICS.gpu_samples, encode_node_ticks("a", a_ticks(0, 9))))  # a's ticks start up to 80 s
     assert [(r.node, r.end_ms - MIDNIGHT) for r in out] == [("a", 60 * S)]
-    out = usage_of(feed(TOPICS.gpu_samples, encode_node_ticks("a", a_ticks(8, 9))))  # 90 s = window end + 30 s
+    # the samples clock is the latest tick *start*: 90 s = b's window end + 30 s
+    out = usage_of(feed(TOPICS.gpu_samples, encode_node_ticks("a", a_ticks(9, 10))))
     assert [(r.node, r.start_ms - MIDNIGHT, r.end_ms - MIDNIGHT, r.sample_count) for r in out] == [("b", 0, 30 * S, 3)]
     assert core.joins[0].nodes["b"].closed_until_ms == MIDNIGHT + 60 * S
     # b comes back: a tick of the flushed window is late (its record is out); the next window is fine
@@ -307,6 +308,67 @@ def test_a_node_that_stops_is_flushed_by_the_samples_clock_and_its_late_ticks_re
     (letter,) = [decode(DeadLetter, o.value) for o in outs if o.topic == TOPICS.dead_letters]
     assert letter.reason.startswith("late tick: b ts_ms=") and "(3 of the batch's 4 ticks rejected" in letter.reason
     assert set(core.joins[0].nodes["b"].segments) == {"GPU-b"}  # [60, 70 s) is open
+
+
+def mixed_interval_inputs():
+    """One partition of three nodes sampled every 57 s, 171 s and 10 s (like a trace's pods; the
+    171-s node's ticks end far ahead of the others'), a job on each, published in event-time order
+    with the 171-s node first at equal times; and the allocation messages, with a watermark every 5 min."""
+    intervals = {"b": 171 * S, "a": 57 * S, "c": 10 * S}
+    starts = {"b": 57 * S, "a": 0, "c": 3 * S}
+    ticks = sorted(((ts, k, node_tick(MIDNIGHT + ts, iv, sample(f"GPU-{name}"), node=name))
+                    for k, (name, iv) in enumerate(intervals.items())
+                    for ts in range(starts[name], 40 * MIN, iv)), key=lambda t: t[:2])
+    samples = [encode_node_ticks(t.node, [t]) for _, _, t in ticks]
+    changes = []
+    for name, (begin, end) in {"a": (0, 20 * MIN + 7 * S), "b": (5 * MIN, 40 * MIN), "c": (MIN + 30 * S, 31 * MIN)}.items():
+        for kind, ts in (("allocated", begin), ("started", begin), ("completed", end)):
+            changes.append((ts, AllocationChange(
+                ts_ms=MIDNIGHT + ts, event_id=f"{name}/{kind}", kind=kind, node=name, job_id=f"job-{name}", tenant="t",
+                queue="q", gpus=[GpuAssignment(node=name, gpu_uuid=f"GPU-{name}", share_milli=1000)])))
+    allocations = []
+    marks = iter(range(5 * MIN, 50 * MIN, 5 * MIN))
+    mark = next(marks)
+    for ts, c in sorted(changes, key=lambda c: c[0]):
+        while ts >= mark:
+            allocations.append(encode(NodeWatermark(ts_ms=MIDNIGHT + mark, source_partition=0, source_partitions=1)))
+            mark = next(marks)
+        allocations.append(encode(c))
+    allocations += [encode(NodeWatermark(ts_ms=MIDNIGHT + m, source_partition=0, source_partitions=1))
+                    for m in (mark, *marks)]
+    return samples, allocations, sum(ts_iv[2].interval_ms for ts_iv in ticks)
+
+
+@pytest.mark.parametrize("order", ["allocations first", "samples first", "random 1", "random 2", "random 3"])
+def test_records_do_not_depend_on_how_samples_and_allocations_interleave(order):
+    """Each input topic is read in its own order, but how the two interleave depends on timing: the
+    watermark ahead of the samples (live), far behind them (a catch-up), or anything between. The
+    records must be the same. (The samples clock used to count a tick's end: the 171-s node's tick
+    then flushed its peers' windows before their ticks of the same time were read, and those were
+    rejected as late.)"""
+    samples, allocations, tick_ms = mixed_interval_inputs()
+
+    def run(order):
+        core = WorkerCore(TOPICS, partitions_gpu_samples=1, partitions_job_events=1, ledger=windowed(60))
+        rng = random.Random(order)
+        i = j = 0
+        outs = []
+        while i < len(samples) or j < len(allocations):
+            take_sample = j == len(allocations) or (i < len(samples) and (
+                order == "samples first" or (order.startswith("random") and rng.random() < 0.5)))
+            if take_sample:
+                outs += core.on_node(TOPICS.gpu_samples, 0, i, samples[i])
+                i += 1
+            else:
+                outs += core.on_node(TOPICS.node_allocations, 0, j, allocations[j])
+                j += 1
+        assert [o for o in outs if o.topic != TOPICS.usage] == []  # nothing late, nothing rejected
+        still_open = {uuid: seg for join in core.joins[0].nodes.values() for uuid, seg in join.segments.items()}
+        return sorted(usage_of(outs), key=lambda r: r.record_id), still_open  # no later sample flushes the last ones
+
+    records, still_open = run(order)
+    assert sum(r.gpu_ms for r in records) + sum(sl[3] for seg in still_open.values() for sl in seg.slots) == tick_ms
+    assert (records, still_open) == run("samples first")
 
 
 def test_open_segments_are_part_of_the_snapshot():
