@@ -116,6 +116,10 @@ def _warehouse_bytes(name: str, usage: list[bytes], messages) -> dict[str, dict]
         shutil.rmtree(path, ignore_errors=True)
 
 
+def _attempts(records: list[dict]) -> set[tuple]:
+    return {(r.get("job_id"), r.get("attempt")) for r in records}
+
+
 def rows_breakdown(records: list[dict], gpu_hours: float, window_ms: int) -> dict:
     """Usage records per GPU-hour split by cause: one per GPU and window, one more per cut inside a
     window (a holder change, an executing/idle change, or else: utilization or memory becoming
@@ -131,7 +135,7 @@ def rows_breakdown(records: list[dict], gpu_hours: float, window_ms: int) -> dic
         slots += sum(len(segments[s]) - 1 for s in starts)
         for a, b in zip(starts, starts[1:]):
             before, after = segments[a], segments[b]
-            if {(r.get("job_id"), r.get("attempt")) for r in before} != {(r.get("job_id"), r.get("attempt")) for r in after}:
+            if _attempts(before) != _attempts(after):
                 cuts["holder"] += 1
             elif {(r["state"], r.get("job_id")) for r in before} != {(r["state"], r.get("job_id")) for r in after}:
                 cuts["state"] += 1

@@ -193,6 +193,15 @@ def cpu_seconds(pid: int | None) -> float:
         return 0.0
 
 
+def peak_rss_mb(pid: int | None) -> float:
+    """The most resident memory a process has had (Linux /proc VmHWM), MB; 0 when unknown."""
+    try:
+        line = next(x for x in open(f"/proc/{pid}/status") if x.startswith("VmHWM:"))
+        return int(line.split()[1]) / 1024
+    except (OSError, StopIteration, ValueError, TypeError):
+        return 0.0
+
+
 def worker_pass(bootstrap: str, batch: Batch, workers: int, name: str, profile_path=None,
                 broker_pid: int | None = None) -> dict:
     """Samples/s of `workers` worker processes over the batch (see the module docstring).
@@ -269,6 +278,7 @@ def worker_pass(bootstrap: str, batch: Batch, workers: int, name: str, profile_p
             "worker_cores_busy": worker_cpu / window,
             "broker_cpu_s": broker_cpu,
             "broker_cores_busy": broker_cpu / window,
+            "worker_peak_rss_mb": max(peak_rss_mb(p.proc.pid) for p in procs),
             "settings": s,
         }
     finally:
@@ -325,7 +335,8 @@ def run(bootstrap: str, scaleout: bool = True, broker_pid: int | None = None) ->
         one = worker_pass(bootstrap, batch, 1, f"join1r{rep}", broker_pid=broker_pid)
         base = baseline(one.pop("settings"), batch)
         say(f"join: 1 worker: {one['samples_per_s']:,.0f} samples/s over {one['seconds']:.1f} s "
-            f"({one['worker_cores_busy']:.2f} cores busy, {one['worker_cpu_us_per_tick']:,.0f} us CPU/tick); "
+            f"({one['worker_cores_busy']:.2f} cores busy, {one['worker_cpu_us_per_tick']:,.0f} us CPU/tick, "
+            f"peak {one['worker_peak_rss_mb']:,.0f} MB); "
             f"baseline {base['samples_per_s']:,.0f} samples/s ({base['messages_per_s']:,.0f} msg/s)")
         ones.append(one)
         bases.append(base)
@@ -347,6 +358,7 @@ def run(bootstrap: str, scaleout: bool = True, broker_pid: int | None = None) ->
         "join_baseline_samples_per_cpu_s": med(bases, "samples_per_cpu_s"),
         "join_cpu_ratio": median([o["samples_per_cpu_s"] / b["samples_per_cpu_s"] for o, b in zip(ones, bases)]),
         "join_worker_cpu_us_per_tick": med(ones, "worker_cpu_us_per_tick"),
+        "join_worker_peak_rss_mb": med(ones, "worker_peak_rss_mb"),
         "join_detail": {"one_worker_passes": ones, "baseline_passes": bases, "tick_bytes": avg_bytes,
                         "gpus_per_tick": 8, "ticks": batch.ticks, "samples": batch.samples, "cpus": os.cpu_count(),
                         "interval_ms": INTERVAL_MS, "ticks_per_message": SIZES.join_ticks_per_message,

@@ -58,6 +58,9 @@ PRICED_BY_DEFAULT = Counter("gpuledger_priced_by_default_gpu_seconds", "GPU time
                             "coefficient of their own, priced under the ledger's [unpriced] policy, by GPU model",
                             ["component", "model"])
 DUPLICATES = Counter("gpuledger_duplicates", "Second copies dropped silently (at-least-once delivery), by kind", ["component", "kind"])
+SAMPLES_PAUSED = Gauge("gpuledger_worker_samples_paused", "1 while the worker has paused a gpu-samples partition: more than "
+                       "GPULEDGER_WORKER_SAMPLES_AHEAD_S of samples per node waited for the lifecycle watermark "
+                       "(catching up on a backlog, or no watermark coming: check the scheduler agent)", ["partition"])
 CONSUMER_LAG = Gauge("gpuledger_consumer_lag_messages", "End offset minus the consumer's position", ["component", "topic", "partition"])
 SINK_ROWS = Counter("gpuledger_sink_rows_inserted", "Rows inserted into the warehouse", ["table"])
 SINK_INSERT_FAILURES = Counter("gpuledger_sink_insert_failures", "Failed insert attempts (each retry counts)", ["table"])
@@ -276,6 +279,9 @@ class WorkerMetrics:
             PRICED_BY_DEFAULT.labels(self.component, kind[len("priced_by_default:"):]).inc(amount)
         else:
             UNMATCHED.labels(self.component, kind).inc(amount)
+
+    def samples_paused(self, partition: int, paused: bool) -> None:
+        SAMPLES_PAUSED.labels(str(partition)).set(1 if paused else 0)
 
     def set_lag(self, topic: str, partition: int, end_offset: int, position: int) -> int | None:
         """From Faust: `end_offset = app.consumer.highwater(tp)`, `position = message.offset + 1`."""

@@ -31,6 +31,7 @@ from collections import defaultdict
 
 import faust
 from faust.transport.drivers import aiokafka as aiokafka_driver
+from aiokafka import TopicPartition as KafkaPartition
 from confluent_kafka import Consumer, TopicPartition
 
 from gpuledger.config import Settings
@@ -107,10 +108,22 @@ class _ShortPollConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
         consumer._fetch_max_wait_ms = self.app.fetch_max_wait_ms  # read when the consumer starts its fetcher
         return consumer
 
+    async def hold(self, tps: list[KafkaPartition], held: bool) -> None:
+        """Stop (held) or restart fetching from the partitions, in the consumer's own thread."""
+        consumer = self._ensure_consumer()
+        await self.call_thread(consumer.pause if held else consumer.resume, *tps)
+
 
 class _ShortPollConsumer(aiokafka_driver.Consumer):
     def _new_consumer_thread(self):
         return _ShortPollConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    async def hold_partitions(self, tps: list[KafkaPartition], held: bool) -> None:
+        """Pause (held) or resume fetching from partitions without losing a record. Faust's own
+        `pause_partitions` makes its fetcher pass over the records of a batch it has not delivered
+        yet, whose position is already past them (faust/transport/consumer.py `getmany`): they would
+        never be processed. aiokafka's pause keeps the position at the first record not handed out."""
+        await self._thread.hold(tps, held)
 
 
 class _LedgerTransport(aiokafka_driver.Transport):
@@ -158,8 +171,10 @@ def new_ledger_app(settings: Settings, app_id: str, datadir: str, **conf) -> Led
 def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.App:
     ledger = ledger or load_ledger_config(settings.ledger_config)
     topics = settings.topics
+    # a short stream buffer (Faust's default: 4,096 messages) so that a paused partition stops soon
+    # (pace_samples); a message is up to 10 ticks of a node, and the worker needs ~2 ms for one
     app = new_ledger_app(settings, settings.worker_app_id, str(settings.data_dir / "worker"),
-                         topic_partitions=settings.partitions_gpu_samples)
+                         topic_partitions=settings.partitions_gpu_samples, stream_buffer_maxsize=256)
     core = make_core(settings, ledger)
     app.ledger_core = core  # for tests and metrics
     from gpuledger.metrics import worker_metrics
@@ -231,12 +246,35 @@ def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.
             await handle(event, lambda m, e=event: core.on_lifecycle(m.partition, m.offset, e.value,
                                                                      int(time.time() * 1000)))
 
+    paused: set[int] = set()                      # gpu-samples partitions paused by pace_samples
+    ahead_limit_ms = round(settings.worker_samples_ahead_s * 1000)
+
+    async def pace_samples(partition: int) -> None:
+        """Event-time flow control. A tick waits in memory until the lifecycle watermark passes it.
+        In a backlog Faust reads the samples as fast as it can while the watermarks come later through
+        the router: in bench/join.py 33,000 ticks waited, the worker held 0.9 GB and needed twice the
+        CPU per tick (docs/performance.md §1). So a partition's samples are paused while more than
+        `worker_samples_ahead_s` of them wait per node (`WorkerCore.samples_waiting_ms`), resumed at half
+        of it; its allocation changes and watermarks keep flowing, and the backlog waits in Kafka."""
+        waiting = core.samples_waiting_ms(partition)
+        if partition not in paused and waiting > ahead_limit_ms:
+            paused.add(partition)
+            metrics.samples_paused(partition, True)
+            await app.consumer.hold_partitions([KafkaPartition(topics.gpu_samples, partition)], True)
+            log.info("gpu-samples[%d] paused: %d ms of samples wait for the lifecycle watermark", partition, waiting)
+        elif partition in paused and waiting <= ahead_limit_ms // 2:
+            paused.discard(partition)
+            metrics.samples_paused(partition, False)
+            await app.consumer.hold_partitions([KafkaPartition(topics.gpu_samples, partition)], False)
+            log.info("gpu-samples[%d] resumed: %d ms of samples wait", partition, waiting)
+
     @app.agent(node_stream, name="join_nodes")
     async def join_nodes(stream):
         stream.enable_acks = False  # acknowledged by the snapshot timer
         async for event in stream.events():
             await handle(event, lambda m, e=event: core.on_node(m.topic, m.partition, m.offset, e.value,
                                                                 int(time.time() * 1000)))
+            await pace_samples(event.message.partition)
 
     @app.timer(settings.worker_watermark_flush_s, name="flush_watermarks")
     async def flush_watermarks() -> None:
@@ -283,6 +321,9 @@ def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.
         # state is restored from the (then) latest snapshot, and never acknowledge what we held.
         for tp in revoked:
             key = part_of(tp.topic, tp.partition)
+            if tp.topic == topics.gpu_samples and tp.partition in paused:
+                paused.discard(tp.partition)  # a new assignment starts unpaused
+                metrics.samples_paused(tp.partition, False)
             loaded.discard(key)
             dirty.discard(key)
             to_ack.pop(key, None)

@@ -305,6 +305,19 @@ class WorkerCore:
                             for out in self._emit(jp.nodes[name], jp.clock.value, jp.data_ms))
         return outs
 
+    def samples_waiting_ms(self, partition: int) -> int:
+        """How much event time of samples waits for the lifecycle watermark on a join partition, per
+        node on average: each node's pending ticks x their interval, over the partition's nodes.
+        Waiting ticks are held in memory (decoded), so the Faust shell pauses the partition's samples
+        while this is large (`worker_samples_ahead_s`). Counted in ticks, not from the latest
+        timestamp, so that a tick from the future does not hold a partition back; and averaged, so
+        that one node whose clock runs minutes ahead does not hold back the others."""
+        jp = self.joins.get(partition)
+        if jp is None or not jp.nodes:
+            return 0
+        waiting = sum(len(j.pending_ticks) * j.pending_ticks[-1].interval_ms for j in jp.nodes.values() if j.pending_ticks)
+        return waiting // len(jp.nodes)
+
     # ------------------------------------------------------------------ snapshots
     def covered_offsets(self, kind: str, partition: int) -> dict[str, int]:
         """Input topic -> the offset below which a snapshot taken now covers every message: what the

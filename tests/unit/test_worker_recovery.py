@@ -15,7 +15,7 @@ import pytest
 from gpuledger.agents.simcluster import SimSpec, batch_ticks, simulate
 from gpuledger.streams.topic_names import TopicNames
 from gpuledger.schemas.models import LifecycleWatermark, NodeWatermark, UsageBatch
-from gpuledger.schemas.wire import decode, encode
+from gpuledger.schemas.wire import decode, encode, encode_node_ticks
 from gpuledger.sink.batching import BatchingSink
 from gpuledger.sink.progress import MemoryProgress
 from gpuledger.sink.rows import Source, usage_rows
@@ -280,3 +280,32 @@ def test_a_bad_tick_in_a_batch_costs_only_itself_and_gives_one_dead_letter():
     assert "(1 of the batch's 5 ticks rejected; the others counted)" in letters[0].reason
     records = [r for o in outs if o.topic == TOPICS.usage for r in decode(UsageBatch, o.value).records]
     assert sorted(r.start_ms - 1_793_577_600_000 for r in records) == [0, 1000, 2000, 4000]
+
+
+def test_samples_waiting_for_the_watermark_are_measured_per_partition():
+    """What the Faust shell paces a gpu-samples partition by (streams/app.py `pace_samples`): the
+    event time of the pending ticks per node, on average over the partition's nodes; a tick from far
+    in the future (a bad clock) counts as one tick, not as the days it claims."""
+    from gpuledger.schemas.models import GpuSample, NodeTick
+
+    t0 = 1_793_577_600_000
+
+    def ticks(node, start_s, n):
+        return [NodeTick(cluster="c", node=node, ts_ms=t0 + 1000 * (start_s + k), interval_ms=1000,
+                         gpus=[GpuSample(gpu_uuid=f"G-{node}", index=0, model="T4")]) for k in range(n)]
+
+    def watermark(at_s, first_offset):
+        for offset, source in enumerate(range(P_EVENTS), start=first_offset):
+            mark = NodeWatermark(ts_ms=t0 + 1000 * at_s, source_partition=source, source_partitions=P_EVENTS)
+            core.on_node(TOPICS.node_allocations, 0, offset, encode(mark))
+
+    core = Cluster.new_core()
+    assert core.samples_waiting_ms(0) == 0
+    core.on_node(TOPICS.gpu_samples, 0, 0, encode_node_ticks("n", ticks("n", 0, 90)))
+    core.on_node(TOPICS.gpu_samples, 0, 1, encode_node_ticks("m", ticks("m", 0, 30) + ticks("m", 5 * 86_400, 1)))
+    # before any watermark: n waits 90 s, m 31 ticks
+    assert core.samples_waiting_ms(0) == (90_000 + 31_000) // 2 and core.samples_waiting_ms(1) == 0
+    watermark(20, 0)
+    assert core.samples_waiting_ms(0) == (70_000 + 11_000) // 2
+    watermark(120, P_EVENTS)
+    assert core.samples_waiting_ms(0) == 1_000 // 2  # only the tick from the future waits
