@@ -310,24 +310,27 @@ def test_a_node_that_stops_is_flushed_by_the_samples_clock_and_its_late_ticks_re
     assert set(core.joins[0].nodes["b"].segments) == {"GPU-b"}  # [60, 70 s) is open
 
 
-def mixed_interval_inputs():
-    """One partition of three nodes sampled every 57 s, 171 s and 10 s (like a trace's pods; the
-    171-s node's ticks end far ahead of the others'), a job on each, published in event-time order
-    with the 171-s node first at equal times; and the allocation messages, with a watermark every 5 min."""
-    intervals = {"b": 171 * S, "a": 57 * S, "c": 10 * S}
-    starts = {"b": 57 * S, "a": 0, "c": 3 * S}
-    ticks = sorted(((ts, k, node_tick(MIDNIGHT + ts, iv, sample(f"GPU-{name}"), node=name))
-                    for k, (name, iv) in enumerate(intervals.items())
-                    for ts in range(starts[name], 40 * MIN, iv)), key=lambda t: t[:2])
+#: node -> (sampling interval, first tick, its job's start and end), seconds: like a trace's pods, the
+#: 171-s node's ticks end far ahead of the others'
+MIXED_NODES = {"b": (171, 57, 300, 2400), "a": (57, 0, 0, 1207), "c": (10, 3, 90, 1860)}
+
+
+def mixed_interval_inputs(nodes=MIXED_NODES, until_s=2400):
+    """One partition of nodes sampled at different intervals, a job on each, published in event-time
+    order (at equal times in the order of `nodes`); and the allocation messages, with a watermark
+    every 5 min. Returns (samples, allocations, GPU-ms of all ticks)."""
+    ticks = sorted(((ts, k, node_tick(MIDNIGHT + ts * S, iv * S, sample(f"GPU-{name}"), node=name))
+                    for k, (name, (iv, first, _, _)) in enumerate(nodes.items())
+                    for ts in range(first, until_s, iv)), key=lambda t: t[:2])
     samples = [encode_node_ticks(t.node, [t]) for _, _, t in ticks]
     changes = []
-    for name, (begin, end) in {"a": (0, 20 * MIN + 7 * S), "b": (5 * MIN, 40 * MIN), "c": (MIN + 30 * S, 31 * MIN)}.items():
+    for name, (_, _, begin, end) in nodes.items():
         for kind, ts in (("allocated", begin), ("started", begin), ("completed", end)):
-            changes.append((ts, AllocationChange(
-                ts_ms=MIDNIGHT + ts, event_id=f"{name}/{kind}", kind=kind, node=name, job_id=f"job-{name}", tenant="t",
-                queue="q", gpus=[GpuAssignment(node=name, gpu_uuid=f"GPU-{name}", share_milli=1000)])))
+            changes.append((ts * S, AllocationChange(
+                ts_ms=MIDNIGHT + ts * S, event_id=f"{name}/{kind}", kind=kind, node=name, job_id=f"job-{name}",
+                tenant="t", queue="q", gpus=[GpuAssignment(node=name, gpu_uuid=f"GPU-{name}", share_milli=1000)])))
     allocations = []
-    marks = iter(range(5 * MIN, 50 * MIN, 5 * MIN))
+    marks = iter(range(5 * MIN, until_s * S + 15 * MIN, 5 * MIN))
     mark = next(marks)
     for ts, c in sorted(changes, key=lambda c: c[0]):
         while ts >= mark:
@@ -336,7 +339,35 @@ def mixed_interval_inputs():
         allocations.append(encode(c))
     allocations += [encode(NodeWatermark(ts_ms=MIDNIGHT + m, source_partition=0, source_partitions=1))
                     for m in (mark, *marks)]
-    return samples, allocations, sum(ts_iv[2].interval_ms for ts_iv in ticks)
+    return samples, allocations, sum(t.interval_ms for _, _, t in ticks)
+
+
+def interleaved(samples, allocations, order: str):
+    """The records (by id) and still-open segments of a core fed both topics of one partition, each in
+    its own order, interleaved: "allocations first" (the watermark ahead: live), "samples first" (a
+    catch-up) or "random <seed>"."""
+    core = WorkerCore(TOPICS, partitions_gpu_samples=1, partitions_job_events=1, ledger=windowed(60))
+    rng = random.Random(order)
+    i = j = 0
+    outs = []
+    while i < len(samples) or j < len(allocations):
+        take_sample = j == len(allocations) or (i < len(samples) and (
+            order == "samples first" or (order.startswith("random") and rng.random() < 0.5)))
+        if take_sample:
+            outs += core.on_node(TOPICS.gpu_samples, 0, i, samples[i])
+            i += 1
+        else:
+            outs += core.on_node(TOPICS.node_allocations, 0, j, allocations[j])
+            j += 1
+    assert [o for o in outs if o.topic != TOPICS.usage] == []  # nothing late, nothing rejected
+    still_open = {uuid: seg for join in core.joins[0].nodes.values() for uuid, seg in join.segments.items()}
+    return sorted(usage_of(outs), key=lambda r: r.record_id), still_open  # no later sample flushes the last ones
+
+
+def assert_order_free(samples, allocations, tick_ms, order):
+    records, still_open = interleaved(samples, allocations, order)
+    assert sum(r.gpu_ms for r in records) + sum(sl[3] for seg in still_open.values() for sl in seg.slots) == tick_ms
+    assert (records, still_open) == interleaved(samples, allocations, "samples first")
 
 
 @pytest.mark.parametrize("order", ["allocations first", "samples first", "random 1", "random 2", "random 3"])
@@ -346,29 +377,23 @@ def test_records_do_not_depend_on_how_samples_and_allocations_interleave(order):
     records must be the same. (The samples clock used to count a tick's end: the 171-s node's tick
     then flushed its peers' windows before their ticks of the same time were read, and those were
     rejected as late.)"""
-    samples, allocations, tick_ms = mixed_interval_inputs()
+    assert_order_free(*mixed_interval_inputs(), order)
 
-    def run(order):
-        core = WorkerCore(TOPICS, partitions_gpu_samples=1, partitions_job_events=1, ledger=windowed(60))
-        rng = random.Random(order)
-        i = j = 0
-        outs = []
-        while i < len(samples) or j < len(allocations):
-            take_sample = j == len(allocations) or (i < len(samples) and (
-                order == "samples first" or (order.startswith("random") and rng.random() < 0.5)))
-            if take_sample:
-                outs += core.on_node(TOPICS.gpu_samples, 0, i, samples[i])
-                i += 1
-            else:
-                outs += core.on_node(TOPICS.node_allocations, 0, j, allocations[j])
-                j += 1
-        assert [o for o in outs if o.topic != TOPICS.usage] == []  # nothing late, nothing rejected
-        still_open = {uuid: seg for join in core.joins[0].nodes.values() for uuid, seg in join.segments.items()}
-        return sorted(usage_of(outs), key=lambda r: r.record_id), still_open  # no later sample flushes the last ones
 
-    records, still_open = run(order)
-    assert sum(r.gpu_ms for r in records) + sum(sl[3] for seg in still_open.values() for sl in seg.slots) == tick_ms
-    assert (records, still_open) == run("samples first")
+@st.composite
+def mixed_nodes(draw):
+    nodes = {}
+    for name in "abcd"[:draw(st.integers(2, 4))]:
+        interval = draw(st.sampled_from([1, 5, 10, 57, 114, 171, 300]))
+        begin = draw(st.integers(0, 1800))
+        nodes[name] = (interval, draw(st.integers(0, interval)), begin, draw(st.integers(begin + 1, 2400)))
+    return nodes
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nodes=mixed_nodes(), order=st.sampled_from(["allocations first", "random 1", "random 2"]))
+def test_records_do_not_depend_on_the_interleaving_for_any_sampling_intervals(nodes, order):
+    assert_order_free(*mixed_interval_inputs(nodes, until_s=2400), order)
 
 
 def test_open_segments_are_part_of_the_snapshot():
