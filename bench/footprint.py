@@ -116,8 +116,9 @@ def _warehouse_bytes(name: str, usage: list[bytes], messages) -> dict[str, dict]
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _attempts(records: list[dict]) -> set[tuple]:
-    return {(r.get("job_id"), r.get("attempt")) for r in records}
+def _held(records: list[dict], by: str) -> set[tuple]:
+    """The slots of a segment's records: (job, attempt), or (state, job) with `by="state"`."""
+    return {(r.get("job_id"), r.get("attempt")) if by == "holder" else (r["state"], r.get("job_id")) for r in records}
 
 
 def rows_breakdown(records: list[dict], gpu_hours: float, window_ms: int) -> dict:
@@ -135,9 +136,9 @@ def rows_breakdown(records: list[dict], gpu_hours: float, window_ms: int) -> dic
         slots += sum(len(segments[s]) - 1 for s in starts)
         for a, b in zip(starts, starts[1:]):
             before, after = segments[a], segments[b]
-            if _attempts(before) != _attempts(after):
+            if _held(before, "holder") != _held(after, "holder"):
                 cuts["holder"] += 1
-            elif {(r["state"], r.get("job_id")) for r in before} != {(r["state"], r.get("job_id")) for r in after}:
+            elif _held(before, "state") != _held(after, "state"):
                 cuts["state"] += 1
             else:
                 cuts["other"] += 1

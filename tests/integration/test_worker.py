@@ -8,6 +8,7 @@ from collections import defaultdict
 import pytest
 from confluent_kafka import Producer
 
+from gpuledger.embedded.broker import free_port
 from gpuledger.embedded.processes import ChildProcess, read_topic, wait_until_caught_up
 from gpuledger.schemas.models import (
     GpuAssignment,
@@ -133,15 +134,6 @@ def test_pipeline_attributes_every_gpu_second_and_bills_it(settings, tmp_path, t
     assert job_row["opportunity_cost"] == pytest.approx(10 / 3600)
 
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker_messages_in(port: int, topic: str) -> float:
     import re
     import urllib.request
@@ -179,7 +171,7 @@ def test_samples_far_ahead_of_the_lifecycle_wait_in_kafka_and_none_is_lost(broke
     on, and every GPU-second is billed once."""
     import time
 
-    port = _free_port()
+    port = free_port()
     settings = make_settings(kafka_bootstrap=broker.bootstrap, worker_samples_ahead_s=30.0, worker_metrics_port=port)
     create_topics(settings)
     t = settings.topics
