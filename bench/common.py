@@ -34,10 +34,12 @@ class Sizes:
     # join throughput / scale-out: simulated 8-GPU nodes x hours of event time, sampled every
     # join_interval_ms, each node's ticks sent join_ticks_per_message at a time (NodeTickBatch)
     join_nodes: int = knob("join_nodes", 48, 32)
-    join_hours: float = knob("join_hours", 0.25, 0.1)
+    # 45 minutes of event time: two workers need ~15 s for it; with 15 minutes (before 2026-12-02)
+    # their pass lasted ~5 s, of which the first watermark's and the last flush's hops were a tenth
+    join_hours: float = knob("join_hours", 0.75, 0.1)
     join_interval_ms: int = knob("join_interval_ms", 1000, 1000)
     join_ticks_per_message: int = knob("join_ticks_per_message", 10, 10)
-    join_repeats: int = knob("join_repeats", 2, 1)             # interleaved 1-worker / 2-worker passes
+    join_repeats: int = knob("join_repeats", 3, 1)             # interleaved 1-worker / 2-worker passes
     profile_nodes: int = knob("profile_nodes", 32, 16)          # worker pass under cProfile
     profile_hours: float = knob("profile_hours", 0.35, 0.25)
     core_ticks_hours: float = knob("core_hours", 0.1, 0.05)     # pure-core profile (16 nodes, join interval)

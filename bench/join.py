@@ -14,6 +14,8 @@ Method (per pass, fresh topics and consumer group):
    Throughput = batch GPU samples / (end - t0). Startup and group join are outside the window.
 The baseline reads the same topic (warm-up + batch) by assignment, from the first message it
 receives to the last, decoding every value with orjson (and counting its GPU samples).
+The floor (bench/floor.py) reads it through a Faust app built as the worker's that only parses:
+the highest ratio a worker on Faust could reach.
 """
 
 from __future__ import annotations
@@ -364,6 +366,9 @@ def run(bootstrap: str, scaleout: bool = True, broker_pid: int | None = None) ->
                         "interval_ms": INTERVAL_MS, "ticks_per_message": SIZES.join_ticks_per_message,
                         "messages": dict(batch.counts)},
     }
+    from bench import floor  # the same batch through a Faust app that only parses it: the ratio's ceiling
+
+    out.update(floor.run(bootstrap, batch))
     if scaleout:
         out["scaleout_samples_per_s_1"] = out["join_samples_per_s"]
         out["scaleout_samples_per_s_2"] = med(twos, "samples_per_s")
