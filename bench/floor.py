@@ -9,7 +9,7 @@ process is stopped while the batch's gpu-samples messages are published, and tim
 until it has seen them all (it writes the moment to a file). Its samples/s over the baseline's
 is the ceiling of `join_ratio` for a worker on Faust, whatever its accounting and decoding cost.
 
-    .venv/bin/python -m bench.floor          # a batch, the floor and the baseline, twice
+    .venv/bin/python -m bench.floor          # a batch, then the floor and the baseline, join_repeats times
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ def floor_app(settings: Settings, marks: list[int], report: Path):
     """The worker's Faust app with one agent that only reads and parses gpu-samples."""
     from gpuledger.streams.app import new_ledger_app
 
+    from bench.join import message_samples
+
+    (settings.data_dir / "floor").mkdir(parents=True, exist_ok=True)
     app = new_ledger_app(settings, settings.worker_app_id, str(settings.data_dir / "floor"),
                          topic_partitions=settings.partitions_gpu_samples, stream_buffer_maxsize=256)
     samples_topic = app.topic(settings.topics.gpu_samples, partitions=settings.partitions_gpu_samples,
@@ -49,9 +52,7 @@ def floor_app(settings: Settings, marks: list[int], report: Path):
     @app.agent(samples_topic, name="floor")
     async def floor(stream):
         async for value in stream:
-            message = orjson.loads(value)
-            seen["samples"] += (sum(len(t["gpus"]) for t in message["ticks"]) if "ticks" in message
-                                else len(message["gpus"]))
+            seen["samples"] += message_samples(orjson.loads(value))
             seen["messages"] += 1
             if todo and seen["messages"] >= todo[0]:
                 todo.pop(0)
@@ -126,15 +127,16 @@ def run(bootstrap: str, batch=None) -> dict:
     for rep in range(SIZES.join_repeats):
         floor = floor_pass(bootstrap, batch, f"floor{rep}")
         base = baseline(floor.pop("settings"), batch)
+        base["cpu_us_per_tick"] = 1e6 * base["cpu_s"] / batch.ticks
         say(f"floor: Faust + orjson only: {floor['samples_per_s']:,.0f} samples/s ({floor['cpu_us_per_tick']:.0f} us "
-            f"CPU/tick); baseline {base['samples_per_s']:,.0f} samples/s ({1e6 * base['cpu_s'] / batch.ticks:.0f} us "
+            f"CPU/tick); baseline {base['samples_per_s']:,.0f} samples/s ({base['cpu_us_per_tick']:.0f} us "
             f"CPU/tick): ratio {floor['samples_per_s'] / base['samples_per_s']:.3f}")
         floors.append(floor)
         bases.append(base)
     return {
         "join_floor_ratio": median([f["samples_per_s"] / b["samples_per_s"] for f, b in zip(floors, bases)]),
         "join_floor_cpu_us_per_tick": median([f["cpu_us_per_tick"] for f in floors]),
-        "join_floor_baseline_cpu_us_per_tick": median([1e6 * b["cpu_s"] / batch.ticks for b in bases]),
+        "join_floor_baseline_cpu_us_per_tick": median([b["cpu_us_per_tick"] for b in bases]),
         "join_floor_detail": {"floor_passes": floors, "baseline_passes": bases},
     }
 
@@ -143,9 +145,7 @@ def _serve() -> None:
     import faust
 
     marks = [int(x) for x in os.environ[MARKS_ENV].split(",")]
-    settings = Settings()
-    (settings.data_dir / "floor").mkdir(parents=True, exist_ok=True)
-    app = floor_app(settings, marks, Path(os.environ[REPORT_ENV]))
+    app = floor_app(Settings(), marks, Path(os.environ[REPORT_ENV]))
     faust.Worker(app, loglevel="info", quiet=True).execute_from_commandline()
 
 

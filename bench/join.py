@@ -42,6 +42,7 @@ from gpuledger.schemas.models import GpuSample, LifecycleWatermark, NodeTick
 from gpuledger.schemas.wire import encode
 from gpuledger.topics import create_topics
 
+from bench import floor
 from bench.common import SIZES, bench_settings, median, say, workdir
 
 INTERVAL_MS = SIZES.join_interval_ms
@@ -288,6 +289,11 @@ def worker_pass(bootstrap: str, batch: Batch, workers: int, name: str, profile_p
             p.stop()
 
 
+def message_samples(message: dict) -> int:
+    """GPU samples in a parsed gpu-samples message (a NodeTick or a NodeTickBatch)."""
+    return sum(len(t["gpus"]) for t in message["ticks"]) if "ticks" in message else len(message["gpus"])
+
+
 async def _aiokafka_read(bootstrap: str, topic: str, expected: int) -> tuple[float, int, int]:
     from aiokafka import AIOKafkaConsumer, TopicPartition as ATP
 
@@ -308,8 +314,7 @@ async def _aiokafka_read(bootstrap: str, topic: str, expected: int) -> tuple[flo
                 if first is None:
                     first, cpu0 = time.perf_counter(), time.process_time()
                 for r in records:
-                    message = orjson.loads(r.value)
-                    gpus += sum(len(t["gpus"]) for t in message["ticks"]) if "ticks" in message else len(message["gpus"])
+                    gpus += message_samples(orjson.loads(r.value))
                     n += 1
         return time.perf_counter() - first, time.process_time() - cpu0, n, gpus
     finally:
@@ -366,9 +371,7 @@ def run(bootstrap: str, scaleout: bool = True, broker_pid: int | None = None) ->
                         "interval_ms": INTERVAL_MS, "ticks_per_message": SIZES.join_ticks_per_message,
                         "messages": dict(batch.counts)},
     }
-    from bench import floor  # the same batch through a Faust app that only parses it: the ratio's ceiling
-
-    out.update(floor.run(bootstrap, batch))
+    out.update(floor.run(bootstrap, batch))  # the same batch through a Faust app that only parses it
     if scaleout:
         out["scaleout_samples_per_s_1"] = out["join_samples_per_s"]
         out["scaleout_samples_per_s_2"] = med(twos, "samples_per_s")
