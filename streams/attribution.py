@@ -227,6 +227,32 @@ class RecordMaker:
             }
         return template
 
+    def whole(self, gpu: Gpu, holders: list[Holder], start_ms: int, end_ms: int, energy_j: float) -> tuple | None:
+        """`pieces` of a GPU in one state for the whole stretch (`_whole`: down, free, or held whole by
+        one attempt), without building them: (template, state, holder, util, memory, energy_j, cost,
+        effective GPU-ms) of its one slot, whose gpu_ms is the duration. None: a shared GPU or an empty
+        stretch (`pieces` tells which). The worker's hot path extends open segments with it."""
+        duration = end_ms - start_ms
+        if duration <= 0:
+            return None
+        whole = _whole(gpu, holders)
+        if whole is None:
+            return None
+        template, cost, energy_j, coefficient = self._priced(gpu, start_ms, duration, energy_j)
+        state, holder, util, mem = whole
+        return (template, state, holder, util, mem, energy_j * duration / duration, cost,
+                round(duration * coefficient))
+
+    def _priced(self, gpu: Gpu, start_ms: int, duration: int, energy_j: float) -> tuple[dict, int, float, float]:
+        """(record template, the whole GPU's cost, its energy made believable, coefficient) of a stretch."""
+        price, coef = self.entries(gpu.model, start_ms)
+        cost = self.ledger.entry_cost_micros(price, gpu.model, duration, energy_j)
+        # the join caps energy at the card's power limit; this is the backstop of pricing.py (no GPU draws
+        # more than MAX_POWER_W), so a record's energy is always a finite, believable number
+        most = MAX_POWER_W * duration / 1000.0
+        energy_j = float(energy_j) if 0.0 <= energy_j <= most else (most if energy_j > 0 else 0.0)
+        return self._template(gpu, coef, price), cost, energy_j, coef.coefficient
+
     def pieces(self, gpu: Gpu, holders: list[Holder], start_ms: int, end_ms: int,
                energy_j: float) -> tuple[dict, list[Piece]] | None:
         """How one GPU's [start_ms, end_ms) splits, given the attempts holding it: the record template
@@ -236,21 +262,12 @@ class RecordMaker:
         duration = end_ms - start_ms
         if duration <= 0:
             return None
-        ledger = self.ledger
-        price, coef = self.entries(gpu.model, start_ms)
-        cost = ledger.entry_cost_micros(price, gpu.model, duration, energy_j)
-        template = self._template(gpu, coef, price)
-        coefficient = coef.coefficient
-        # the join caps energy at the card's power limit; this is the backstop of pricing.py (no GPU draws
-        # more than MAX_POWER_W), so a record's energy is always a finite, believable number
-        most = MAX_POWER_W * duration / 1000.0
-        energy_j = float(energy_j) if 0.0 <= energy_j <= most else (most if energy_j > 0 else 0.0)
-        whole = _whole(gpu, holders)
+        whole = self.whole(gpu, holders, start_ms, end_ms, energy_j)
         if whole is not None:
-            state, holder, util, mem = whole
-            return template, [Piece(state, holder, 1000, util, mem, duration, energy_j * duration / duration, cost,
-                                    round(duration * coefficient))]
-        slices = _shared_slices(gpu, holders, ledger.definitions)
+            template, state, holder, util, mem, energy, cost, effective = whole
+            return template, [Piece(state, holder, 1000, util, mem, duration, energy, cost, effective)]
+        template, cost, energy_j, coefficient = self._priced(gpu, start_ms, duration, energy_j)
+        slices = _shared_slices(gpu, holders, self.ledger.definitions)
         gpu_ms = split_integer(duration, [s.weight for s in slices])
         costs = split_integer(cost, gpu_ms)
         return template, [Piece(piece.state, piece.holder, round(piece.weight / 1000), piece.util_pct,

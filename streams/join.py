@@ -396,13 +396,17 @@ class NodeJoin:
                         holders = self.judge.judge(gpu, holders, seg_start, definitions)
                     elif gpu.health is GpuHealth.ok and _busy(gpu, definitions.execution_util_floor_pct):
                         self._count("busy_unallocated_gpu_seconds", (seg_end - seg_start) / 1000)
+                    uuid = gpu.gpu_uuid
+                    seg = segments.get(uuid)
+                    if seg is not None:  # the usual case first: a GPU in one state, continuing its segment
+                        whole = maker.whole(gpu, holders, seg_start, seg_end, energy * share)
+                        if whole is not None and seg.extend(whole, metric, seg_start, seg_end, tick.ts_ms):
+                            continue
                     made = maker.pieces(gpu, holders, seg_start, seg_end, energy * share)
                     if made is None:
                         continue
                     template, pieces = made
-                    uuid = gpu.gpu_uuid
                     key = piece_key(template, pieces)
-                    seg = segments.get(uuid)
                     if seg is not None:
                         if seg.end_ms == seg_start and seg_start < seg.window_end_ms and seg.key == key:
                             seg.add(pieces, metric, seg_start, seg_end, tick.ts_ms)

@@ -48,6 +48,25 @@ def new_slot(p: Piece, metric, duration: int) -> list:
             0 if mem is None else mem * duration]
 
 
+def _add_to_slot(sl: list, share_milli: int, g: int, energy: float, cost: int, effective: int, util, mem,
+                 duration: int, metric) -> None:
+    """Add one piece (gpu_ms g of a stretch of `duration`) to a segment slot's sums."""
+    sl[2] += share_milli * duration
+    sl[3] += g
+    sl[4] += energy
+    sl[5] += cost
+    sl[6] += effective
+    if util is not None:
+        m = metric(util)
+        sl[10] += util * g
+        sl[11] += m * g
+        sl[13] += util * duration
+        sl[14] += m * duration
+    if mem is not None:
+        sl[12] += mem * g
+        sl[15] += mem * duration
+
+
 @dataclass(slots=True)
 class Segment:
     """One GPU's open segment: consecutive pieces of closed ticks with the same key, summed."""
@@ -65,23 +84,32 @@ class Segment:
     def add(self, pieces: list[Piece], metric, start_ms: int, end_ms: int, tick_ms: int) -> None:
         duration = end_ms - start_ms
         for sl, p in zip(self.slots, pieces):
-            g = p.gpu_ms
-            sl[2] += p.share_milli * duration
-            sl[3] += g
-            sl[4] += p.energy_j
-            sl[5] += p.cost_micros
-            sl[6] += p.effective_gpu_ms
-            util = p.util_pct
-            if util is not None:
-                m = metric(util)
-                sl[10] += util * g
-                sl[11] += m * g
-                sl[13] += util * duration
-                sl[14] += m * duration
-            mem = p.mem_used_bytes
-            if mem is not None:
-                sl[12] += mem * g
-                sl[15] += mem * duration
+            _add_to_slot(sl, p.share_milli, p.gpu_ms, p.energy_j, p.cost_micros, p.effective_gpu_ms, p.util_pct,
+                         p.mem_used_bytes, duration, metric)
+        self._extended(end_ms, tick_ms)
+
+    def extend(self, whole: tuple, metric, start_ms: int, end_ms: int, tick_ms: int) -> bool:
+        """Add a whole-GPU stretch (`RecordMaker.whole`) if it continues this segment: it starts at the
+        segment's end, inside its window, with the segment's template (the same object) and the key of
+        its one slot (state, holder, what is measured). False: nothing added, and the caller takes the
+        general path (`pieces`, `piece_key`, `add`), which gives the same sums. The worker's hot path:
+        no pieces, no key built."""
+        template, state, holder, util, mem, energy, cost, effective = whole
+        if self.end_ms != start_ms or start_ms >= self.window_end_ms or template is not self.template:
+            return False
+        slots = self.key[4]
+        if len(slots) != 1:
+            return False
+        key_state, key_holder, no_util, no_mem = slots[0]
+        if key_state != state or no_util != (util is None) or no_mem != (mem is None) or \
+                not (key_holder is holder or key_holder == holder):
+            return False
+        duration = end_ms - start_ms
+        _add_to_slot(self.slots[0], 1000, duration, energy, cost, effective, util, mem, duration, metric)
+        self._extended(end_ms, tick_ms)
+        return True
+
+    def _extended(self, end_ms: int, tick_ms: int) -> None:
         self.end_ms = end_ms
         self.pieces += 1
         if tick_ms != self.last_tick_ms:

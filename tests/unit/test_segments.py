@@ -12,6 +12,7 @@ from collections import Counter, defaultdict
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
+from unittest.mock import patch
 
 import orjson
 import pytest
@@ -31,6 +32,7 @@ from gpuledger.schemas.models import (
 )
 from gpuledger.schemas.wire import decode, encode, encode_node_ticks
 from gpuledger.streams.join import NodeJoin
+from gpuledger.streams.segments import Segment
 from gpuledger.streams.pricing import LedgerConfigError, parse_ledger_config
 
 UNIT_LEDGER = Path(__file__).parents[1] / "fixtures" / "unit_ledger.toml"  # never the shipped defaults
@@ -187,6 +189,36 @@ def test_bills_from_segments_equal_bills_from_per_tick_records(scenario, window_
     # a segment stays in the window it starts in, but for the tail of the tick that crosses its end
     w = window_s * S
     assert all(r["end_ms"] <= (r["start_ms"] // w + 1) * w + longest for r in segments)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.sampled_from([60, 10, 3600]), st.sampled_from(["measured", "allocation"]),
+       st.sampled_from(["both", "events"]))
+def test_the_hot_path_gives_the_records_of_the_general_path(scenario, window_s, split, source):
+    """`Segment.extend` (a whole GPU continuing its segment: no pieces, no key built) adds exactly
+    what `pieces`, `piece_key` and `add` would: the same records, field by field, floats included."""
+    ticks, changes, closes = scenario
+    d = replace(PER_TICK.definitions, shared_split=split, execution_source=source, execution_min_idle_s=20.0)
+    ledger = replace(windowed(window_s), definitions=d)
+    fast = run_join(ticks, changes, ledger, closes)
+    with patch.object(Segment, "extend", lambda *args: False):
+        general = run_join(ticks, changes, ledger, closes)
+    assert fast == general
+
+
+def test_a_steady_gpu_takes_the_hot_path():
+    extended = []
+    original = Segment.extend
+
+    def spy(*args):
+        extended.append(original(*args))
+        return extended[-1]
+
+    ticks = steady_ticks(10)
+    with patch.object(Segment, "extend", spy):
+        records = run_join(ticks, [], windowed(60))
+    assert len(records) == 10
+    assert extended.count(True) == len(ticks) - len(records)  # every tick but a window's first
 
 
 # --------------------------------------------------------------------------- worked examples
