@@ -179,6 +179,12 @@ def _shared_slices(gpu: Gpu, holders: list[Holder], d: Definitions) -> list[Slic
     return slices
 
 
+def whole_pieces(whole: tuple, duration: int) -> tuple[dict, list[Piece]]:
+    """`RecordMaker.pieces` of a stretch that `RecordMaker.whole` gave: its template and its one Piece."""
+    template, state, holder, util, mem, energy, cost, effective = whole
+    return template, [Piece(state, holder, 1000, util, mem, duration, energy, cost, effective)]
+
+
 class RecordMaker:
     """Usage records of one node's GPUs. What every record of a GPU shares (cluster, node, model,
     coefficient entry, definition version) goes into a template made once per GPU and coefficient
@@ -231,7 +237,7 @@ class RecordMaker:
         """`pieces` of a GPU in one state for the whole stretch (`_whole`: down, free, or held whole by
         one attempt), without building them: (template, state, holder, util, memory, energy_j, cost,
         effective GPU-ms) of its one slot, whose gpu_ms is the duration. None: a shared GPU or an empty
-        stretch (`pieces` tells which). The worker's hot path extends open segments with it."""
+        stretch (`shared_pieces` tells which). The worker's hot path extends open segments with it."""
         duration = end_ms - start_ms
         if duration <= 0:
             return None
@@ -259,13 +265,17 @@ class RecordMaker:
         (cluster, node, model, coefficient and price entries) and one Piece per slot, whose gpu_ms add
         up to the duration and whose costs to the GPU's cost for it. None for an empty stretch. The
         node join adds the pieces of consecutive ticks up into segments (streams/join.py)."""
+        whole = self.whole(gpu, holders, start_ms, end_ms, energy_j)
+        if whole is not None:
+            return whole_pieces(whole, end_ms - start_ms)
+        return self.shared_pieces(gpu, holders, start_ms, end_ms, energy_j)
+
+    def shared_pieces(self, gpu: Gpu, holders: list[Holder], start_ms: int, end_ms: int,
+                      energy_j: float) -> tuple[dict, list[Piece]] | None:
+        """`pieces` of a stretch that `whole` does not cover (a shared GPU); None for an empty one."""
         duration = end_ms - start_ms
         if duration <= 0:
             return None
-        whole = self.whole(gpu, holders, start_ms, end_ms, energy_j)
-        if whole is not None:
-            template, state, holder, util, mem, energy, cost, effective = whole
-            return template, [Piece(state, holder, 1000, util, mem, duration, energy, cost, effective)]
         template, cost, energy_j, coefficient = self._priced(gpu, start_ms, duration, energy_j)
         slices = _shared_slices(gpu, holders, self.ledger.definitions)
         gpu_ms = split_integer(duration, [s.weight for s in slices])

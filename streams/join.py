@@ -53,7 +53,7 @@ from gpuledger.schemas.models import (
     MeteredTick,
     NodeTick,
 )
-from gpuledger.streams.attribution import Holder, RecordMaker, whole_gpu_util
+from gpuledger.streams.attribution import Holder, RecordMaker, whole_gpu_util, whole_pieces
 from gpuledger.streams.checks import DAY_MS, MIN_EVENT_MS, time_problem  # noqa: F401 (re-exported)
 from gpuledger.streams.execution import ExecutionJudge
 from gpuledger.streams.pricing import LedgerConfig
@@ -398,13 +398,15 @@ class NodeJoin:
                         self._count("busy_unallocated_gpu_seconds", (seg_end - seg_start) / 1000)
                     uuid = gpu.gpu_uuid
                     seg = segments.get(uuid)
-                    if seg is not None:  # the usual case first: a GPU in one state, continuing its segment
-                        whole = maker.whole(gpu, holders, seg_start, seg_end, energy * share)
-                        if whole is not None and seg.extend(whole, metric, seg_start, seg_end, tick.ts_ms):
+                    whole = maker.whole(gpu, holders, seg_start, seg_end, energy * share)
+                    if whole is None:  # a shared GPU
+                        made = maker.shared_pieces(gpu, holders, seg_start, seg_end, energy * share)
+                        if made is None:
                             continue
-                    made = maker.pieces(gpu, holders, seg_start, seg_end, energy * share)
-                    if made is None:
-                        continue
+                    elif seg is not None and seg.extend(whole, metric, seg_start, seg_end, tick.ts_ms):
+                        continue  # the usual case: a GPU in one state, continuing its segment
+                    else:
+                        made = whole_pieces(whole, seg_end - seg_start)
                     template, pieces = made
                     key = piece_key(template, pieces)
                     if seg is not None:

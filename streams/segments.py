@@ -92,7 +92,7 @@ class Segment:
         """Add a whole-GPU stretch (`RecordMaker.whole`) if it continues this segment: it starts at the
         segment's end, inside its window, with the segment's template (the same object) and the key of
         its one slot (state, holder, what is measured). False: nothing added, and the caller takes the
-        general path (`pieces`, `piece_key`, `add`), which gives the same sums. The worker's hot path:
+        general path (the stretch's pieces, `piece_key`, `add`), which gives the same sums. The hot path:
         no pieces, no key built."""
         template, state, holder, util, mem, energy, cost, effective = whole
         if self.end_ms != start_ms or start_ms >= self.window_end_ms or template is not self.template:
