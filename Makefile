@@ -35,7 +35,7 @@ chaos: $(STAMP) ## fault-injection suite: kill -9 worker/sink, freeze broker, cu
 slurm-check: $(STAMP) ## real Slurm 22.05 cluster (4 fake 8-GPU nodes) + Slurm agent + pipeline: ledger GPU-seconds, outcomes, attempts vs sacct (~2.5 min; docs/slurm.md)
 	$(BIN)/python -m pytest -q -s -m slurm tests/slurm
 
-bench: $(STAMP) ## run every benchmark (~11 min; GPULEDGER_BENCH_QUICK=1 for a ~4 min smoke run), print a table, write bench/results.json
+bench: $(STAMP) ## run every benchmark (~30 min on 2 cores; GPULEDGER_BENCH_QUICK=1 for a ~4 min smoke run), print a table, write bench/results.json
 	$(BIN)/python -m bench.run
 
 superset-check: $(STAMP) ## Superset end to end: import the dashboards, compare chart numbers with the reports, screenshots

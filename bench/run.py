@@ -1,6 +1,6 @@
 """`make bench`: every benchmark, a table, and bench/results.json.
 
-    .venv/bin/python -m bench.run                       # full run (~11 min on 2 cores)
+    .venv/bin/python -m bench.run                       # full run (~30 min on 2 cores)
     GPULEDGER_BENCH_QUICK=1 .venv/bin/python -m bench.run   # smoke run (~4 min), smaller sizes
     .venv/bin/python -m bench.run --only join,agent     # some stages (core, agent, join, profile, e2e, warehouse, footprint)
 
