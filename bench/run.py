@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.run                       # full run (~30 min on 2 cores)
     GPULEDGER_BENCH_QUICK=1 .venv/bin/python -m bench.run   # smoke run (~4 min), smaller sizes
-    .venv/bin/python -m bench.run --only join,agent     # some stages (core, agent, join, profile, e2e, warehouse, footprint)
+    .venv/bin/python -m bench.run --only join,agent     # some stages (core, agent, join, profile, e2e, warehouse, footprint, queries)
 
 Sizes can be set one by one with GPULEDGER_BENCH_<NAME> (see bench/common.py: Sizes).
 Scratch data (logs, profiles, chDB directories) goes to GPULEDGER_BENCH_DIR (default
