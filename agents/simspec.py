@@ -111,6 +111,9 @@ class SimSpec:
     watermark_every_ms: int = 10_000
     seed: int = 7
     rates: SimRates = SimRates()
+    #: the nodes' names, one per node (empty: "<cluster>-nodeNN"); the join benchmark picks names that
+    #: spread evenly over the gpu-samples partitions (bench/join.py `balanced_node_names`)
+    node_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         problems = []
@@ -138,6 +141,9 @@ class SimSpec:
                 problems.append(f"{name} must be > 0")
         if not 0 < self.sample_interval_ms <= 3_600_000:
             problems.append("sample_interval_ms must be within (0, 3600000]")
+        if self.node_names and (len(self.node_names) != self.nodes or len(set(self.node_names)) != self.nodes
+                                or not all(self.node_names)):
+            problems.append(f"node_names must be {self.nodes} distinct non-empty names, got {len(self.node_names)}")
         if problems:
             raise ValueError("invalid SimSpec: " + "; ".join(problems))
 
@@ -150,7 +156,7 @@ class SimSpec:
         return self.nodes * self.gpus_per_node
 
     def node_name(self, i: int) -> str:
-        return f"{self.cluster}-node{i:02d}"
+        return self.node_names[i] if self.node_names else f"{self.cluster}-node{i:02d}"
 
     def node_model(self, i: int) -> str:
         return self.node_models[i % len(self.node_models)]

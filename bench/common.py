@@ -55,6 +55,8 @@ class Sizes:
 
 
 SIZES = Sizes()
+#: gpu-samples partitions of every benchmark topic set (two workers get four each)
+SAMPLE_PARTITIONS = 8
 REBALANCE_TIMEOUT_S = 4.0   # Tansu holds a group join for about half of it
 
 
@@ -79,7 +81,7 @@ def bench_settings(bootstrap: str, name: str, **overrides) -> Settings:
         worker_app_id=f"bench-{tag}",
         data_dir=workdir() / tag,
         worker_rebalance_timeout_s=REBALANCE_TIMEOUT_S,
-        partitions_gpu_samples=8,
+        partitions_gpu_samples=SAMPLE_PARTITIONS,
         partitions_job_events=4,
         partitions_usage=8,
     )

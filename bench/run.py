@@ -81,6 +81,13 @@ def table(results: dict) -> str:
     if j:
         lines.append(f"  join workload: {j['ticks']:,} ticks of 8-GPU nodes at {j['interval_ms']} ms, "
                      f"{j['ticks_per_message']} ticks per message ({j['tick_bytes']:,.0f} B per tick)")
+        twos = j.get("two_worker_passes")
+        if twos:
+            per_pass = ", ".join(f"{t['samples_per_s'] / o['samples_per_s']:.2f}"
+                                 for o, t in zip(j["one_worker_passes"], twos))
+            each = "; ".join(" + ".join(f"{c:.1f}" for c in t.get("worker_cpu_s_each", ())) for t in twos)
+            lines.append(f"  2 workers / 1 per pass: {per_pass}; CPU s of the two workers per pass: {each}; "
+                         f"nodes per gpu-samples partition: {[n for _, n in j.get('nodes_per_partition', [])]}")
     rows = results.get("footprint_scaling")
     if rows:
         lines.append("  footprint (5 s sampling, 60-s segments): GPUs | worker CPU us/sample | usage rows/GPU-h | "

@@ -305,3 +305,12 @@ def test_invalid_spec_is_rejected_with_reasons():
         SimSpec(node_models=("B300",))
     with pytest.raises(ValueError, match="hours must be > 0"):
         SimSpec(hours=0)
+    with pytest.raises(ValueError, match="node_names must be 2 distinct non-empty names"):
+        SimSpec(nodes=2, node_names=("a", "a"))
+
+
+def test_named_nodes_send_their_ticks_and_hold_their_jobs_gpus():
+    names = ("rack1-a", "rack7-b")
+    run = list(simulate(SimSpec(nodes=2, gpus_per_node=2, hours=1.0, seed=11, node_names=names)))
+    assert {t.node for t in ticks(run)} == set(names)
+    assert {g.node for ev in job_events(run) for g in ev.gpus} <= set(names)
