@@ -59,6 +59,7 @@ class Batch:
     ticks: int
     samples: int
     start_ms: int
+    nodes: tuple[str, ...] = ()
 
     @property
     def counts(self) -> Counter:
@@ -96,8 +97,8 @@ def balanced_node_names(nodes: int, partitions: int = SAMPLE_PARTITIONS, cluster
 def make_batch(nodes: int, hours: float, job_partitions: int = 4, start_ms: int = DEFAULT_START_MS) -> Batch:
     """The measured batch: `nodes` simulated 8-GPU nodes, spread evenly over the gpu-samples partitions."""
     messages, ticks, samples = [], 0, 0
-    spec = SimSpec(nodes=nodes, hours=hours, start_ms=start_ms, sample_interval_ms=INTERVAL_MS,
-                   node_names=balanced_node_names(nodes))
+    names = balanced_node_names(nodes)
+    spec = SimSpec(nodes=nodes, hours=hours, start_ms=start_ms, sample_interval_ms=INTERVAL_MS, node_names=names)
     for e in batch_ticks(simulate(spec), SIZES.join_ticks_per_message):
         if e.line == LINE_SAMPLES:
             node_ticks = getattr(e.message, "ticks", [e.message])
@@ -110,7 +111,7 @@ def make_batch(nodes: int, hours: float, job_partitions: int = 4, start_ms: int 
                 messages.extend((e.line, None, value, p) for p in range(job_partitions))
             else:
                 messages.append((e.line, e.key.encode(), value, None))
-    return Batch(messages, ticks, samples, start_ms)
+    return Batch(messages, ticks, samples, start_ms, names)
 
 
 def warmup_messages(start_ms: int, job_partitions: int) -> list:
@@ -403,8 +404,7 @@ def run(bootstrap: str, scaleout: bool = True, broker_pid: int | None = None) ->
                         "gpus_per_tick": 8, "ticks": batch.ticks, "samples": batch.samples, "cpus": os.cpu_count(),
                         "interval_ms": INTERVAL_MS, "ticks_per_message": SIZES.join_ticks_per_message,
                         "messages": dict(batch.counts),
-                        "nodes_per_partition": sorted(Counter(sample_partition(n) for n in
-                                                              balanced_node_names(SIZES.join_nodes)).items())},
+                        "nodes_per_partition": sorted(Counter(map(sample_partition, batch.nodes)).items())},
     }
     out.update(floor.run(bootstrap, batch))  # the same batch through a Faust app that only parses it
     if scaleout:
