@@ -11,6 +11,18 @@ const { chromium } = require("playwright-core");
 const [base, user, password, outDir, ...slugs] = process.argv.slice(2);
 const executablePath = process.env.CHROMIUM || "/usr/bin/chromium";
 
+// every chart holder has finished loading (no spinner inside any of them), then echarts' entry animation
+async function waitForCharts(page) {
+  await page.waitForFunction(() => {
+    const holders = document.querySelectorAll(".dashboard-component-chart-holder");
+    if (!holders.length) return false;
+    return Array.from(holders).every((h) => !h.querySelector(".loading, [data-test='loading-indicator']")
+      && (h.querySelector("canvas, svg, table, .superset-legacy-chart-big-number, .big_number_total, .header-line")
+          || h.innerText.trim().length > 0));
+  }, null, { timeout: 120000, polling: 500 });
+  await page.waitForTimeout(1500);
+}
+
 (async () => {
   const browser = await chromium.launch({
     executablePath,
@@ -19,7 +31,8 @@ const executablePath = process.env.CHROMIUM || "/usr/bin/chromium";
            "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"],
   });
   try {
-    const page = await browser.newPage({ viewport: { width: 1600, height: 1200 } });
+    const viewport = { width: 1600, height: 1200 };
+    const page = await browser.newPage({ viewport });
     await page.goto(`${base}/login/`, { waitUntil: "domcontentloaded" });
     await page.fill("input[name=username], #username", user);
     await page.fill("input[name=password], #password", password);
@@ -29,17 +42,18 @@ const executablePath = process.env.CHROMIUM || "/usr/bin/chromium";
       page.keyboard.press("Enter"),
     ]);
     for (const slug of slugs) {
+      await page.setViewportSize(viewport); // each dashboard from the same size (the last one grew it)
       await page.goto(`${base}/superset/dashboard/${slug}/?standalone=1`, { waitUntil: "domcontentloaded" });
       await page.waitForSelector(".dashboard-component-chart-holder", { timeout: 90000 });
-      // every chart holder has finished loading: no spinner inside any of them
-      await page.waitForFunction(() => {
-        const holders = document.querySelectorAll(".dashboard-component-chart-holder");
-        if (!holders.length) return false;
-        return Array.from(holders).every((h) => !h.querySelector(".loading, [data-test='loading-indicator']")
-          && (h.querySelector("canvas, svg, table, .superset-legacy-chart-big-number, .big_number_total, .header-line")
-              || h.innerText.trim().length > 0));
-      }, null, { timeout: 120000, polling: 500 });
-      await page.waitForTimeout(1500); // let echarts finish its entry animation
+      await waitForCharts(page);
+      // A full-page screenshot grows the viewport to the page, and Superset lays the grid out again
+      // (charts outside the old viewport mount, the others resize): a shot taken during that showed an
+      // empty grid. So grow the viewport first and wait for every chart again; the shot then resizes nothing.
+      const height = await page.evaluate(() => document.documentElement.scrollHeight);
+      if (height > viewport.height) {
+        await page.setViewportSize({ width: viewport.width, height });
+        await waitForCharts(page);
+      }
       const info = await page.evaluate(() => {
         const holders = Array.from(document.querySelectorAll(".dashboard-component-chart-holder"));
         const errors = holders.flatMap((h) => Array.from(h.querySelectorAll(".alert, [role=alert], .error-message"))
