@@ -5,7 +5,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test test-unit chaos slurm-check bench schemas superset-check clean
+.PHONY: help install demo test test-unit chaos slurm-check bench bench-profile schemas superset-check clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
@@ -37,6 +37,10 @@ slurm-check: $(STAMP) ## real Slurm 22.05 cluster (4 fake 8-GPU nodes) + Slurm a
 
 bench: $(STAMP) ## run every benchmark (~30 min on 2 cores; GPULEDGER_BENCH_QUICK=1 for a ~4 min smoke run), print a table, write bench/results.json
 	$(BIN)/python -m bench.run
+
+bench-profile: $(STAMP) ## where one worker's CPU goes in a join pass, sampled with py-spy (~2 min; installs py-spy)
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q -e '.[profile]'
+	$(BIN)/python -m bench.spy
 
 superset-check: $(STAMP) ## Superset end to end: import the dashboards, compare chart numbers with the reports, screenshots
 	scripts/superset_check.sh

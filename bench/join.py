@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import orjson
@@ -239,9 +240,10 @@ def peak_rss_mb(pid: int | None) -> float:
 
 
 def worker_pass(bootstrap: str, batch: Batch, workers: int, name: str, profile_path=None,
-                broker_pid: int | None = None) -> dict:
+                broker_pid: int | None = None, observe=None) -> dict:
     """Samples/s of `workers` worker processes over the batch (see the module docstring).
-    With `profile_path`, the (single) worker runs under cProfile (slower: not a throughput figure)."""
+    With `profile_path`, the (single) worker runs under cProfile (slower: not a throughput figure).
+    `observe(pids)`: a context manager entered from SIGCONT until the lag is 0 (bench/spy.py)."""
     s = bench_settings(bootstrap, name)
     create_topics(s)
     logs = workdir() / "logs"
@@ -279,7 +281,8 @@ def worker_pass(bootstrap: str, batch: Batch, workers: int, name: str, profile_p
                 p.proc.send_signal(signal.SIGCONT)
         t0 = time.time()
         cpu0 = [cpu_seconds(p.proc.pid) for p in procs] + [cpu_seconds(broker_pid)]
-        lag_zero_at = _wait_lag_zero(s, procs, timeout_s=1800, poll_s=1.0)
+        with observe([p.proc.pid for p in procs]) if observe else nullcontext():
+            lag_zero_at = _wait_lag_zero(s, procs, timeout_s=1800, poll_s=1.0)
         expected = batch.samples * INTERVAL_MS
         for _ in range(20):
             usage = read_usage_since(s, starts)
