@@ -106,10 +106,8 @@ def parts_per_tick(grouped: dict, worker_cpu_us_per_tick: float, join_ratio: flo
     rows = []
     for name in [p for p, _ in PARTS] + [SHELL]:
         share = grouped["parts"].get(name, 0) / total if total else 0.0
-        us = share * worker_cpu_us_per_tick
-        rest = worker_cpu_us_per_tick - us
-        rows.append({"part": name, "share": share, "cpu_us_per_tick": us,
-                     "ratio_without_it": join_ratio * worker_cpu_us_per_tick / rest if rest > 0 else float("inf")})
+        rows.append({"part": name, "share": share, "cpu_us_per_tick": share * worker_cpu_us_per_tick,
+                     "ratio_without_it": ratio_without(grouped, join_ratio, [name])})
     return rows
 
 
