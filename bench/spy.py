@@ -5,8 +5,8 @@ cProfile (`bench.join --profile`) times every Python call, which inflates the ma
 of the accounting and cannot see inside pydantic-core or the time the cyclic collector takes
 in the middle of an allocation. A sampling profiler does neither: py-spy reads the process's
 stacks from outside (`--nonblocking`: without pausing it) a few hundred times a second. Each
-sample is put in one part of the work by the ledger function it was under (the first that
-matches, from the top of the stack down), else by the code running (the Kafka shell):
+sample is put in one part of the work by a ledger function on its stack (`PARTS`, in their
+order), else in the Kafka shell, by the code running:
 
     .venv/bin/pip install 'py-spy>=0.4'     # or: make bench-profile (installs it and runs this)
     .venv/bin/python -m bench.spy            # prints the parts, writes $GPULEDGER_BENCH_DIR/spy.json
@@ -84,11 +84,12 @@ def group_samples(lines) -> dict:
             parts[SHELL] += n
             shell["native (no Python frame)"] += n
             continue
-        functions = [frame_function(f)[0] for f in stack.split(";")]
+        frames = [frame_function(f) for f in stack.split(";")]
+        functions = [function for function, _ in frames]
         part = next((name for name, names in PARTS if any(f in names for f in functions)), None)
         if part is None:
             parts[SHELL] += n
-            shell[shell_package(frame_function(stack.split(";")[-1])[1])] += n
+            shell[shell_package(frames[-1][1])] += n
         else:
             parts[part] += n
     return {"samples": total, "parts": dict(parts), "shell": dict(shell)}
@@ -123,10 +124,11 @@ def py_spy() -> str:
 @contextmanager
 def sampled(pids: list[int], out_dir: Path, rate_hz: int = 250):
     """py-spy recording each pid (raw collapsed stacks, one file each) while the block runs."""
+    exe = py_spy()
     spies = []
     for i, pid in enumerate(pids):
         err = open(out_dir / f"spy{i}.err", "wb")
-        spies.append((subprocess.Popen([py_spy(), "record", "--pid", str(pid), "--rate", str(rate_hz), "--format",
+        spies.append((subprocess.Popen([exe, "record", "--pid", str(pid), "--rate", str(rate_hz), "--format",
                                         "raw", "--nonblocking", "-o", str(out_dir / f"spy{i}.txt")],
                                        stdout=subprocess.DEVNULL, stderr=err), err))
     try:
