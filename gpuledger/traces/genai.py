@@ -173,7 +173,6 @@ def convert_genai(
         span = stretches.setdefault((t.pod, t.attempt), [t.ts_ms, t.ts_ms + t.interval_ms])
         span[1] = t.ts_ms + t.interval_ms
     for (pod, attempt), (start, end) in sorted(stretches.items()):
-        gpus = [GpuAssignment(node=pod, gpu_uuid=uuids[pod], share_milli=1000, container_id=pod)]
         for kind, ts, with_gpus in ((JobEventKind.allocated, start, True), (JobEventKind.started, start, False),
                                     (JobEventKind.completed, end, False)):
             items.append((ts, ORDER_LIFECYCLE, KIND_ORDER[kind], (pod, attempt), ("event", pod, attempt, kind, with_gpus)))

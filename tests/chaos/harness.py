@@ -398,7 +398,7 @@ class Poison:
             try:
                 left = self.producer.flush(max(1.0, deadline - time.monotonic()))
                 break
-            except (SystemError, KafkaException) as exc:  # see ReplayPublisher.flush
+            except (SystemError, KafkaException):  # see ReplayPublisher.flush
                 if time.monotonic() >= deadline:
                     raise
                 time.sleep(1)
