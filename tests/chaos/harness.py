@@ -188,24 +188,28 @@ class ReplayPublisher:
     def poll(self):
         try:
             return self.producer.poll(0)
-        except (SystemError, KafkaException) as exc:  # see flush
+        except (SystemError, KafkaException) as exc:  # see flush_patiently
             print(f"[chaos] replay poll raised {type(exc).__name__}: {exc}", flush=True)
             return 0
 
     def flush(self, timeout: float = 600) -> int:
-        """flush(), asked again when it raises instead of answering: confluent-kafka's flush can raise
-        a SystemError ("exception <class 'str'> is not a BaseException subclass") while every
-        connection is cut; the messages are still queued (message.timeout.ms=0), and a delivery that
-        really failed is in `errors`."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                return self.producer.flush(max(1.0, deadline - time.monotonic()))
-            except (SystemError, KafkaException) as exc:
-                if time.monotonic() >= deadline:
-                    raise
-                print(f"[chaos] replay flush raised {type(exc).__name__}: {exc}; asking again", flush=True)
-                time.sleep(1)
+        return flush_patiently(self.producer, timeout, "replay")
+
+
+def flush_patiently(producer: Producer, timeout: float, label: str) -> int:
+    """producer.flush(), asked again when it raises instead of answering: confluent-kafka's flush can
+    raise a SystemError ("exception <class 'str'> is not a BaseException subclass") while every
+    connection is cut; the messages are still queued (message.timeout.ms=0), and a delivery that
+    really failed reaches its delivery callback. Returns the messages still queued."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return producer.flush(max(1.0, deadline - time.monotonic()))
+        except (SystemError, KafkaException) as exc:
+            if time.monotonic() >= deadline:
+                raise
+            print(f"[chaos] {label} flush raised {type(exc).__name__}: {exc}; asking again", flush=True)
+            time.sleep(1)
 
 
 class Supervised:
@@ -393,16 +397,7 @@ class Poison:
                 self.errors.append(str(err))
         for topic, key, value, _kind in messages:
             self.producer.produce(topic, key=key, value=value, on_delivery=delivered)
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                left = self.producer.flush(max(1.0, deadline - time.monotonic()))
-                break
-            except (SystemError, KafkaException):  # see ReplayPublisher.flush
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(1)
-        if left > 0:
+        if flush_patiently(self.producer, 300, "poison") > 0:
             self.errors.append("poison not delivered")
 
     def send_before(self) -> None:
