@@ -33,14 +33,20 @@ async function waitForCharts(page) {
   try {
     const viewport = { width: 1600, height: 1200 };
     const page = await browser.newPage({ viewport });
-    await page.goto(`${base}/login/`, { waitUntil: "domcontentloaded" });
+    // The login page's own requests (its CSRF token, the bootstrap) must be done before the form is
+    // posted: one still in flight raced the post once in CI, and the post's redirect to the welcome
+    // page came back to /login/?next=... (the login did not hold). So wait for the network to be idle.
+    await page.goto(`${base}/login/`, { waitUntil: "networkidle" });
     await page.fill("input[name=username], #username", user);
     await page.fill("input[name=password], #password", password);
     await Promise.all([
       // the first page after login is Superset's slowest on a cold start (seen > 60 s on 2 busy cores)
-      page.waitForURL((u) => !u.pathname.startsWith("/login"), { timeout: 180000 }),
+      page.waitForNavigation({ timeout: 180000 }),
       page.keyboard.press("Enter"),
     ]);
+    if (new URL(page.url()).pathname.startsWith("/login")) {
+      throw new Error(`the login did not hold: the form post ended on ${page.url()}`);
+    }
     for (const slug of slugs) {
       await page.setViewportSize(viewport); // each dashboard from the same size (the last one grew it)
       await page.goto(`${base}/superset/dashboard/${slug}/?standalone=1`, { waitUntil: "domcontentloaded" });
