@@ -393,6 +393,9 @@ def test_screenshots(ledger, imported, superset):
             assert "Cost (USD)" in "\n".join(r["texts"]), r["texts"]
         stats = _png_stats(Path(r["file"]))
         _log(f"{r['file']}: {stats}")
+        if len(r["shots_ink"]) > 2:  # a shot that differed from the next one (screenshot.js says why)
+            _log(f"{r['slug']}: {len(r['shots_ink'])} shots taken, ink {r['shots_ink']}")
+        assert r["steady"], ("no two shots in a row were the same", r["slug"], r["shots_ink"])
         assert stats["colors"] > 50 and stats["non_white"] > 0.05, (r["file"], stats)
 
 
