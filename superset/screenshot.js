@@ -62,9 +62,25 @@ async function inkShare(checker, png) {
     const viewport = { width: 1600, height: 1200 };
     const page = await browser.newPage({ viewport });
     const checker = await browser.newPage(); // about:blank, for inkShare
-    // The login page's own requests (its CSRF token, the bootstrap) must be done before the form is
-    // posted: one still in flight raced the post once in CI, and the post's redirect to the welcome
-    // page came back to /login/?next=... (the login did not hold). So wait for the network to be idle.
+    // No request the login page sent with its anonymous session cookie may be answered after the
+    // login's: Superset answers it with that anonymous session in a Set-Cookie, which undoes the login,
+    // and /superset/welcome/ then sends the browser back to /login/?next=... (2 of 13 `make
+    // superset-check` runs here and one in CI, 2026-12-03). Seen: the frontend's event log, which the
+    // page posts to /superset/log/ as it unloads for the login's redirect (answered 302 with a new
+    // session 40 ms after the login's 302). So that post is answered here, in the browser, until the
+    // login is judged; and the page's own requests are done before the form is posted (networkidle).
+    const eventLog = "**/superset/log/**";
+    await page.route(eventLog, (route) => route.fulfill({ status: 204 }));
+    // every response until the login is judged, for the error when it does not hold
+    const trail = [];
+    const t0 = Date.now();
+    const onResponse = async (r) => {
+      if (new URL(r.url()).pathname.startsWith("/static/")) return;
+      const cookie = (await r.headerValue("set-cookie").catch(() => null)) || "";
+      trail.push(`${Date.now() - t0}ms ${r.request().method()} ${new URL(r.url()).pathname}${new URL(r.url()).search} `
+        + `${r.status()}${cookie ? ` set-cookie ${cookie.split("=")[0]} (${cookie.length} B)` : ""}`);
+    };
+    page.on("response", onResponse);
     await page.goto(`${base}/login/`, { waitUntil: "networkidle" });
     await page.fill("input[name=username], #username", user);
     await page.fill("input[name=password], #password", password);
@@ -74,8 +90,11 @@ async function inkShare(checker, png) {
       page.keyboard.press("Enter"),
     ]);
     if (new URL(page.url()).pathname.startsWith("/login")) {
-      throw new Error(`the login did not hold: the form post ended on ${page.url()}`);
+      await page.waitForTimeout(1000); // the last responses' headers
+      throw new Error(`the login did not hold: the form post ended on ${page.url()}; responses:\n${trail.join("\n")}`);
     }
+    page.off("response", onResponse);
+    await page.unroute(eventLog);
     for (const slug of slugs) {
       await page.setViewportSize(viewport); // each dashboard from the same size (the last one grew it)
       await page.goto(`${base}/superset/dashboard/${slug}/?standalone=1`, { waitUntil: "domcontentloaded" });
