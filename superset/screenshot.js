@@ -67,7 +67,7 @@ async function inkShare(checker, png) {
     // and /superset/welcome/ then sends the browser back to /login/?next=... (2 of 13 `make
     // superset-check` runs here and one in CI, 2026-12-03). Seen: the frontend's event log, which the
     // page posts to /superset/log/ as it unloads for the login's redirect (answered 302 with a new
-    // session 40 ms after the login's 302). So that post is answered here, in the browser, until the
+    // session 62 ms after the login's 302). So that post is answered here, in the browser, until the
     // login is judged; and the page's own requests are done before the form is posted (networkidle).
     const eventLog = "**/superset/log/**";
     await page.route(eventLog, (route) => route.fulfill({ status: 204 }));
