@@ -75,10 +75,11 @@ async function inkShare(checker, png) {
     const trail = [];
     const t0 = Date.now();
     const onResponse = async (r) => {
-      if (new URL(r.url()).pathname.startsWith("/static/")) return;
+      const url = new URL(r.url());
+      if (url.pathname.startsWith("/static/")) return;
       const cookie = (await r.headerValue("set-cookie").catch(() => null)) || "";
-      trail.push(`${Date.now() - t0}ms ${r.request().method()} ${new URL(r.url()).pathname}${new URL(r.url()).search} `
-        + `${r.status()}${cookie ? ` set-cookie ${cookie.split("=")[0]} (${cookie.length} B)` : ""}`);
+      trail.push(`${Date.now() - t0}ms ${r.request().method()} ${url.pathname}${url.search} ${r.status()}`
+        + `${cookie ? ` set-cookie ${cookie.split("=")[0]} (${cookie.length} B)` : ""}`);
     };
     page.on("response", onResponse);
     await page.goto(`${base}/login/`, { waitUntil: "networkidle" });
@@ -131,8 +132,9 @@ async function inkShare(checker, png) {
       while (!steady && shotsInk.length < 10) {
         await page.waitForTimeout(1000);
         const next = await page.screenshot({ fullPage: true });
-        shotsInk.push(await inkShare(checker, next));
-        steady = next.equals(png) && shotsInk[shotsInk.length - 1] >= MIN_INK;
+        const same = next.equals(png); // the same bytes have the same ink: no second decode
+        shotsInk.push(same ? shotsInk[shotsInk.length - 1] : await inkShare(checker, next));
+        steady = same && shotsInk[shotsInk.length - 1] >= MIN_INK;
         png = next;
       }
       fs.writeFileSync(file, png);
