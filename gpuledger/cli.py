@@ -17,7 +17,8 @@ from gpuledger.config import Settings
 TABLE_REPORTS = ("bills", "jobs", "queues", "utilization", "capacity", "unmatched", "alerts", "suggestions")
 PERIODIC_REPORTS = ("inventory", "monthly", "weekly", "job", "forecast")  # gpuledger.warehouse.periodic.commands.REPORT_NAMES
 CARD_REPORTS = ("gpu", "gpu-fleet")  # GPU ID cards: gpuledger/warehouse/cards.py
-REPORT_NAMES = TABLE_REPORTS + PERIODIC_REPORTS + CARD_REPORTS
+STORAGE_REPORT = "storage"  # the warehouse's tables against their retention: gpuledger/warehouse/storage.py
+REPORT_NAMES = TABLE_REPORTS + PERIODIC_REPORTS + CARD_REPORTS + (STORAGE_REPORT,)
 
 
 def settings_from_args(args) -> Settings:
@@ -215,6 +216,8 @@ def cmd_report(args) -> int:
         return report_command(args, settings)
     if args.format not in ("table", "json", "csv"):
         raise SystemExit(f"report {args.report} is printed as table, json or csv")
+    if args.report == STORAGE_REPORT:
+        return _storage_report(args, settings)
     from gpuledger.warehouse.reports import fetch
     from gpuledger.warehouse.report_text import render
     from gpuledger.ledger_files import load_ledger_config
@@ -235,6 +238,22 @@ def cmd_report(args) -> int:
     client = connect_readonly(settings)  # reports never create anything: a SELECT-only account is enough
     try:
         rows = fetch(client, settings.database, args.report, **filters)
+    finally:
+        client.close()
+    print(render(rows, args.format, utc_days=True), end="")
+    return 0
+
+
+def _storage_report(args, settings: Settings) -> int:
+    from gpuledger.warehouse import connect_readonly
+    from gpuledger.warehouse.report_text import render
+    from gpuledger.warehouse.storage import storage_rows
+
+    if any(getattr(args, name, None) is not None for name in REPORT_FILTER_FLAGS):
+        raise ValueError(f"report {STORAGE_REPORT} takes no {', '.join(REPORT_FILTER_FLAGS.values())}")
+    client = connect_readonly(settings)
+    try:
+        rows = storage_rows(client, settings.database, settings)
     finally:
         client.close()
     print(render(rows, args.format, utc_days=True), end="")
@@ -472,7 +491,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("report", choices=REPORT_NAMES)
     p.add_argument("job_id", nargs="?", help="report job: the job's id; report gpu: the GPU's UUID")
     p.add_argument("--format", choices=["table", "json", "csv", "markdown", "html"], default="table",
-                   help="bills/jobs/queues/utilization/capacity/unmatched: table|json|csv; inventory/monthly/weekly/job: "
+                   help="bills/jobs/queues/utilization/capacity/unmatched/storage: table|json|csv; inventory/monthly/weekly/job: "
                         "table|markdown|html (self-contained, with plots); gpu/gpu-fleet: table|json|markdown|html")
     p.add_argument("--output", help="periodic reports: write to this file")
     p.add_argument("--by", help="utilization: group by any of day,cluster,gpu_model,queue,tenant,job_id (comma-separated)")

@@ -90,7 +90,7 @@ def run_embedded(
         create_topics(s)
         client = connect(s)
         try:
-            applied = migrate(client, s.database)
+            applied = migrate(client, s.database)  # no TTLs: a replayed old trace keeps its aggregates (docs/retention.md)
             ledger = load_ledger_config(s.ledger_config)
             sync_library(client, s.database, ledger)
             from gpuledger.warehouse.carbon import record_definition
