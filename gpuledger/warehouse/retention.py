@@ -91,19 +91,22 @@ def wanted_ttls(settings) -> dict[str, str | None]:
     return {table: ttl_expression(table, getattr(settings, r.setting)) for table, r in RETENTION.items()}
 
 
-def current_ttl(client, database: str, table: str) -> str | None:
+def _current_ttl(client, database: str, table: str) -> str | None:
     rows = client.query("SELECT engine_full FROM system.tables WHERE database = {d:String} AND name = {t:String}",
                         parameters={"d": database, "t": table}).result_rows
-    if not rows:
-        return None
-    engine = rows[0][0] or ""
+    return ttl_in_engine(rows[0][0]) if rows else None
+
+
+def ttl_in_engine(engine_full: str | None) -> str | None:
+    """The TTL expression of a table's `engine_full` (system.tables), None without one."""
+    engine = engine_full or ""
     if " TTL " not in engine:
         return None
     ttl = engine.split(" TTL ", 1)[1]
     return ttl.split(" SETTINGS ", 1)[0].strip()
 
 
-def normal_expression(client, expr: str) -> str:
+def _normal(client, expr: str) -> str:
     return client.query("SELECT formatQuery({q:String})", parameters={"q": f"SELECT {expr}"}).result_rows[0][0]
 
 
@@ -118,10 +121,10 @@ def apply_retention(client, database: str, ttls: dict[str, str | None], *,
         name = local(table)
         if name not in existing:  # a table of a later migration than this warehouse has
             continue
-        current = current_ttl(client, database, name)
+        current = _current_ttl(client, database, name)
         if expr is None and current is None:
             continue
-        if expr is not None and current is not None and normal_expression(client, current) == normal_expression(client, expr):
+        if expr is not None and current is not None and _normal(client, current) == _normal(client, expr):
             continue
         action = f"MODIFY TTL {expr}" if expr is not None else "REMOVE TTL"
         sql = f"ALTER TABLE `{database}`.`{name}` {on_cluster} {action}".replace("  ", " ")

@@ -49,6 +49,9 @@ def test_storage_report_shows_each_table_against_its_retention(tmp_path, monkeyp
                       column_names=USAGE_COLS)
         client.insert("gpu_health", [["c", "n", "g", "m", ms("2026-11-10") + i * 5000, 5000, "ok", "", []]
                                      for i in range(4)], column_names=HEALTH_COLS)
+        # not partitioned by a date: its day span is read from its rows
+        client.insert("node_inventory", [["c", "n", ms("2026-11-03"), 8, [], []], ["c", "m", ms("2026-11-05"), 8, [], []]],
+                      column_names=["cluster", "node", "seen_ms", "gpu_count", "gpu_uuids", "gpu_models"])
         # no ClickHouse cluster runs here: its query is checked with ClickHouse's own parser
         parsed = client.query("SELECT formatQuery({q:String})", parameters={"q": parts_sql("prod")}).result_rows[0][0]
         assert "cluster('prod', system.parts)" in parsed
@@ -70,6 +73,10 @@ def test_storage_report_shows_each_table_against_its_retention(tmp_path, monkeyp
     health = tables["gpu_health"]
     assert (health["kept_for"], health["ttl"], health["rows"]) == ("3 days", "applied", 4)
     assert health["bytes_at_retention"] == health["daily_bytes"] * 3  # one day of data
+
+    nodes = tables["node_inventory"]
+    assert (nodes["rows"], nodes["first_day_utc"], nodes["last_day_utc"]) == (2, "2026-11-03", "2026-11-05")
+    assert tables["gpu_latest"]["first_day_utc"] is None  # no day column
 
     bill = tables["closed_tenant_bill"]  # retention 0 by default: kept, no TTL, nothing in it yet
     assert (bill["kept_for"], bill["ttl"], bill["rows"], bill["bytes_at_retention"]) == ("kept", "none", 0, None)
