@@ -231,6 +231,37 @@ def _timed(fn) -> tuple[float, int]:
     return statistics.median(times), n
 
 
+def other_reports(client, data_dir: Path) -> dict:
+    """The `gpuledger report`s beyond reports.REPORTS, each as what the CLI runs before rendering
+    (rendering reads nothing): the periodic reports as they open (their default period), the job
+    report of a job of the open day, a GPU's card and the fleet's, and the storage report. Each
+    returns its count of rows or sections."""
+    from gpuledger.config import Settings
+    from gpuledger.warehouse import cards, forecast, storage
+    from gpuledger.warehouse.periodic import commands as periodic
+
+    try:  # the forecast report shows the latest stored run
+        forecast.run_forecast(client, DATABASE)
+        fitted = True
+    except ValueError as exc:  # a week of usage is shorter than a forecast needs
+        say(f"queries: report forecast: skipped ({exc})")
+        fitted = False
+
+    job = client.query("SELECT job_id FROM usage_raw WHERE job_id != '' ORDER BY start_ms DESC LIMIT 1").result_rows
+    gpu = client.query("SELECT gpu_uuid FROM gpu_sightings LIMIT 1").result_rows
+    out = {name: (lambda name=name: len(periodic.build_report(client, DATABASE, name, currency="USD").sections))
+           for name in periodic.REPORT_NAMES if name != "job" and (name != "forecast" or fitted)}
+    if job:
+        out["job"] = lambda: len(periodic.build_report(client, DATABASE, "job", job_id=job[0][0],
+                                                       currency="USD").sections)
+    if gpu:
+        out["gpu"] = lambda: len(cards.build_card(client, DATABASE, gpu[0][0]).sections)
+    out["gpu-fleet"] = lambda: len(cards.build_fleet(client, DATABASE).sections)
+    settings = Settings(database=DATABASE, data_dir=data_dir)
+    out["storage"] = lambda: len(storage.storage_rows(client, DATABASE, settings))
+    return out
+
+
 def run() -> dict:
     from clickhouse_connect import get_client
 
@@ -283,6 +314,10 @@ def run() -> dict:
                 s, n = _timed(lambda name=name, filters=filters: len(reports.fetch(client, DATABASE, name, **filters)))
                 timings[f"report {name} ({label})"] = s
                 say(f"queries: report {name} ({label}): {1000 * s:,.0f} ms ({n} rows)")
+        for name, fn in other_reports(client, path.parent / "queries-data").items():
+            s, n = _timed(fn)
+            timings[f"report {name}"] = s
+            say(f"queries: report {name}: {1000 * s:,.0f} ms ({n} rows or sections)")
     finally:
         client.close()
         if not keep:

@@ -3344,6 +3344,58 @@ GROUP BY
     gpu_model,
     queue;
 
+CREATE TABLE {db}.usage_gpu_daily
+(
+    `day` Date,
+    `cluster` LowCardinality(String),
+    `gpu_model` LowCardinality(String),
+    `gpu_uuid` String,
+    `node` LowCardinality(String),
+    `queue` LowCardinality(String),
+    `state` LowCardinality(String),
+    `records` UInt64,
+    `gpu_ms` UInt64,
+    `util_weighted_gpu_ms` Float64
+)
+ENGINE = SummingMergeTree
+PARTITION BY toYYYYMM(day)
+ORDER BY (day, cluster, gpu_model, gpu_uuid, node, queue, state)
+SETTINGS non_replicated_deduplication_window = 1000, index_granularity = 8192;
+
+CREATE MATERIALIZED VIEW {db}.usage_gpu_daily_mv TO {db}.usage_gpu_daily
+(
+    `day` Date,
+    `cluster` LowCardinality(String),
+    `gpu_model` LowCardinality(String),
+    `gpu_uuid` String,
+    `node` LowCardinality(String),
+    `queue` LowCardinality(String),
+    `state` LowCardinality(String),
+    `records` UInt64,
+    `gpu_ms` UInt64,
+    `util_weighted_gpu_ms` Float64
+)
+AS SELECT
+    day,
+    cluster,
+    gpu_model,
+    gpu_uuid,
+    node,
+    queue,
+    state,
+    count() AS records,
+    sum(usage_raw.gpu_ms) AS gpu_ms,
+    sum(if(util_pct IS NULL, 0., assumeNotNull(util_pct) * usage_raw.gpu_ms)) AS util_weighted_gpu_ms
+FROM {db}.usage_raw
+GROUP BY
+    day,
+    cluster,
+    gpu_model,
+    gpu_uuid,
+    node,
+    queue,
+    state;
+
 CREATE TABLE {db}.usage_gpu_hourly
 (
     `hour` DateTime('UTC'),

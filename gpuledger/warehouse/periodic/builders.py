@@ -46,7 +46,7 @@ def inventory(client, database: str, *, days: int = 30, as_of: Any = None, low_u
     cards = query(client, f"""
         SELECT gpu_model, uniqExact(gpu_uuid) AS cards, uniqExact(node) AS nodes,
                sum(gpu_ms) / 3600000 AS capacity_gpu_hours
-        FROM {db}.usage_raw WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}}
+        FROM {db}.usage_gpu_daily WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}}
         GROUP BY gpu_model ORDER BY gpu_model""", p)
     util = base.fetch(client, database, "utilization", by="gpu_model", day_from=start, day_to=end)
     by_model = {r["gpu_model"]: r for r in util}
@@ -54,22 +54,22 @@ def inventory(client, database: str, *, days: int = 30, as_of: Any = None, low_u
         u = by_model.get(r["gpu_model"], {})
         for layer in LAYERS:
             r[layer] = u.get(layer)
-    # per card: time-weighted utilization over the time it was up (idle and unallocated time count as 0)
+    # per card: time-weighted utilization over the time it was up (idle and unallocated time count as 0),
+    # from the per-GPU daily sums (sql/0030), as every query of this report but the jobs and queues
     per_card = query(client, f"""
         SELECT gpu_uuid, any(node) AS node, any(gpu_model) AS gpu_model,
-               sumIf(assumeNotNull(util_pct) * gpu_ms, state = 'executing' AND util_pct IS NOT NULL)
-                   / nullIf(sumIf(gpu_ms, state != 'down'), 0) AS util_pct,
+               sumIf(util_weighted_gpu_ms, state = 'executing') / nullIf(sumIf(gpu_ms, state != 'down'), 0) AS util_pct,
                sumIf(gpu_ms, state != 'down') / 3600000 AS up_gpu_hours,
                arrayStringConcat(arraySort(groupUniqArrayIf(toString(queue), queue != '')), ' ') AS queues
-        FROM {db}.usage_raw WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}}
+        FROM {db}.usage_gpu_daily WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}}
         GROUP BY gpu_uuid HAVING up_gpu_hours > 0 AND coalesce(util_pct, 0) < {{low:Float64}}
         ORDER BY util_pct, node, gpu_uuid""", p)
     low_queues = query(client, f"""
         SELECT queue, uniqExact(gpu_uuid) AS low_util_cards, sum(gpu_ms) / 3600000 AS held_gpu_hours
-        FROM {db}.usage_raw
+        FROM {db}.usage_gpu_daily
         WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}} AND queue != '' AND gpu_uuid IN
-            (SELECT gpu_uuid FROM {db}.usage_raw WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}} GROUP BY gpu_uuid
-             HAVING coalesce(sumIf(assumeNotNull(util_pct) * gpu_ms, state = 'executing' AND util_pct IS NOT NULL)
+            (SELECT gpu_uuid FROM {db}.usage_gpu_daily WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}} GROUP BY gpu_uuid
+             HAVING coalesce(sumIf(util_weighted_gpu_ms, state = 'executing')
                     / nullIf(sumIf(gpu_ms, state != 'down'), 0), 0) < {{low:Float64}})
         GROUP BY queue ORDER BY held_gpu_hours DESC, queue""", p)
     largest = query(client, f"""
@@ -159,7 +159,7 @@ def anomalies(client, database: str, start: dt.date, end: dt.date, idle_share: f
     out = []
     for r in query(client, f"""
             SELECT node, gpu_uuid, gpu_model, sumIf(gpu_ms, state = 'down') / 1000 AS down_seconds
-            FROM {db}.usage_raw WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}}
+            FROM {db}.usage_gpu_daily WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}}
             GROUP BY node, gpu_uuid, gpu_model HAVING down_seconds > 0 ORDER BY down_seconds DESC, gpu_uuid""", p):
         out.append({"kind": "GPU down", "subject": f"{r['node']} {r['gpu_uuid']}",
                     "detail": f"{r['gpu_model']} down {r['down_seconds'] / 60:.1f} min",

@@ -151,7 +151,15 @@ def balance_score(utils: Sequence[float]) -> float | None:
 def coverage(client, database: str, start: dt.date, end: dt.date) -> Coverage:
     """The span of usage in the period's days: what a "monthly" report built from six hours is built from."""
     db = quoted_database(database)
-    (first, last, n), = client.query(
-        f"SELECT min(start_ms), max(end_ms), count() FROM {db}.usage_raw WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}}",
-        parameters={"d0": start, "d1": end}).result_rows
-    return Coverage((end - start).days + 1, first if n else None, last if n else None)
+    days = (end - start).days + 1
+    # the first and last day with usage from the daily sums (sql/0030), then only those days' records:
+    # a record's day is its start's, and one that ends past midnight ends on the next day
+    (d0, d1, n), = client.query(f"SELECT min(day), max(day), count() FROM {db}.usage_gpu_daily "
+                                "WHERE day BETWEEN {d0:Date} AND {d1:Date}", parameters={"d0": start, "d1": end}).result_rows
+    if not n:
+        return Coverage(days, None, None)
+    (first, last), = client.query(
+        f"SELECT minIf(start_ms, day = {{d0:Date}}), max(end_ms) FROM {db}.usage_raw "
+        "WHERE day IN ({d0:Date}, {d1:Date}, {before:Date})",
+        parameters={"d0": d0, "d1": d1, "before": max(d0, d1 - dt.timedelta(days=1))}).result_rows
+    return Coverage(days, first, last)
