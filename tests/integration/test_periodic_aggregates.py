@@ -17,6 +17,7 @@ from warehouse_helpers import warehouse_before
 from gpuledger.warehouse import cards
 from gpuledger.warehouse.migrations import migrate
 from gpuledger.warehouse.periodic import commands as pr
+from gpuledger.warehouse.periodic import queries as pr_queries
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +54,7 @@ def random_records(seed: int) -> list[dict]:
 
 def insert(client, records: list[dict]) -> None:
     rows = [[1, r["id"], "c", r["node"], r["gpu"], r["model"], r["start"], r["end"], r["state"],
-             "j" if r["queue"] else "", 0, "t" if r["queue"] else "", r["queue"], 1000, r["end"] - r["start"],
+             f"job-{r['queue']}" if r["queue"] else "", 0, "t" if r["queue"] else "", r["queue"], 1000, r["end"] - r["start"],
              r["util"], 0.0, 1.0, "v", r["end"] - r["start"], 0, "d", "usage", 0, i] for i, r in enumerate(records)]
     client.insert("usage_raw", rows, column_names=COLS, database=DB)
 
@@ -127,3 +128,21 @@ def test_fleet_down_episodes_counted_in_the_engine(client):
     expected = {g: cards.down_episodes(spans.get(g, ())) for g in fleet}
     assert fleet == expected
     assert sum(expected.values()) > len(expected)  # episodes apart and episodes of several records both occur
+
+
+def test_stragglers_equal_the_window_query_over_job_gpu_balance(client):
+    c, _ = client
+    old = """
+        SELECT job_id, attempt, gpu, util_pct, median_pct FROM (
+            SELECT job_id, attempt, gpu, mean_util_pct AS util_pct,
+                   median(mean_util_pct) OVER (PARTITION BY cluster, job_id, attempt) AS median_pct,
+                   count() OVER (PARTITION BY cluster, job_id, attempt) AS gpus
+            FROM {db}.job_gpu_balance WHERE util_gpu_ms > 0 {cond})
+        WHERE gpus > 1 AND util_pct < median_pct * 0.8 ORDER BY job_id, attempt, util_pct"""
+    day = DAY0 + dt.timedelta(days=1)
+    in_day = (" AND toDate(fromUnixTimestamp64Milli(last_end_ms, 'UTC')) >= '2026-11-02'"
+              " AND toDate(fromUnixTimestamp64Milli(first_start_ms, 'UTC')) <= '2026-11-02'")
+    for kwargs, cond in (({}, ""), ({"start": day, "end": day}, in_day), ({"job_id": "job-q1"}, " AND job_id = 'job-q1'")):
+        expected = list(c.query(old.format(db=DB, cond=cond)).named_results())
+        assert expected, kwargs  # the random attempts (one per queue) have GPUs under 0.8 x their median
+        assert pr_queries.stragglers(c, DB, **kwargs) == expected

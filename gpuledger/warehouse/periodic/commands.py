@@ -11,6 +11,7 @@ HTML is one self-contained page: inline CSS and SVG plots, no script, nothing fe
 
 from __future__ import annotations
 
+from gpuledger.warehouse import reports as base_reports
 from gpuledger.warehouse.periodic import builders
 from gpuledger.warehouse import forecast  # the latest stored run (gpuledger forecast run)
 from gpuledger.warehouse.periodic.model import Coverage, Plot, Report, Section
@@ -32,7 +33,8 @@ def build_report(client, database: str, name: str, **opts) -> Report:
         raise ValueError(f"unknown report {name!r}; reports: {', '.join(REPORT_NAMES)}")
     opts = {k: v for k, v in opts.items() if v is not None}
     currency = opts.pop("currency", "")
-    report = _BUILDERS[name](client, database, **opts)
+    with base_reports.one_reading():  # its sections read the open days once
+        report = _BUILDERS[name](client, database, **opts)
     report.currency = currency
     return report
 
