@@ -271,8 +271,11 @@ def _jobs(client, db: str, filters: dict[str, Any]) -> list[dict]:
     else:
         opportunity = "CAST(NULL AS Nullable(Float64))"
     jobs = f"SELECT *, {opportunity} AS opportunity_cost FROM {db}.job_cost WHERE {_and(conds)}"
-    # the money of the cluster asked for (its parameter is already set), else of every cluster
-    money, more = _job_money_sql(client, db, "cluster = {cluster:String}" if "cluster" in params else "1")
+    # the money of the cluster and job asked for (their parameters are already set), else of every one:
+    # a job's own report then reads its money only (0.06 s against 0.17 s at 100 M records)
+    scope = [cond for name, cond in (("cluster", "cluster = {cluster:String}"), ("job_id", "job_id = {job_id:String}"))
+             if name in params]
+    money, more = _job_money_sql(client, db, " AND ".join(scope) or "1")
     currencies = _currencies(client, db, filters.get("currency"))
     named = {dv: cur for dv, cur in currencies.items() if dv}
     params.update(more, currency_dv=list(named), currency=list(named.values()), currency_default=currencies.get("", ""))
@@ -350,13 +353,14 @@ def _read_live_days(client, db: str, definition: dict | None) -> tuple[str, str,
             conds["record_days"], params)
 
 
-def _job_money_sql(client, db: str, cluster_cond: str) -> tuple[str, dict[str, Any]]:
+def _job_money_sql(client, db: str, scope_cond: str) -> tuple[str, dict[str, Any]]:
     """SQL of each job's GPU-time, money and carbon per cluster, job and definition version (and its
     parameters): money (x executing, i idle GPU-ms, e effective GPU-ms, c cost micros; money = 1 where
     there are any) from its closed rows and adjustments on closed days and live deduplicated usage on
     open days (open = 1 where it has usage on an open day); carbon (co2e_kg, where has_energy = 1) from
     closed_energy and the same read of the live usage, summed per hour (docs/carbon.md). The open days'
-    usage is read once for both. carbon_known: whether a carbon definition is recorded."""
+    usage is read once for both. carbon_known: whether a carbon definition is recorded. `scope_cond`
+    limits every part to some clusters or jobs (columns all of them have; "1": every job)."""
     from gpuledger.warehouse import bills as b
     from gpuledger.warehouse import carbon
 
@@ -366,25 +370,25 @@ def _job_money_sql(client, db: str, cluster_cond: str) -> tuple[str, dict[str, A
               "carbon_version": definition["carbon_version"] if definition is not None else ""}
     keys = "toString(cluster) AS cluster, job_id, toString(definition_version) AS definition_version"
     no_energy = "toUInt8(0) AS has_energy, toInt64(0) AS start_ms, toFloat64(0) AS energy_j"
-    live = f"SELECT *, {is_open} AS is_open FROM ({b.live_usage_sql(db, exact_days, raw_days, bucket, [cluster_cond])})"
+    live = f"SELECT *, {is_open} AS is_open FROM ({b.live_usage_sql(db, exact_days, raw_days, bucket, [scope_cond])})"
     # columns: job, open (usage on an open day), money (a money row), x, i, e, c, has_energy, start_ms, energy_j
     parts = f"""
         SELECT {keys}, toUInt8(0) AS open, toUInt8(1) AS money,
                sumIf(toInt64(gpu_ms), line != 'idle') AS x, sumIf(toInt64(gpu_ms), line = 'idle') AS i,
                sum(toInt64(effective_gpu_ms)) AS e, sum(toInt128(cost_micros)) AS c, {no_energy}
-        FROM {db}.closed_job_cost WHERE {b.committed(db)} AND {cluster_cond}
+        FROM {db}.closed_job_cost WHERE {b.committed(db)} AND {scope_cond}
         GROUP BY cluster, job_id, definition_version
         UNION ALL
         SELECT {keys}, toUInt8(0), toUInt8(1),
                sumIf(gpu_ms, line != 'idle'), sumIf(gpu_ms, line = 'idle'), sum(effective_gpu_ms), sum(cost_micros),
                {no_energy}
-        FROM {db}.bill_adjustments WHERE {b.committed(db)} AND {cluster_cond}
+        FROM {db}.bill_adjustments WHERE {b.committed(db)} AND {scope_cond}
         GROUP BY cluster, job_id, definition_version
         UNION ALL
         SELECT {keys}, toUInt8(0), toUInt8(0), toInt64(0), toInt64(0), toInt64(0), toInt128(0),
                toUInt8(1), hour * {carbon.HOUR_MS}, sum(energy_mj) / 1000
         FROM (SELECT cluster, job_id, definition_version, hour, energy_mj FROM {db}.closed_energy
-              WHERE {b.committed(db)} AND {cluster_cond} AND NOT {record_days})
+              WHERE {b.committed(db)} AND {scope_cond} AND NOT {record_days})
         GROUP BY cluster, job_id, definition_version, hour
         UNION ALL
         SELECT {keys}, toUInt8(max(is_open)), toUInt8(max(is_open)),

@@ -64,10 +64,14 @@ def put(client, records, offset):
 
 
 def figures(client) -> dict:
-    """kg CO2e of D by (source, tenant or job): the bills report, the jobs report, tenant_daily_carbon."""
+    """kg CO2e of D by (source, tenant or job): the bills report, the jobs report, tenant_daily_carbon (and
+    each job's row as the jobs report filtered to that job gives it, which must be the same row)."""
     out = {("bills", r["tenant"]): r["co2e_kg"] for r in reports.fetch(client, DB, "bills")
            if r["status"] != "adjustment" and r["day"] == D}
-    out.update({("jobs", r["job_id"]): r["co2e_kg"] for r in reports.fetch(client, DB, "jobs")})
+    jobs = reports.fetch(client, DB, "jobs")
+    out.update({("jobs", r["job_id"]): r["co2e_kg"] for r in jobs})
+    for row in jobs:  # one job's report reads only its money and carbon, and gives the same row
+        assert reports.fetch(client, DB, "jobs", job_id=row["job_id"]) == [row]
     out.update({("view", r[0]): r[1] for r in client.query(
         f"SELECT tenant, co2e_kg FROM {DB}.tenant_daily_carbon WHERE day = '{D}'").result_rows})
     return out

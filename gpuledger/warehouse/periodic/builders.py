@@ -164,18 +164,19 @@ def anomalies(client, database: str, start: dt.date, end: dt.date, idle_share: f
         out.append({"kind": "GPU down", "subject": f"{r['node']} {r['gpu_uuid']}",
                     "detail": f"{r['gpu_model']} down {r['down_seconds'] / 60:.1f} min",
                     "gpu_hours": r["down_seconds"] / 3600, "cost": None})
-    for r in query(client, f"""
-            SELECT job_id, tenant, failed_attempts, cost FROM {db}.job_cost
-            WHERE failed_attempts > 0 AND last_day >= {{d0:Date}} AND first_day <= {{d1:Date}}
-            ORDER BY cost DESC, job_id""", p):
+    # failed and idle-heavy jobs in one read of the job_cost view (it aggregates every attempt)
+    flagged = query(client, f"""
+            SELECT job_id, tenant, failed_attempts, cost, idle_gpu_hours, gpu_hours,
+                   if(gpu_hours > 0, idle_gpu_hours / gpu_hours, 0) AS share
+            FROM {db}.job_cost
+            WHERE (failed_attempts > 0 OR (gpu_hours > 0 AND idle_gpu_hours / gpu_hours > {{share:Float64}}))
+              AND last_day >= {{d0:Date}} AND first_day <= {{d1:Date}}""", p)
+    for r in sorted((r for r in flagged if r["failed_attempts"] > 0), key=lambda r: (-r["cost"], r["job_id"])):
         out.append({"kind": "Failed attempts", "subject": r["job_id"],
                     "detail": f"{r['tenant']}: {r['failed_attempts']} failed attempt(s)", "gpu_hours": None,
                     "cost": r["cost"]})
-    for r in query(client, f"""
-            SELECT job_id, tenant, idle_gpu_hours, gpu_hours, idle_gpu_hours / gpu_hours AS share
-            FROM {db}.job_cost WHERE gpu_hours > 0 AND idle_gpu_hours / gpu_hours > {{share:Float64}}
-              AND last_day >= {{d0:Date}} AND first_day <= {{d1:Date}}
-            ORDER BY idle_gpu_hours DESC, job_id""", p):
+    for r in sorted((r for r in flagged if r["gpu_hours"] > 0 and r["share"] > idle_share),
+                    key=lambda r: (-r["idle_gpu_hours"], r["job_id"])):
         out.append({"kind": "Idle-heavy job", "subject": r["job_id"],
                     "detail": f"{r['tenant']}: {r['share']:.0%} of held GPU-time idle",
                     "gpu_hours": r["idle_gpu_hours"], "cost": None})
