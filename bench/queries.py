@@ -141,7 +141,7 @@ def generate(client) -> dict:
     gen_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     for table in ("gpu_latest", "usage_gpu_5m", "usage_gpu_hourly", "job_gpu_usage", "usage_by_job_daily",
-                  "usage_capacity_daily", "gpu_health_hourly", "job_attempts_state"):
+                  "usage_capacity_daily", "gpu_health_hourly", "job_attempts_state", "usage_gpu_daily"):
         client.command(f"OPTIMIZE TABLE {table} FINAL")
     merge_s = time.perf_counter() - t1
     counts = dict(client.query(
