@@ -252,6 +252,11 @@ def _redistribute_cluster_idle(client, db: str, rows: list[dict], policy: str) -
 
 
 def _jobs(client, db: str, filters: dict[str, Any]) -> list[dict]:
+    with one_reading():  # a limited report reads the money twice (_top_job_keys), the open days once
+        return _read_jobs(client, db, filters)
+
+
+def _read_jobs(client, db: str, filters: dict[str, Any]) -> list[dict]:
     names = REPORT_FILTERS["jobs"] - {"day_from", "day_to"}
     conds, params = _where(filters, sorted(names))
     # a job belongs to a period when its usage overlaps it
@@ -270,21 +275,26 @@ def _jobs(client, db: str, filters: dict[str, Any]) -> list[dict]:
         opportunity = "queue_wait_gpu_hours * {ref:Float64}"
     else:
         opportunity = "CAST(NULL AS Nullable(Float64))"
-    jobs = f"SELECT *, {opportunity} AS opportunity_cost FROM {db}.job_cost WHERE {_and(conds)}"
     # the money of the cluster and job asked for (their parameters are already set), else of every one:
     # a job's own report then reads its money only (0.06 s against 0.17 s at 100 M records)
     scope = [cond for name, cond in (("cluster", "cluster = {cluster:String}"), ("job_id", "job_id = {job_id:String}"))
              if name in params]
+    limit = filters.get("limit")
+    if limit and int(limit) <= TOP_JOBS_READ_ALONE:
+        # the first `limit` jobs found first, then full rows for them only (a filter on job_id reaches
+        # job_cost's tables, sql/0031): a period's top 10 of 45,000 jobs is not built 45,000 rows wide
+        top = _top_job_keys(client, db, filters, conds, params, scope, int(limit))
+        conds.append("job_id IN {top_job_ids:Array(String)}")
+        scope.append("job_id IN {top_job_ids:Array(String)}")
+        params["top_job_ids"] = sorted({key[1] for key in top})
+    jobs = f"SELECT *, {opportunity} AS opportunity_cost FROM {db}.job_cost WHERE {_and(conds)}"
     money, more = _job_money_sql(client, db, " AND ".join(scope) or "1")
     currencies = _currencies(client, db, filters.get("currency"))
     named = {dv: cur for dv, cur in currencies.items() if dv}
     params.update(more, currency_dv=list(named), currency=list(named.values()), currency_default=currencies.get("", ""))
     # job_cost's rows with the money of closed and open days and the carbon (_job_money_sql), most
     # expensive first: one query, so that a 45,000-job report is joined and ordered by the engine
-    money_cols = {"gpu_hours": "(m.x + m.i) / 3600000", "executing_gpu_hours": "m.x / 3600000",
-                  "idle_gpu_hours": "m.i / 3600000", "effective_gpu_hours": "m.e / 3600000", "cost": "m.c / 1e6",
-                  "cost_micros": "m.c"}
-    replaced = ", ".join(f"if(m.money = 1, {expr}, j.{col}) AS {col}" for col, expr in money_cols.items())
+    replaced = ", ".join(f"if(m.money = 1, {expr}, j.{col}) AS {col}" for col, expr in _JOB_MONEY_COLUMNS.items())
     ident = "cluster, job_id, tenant, queue, definition_version"
     carbon = "m.has_energy = 1 AND {carbon_known:UInt8} = 1"
     sql = f"""
@@ -297,11 +307,56 @@ def _jobs(client, db: str, filters: dict[str, Any]) -> list[dict]:
         FROM ({jobs}) AS j
         LEFT JOIN ({money}) AS m
           ON j.cluster = m.cluster AND j.job_id = m.job_id AND j.definition_version = m.definition_version
-        ORDER BY coalesce(cost, 0) DESC, coalesce(gpu_hours, 0) DESC, cluster, job_id, definition_version
-        {"LIMIT {limit:UInt64}" if filters.get("limit") else ""}"""
-    if filters.get("limit"):
-        params["limit"] = int(filters["limit"])
-    return _query(client, sql, params)
+        ORDER BY {_JOBS_ORDER}
+        {"LIMIT {limit:UInt64}" if limit else ""}"""
+    if limit:
+        params["limit"] = int(limit)
+    rows = _query(client, sql, params)
+    if limit and int(limit) <= TOP_JOBS_READ_ALONE:  # the ids' rows in other clusters or versions left out
+        rows = [r for r in rows if (r["cluster"], r["job_id"], r["definition_version"]) in top]
+    return rows
+
+
+#: a jobs report with a limit up to this finds its jobs first, then reads their rows (_top_job_keys)
+TOP_JOBS_READ_ALONE = 1000
+#: the jobs report's money columns from _job_money_sql's sums (m), where a job has money rows
+_JOB_MONEY_COLUMNS = {"gpu_hours": "(m.x + m.i) / 3600000", "executing_gpu_hours": "m.x / 3600000",
+                      "idle_gpu_hours": "m.i / 3600000", "effective_gpu_hours": "m.e / 3600000",
+                      "cost": "m.c / 1e6", "cost_micros": "m.c"}
+#: the jobs report's order: most expensive first, a total order (a job's row per definition version)
+_JOBS_ORDER = "coalesce(cost, 0) DESC, coalesce(gpu_hours, 0) DESC, cluster, job_id, definition_version"
+
+
+def _top_job_keys(client, db: str, filters: dict[str, Any], conds: list[str], params: dict[str, Any],
+                  scope: list[str], limit: int) -> set[tuple[str, str, str]]:
+    """(cluster, job_id, definition_version) of the first `limit` rows of the jobs report under `conds`
+    (the filters'): the report's order over job_cost's cost and GPU-hours and the money without the
+    carbon (which does not order it), the columns no other part of the report needs left unread."""
+    money, more = _job_money_sql(client, db, " AND ".join(scope) or "1", carbon_too=False)
+    ordered = {col: f"if(m.money = 1, {_JOB_MONEY_COLUMNS[col]}, j.{col}) AS {col}" for col in ("cost", "gpu_hours")}
+    jobs = f"SELECT cluster, job_id, definition_version, cost, gpu_hours FROM {db}.job_cost WHERE {_and(conds)}"
+    named = {name for name, value in filters.items() if value is not None} - {"limit", "currency"}
+    if named & {"day_from", "day_to"} and named <= {"day_from", "day_to", "cluster", "reference_cost_per_gpu_hour"}:
+        # a period's jobs have usage; job_cost's rows with usage are the usage side's rows (sql/0031:
+        # one per cluster, job and version, each joined to one job), so the attempts are not read
+        jobs = f"""
+            SELECT toString(cluster) AS cluster, job_id, toString(definition_version) AS definition_version,
+                   sum(cost_micros) / 1e6 AS cost, sum(gpu_ms) / 3600000 AS gpu_hours,
+                   min(day) AS first_day, max(day) AS last_day
+            FROM {db}.usage_by_job_daily
+            WHERE job_id != '' AND state IN ('executing', 'allocated_idle')
+                  {"AND cluster = {cluster:String}" if "cluster" in named else ""}
+            GROUP BY cluster, job_id, definition_version
+            HAVING {_and([c for name, c in (("day_from", "last_day >= {day_from:Date}"),
+                                             ("day_to", "first_day <= {day_to:Date}")) if name in named])}"""
+    rows = client.query(f"""
+        SELECT j.cluster AS cluster, j.job_id AS job_id, j.definition_version AS definition_version,
+               {ordered["cost"]}, {ordered["gpu_hours"]}
+        FROM ({jobs}) AS j
+        LEFT JOIN ({money}) AS m
+          ON j.cluster = m.cluster AND j.job_id = m.job_id AND j.definition_version = m.definition_version
+        ORDER BY {_JOBS_ORDER} LIMIT {{top_limit:UInt64}}""", parameters={**params, **more, "top_limit": limit})
+    return {(str(r[0]), r[1], str(r[2])) for r in rows.result_rows}
 
 
 #: the open days' state read once for every report built inside `one_reading` (None outside it)
@@ -312,7 +367,11 @@ _ONE_READING: ContextVar[dict | None] = ContextVar("one_reading", default=None)
 def one_reading() -> Iterator[None]:
     """Reports fetched inside read the open days, their exactness and the carbon record days once
     (`_live_days`): a periodic report fetches the bills and the jobs report over one period, and each
-    read costs 0.1 s at 100 M records. For one report build: a close run in between is not seen."""
+    read costs 0.1 s at 100 M records. For one report build: a close run in between is not seen. Inside
+    another, the outer one's reading holds."""
+    if _ONE_READING.get() is not None:
+        yield
+        return
     token = _ONE_READING.set({})
     try:
         yield
@@ -353,14 +412,15 @@ def _read_live_days(client, db: str, definition: dict | None) -> tuple[str, str,
             conds["record_days"], params)
 
 
-def _job_money_sql(client, db: str, scope_cond: str) -> tuple[str, dict[str, Any]]:
+def _job_money_sql(client, db: str, scope_cond: str, carbon_too: bool = True) -> tuple[str, dict[str, Any]]:
     """SQL of each job's GPU-time, money and carbon per cluster, job and definition version (and its
     parameters): money (x executing, i idle GPU-ms, e effective GPU-ms, c cost micros; money = 1 where
     there are any) from its closed rows and adjustments on closed days and live deduplicated usage on
     open days (open = 1 where it has usage on an open day); carbon (co2e_kg, where has_energy = 1) from
     closed_energy and the same read of the live usage, summed per hour (docs/carbon.md). The open days'
     usage is read once for both. carbon_known: whether a carbon definition is recorded. `scope_cond`
-    limits every part to some clusters or jobs (columns all of them have; "1": every job)."""
+    limits every part to some clusters or jobs (columns all of them have; "1": every job). Without
+    `carbon_too`, the money only (no co2e_kg nor has_energy): the energy is not read."""
     from gpuledger.warehouse import bills as b
     from gpuledger.warehouse import carbon
 
@@ -370,8 +430,17 @@ def _job_money_sql(client, db: str, scope_cond: str) -> tuple[str, dict[str, Any
               "carbon_version": definition["carbon_version"] if definition is not None else ""}
     keys = "toString(cluster) AS cluster, job_id, toString(definition_version) AS definition_version"
     no_energy = "toUInt8(0) AS has_energy, toInt64(0) AS start_ms, toFloat64(0) AS energy_j"
+    if not carbon_too:  # one bucket per day read raw, not one per carbon bucket
+        bucket = "0"
     live = f"SELECT *, {is_open} AS is_open FROM ({b.live_usage_sql(db, exact_days, raw_days, bucket, [scope_cond])})"
     # columns: job, open (usage on an open day), money (a money row), x, i, e, c, has_energy, start_ms, energy_j
+    energy = f"""
+        SELECT {keys}, toUInt8(0), toUInt8(0), toInt64(0), toInt64(0), toInt64(0), toInt128(0),
+               toUInt8(1), hour * {carbon.HOUR_MS}, sum(energy_mj) / 1000
+        FROM (SELECT cluster, job_id, definition_version, hour, energy_mj FROM {db}.closed_energy
+              WHERE {b.committed(db)} AND {scope_cond} AND NOT {record_days})
+        GROUP BY cluster, job_id, definition_version, hour
+        UNION ALL""" if carbon_too else ""
     parts = f"""
         SELECT {keys}, toUInt8(0) AS open, toUInt8(1) AS money,
                sumIf(toInt64(gpu_ms), line != 'idle') AS x, sumIf(toInt64(gpu_ms), line = 'idle') AS i,
@@ -384,13 +453,7 @@ def _job_money_sql(client, db: str, scope_cond: str) -> tuple[str, dict[str, Any
                {no_energy}
         FROM {db}.bill_adjustments WHERE {b.committed(db)} AND {scope_cond}
         GROUP BY cluster, job_id, definition_version
-        UNION ALL
-        SELECT {keys}, toUInt8(0), toUInt8(0), toInt64(0), toInt64(0), toInt64(0), toInt128(0),
-               toUInt8(1), hour * {carbon.HOUR_MS}, sum(energy_mj) / 1000
-        FROM (SELECT cluster, job_id, definition_version, hour, energy_mj FROM {db}.closed_energy
-              WHERE {b.committed(db)} AND {scope_cond} AND NOT {record_days})
-        GROUP BY cluster, job_id, definition_version, hour
-        UNION ALL
+        UNION ALL{energy}
         SELECT {keys}, toUInt8(max(is_open)), toUInt8(max(is_open)),
                sumIf(toInt64(gpu_ms), is_open AND state = 'executing'),
                sumIf(toInt64(gpu_ms), is_open AND state = 'allocated_idle'),
@@ -398,9 +461,11 @@ def _job_money_sql(client, db: str, scope_cond: str) -> tuple[str, dict[str, Any
                toUInt8(1), bucket_ms, sum(energy_j)
         FROM ({live})
         GROUP BY cluster, job_id, definition_version, bucket_ms"""
+    sums = "max(open) AS open, max(money) AS money, sum(x) AS x, sum(i) AS i, sum(e) AS e, sum(c) AS c"
+    if not carbon_too:
+        return f"SELECT cluster, job_id, definition_version, {sums} FROM ({parts}) GROUP BY ALL", params
     sql = carbon.co2e_sql(db, parts, ("cluster", "job_id", "definition_version"),
-                          "max(open) AS open, max(money) AS money, sum(x) AS x, sum(i) AS i, sum(e) AS e, "
-                          "sum(c) AS c, max(has_energy) AS has_energy")
+                          f"{sums}, max(has_energy) AS has_energy")
     return sql, params
 
 

@@ -1360,6 +1360,25 @@ AS WITH
         GROUP BY
             cluster,
             job_id
+    ),
+    k AS
+    (
+        SELECT DISTINCT
+            cluster,
+            job_id
+        FROM
+        (
+            SELECT
+                cluster,
+                job_id
+            FROM {db}.usage_by_job_daily
+            WHERE (job_id != '') AND (state IN ('executing', 'allocated_idle'))
+            UNION ALL
+            SELECT
+                cluster,
+                job_id
+            FROM {db}.job_attempts_state
+        )
     )
 SELECT
     cluster,
@@ -1383,8 +1402,9 @@ SELECT
     a_queue_wait_seconds AS queue_wait_seconds,
     a_queue_wait_gpu_hours AS queue_wait_gpu_hours,
     u_priced_by_default_gpu_ms / 3600000 AS priced_by_default_gpu_hours
-FROM u
-FULL OUTER JOIN a USING (cluster, job_id);
+FROM k
+LEFT JOIN u USING (cluster, job_id)
+LEFT JOIN a USING (cluster, job_id);
 
 CREATE VIEW {db}.job_cost_by_attempt
 (
