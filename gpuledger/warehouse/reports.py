@@ -288,7 +288,7 @@ def _read_jobs(client, db: str, filters: dict[str, Any]) -> list[dict]:
         scope.append("job_id IN {top_job_ids:Array(String)}")
         params["top_job_ids"] = sorted({key[1] for key in top})
     jobs = f"SELECT *, {opportunity} AS opportunity_cost FROM {db}.job_cost WHERE {_and(conds)}"
-    money, more = _job_money_sql(client, db, " AND ".join(scope) or "1")
+    money, more = _job_money_sql(client, db, " AND ".join(scope) or "1", carbon_too=_CARBON.get())
     currencies = _currencies(client, db, filters.get("currency"))
     named = {dv: cur for dv, cur in currencies.items() if dv}
     params.update(more, currency_dv=list(named), currency=list(named.values()), currency_default=currencies.get("", ""))
@@ -296,14 +296,15 @@ def _read_jobs(client, db: str, filters: dict[str, Any]) -> list[dict]:
     # expensive first: one query, so that a 45,000-job report is joined and ordered by the engine
     replaced = ", ".join(f"if(m.money = 1, {expr}, j.{col}) AS {col}" for col, expr in _JOB_MONEY_COLUMNS.items())
     ident = "cluster, job_id, tenant, queue, definition_version"
-    carbon = "m.has_energy = 1 AND {carbon_known:UInt8} = 1"
+    carbon = "m.has_energy = 1 AND {carbon_known:UInt8} = 1" if _CARBON.get() else "0"
     sql = f"""
         SELECT {", ".join(f"j.{k} AS {k}" for k in ident.split(", "))},
                if(m.money = 1 AND m.open = 0, 'closed', 'open') AS status,
                transform(j.definition_version, {{currency_dv:Array(String)}}, {{currency:Array(String)}},
                          {{currency_default:String}}) AS currency,
                j.* EXCEPT ({ident}) REPLACE ({replaced}),
-               if({carbon}, m.co2e_kg, NULL) AS co2e_kg, if({carbon}, {{carbon_version:String}}, NULL) AS carbon_version
+               if({carbon}, {"m.co2e_kg" if _CARBON.get() else "0."}, NULL) AS co2e_kg,
+               if({carbon}, {{carbon_version:String}}, NULL) AS carbon_version
         FROM ({jobs}) AS j
         LEFT JOIN ({money}) AS m
           ON j.cluster = m.cluster AND j.job_id = m.job_id AND j.definition_version = m.definition_version
@@ -361,6 +362,27 @@ def _top_job_keys(client, db: str, filters: dict[str, Any], conds: list[str], pa
 
 #: the open days' state read once for every report built inside `one_reading` (None outside it)
 _ONE_READING: ContextVar[dict | None] = ContextVar("one_reading", default=None)
+#: whether the bills and jobs reports work out carbon (False inside `without_carbon`)
+_CARBON: ContextVar[bool] = ContextVar("carbon", default=True)
+
+
+@contextmanager
+def without_carbon() -> Iterator[None]:
+    """Bills and jobs reports fetched inside leave co2e_kg and carbon_version empty and read no energy:
+    for callers that show none (the periodic reports), as the carbon is a third or more of those
+    reads at 100 M records (its intensity join, closed_energy, the record days read raw)."""
+    token = _CARBON.set(False)
+    try:
+        yield
+    finally:
+        _CARBON.reset(token)
+
+
+def _carbon_definition(client, db: str) -> dict | None:
+    """The carbon definition the reports work with: the recorded one, none inside `without_carbon`."""
+    from gpuledger.warehouse import carbon
+
+    return carbon.definition_now(client, db.strip("`")) if _CARBON.get() else None
 
 
 @contextmanager
@@ -424,7 +446,7 @@ def _job_money_sql(client, db: str, scope_cond: str, carbon_too: bool = True) ->
     from gpuledger.warehouse import bills as b
     from gpuledger.warehouse import carbon
 
-    definition = carbon.definition_now(client, db.strip("`"))
+    definition = _carbon_definition(client, db)
     exact_days, raw_days, is_open, bucket, record_days, day_params = _live_days(client, db, definition)
     params = {**carbon.definition_params(definition), **day_params, "carbon_known": int(definition is not None),
               "carbon_version": definition["carbon_version"] if definition is not None else ""}
@@ -479,7 +501,7 @@ def _open_basis_and_carbon(client, db: str, conds: Sequence[str], params: dict[s
     from gpuledger.warehouse import bills as b
     from gpuledger.warehouse import carbon
 
-    definition = carbon.definition_now(client, db.strip("`"))
+    definition = _carbon_definition(client, db)
     exact_days, raw_days, is_open, bucket, record_days, day_params = _live_days(client, db, definition)
     params = {**params, **day_params}
     live = f"SELECT *, {is_open} AS is_open FROM ({b.live_usage_sql(db, exact_days, raw_days, bucket, conds)})"

@@ -1,7 +1,8 @@
 """The jobs report with a limit finds its jobs first (reports._top_job_keys), then reads their rows: on
 the real engine (chDB), with random jobs over four days in two clusters (the same job ids in both), two
 definition versions, replayed records (job_cost's own sums count them twice, the money once), equal costs (the order's later keys decide), jobs with attempts and no usage, days
-closed by a bill run and a late record booked as an adjustment, the other days open. Every limited
+closed by a bill run and a late record booked as an adjustment, the other days open; a carbon definition
+and an intensity series for one cluster. Every limited
 report equals the first rows of the same report without a limit, over every filter the periodic
 reports and the CLI use."""
 
@@ -18,7 +19,8 @@ from gpuledger import warehouse
 from gpuledger.ledger_files import load_ledger_config
 from gpuledger.schemas.models import JobEvent
 from gpuledger.sink.rows import Source, job_event_row
-from gpuledger.warehouse import bills, reports
+from gpuledger.streams.carbondefs import CarbonDefinition
+from gpuledger.warehouse import bills, carbon, reports
 
 pytestmark = pytest.mark.integration
 
@@ -61,6 +63,11 @@ def ledger(tmp_path_factory):
         put_usage(client, DB, records[::7], 20_000)  # a replay: the bills count it once, job_cost's sums twice
         warehouse.insert_rows(client, "job_events", [job_event_row(e, Source("e", 0, i))
                                                      for i, e in enumerate(attempts_without_usage())], database=DB)
+        carbon.record_definition(client, DB, CarbonDefinition(version="c-test", pue=1.2, default_gco2e_per_kwh=400.0,
+                                                              default_source="test"))
+        carbon.load_intensity(client, DB, [{"zone": "c1", "valid_from_ms": T0, "gco2e_per_kwh": 300.0},
+                                           {"zone": "c1", "valid_from_ms": T0 + 1500 * MIN, "gco2e_per_kwh": 500.0}],
+                              "series.csv", "ops")
         # the first two days closed, then a late record for day 1 booked as an adjustment
         cfg = load_ledger_config(None)
         assert bills.close_due(client, settings, cfg, now=dt.datetime(2026, 11, 12, 3, tzinfo=dt.timezone.utc)).bill_run_id
@@ -113,3 +120,19 @@ def test_the_data_has_what_the_order_must_decide(ledger):
     assert any(k[:2] == other[:2] and k[2] != other[2] for k in keys for other in keys)
     assert any(r["first_day"] is None for r in rows)
     assert ledger.query(f"SELECT count() FROM {DB}.bill_adjustments").result_rows[0][0] > 0
+
+
+@pytest.mark.parametrize("name,filters", [("jobs", {}), ("jobs", {"day_from": DAY0, "limit": 5}),
+                                          ("jobs", {"job_id": "job-3"}), ("bills", {}),
+                                          ("bills", {"day_from": DAY0 + dt.timedelta(days=2)})])
+def test_without_carbon_the_same_rows_with_carbon_left_empty(ledger, name, filters):
+    """reports.without_carbon (the periodic reports, which show no carbon): the same rows, money and
+    order, with co2e_kg and carbon_version empty."""
+    full = reports.fetch(ledger, DB, name, **filters)
+    with reports.without_carbon():
+        bare = reports.fetch(ledger, DB, name, **filters)
+    assert any(r["co2e_kg"] for r in full)
+    assert all(r["co2e_kg"] is None and r["carbon_version"] is None for r in bare)
+    def strip(rows):
+        return [{k: v for k, v in r.items() if k not in ("co2e_kg", "carbon_version")} for r in rows]
+    assert same(strip(bare), strip(full))

@@ -33,7 +33,8 @@ def build_report(client, database: str, name: str, **opts) -> Report:
         raise ValueError(f"unknown report {name!r}; reports: {', '.join(REPORT_NAMES)}")
     opts = {k: v for k, v in opts.items() if v is not None}
     currency = opts.pop("currency", "")
-    with base_reports.one_reading():  # its sections read the open days once
+    # its sections read the open days once, and no carbon (no periodic report shows it)
+    with base_reports.one_reading(), base_reports.without_carbon():
         report = _BUILDERS[name](client, database, **opts)
     report.currency = currency
     return report
