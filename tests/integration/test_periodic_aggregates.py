@@ -52,11 +52,11 @@ def random_records(seed: int) -> list[dict]:
     return out
 
 
-def insert(client, records: list[dict]) -> None:
+def insert(client, records: list[dict], database: str = DB) -> None:
     rows = [[1, r["id"], "c", r["node"], r["gpu"], r["model"], r["start"], r["end"], r["state"],
              f"job-{r['queue']}" if r["queue"] else "", 0, "t" if r["queue"] else "", r["queue"], 1000, r["end"] - r["start"],
              r["util"], 0.0, 1.0, "v", r["end"] - r["start"], 0, "d", "usage", 0, i] for i, r in enumerate(records)]
-    client.insert("usage_raw", rows, column_names=COLS, database=DB)
+    client.insert("usage_raw", rows, column_names=COLS, database=database)
 
 
 @pytest.fixture(scope="module")
@@ -146,3 +146,37 @@ def test_stragglers_equal_the_window_query_over_job_gpu_balance(client):
         expected = list(c.query(old.format(db=DB, cond=cond)).named_results())
         assert expected, kwargs  # the random attempts (one per queue) have GPUs under 0.8 x their median
         assert pr_queries.stragglers(c, DB, **kwargs) == expected
+
+
+@pytest.mark.parametrize("first,last", [(0, 2), (0, 6), (1, 1), (1, 2), (0, 0), (2, 9), (-3, 0), (4, 6), (-5, -1)])
+def test_coverage_equals_the_span_of_the_periods_records(client, first, last):
+    """The period's first start and last end (the first from its first hour's records, the last from
+    gpu_latest when no usage follows the period) equal the span of the records whose day is in the period."""
+    c, records = client
+    start, end = DAY0 + dt.timedelta(days=first), DAY0 + dt.timedelta(days=last)
+    inside = [r for r in records if start <= dt.datetime.fromtimestamp(r["start"] / 1000, dt.timezone.utc).date() <= end]
+    got = pr_queries.coverage(c, DB, start, end)
+    assert got.days == last - first + 1
+    if inside:
+        assert (got.first_ms, got.last_ms) == (min(r["start"] for r in inside), max(r["end"] for r in inside))
+    else:
+        assert (got.first_ms, got.last_ms) == (None, None)
+
+
+def test_coverage_first_start_inside_its_hour(client):
+    """A first record starting well into its hour, another GPU's in the same hour, a record ending past
+    midnight: the exact first start and last end (a database of its own in the module's engine)."""
+    def rec(gpu, start_s, end_s):
+        return {"gpu": gpu, "node": "n1", "model": "T4", "start": T0 + start_s * 1000, "end": T0 + end_s * 1000,
+                "state": "unallocated", "queue": "", "util": None, "id": f"{gpu}/{start_s}"}
+
+    records = [rec("g1", 37 * 60 + 12, 40 * 60), rec("g2", 59 * 60 + 59, 61 * 60), rec("g1", 5 * 3600, 6 * 3600),
+               rec("g2", 86_400 - 30, 86_400 + 90), rec("g1", 86_400 + 7 * 3600 + 5, 86_400 + 7 * 3600 + 65)]
+    c, db = client[0], "periodic_cov"
+    migrate(c, db)
+    insert(c, records, db)
+    for (first, last), expected in (((0, 0), (37 * 60 + 12, 86_400 + 90)),
+                                    ((0, 1), (37 * 60 + 12, 86_400 + 7 * 3600 + 65)),
+                                    ((1, 3), (86_400 + 7 * 3600 + 5, 86_400 + 7 * 3600 + 65))):
+        got = pr_queries.coverage(c, db, DAY0 + dt.timedelta(days=first), DAY0 + dt.timedelta(days=last))
+        assert (got.first_ms, got.last_ms) == (T0 + expected[0] * 1000, T0 + expected[1] * 1000), (first, last)

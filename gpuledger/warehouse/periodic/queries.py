@@ -166,12 +166,22 @@ def coverage(client, database: str, start: dt.date, end: dt.date) -> Coverage:
     days = (end - start).days + 1
     # the first and last day with usage from the daily sums (sql/0030), then only those days' records:
     # a record's day is its start's, and one that ends past midnight ends on the next day
-    (d0, d1, n), = client.query(f"SELECT min(day), max(day), count() FROM {db}.usage_gpu_daily "
-                                "WHERE day BETWEEN {d0:Date} AND {d1:Date}", parameters={"d0": start, "d1": end}).result_rows
+    (d0, d1, n, latest), = client.query(
+        f"SELECT minIf(day, day BETWEEN {{d0:Date}} AND {{d1:Date}}), maxIf(day, day BETWEEN {{d0:Date}} AND {{d1:Date}}), "
+        f"countIf(day BETWEEN {{d0:Date}} AND {{d1:Date}}), max(day) FROM {db}.usage_gpu_daily",
+        parameters={"d0": start, "d1": end}).result_rows
     if not n:
         return Coverage(days, None, None)
-    (first, last), = client.query(
-        f"SELECT minIf(start_ms, day = {{d0:Date}}), max(end_ms) FROM {db}.usage_raw "
-        "WHERE day IN ({d0:Date}, {d1:Date}, {before:Date})",
-        parameters={"d0": d0, "d1": d1, "before": max(d0, d1 - dt.timedelta(days=1))}).result_rows
+    # the first record starts in the first hour of its day with usage (usage_gpu_hourly, where it still
+    # holds that day): only that hour's records are read
+    (hours, until), = client.query(f"SELECT count(), (toInt64(toUnixTimestamp(min(hour))) + 3600) * 1000 "
+                                   f"FROM {db}.usage_gpu_hourly WHERE day = {{d0:Date}}", parameters={"d0": d0}).result_rows
+    within = " AND start_ms < {until:Int64}" if hours else ""
+    (first,), = client.query(f"SELECT min(start_ms) FROM {db}.usage_raw WHERE day = {{d0:Date}}{within}",
+                             parameters={"d0": d0, "until": until}).result_rows
+    if latest == d1:  # no usage after the period: its last end is the fleet's latest (gpu_latest, per GPU)
+        (last,), = client.query(f"SELECT max(last_end_ms) FROM {db}.gpu_latest").result_rows
+    else:
+        (last,), = client.query(f"SELECT max(end_ms) FROM {db}.usage_raw WHERE day IN ({{d1:Date}}, {{before:Date}})",
+                                parameters={"d1": d1, "before": max(d0, d1 - dt.timedelta(days=1))}).result_rows
     return Coverage(days, first, last)
