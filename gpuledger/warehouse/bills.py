@@ -308,10 +308,18 @@ def _energy_rows(items: Iterable[tuple[EnergyKey, Sequence[int]]], run_id: str) 
             for key, (mj, n) in items]
 
 
-def fetch_outcomes(client, db: str, cluster: str | None = None) -> dict[tuple, str]:
-    cond, params = ("WHERE cluster = {cluster:String}", {"cluster": cluster}) if cluster is not None else ("", {})
+def fetch_outcomes(client, db: str, cluster: str | None = None, failed_only: bool = False) -> dict[tuple, str]:
+    """{(cluster, job_id, attempt): outcome} of every attempt, or of the failed ones only: the only
+    outcome that moves a line (line_of), for readers that need nothing else (the bills report)."""
+    conds, params = [], {}
+    if cluster is not None:
+        conds.append("cluster = {cluster:String}")
+        params["cluster"] = cluster
+    if failed_only:
+        conds.append("outcome = 'failed'")
+    where = f"WHERE {' AND '.join(conds)}" if conds else ""
     return {(r["cluster"], r["job_id"], int(r["attempt"])): r["outcome"]
-            for r in _q(client, f"SELECT cluster, job_id, attempt, outcome FROM {db}.job_attempts {cond}", params)}
+            for r in _q(client, f"SELECT cluster, job_id, attempt, outcome FROM {db}.job_attempts {where}", params)}
 
 
 COHORT_DAY = "toDate(fromUnixTimestamp64Milli(coalesce(a.queued_ms, a.first_seen_ms), 'UTC'))"

@@ -206,7 +206,8 @@ def _bills(client, db: str, filters: dict[str, Any]) -> list[dict]:
         add((r["booked_day"], "adjustment", r["cluster"], r["tenant"], r["definition_version"], r["corrects_day"],
              r["reason"]), r["line"], r["g"], r["e"], r["c"], r["currency"])
     basis, carbon_of, carbon_version = _open_basis_and_carbon(client, db, conds, params)
-    for (day, cluster, tenant, _q, _job, _att, dv, line), (g, e, c) in b.job_lines(basis, b.fetch_outcomes(client, db)).items():
+    lines = b.job_lines(basis, b.fetch_outcomes(client, db, failed_only=True))
+    for (day, cluster, tenant, _q, _job, _att, dv, line), (g, e, c) in lines.items():
         add((day, "open", cluster, tenant, dv, None, None), line, g, e, c)
     order = {"closed": 0, "open": 0, "adjustment": 1}
     rows = []
