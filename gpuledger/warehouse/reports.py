@@ -509,11 +509,16 @@ def _open_basis_and_carbon(client, db: str, conds: Sequence[str], params: dict[s
     params = {**params, **day_params}
     live = f"SELECT *, {is_open} AS is_open FROM ({b.live_usage_sql(db, exact_days, raw_days, bucket, conds)})"
     # rows with a state: the basis (per attempt and state); rows without: energy per hour (state ''). The
-    # usage comes grouped per attempt, state and hour; the two groupings are made of those rows
+    # usage comes grouped per attempt, state and hour; the two groupings are made of those rows. Without
+    # a carbon definition, the basis only (0.06 s against 0.09 s for an open day of 13.6 M records)
+    basis_keys = "day, cluster, tenant, queue, job_id, attempt, definition_version, state"
+    grouping = (f"GROUPING SETS (({basis_keys}), (day, cluster, tenant, definition_version, bucket_ms))"
+                if definition is not None else basis_keys)
     grouped = f"""
         SELECT day, toString(cluster) AS cluster, toString(tenant) AS tenant, toString(queue) AS queue, job_id,
                attempt, toString(definition_version) AS definition_version, toString(state) AS state,
-               toInt64(bucket_ms) AS start_ms, toUInt64(sum(g)) AS gpu_ms, toUInt64(sum(e)) AS effective_gpu_ms,
+               toInt64({"bucket_ms" if definition is not None else "0"}) AS start_ms, toUInt64(sum(g)) AS gpu_ms,
+               toUInt64(sum(e)) AS effective_gpu_ms,
                sum(c) AS cost_micros, toUInt64(sum(n)) AS records, sum(j) AS energy_j
         FROM (
             SELECT day, cluster, tenant, queue, job_id, attempt, definition_version, state, bucket_ms,
@@ -521,8 +526,7 @@ def _open_basis_and_carbon(client, db: str, conds: Sequence[str], params: dict[s
                    sumIf(cost_micros, is_open) AS c, sumIf(records, is_open) AS n, sum(energy_j) AS j
             FROM ({live})
             GROUP BY day, cluster, tenant, queue, job_id, attempt, definition_version, state, bucket_ms)
-        GROUP BY GROUPING SETS ((day, cluster, tenant, queue, job_id, attempt, definition_version, state),
-                                (day, cluster, tenant, definition_version, bucket_ms))"""
+        GROUP BY {grouping}"""
     if definition is None:
         rows = _query(client, grouped, params)
     else:
@@ -570,8 +574,11 @@ def _queues(client, db: str, filters: dict[str, Any]) -> list[dict]:
         attempt_conds.append("a.cluster = {cluster:String}")
     # the open cohorts only: their attempts' usage is all that is deduplicated
     open_cohorts = [*conds, f"(cluster, day) NOT IN ({b.closed_days_sql(db)})"]
+    # the days whose hourly sums are exact (read for the bills and jobs reports too, once in one_reading)
+    exact_days, *_, day_params = _live_days(client, db, None)
+    params.update(day_params)
     live = b.queue_efficiency_sql(db, ["cluster = {cluster:String}"] if filters.get("cluster") is not None else [],
-                                  attempt_conds, by_tenant, open_cohorts)
+                                  attempt_conds, by_tenant, open_cohorts, exact_days)
     opened = (f"SELECT 'open' AS status, {cols} FROM ({live}) WHERE {_and(conds)} "
               f"AND (cluster, day) NOT IN ({b.closed_days_sql(db)})")
     sql = f"SELECT day, status, * EXCEPT (day, status) FROM ({closed} UNION ALL {opened}) ORDER BY day, cluster, queue"

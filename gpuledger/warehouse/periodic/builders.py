@@ -25,7 +25,9 @@ from gpuledger.warehouse.periodic.queries import (
     LAYERS,
     balance_score,
     coverage,
+    flagged_jobs,
     followed_suggestions,
+    largest_jobs,
     period_end,
     positive_int,
     query,
@@ -72,10 +74,7 @@ def inventory(client, database: str, *, days: int = 30, as_of: Any = None, low_u
              HAVING coalesce(sumIf(util_weighted_gpu_ms, state = 'executing')
                     / nullIf(sumIf(gpu_ms, state != 'down'), 0), 0) < {{low:Float64}})
         GROUP BY queue ORDER BY held_gpu_hours DESC, queue""", p)
-    largest = query(client, f"""
-        SELECT job_id, tenant, queue, attempts, gpu_hours, effective_gpu_hours, idle_gpu_hours, cost
-        FROM {db}.job_cost WHERE last_day >= {{d0:Date}} AND first_day <= {{d1:Date}}
-        ORDER BY gpu_hours DESC, job_id LIMIT {{top:UInt32}}""", {**p, "top": top})
+    largest = largest_jobs(client, database, start, end, top)
     queues = base.fetch(client, database, "queues", day_from=start, day_to=end)
     req: dict[str, dict] = {}
     for r in queues:
@@ -155,7 +154,7 @@ def anomalies(client, database: str, start: dt.date, end: dt.date, idle_share: f
     """One row per anomaly; its size in the column of its unit (GPU-hours down or idle, the cost of
     failed attempts), never one column mixing hours, money and percent."""
     db = quoted_database(database)
-    p = {"d0": start, "d1": end, "share": idle_share}
+    p = {"d0": start, "d1": end}
     out = []
     for r in query(client, f"""
             SELECT node, gpu_uuid, gpu_model, sumIf(gpu_ms, state = 'down') / 1000 AS down_seconds
@@ -164,13 +163,7 @@ def anomalies(client, database: str, start: dt.date, end: dt.date, idle_share: f
         out.append({"kind": "GPU down", "subject": f"{r['node']} {r['gpu_uuid']}",
                     "detail": f"{r['gpu_model']} down {r['down_seconds'] / 60:.1f} min",
                     "gpu_hours": r["down_seconds"] / 3600, "cost": None})
-    # failed and idle-heavy jobs in one read of the job_cost view (it aggregates every attempt)
-    flagged = query(client, f"""
-            SELECT job_id, tenant, failed_attempts, cost, idle_gpu_hours, gpu_hours,
-                   if(gpu_hours > 0, idle_gpu_hours / gpu_hours, 0) AS share
-            FROM {db}.job_cost
-            WHERE (failed_attempts > 0 OR (gpu_hours > 0 AND idle_gpu_hours / gpu_hours > {{share:Float64}}))
-              AND last_day >= {{d0:Date}} AND first_day <= {{d1:Date}}""", p)
+    flagged = flagged_jobs(client, database, start, end, idle_share)  # failed and idle-heavy, one read
     for r in sorted((r for r in flagged if r["failed_attempts"] > 0), key=lambda r: (-r["cost"], r["job_id"])):
         out.append({"kind": "Failed attempts", "subject": r["job_id"],
                     "detail": f"{r['tenant']}: {r['failed_attempts']} failed attempt(s)", "gpu_hours": None,

@@ -1,0 +1,176 @@
+"""The reads that a period's reports make cheaper than the views they stand for, against those views on
+the real engine (chDB), on random attempts in two clusters (the same job ids in both), two definition
+versions, failed, completed and still running attempts (a running one's usage outlasts its last event),
+jobs with usage and no attempts and attempts with no usage; the first day closed by a bill run, the
+second open with replayed records (its hourly sums count them twice, so it is read raw), the third open
+and exact (read from usage_by_job_hourly):
+- the queues report's open cohorts, with the exact days' usage summed from the hourly sums and the
+  running attempts' last ends from job_gpu_usage, equal the same report read from usage_raw alone;
+- the inventory's largest jobs (ranked from the usage sums first) equal job_cost's first rows;
+- the weekly report's failed and idle-heavy jobs (usage side joined to the attempts side) equal
+  job_cost's rows."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import random
+
+import pytest
+from warehouse_helpers import migrated_warehouse, put_usage, usage_record
+
+from gpuledger import warehouse
+from gpuledger.ledger_files import load_ledger_config
+from gpuledger.schemas.models import GpuAssignment, JobEvent
+from gpuledger.sink.rows import Source, job_event_row
+from gpuledger.warehouse import bills, reports
+from gpuledger.warehouse.periodic import queries as pr_queries
+
+pytestmark = pytest.mark.integration
+
+DB = "period_reads"
+DAY0 = dt.date(2026, 11, 10)
+T0 = int(dt.datetime(2026, 11, 10, tzinfo=dt.timezone.utc).timestamp() * 1000)
+MIN = 60_000
+DAY_MS = 1440 * MIN
+DAYS = 3
+
+
+def random_jobs(rnd: random.Random, cluster: str) -> tuple[list, list[JobEvent]]:
+    """(usage records, job events) of random attempts in one cluster."""
+    records, events = [], []
+    for k in range(24):
+        job, tenant, queue = f"job-{k}", f"t{rnd.randrange(3)}", f"q{rnd.randrange(2)}"
+        dv = "d2" if rnd.random() < 0.2 else "d1"
+        rate = rnd.choice([1, 2, 5])  # micros per GPU-second: costs not in the order of GPU-hours
+        for attempt in range(rnd.choice([1, 1, 2])):
+            start = T0 + rnd.randrange(0, DAYS * 1440 - 300, 30) * MIN
+            length = rnd.choice([60, 120, 240, 480])  # from a few lengths: equal GPU-hours, ties to order
+            end = min(start + length * MIN, T0 + DAYS * DAY_MS)
+            gpus = [f"{cluster}-{job}-{attempt}-{i}" for i in range(rnd.choice([1, 2]))]
+            outcome = rnd.choice(["completed", "completed", "failed", None])  # None: still running
+            n = len(events)
+
+            def ev(i: int, ts: int, kind: str, assigned: bool = False) -> JobEvent:
+                return JobEvent(event_id=f"{cluster}-{n + i}", ts_ms=ts, kind=kind, cluster=cluster, job_id=job,
+                                attempt=attempt, tenant=tenant, queue=queue, requested_gpus=float(len(gpus)),
+                                gpus=[GpuAssignment(node="n1", gpu_uuid=g) for g in gpus] if assigned else [])
+            events += [ev(0, start - rnd.randrange(0, 90) * MIN, "queued"), ev(1, start, "allocated", True),
+                       ev(2, start, "started", True)]
+            if outcome:
+                events.append(ev(3, end, outcome, True))
+            for gpu in gpus:
+                t = start
+                while t < end:
+                    step = min(rnd.choice([10, 30, 60]) * MIN, end - t)
+                    state = rnd.choice(["executing", "executing", "allocated_idle"])
+                    r = usage_record(cluster, gpu, t, t + step, state, job, tenant)
+                    records.append(r.model_copy(update={"attempt": attempt, "queue": queue, "definition_version": dv,
+                                                        "cost_micros": r.cost_micros * rate}))
+                    t += step
+    for i in range(3):  # usage of a job no scheduler event named, and attempts still waiting
+        records.append(usage_record(cluster, f"{cluster}-orphan-{i}", T0 + (600 + i) * MIN, T0 + (900 + i) * MIN,
+                                    "allocated_idle", f"orphan-{i}", "t9"))
+        events.append(JobEvent(event_id=f"{cluster}-w{i}", ts_ms=T0 + (i + 1) * DAY_MS + MIN, kind="queued",
+                               cluster=cluster, job_id=f"waiting-{i}", attempt=0, tenant="t1", queue="q0",
+                               requested_gpus=1.0, gpus=[]))
+    return records, events
+
+
+@pytest.fixture(scope="module")
+def ledger(tmp_path_factory):
+    rnd = random.Random(11)
+    with migrated_warehouse(tmp_path_factory.mktemp("period-reads"), DB, bills_close_grace_s=3600) as (client, settings):
+        records, events = [], []
+        for cluster in ("c1", "c2"):
+            r, e = random_jobs(rnd, cluster)
+            records += r
+            events += e
+        warehouse.insert_rows(client, "job_events", [job_event_row(e, Source("e", 0, i)) for i, e in enumerate(events)],
+                              database=DB)
+        # the usage up to 02:00 of day 1 first, and day 0 closed (the clusters' horizon is then past its
+        # end and the grace); the rest after, so that day 1 stays open
+        early = [r for r in records if r.end_ms <= T0 + DAY_MS + 120 * MIN]
+        late = [r for r in records if r.end_ms > T0 + DAY_MS + 120 * MIN]
+        for i in range(0, len(early), 50):
+            put_usage(client, DB, early[i:i + 50], i)
+        cfg = load_ledger_config(None)
+        assert bills.close_due(client, settings, cfg, now=dt.datetime(2026, 11, 13, tzinfo=dt.timezone.utc)).closed
+        for i in range(0, len(late), 50):
+            put_usage(client, DB, late[i:i + 50], 10_000 + i)
+        day1 = [r for r in records if T0 + DAY_MS <= r.start_ms < T0 + 2 * DAY_MS]
+        put_usage(client, DB, day1[::4], 50_000)  # replayed: day 1's hourly sums count these twice
+        yield client
+
+
+def test_the_data_has_what_the_reads_must_get_right(ledger):
+    """Day 1 open and read raw, day 2 open and exact, day 0 closed; running attempts whose usage on the
+    exact day outlasts their last event; failed attempts; ties in GPU-hours."""
+    days = bills.days_between(DAY0 + dt.timedelta(days=1), DAY0 + dt.timedelta(days=DAYS - 1))  # the open days
+    exact = bills.exact_hourly_days(ledger, DB, {"c1": days, "c2": days})
+    assert exact == {"c1": [DAY0 + dt.timedelta(days=2)], "c2": [DAY0 + dt.timedelta(days=2)]}
+    closed = ledger.query(f"SELECT DISTINCT day FROM {DB}.closed_days").result_rows
+    assert closed == [(DAY0,)]
+    outlasting = ledger.query(f"""
+        SELECT count() FROM {DB}.job_attempts AS a
+        INNER JOIN (SELECT cluster, job_id, attempt, max(last_end_ms) AS e FROM {DB}.job_gpu_usage GROUP BY ALL) AS u
+          ON a.cluster = u.cluster AND a.job_id = u.job_id AND a.attempt = u.attempt
+        WHERE a.ended_ms IS NULL AND u.e > a.last_seen_ms
+          AND toDate(fromUnixTimestamp64Milli(u.e, 'UTC')) = {{d:Date}}
+          AND toDate(fromUnixTimestamp64Milli(coalesce(a.queued_ms, a.first_seen_ms), 'UTC')) >= {{d0:Date}}""",
+        parameters={"d": DAY0 + dt.timedelta(days=2), "d0": DAY0 + dt.timedelta(days=1)}).result_rows[0][0]
+    assert outlasting > 0
+    assert ledger.query(f"SELECT countIf(failed_attempts > 0), count() - uniqExact(gpu_hours) FROM {DB}.job_cost"
+                        ).result_rows[0] >= (3, 3)
+
+
+QUEUE_FILTERS = [{}, {"tenant": "t1"}, {"cluster": "c2"}, {"day_from": DAY0 + dt.timedelta(days=1)},
+                 {"day_from": DAY0, "day_to": DAY0 + dt.timedelta(days=1)}, {"day_from": DAY0 + dt.timedelta(days=2)}]
+
+
+def same(a: list[dict], b: list[dict]) -> bool:
+    return len(a) == len(b) and all(x.keys() == y.keys() and all(
+        math.isclose(x[k], y[k], rel_tol=1e-12) if isinstance(x[k], float) and isinstance(y[k], float) else x[k] == y[k]
+        for k in x) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("filters", QUEUE_FILTERS, ids=lambda f: ",".join(sorted(f)) or "none")
+def test_queues_report_equals_the_read_of_usage_raw_alone(ledger, filters, monkeypatch):
+    fast = reports.fetch(ledger, DB, "queues", **filters)
+    with monkeypatch.context() as m:  # no day's hourly sums trusted: every open cohort read from usage_raw
+        m.setattr(bills, "exact_hourly_days", lambda *args, **kwargs: {})
+        raw = reports.fetch(ledger, DB, "queues", **filters)
+    assert any(r["status"] == "open" for r in raw) or filters.get("day_to") == DAY0
+    assert same(fast, raw)
+
+
+PERIODS = [(DAY0, DAY0 + dt.timedelta(days=2)), (DAY0 + dt.timedelta(days=1), DAY0 + dt.timedelta(days=1)),
+           (DAY0 + dt.timedelta(days=2), DAY0 + dt.timedelta(days=9)), (DAY0, DAY0)]
+
+
+@pytest.mark.parametrize("start,end", PERIODS)
+def test_largest_jobs_are_job_costs_first_rows(ledger, start, end):
+    for top in (1, 3, 10, 200):
+        expected = list(ledger.query(f"""
+            SELECT job_id, tenant, queue, attempts, gpu_hours, effective_gpu_hours, idle_gpu_hours, cost
+            FROM {DB}.job_cost WHERE last_day >= {{d0:Date}} AND first_day <= {{d1:Date}}
+            ORDER BY gpu_hours DESC, job_id, cluster, definition_version LIMIT {{top:UInt32}}""",
+            parameters={"d0": start, "d1": end, "top": top}).named_results())
+        assert expected
+        assert pr_queries.largest_jobs(ledger, DB, start, end, top) == expected, top
+
+
+@pytest.mark.parametrize("start,end", PERIODS)
+def test_flagged_jobs_are_job_costs_rows(ledger, start, end):
+    for share in (0.1, 0.3, 0.6):
+        expected = list(ledger.query(f"""
+            SELECT job_id, tenant, failed_attempts, cost, idle_gpu_hours, gpu_hours,
+                   if(gpu_hours > 0, idle_gpu_hours / gpu_hours, 0) AS share
+            FROM {DB}.job_cost
+            WHERE (failed_attempts > 0 OR (gpu_hours > 0 AND idle_gpu_hours / gpu_hours > {{share:Float64}}))
+              AND last_day >= {{d0:Date}} AND first_day <= {{d1:Date}}""",
+            parameters={"d0": start, "d1": end, "share": share}).named_results())
+        got = pr_queries.flagged_jobs(ledger, DB, start, end, share)
+        key = lambda r: tuple(str(v) for v in r.values())  # noqa: E731
+        assert sorted(got, key=key) == sorted(expected, key=key), share
+        assert any(r["tenant"] == "t9" for r in got) or start > DAY0  # a job known from its usage alone
