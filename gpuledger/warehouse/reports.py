@@ -291,13 +291,13 @@ def _read_jobs(client, db: str, filters: dict[str, Any]) -> list[dict]:
         scope.append("job_id IN {top_job_ids:Array(String)}")
         params["top_job_ids"] = sorted({key[1] for key in top})
     jobs = f"SELECT *, {opportunity} AS opportunity_cost FROM {db}.job_cost WHERE {_and(conds)}"
-    money, more = _job_money_sql(client, db, " AND ".join(scope) or "1", carbon_too=with_carbon)
+    money, more = job_money_sql(client, db, " AND ".join(scope) or "1", carbon_too=with_carbon)
     currencies = _currencies(client, db, filters.get("currency"))
     named = {dv: cur for dv, cur in currencies.items() if dv}
     params.update(more, currency_dv=list(named), currency=list(named.values()), currency_default=currencies.get("", ""))
-    # job_cost's rows with the money of closed and open days and the carbon (_job_money_sql), most
+    # job_cost's rows with the money of closed and open days and the carbon (job_money_sql), most
     # expensive first: one query, so that a 45,000-job report is joined and ordered by the engine
-    replaced = ", ".join(f"if(m.money = 1, {expr}, j.{col}) AS {col}" for col, expr in _JOB_MONEY_COLUMNS.items())
+    replaced = ", ".join(f"if(m.money = 1, {expr}, j.{col}) AS {col}" for col, expr in JOB_MONEY_COLUMNS.items())
     ident = "cluster, job_id, tenant, queue, definition_version"
     carbon = "m.has_energy = 1 AND {carbon_known:UInt8} = 1" if with_carbon else "0"
     sql = f"""
@@ -311,7 +311,7 @@ def _read_jobs(client, db: str, filters: dict[str, Any]) -> list[dict]:
         FROM ({jobs}) AS j
         LEFT JOIN ({money}) AS m
           ON j.cluster = m.cluster AND j.job_id = m.job_id AND j.definition_version = m.definition_version
-        ORDER BY {_JOBS_ORDER}
+        ORDER BY {JOBS_ORDER}
         {"LIMIT {limit:UInt64}" if limit else ""}"""
     if limit:
         params["limit"] = limit
@@ -323,12 +323,12 @@ def _read_jobs(client, db: str, filters: dict[str, Any]) -> list[dict]:
 
 #: a jobs report with a limit up to this finds its jobs first, then reads their rows (_top_job_keys)
 TOP_JOBS_READ_ALONE = 1000
-#: the jobs report's money columns from _job_money_sql's sums (m), where a job has money rows
-_JOB_MONEY_COLUMNS = {"gpu_hours": "(m.x + m.i) / 3600000", "executing_gpu_hours": "m.x / 3600000",
+#: the jobs report's money columns from job_money_sql's sums (m), where a job has money rows
+JOB_MONEY_COLUMNS = {"gpu_hours": "(m.x + m.i) / 3600000", "executing_gpu_hours": "m.x / 3600000",
                       "idle_gpu_hours": "m.i / 3600000", "effective_gpu_hours": "m.e / 3600000",
                       "cost": "m.c / 1e6", "cost_micros": "m.c"}
 #: the jobs report's order: most expensive first, a total order (a job's row per definition version)
-_JOBS_ORDER = "coalesce(cost, 0) DESC, coalesce(gpu_hours, 0) DESC, cluster, job_id, definition_version"
+JOBS_ORDER = "coalesce(cost, 0) DESC, coalesce(gpu_hours, 0) DESC, cluster, job_id, definition_version"
 
 
 def _top_job_keys(client, db: str, filters: dict[str, Any], conds: list[str], params: dict[str, Any],
@@ -336,8 +336,8 @@ def _top_job_keys(client, db: str, filters: dict[str, Any], conds: list[str], pa
     """(cluster, job_id, definition_version) of the first `limit` rows of the jobs report under `conds`
     (the filters'): the report's order over job_cost's cost and GPU-hours and the money without the
     carbon (which does not order it), the columns no other part of the report needs left unread."""
-    money, more = _job_money_sql(client, db, " AND ".join(scope) or "1", carbon_too=False)
-    ordered = {col: f"if(m.money = 1, {_JOB_MONEY_COLUMNS[col]}, j.{col}) AS {col}" for col in ("cost", "gpu_hours")}
+    money, more = job_money_sql(client, db, " AND ".join(scope) or "1", carbon_too=False)
+    ordered = {col: f"if(m.money = 1, {JOB_MONEY_COLUMNS[col]}, j.{col}) AS {col}" for col in ("cost", "gpu_hours")}
     jobs = f"SELECT cluster, job_id, definition_version, cost, gpu_hours FROM {db}.job_cost WHERE {_and(conds)}"
     named = {name for name, value in filters.items() if value is not None} - {"limit", "currency"}
     if named & {"day_from", "day_to"} and named <= {"day_from", "day_to", "cluster", "reference_cost_per_gpu_hour"}:
@@ -359,7 +359,7 @@ def _top_job_keys(client, db: str, filters: dict[str, Any], conds: list[str], pa
         FROM ({jobs}) AS j
         LEFT JOIN ({money}) AS m
           ON j.cluster = m.cluster AND j.job_id = m.job_id AND j.definition_version = m.definition_version
-        ORDER BY {_JOBS_ORDER} LIMIT {{top_limit:UInt64}}""", parameters={**params, **more, "top_limit": limit})
+        ORDER BY {JOBS_ORDER} LIMIT {{top_limit:UInt64}}""", parameters={**params, **more, "top_limit": limit})
     return {(str(r[0]), r[1], str(r[2])) for r in rows.result_rows}
 
 
@@ -437,7 +437,7 @@ def _read_live_days(client, db: str, definition: dict | None) -> tuple[str, str,
             conds["record_days"], params)
 
 
-def _job_money_sql(client, db: str, scope_cond: str, carbon_too: bool = True) -> tuple[str, dict[str, Any]]:
+def job_money_sql(client, db: str, scope_cond: str, carbon_too: bool = True) -> tuple[str, dict[str, Any]]:
     """SQL of each job's GPU-time, money and carbon per cluster, job and definition version (and its
     parameters): money (x executing, i idle GPU-ms, e effective GPU-ms, c cost micros; money = 1 where
     there are any) from its closed rows and adjustments on closed days and live deduplicated usage on

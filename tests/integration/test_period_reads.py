@@ -2,13 +2,13 @@
 the real engine (chDB), on random attempts in two clusters (the same job ids in both), two definition
 versions, failed, completed and still running attempts (a running one's usage outlasts its last event),
 jobs with usage and no attempts and attempts with no usage; the first day closed by a bill run, the
-second open with replayed records (its hourly sums count them twice, so it is read raw), the third open
-and exact (read from usage_by_job_hourly):
+second open with replayed records (its hourly sums count them twice, so it is read raw) and an
+adjustment of the first booked into it, the third open and exact (read from usage_by_job_hourly):
 - the queues report's open cohorts, with the exact days' usage summed from the hourly sums and the
   running attempts' last ends from job_gpu_usage, equal the same report read from usage_raw alone;
 - the inventory's largest jobs (ranked from the usage sums first) equal job_cost's first rows;
-- the weekly report's failed and idle-heavy jobs (usage side joined to the attempts side) equal
-  job_cost's rows."""
+- the periodic reports' jobs (period_jobs: job_cost's usage side joined to its attempts side and the
+  money): the first rows equal the jobs report's, the failed and idle-heavy ones job_cost's rows."""
 
 from __future__ import annotations
 
@@ -96,6 +96,10 @@ def ledger(tmp_path_factory):
             put_usage(client, DB, early[i:i + 50], i)
         cfg = load_ledger_config(None)
         assert bills.close_due(client, settings, cfg, now=dt.datetime(2026, 11, 13, tzinfo=dt.timezone.utc)).closed
+        # a late record of a closed day: an adjustment booked into day 1 (the jobs report's money counts it)
+        late_record = usage_record("c1", "c1-late", T0 + 600 * MIN, T0 + 700 * MIN, "executing", "job-3", "t0")
+        put_usage(client, DB, [late_record], 9_000)
+        assert bills.close_due(client, settings, cfg, now=dt.datetime(2026, 11, 13, tzinfo=dt.timezone.utc)).adjustment_rows
         for i in range(0, len(late), 50):
             put_usage(client, DB, late[i:i + 50], 10_000 + i)
         day1 = [r for r in records if T0 + DAY_MS <= r.start_ms < T0 + 2 * DAY_MS]
@@ -161,7 +165,19 @@ def test_largest_jobs_are_job_costs_first_rows(ledger, start, end):
 
 
 @pytest.mark.parametrize("start,end", PERIODS)
-def test_flagged_jobs_are_job_costs_rows(ledger, start, end):
+def test_period_jobs_first_rows_are_the_jobs_reports(ledger, start, end):
+    """The first rows equal the jobs report's over the period: its order over the money (closed rows, the
+    adjustment, the open days' usage each record once), not over job_cost's own sums."""
+    for top in (1, 3, 10, 500):
+        whole = reports.fetch(ledger, DB, "jobs", day_from=start, day_to=end)
+        expected = [{c: r[c] for c in pr_queries.TOP_JOB_COLUMNS} for r in whole[:top]]
+        first, flagged = pr_queries.period_jobs(ledger, DB, start, end, top)
+        assert expected and same(first, expected), top
+        assert flagged == []
+
+
+@pytest.mark.parametrize("start,end", PERIODS)
+def test_period_jobs_flagged_are_job_costs_rows(ledger, start, end):
     for share in (0.1, 0.3, 0.6):
         expected = list(ledger.query(f"""
             SELECT job_id, tenant, failed_attempts, cost, idle_gpu_hours, gpu_hours,
@@ -170,7 +186,8 @@ def test_flagged_jobs_are_job_costs_rows(ledger, start, end):
             WHERE (failed_attempts > 0 OR (gpu_hours > 0 AND idle_gpu_hours / gpu_hours > {{share:Float64}}))
               AND last_day >= {{d0:Date}} AND first_day <= {{d1:Date}}""",
             parameters={"d0": start, "d1": end, "share": share}).named_results())
-        got = pr_queries.flagged_jobs(ledger, DB, start, end, share)
+        first, got = pr_queries.period_jobs(ledger, DB, start, end, 3, share)
+        assert len(first) == 3
         key = lambda r: tuple(str(v) for v in r.values())  # noqa: E731
         assert sorted(got, key=key) == sorted(expected, key=key), share
         assert any(r["tenant"] == "t9" for r in got) or start > DAY0  # a job known from its usage alone

@@ -25,15 +25,14 @@ from gpuledger.warehouse.periodic.queries import (
     LAYERS,
     balance_score,
     coverage,
-    flagged_jobs,
     followed_suggestions,
     largest_jobs,
+    period_jobs,
     period_end,
     positive_int,
     query,
     stragglers,
     tenant_costs,
-    top_jobs,
     total,
 )
 
@@ -128,7 +127,7 @@ def monthly(client, database: str, *, month: str | None = None, as_of: Any = Non
     trend = [{"day": r["day"], **{k: r[k] for k in LAYERS},
               "executing_gpu_hours": (r["executing_gpu_seconds"] or 0) / 3600} for r in trend]
     tenants = tenant_costs(client, database, first, last)
-    jobs = top_jobs(client, database, first, last, top)
+    jobs, _ = period_jobs(client, database, first, last, top)
     overall = base.fetch(client, database, "utilization", by="cluster", day_from=first, day_to=last)
     report = Report("monthly", f"Monthly report {first:%Y-%m}", f"{first} .. {last}", summary={
         "total_cost": total(tenants, "total_cost"),
@@ -150,9 +149,11 @@ def monthly(client, database: str, *, month: str | None = None, as_of: Any = Non
 
 
 
-def anomalies(client, database: str, start: dt.date, end: dt.date, idle_share: float) -> list[dict]:
+def anomalies(client, database: str, start: dt.date, end: dt.date, idle_share: float,
+              flagged: list[dict]) -> list[dict]:
     """One row per anomaly; its size in the column of its unit (GPU-hours down or idle, the cost of
-    failed attempts), never one column mixing hours, money and percent."""
+    failed attempts), never one column mixing hours, money and percent. `flagged`: the failed and
+    idle-heavy jobs (period_jobs)."""
     db = quoted_database(database)
     p = {"d0": start, "d1": end}
     out = []
@@ -163,7 +164,6 @@ def anomalies(client, database: str, start: dt.date, end: dt.date, idle_share: f
         out.append({"kind": "GPU down", "subject": f"{r['node']} {r['gpu_uuid']}",
                     "detail": f"{r['gpu_model']} down {r['down_seconds'] / 60:.1f} min",
                     "gpu_hours": r["down_seconds"] / 3600, "cost": None})
-    flagged = flagged_jobs(client, database, start, end, idle_share)  # failed and idle-heavy, one read
     for r in sorted((r for r in flagged if r["failed_attempts"] > 0), key=lambda r: (-r["cost"], r["job_id"])):
         out.append({"kind": "Failed attempts", "subject": r["job_id"],
                     "detail": f"{r['tenant']}: {r['failed_attempts']} failed attempt(s)", "gpu_hours": None,
@@ -211,10 +211,11 @@ def weekly(client, database: str, *, as_of: Any = None, top: int = 10, idle_shar
         "potential_savings": savings[1]["cost"] + savings[2]["cost"],
     })
     report.coverage = coverage(client, database, start, end)
+    jobs, flagged = period_jobs(client, database, start, end, top, idle_share)
     report.sections = [
-        Section("Anomalies", anomalies(client, database, start, end, idle_share),
+        Section("Anomalies", anomalies(client, database, start, end, idle_share, flagged),
                 f"GPUs down, failed attempts, jobs idle more than {idle_share:.0%} of their held time, stragglers"),
-        Section(f"Top {top} costly jobs", top_jobs(client, database, start, end, top), "", Plot("bar", "job_id", ["cost"])),
+        Section(f"Top {top} costly jobs", jobs, "", Plot("bar", "job_id", ["cost"])),
         Section("Reclaimed on followed reclaim suggestions", reclaimed,
                 f"jobs a suggestion named that released their GPUs within {followed_within_s / 60:g} min of it"),
         Section("Estimated savings", savings),
