@@ -790,12 +790,14 @@ def fetch(client, database: str, name: str, **filters) -> list[dict]:
 
 def _flag_priced_by_default(client, db: str, rows: list[dict]) -> None:
     """priced_by_default_gpu_hours of each bill row (not adjustments): its GPU time of models priced
-    under the [unpriced] policy, from the usage aggregate (docs/accounting.md §4b)."""
+    under the [unpriced] policy, from the usage aggregate (docs/accounting.md §4b), read for the rows' days."""
+    days = sorted({row["day"] for row in rows if row.get("status") != "adjustment"})
     hours = {(r["day"], str(r["cluster"]), str(r["tenant"]), str(r["definition_version"])): r["h"] for r in _query(
         client, f"SELECT day, toString(cluster) AS cluster, toString(tenant) AS tenant, toString(definition_version) "
                 f"AS definition_version, sum(priced_by_default_gpu_ms) / 3600000 AS h FROM {db}.usage_by_job_daily "
-                "WHERE priced_by_default_gpu_ms > 0 AND job_id != '' AND state IN ('executing', 'allocated_idle') "
-                "GROUP BY day, cluster, tenant, definition_version", {})}
+                "WHERE day IN {days:Array(Date)} AND priced_by_default_gpu_ms > 0 AND job_id != '' "
+                "AND state IN ('executing', 'allocated_idle') GROUP BY day, cluster, tenant, definition_version",
+        {"days": days})} if days else {}
     for row in rows:
         if row.get("status") != "adjustment":
             row["priced_by_default_gpu_hours"] = hours.get(

@@ -1541,7 +1541,9 @@ CREATE TABLE {db}.job_gpu_usage
     `util_weighted_gpu_ms` SimpleAggregateFunction(sum, Float64),
     `util_gpu_ms` SimpleAggregateFunction(sum, UInt64),
     `first_start_ms` SimpleAggregateFunction(min, Int64),
-    `last_end_ms` SimpleAggregateFunction(max, Int64)
+    `last_end_ms` SimpleAggregateFunction(max, Int64),
+    `gpu_key` UInt64 MATERIALIZED cityHash64(cluster, job_id, attempt, node, gpu_uuid),
+    `attempt_key` UInt64 MATERIALIZED cityHash64(cluster, job_id, attempt)
 )
 ENGINE = AggregatingMergeTree
 ORDER BY (job_id, attempt, cluster, gpu_uuid, node, gpu_model, tenant, queue, state)
