@@ -95,15 +95,16 @@ def period_jobs(client, database: str, start: dt.date, end: dt.date, top: int,
                 "effective_gpu_hours": "u_effective_gpu_ms / 3600000", "cost": "u_cost_micros / 1e6"}
     money_columns = ", ".join(f"if(m.money = 1, {base.JOB_MONEY_COLUMNS[col]}, {expr}) AS {col}"
                               for col, expr in fallback.items())
-    flagged = ("failed_attempts > 0 OR (usage_gpu_hours > 0 AND usage_idle_gpu_hours / usage_gpu_hours > {share:Float64})"
-               if idle_share is not None else "0")
+    # the flagged condition is stated here only: the query marks the rows, Python keeps the marked ones
+    flagged = "failed_attempts > 0 OR idle_share > {share:Float64}" if idle_share is not None else "0"
     rows = query(client, f"""
         WITH u AS ({_PERIOD_USAGE.format(db=db)}),
         a AS (SELECT cluster, job_id, argMin(tenant, attempt) AS a_tenant, argMin(queue, attempt) AS a_queue,
                      count() AS a_attempts, countIf(outcome = 'failed') AS failed_attempts
               FROM {db}.job_attempts GROUP BY cluster, job_id)
-        SELECT * FROM (
-            SELECT *, row_number() OVER (ORDER BY {base.JOBS_ORDER}) AS rank FROM (
+        SELECT *, {flagged} AS is_flagged FROM (
+            SELECT *, row_number() OVER (ORDER BY {base.JOBS_ORDER}) AS rank,
+                   if(usage_gpu_hours > 0, usage_idle_gpu_hours / usage_gpu_hours, 0.) AS idle_share FROM (
                 SELECT toString(u.cluster) AS cluster, u.job_id AS job_id,
                        toString(u.definition_version) AS definition_version,
                        if(a_tenant != '', a_tenant, u_tenant) AS tenant, if(a_queue != '', a_queue, u_queue) AS queue,
@@ -113,14 +114,13 @@ def period_jobs(client, database: str, start: dt.date, end: dt.date, top: int,
                 FROM u LEFT JOIN a USING (cluster, job_id)
                 LEFT JOIN ({money}) AS m
                   ON u.cluster = m.cluster AND u.job_id = m.job_id AND u.definition_version = m.definition_version))
-        WHERE rank <= {{top:UInt64}} OR {flagged}
+        WHERE rank <= {{top:UInt64}} OR is_flagged
         ORDER BY rank""", {**params, "d0": start, "d1": end, "top": top, "share": idle_share or 0.0})
     first = [{c: r[c] for c in TOP_JOB_COLUMNS} for r in rows if r["rank"] <= top]
     marked = [{"job_id": r["job_id"], "tenant": r["tenant"], "failed_attempts": r["failed_attempts"],
                "cost": r["usage_cost"], "idle_gpu_hours": r["usage_idle_gpu_hours"], "gpu_hours": r["usage_gpu_hours"],
-               "share": r["usage_idle_gpu_hours"] / r["usage_gpu_hours"] if r["usage_gpu_hours"] > 0 else 0.0}
-              for r in rows if idle_share is not None and (r["failed_attempts"] > 0 or (
-                  r["usage_gpu_hours"] > 0 and r["usage_idle_gpu_hours"] / r["usage_gpu_hours"] > idle_share))]
+               "share": r["idle_share"]}
+              for r in rows if r["is_flagged"]]
     return first, marked
 
 
