@@ -148,6 +148,31 @@ def test_queues_report_equals_the_read_of_usage_raw_alone(ledger, filters, monke
     assert same(fast, raw)
 
 
+def test_exactness_counted_once_per_day_and_only_for_open_days_in_range(ledger, monkeypatch):
+    """The exactness count (usage_raw FINAL) is made for the days a report needs: none for a range of
+    closed days, and in one_reading each cluster's day once, whichever reports ask."""
+    asked: list[tuple[str, dt.date]] = []
+    count = bills.exact_hourly_days
+
+    def counting(client, db, days):
+        asked.extend((c, d) for c, ds in days.items() for d in ds)
+        return count(client, db, days)
+
+    monkeypatch.setattr(bills, "exact_hourly_days", counting)
+    reports.fetch(ledger, DB, "queues", day_to=DAY0)
+    assert asked == []
+    reports.fetch(ledger, DB, "queues", cluster="c2", day_from=DAY0 + dt.timedelta(days=2))
+    assert asked == [("c2", DAY0 + dt.timedelta(days=2))]
+    asked.clear()
+    with reports.one_reading():
+        for filters in QUEUE_FILTERS:
+            reports.fetch(ledger, DB, "queues", **filters)
+        reports.fetch(ledger, DB, "bills")
+        reports.fetch(ledger, DB, "jobs")
+    open_days = [(c, DAY0 + dt.timedelta(days=k)) for c in ("c1", "c2") for k in (1, 2)]
+    assert sorted(asked) == open_days
+
+
 PERIODS = [(DAY0, DAY0 + dt.timedelta(days=2)), (DAY0 + dt.timedelta(days=1), DAY0 + dt.timedelta(days=1)),
            (DAY0 + dt.timedelta(days=2), DAY0 + dt.timedelta(days=9)), (DAY0, DAY0)]
 
