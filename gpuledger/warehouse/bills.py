@@ -347,7 +347,9 @@ def queue_efficiency_sql(db: str, usage_conds: Sequence[str] = (), attempt_conds
     where = " AND ".join(attempt_conds) if attempt_conds else "1"
     cohort_where = " AND ".join(cohort_conds) if cohort_conds else "1"
     match = (["(cluster, job_id, attempt) IN (SELECT cluster, job_id, attempt FROM cohort)"] if attempt_conds else [])
-    since = "day >= (SELECT toDate(fromUnixTimestamp64Milli(min(first_seen_ms), 'UTC')) FROM cohort)"
+    # NULL for an empty cohort (min() would give 1970-01-01): then no usage row is read, where min()
+    # made a range of closed days read all of usage_raw FINAL (3-4 s at 100 M records)
+    since = "day >= (SELECT toDate(fromUnixTimestamp64Milli(minOrNull(first_seen_ms), 'UTC')) FROM cohort)"
     sums = ("sumIf(gpu_ms, state IN ('allocated_idle', 'executing')) AS u_allocated_gpu_ms, "
             "sumIf(gpu_ms, state = 'executing') AS u_executed_gpu_ms")
     if exact_days == "0":

@@ -608,12 +608,12 @@ def _queues(client, db: str, filters: dict[str, Any]) -> list[dict]:
         attempt_conds.append("a.cluster = {cluster:String}")
     # the open cohorts only: their attempts' usage is all that is deduplicated
     open_cohorts = [*conds, f"(cluster, day) NOT IN ({b.closed_days_sql(db)})"]
-    # the open days in the range whose hourly sums are exact (each counted once in one_reading, where the
-    # bills and jobs reports ask too); none counted when the range has no open day
-    day_from, day_to, cluster = params.get("day_from"), params.get("day_to"), params.get("cluster")
-    in_range = {c: [d for d in ds if (day_from is None or d >= day_from) and (day_to is None or d <= day_to)]
-                for c, ds in _open_days(client, db).items() if cluster is None or c == cluster}
-    exact_days, day_params = b.days_condition(_exact_days(client, db, in_range), "exact_days")
+    # the open days whose hourly sums are exact (each counted once in one_reading, where the bills and
+    # jobs reports ask too): every open day, not only the range's, since a cohort's usage runs on after
+    # its cohort day
+    cluster = params.get("cluster")
+    open_days = {c: ds for c, ds in _open_days(client, db).items() if cluster is None or c == cluster}
+    exact_days, day_params = b.days_condition(_exact_days(client, db, open_days), "exact_days")
     params.update(day_params)
     live = b.queue_efficiency_sql(db, ["cluster = {cluster:String}"] if filters.get("cluster") is not None else [],
                                   attempt_conds, by_tenant, open_cohorts, exact_days)
