@@ -655,6 +655,11 @@ def _unmatched(client, db: str, filters: dict[str, Any]) -> list[dict]:
         busy = f"""
             SELECT cluster, node, gpu_uuid, min(day) AS first_day, sum(gpu_ms) AS gpu_ms
             FROM {db}.busy_unallocated_daily WHERE {where} GROUP BY cluster, node, gpu_uuid HAVING gpu_ms > 0"""
+    elif params["floor"].is_integer() and 0 <= params["floor"] <= 100:  # util_step > F iff util_pct > F (sql/0033)
+        busy = f"""
+            SELECT cluster, node, gpu_uuid, min(day) AS first_day, sum(gpu_ms) AS gpu_ms
+            FROM {db}.unallocated_util_daily WHERE util_step > {{floor:Float64}} AND {where}
+            GROUP BY cluster, node, gpu_uuid HAVING gpu_ms > 0"""
     else:
         busy = f"""
             SELECT cluster, node, gpu_uuid, min(day) AS first_day, sum(gpu_ms) AS gpu_ms

@@ -35,6 +35,7 @@ RETENTION: dict[str, Retention] = {
     "usage_gpu_5m": Retention("retention_load_5m_days", "day", "5-minute load history per GPU"),
     "usage_node_5m": Retention("retention_load_5m_days", "day", "5-minute load history per node (sql/0024)"),
     "busy_unallocated_daily": Retention("retention_usage_days", "day", "busy unallocated GPU time per day (sql/0025)"),
+    "unallocated_util_daily": Retention("retention_usage_days", "day", "unallocated GPU time per day and utilization step (sql/0033)"),
     "gpu_down_records": Retention("retention_usage_days", "day", "down records behind the cards' down time (sql/0026)"),
     "usage_gpu_daily": Retention("retention_usage_days", "day", "usage per GPU, day, queue and state: the periodic reports (sql/0030)"),
     "usage_raw": Retention("retention_usage_days", _RAW, "usage records: bills, adjustments and re-bills are computed from them"),

@@ -2894,6 +2894,45 @@ GROUP BY
     tenant,
     definition_version;
 
+CREATE TABLE {db}.unallocated_util_daily
+(
+    `day` Date,
+    `cluster` LowCardinality(String),
+    `node` LowCardinality(String),
+    `gpu_uuid` String,
+    `util_step` UInt8,
+    `gpu_ms` UInt64
+)
+ENGINE = SummingMergeTree
+PARTITION BY toYYYYMM(day)
+ORDER BY (cluster, node, gpu_uuid, day, util_step)
+SETTINGS non_replicated_deduplication_window = 1000, index_granularity = 8192;
+
+CREATE MATERIALIZED VIEW {db}.unallocated_util_daily_mv TO {db}.unallocated_util_daily
+(
+    `day` Date,
+    `cluster` LowCardinality(String),
+    `node` LowCardinality(String),
+    `gpu_uuid` String,
+    `util_step` UInt8,
+    `gpu_ms` UInt64
+)
+AS SELECT
+    day,
+    cluster,
+    node,
+    gpu_uuid,
+    toUInt8(least(ceil(assumeNotNull(util_pct)), 255)) AS util_step,
+    sum(gpu_ms) AS gpu_ms
+FROM {db}.usage_raw
+WHERE (state = 'unallocated') AND (util_pct > 0)
+GROUP BY
+    day,
+    cluster,
+    node,
+    gpu_uuid,
+    util_step;
+
 CREATE TABLE {db}.usage_by_job_daily
 (
     `day` Date,
