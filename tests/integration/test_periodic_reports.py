@@ -132,6 +132,22 @@ def test_inventory_and_weekly(client):
     assert ("GPU down", "gpu-C") in kinds and ("Failed attempts", "job-1") in kinds and ("Straggler", "job-1") in kinds
     assert wk.summary["potential_savings"] == pytest.approx(
         sum(b["idle_cost"] + b["failed_retry_cost"] for b in reports.fetch(client, DB, "bills")))
+    # one per kind: each kind's largest, then its rest counted and summed in one row
+    one = pr.build_report(client, DB, "weekly", anomalies_per_kind=1).section("Anomalies").rows
+    every = wk.section("Anomalies").rows
+    for kind in {a["kind"] for a in every}:
+        of_kind = [a for a in every if a["kind"] == kind]
+        kept = [a for a in one if a["kind"] == kind]
+        assert kept[0] == of_kind[0]
+        if len(of_kind) == 1:
+            assert len(kept) == 1
+            continue
+        assert len(kept) == 2 and kept[1]["subject"] == f"{len(of_kind) - 1} more"
+        for col in ("gpu_hours", "cost"):
+            rest = [a[col] for a in of_kind[1:] if a[col] is not None]
+            assert kept[1][col] == (pytest.approx(sum(rest)) if rest else None)
+    with pytest.raises(ValueError, match="anomalies_per_kind must be a positive integer"):
+        pr.build_report(client, DB, "weekly", anomalies_per_kind=0)
 
 
 @pytest.mark.parametrize("fmt", pr.FORMATS)

@@ -149,6 +149,23 @@ def monthly(client, database: str, *, month: str | None = None, as_of: Any = Non
 
 
 
+def capped(rows: list[dict], per_kind: int) -> list[dict]:
+    """The first `per_kind` rows of each kind (rows come largest first), and for a kind with more one
+    row that counts and sums the rest in the same columns: a fleet's week can have thousands (12,268
+    rows at 100 M records, a 1.6 MB HTML page), which no reader goes through."""
+    out: list[dict] = []
+    kinds: dict[str, list[dict]] = {}
+    for r in rows:
+        kinds.setdefault(r["kind"], []).append(r)
+    for kind, of_kind in kinds.items():
+        out += of_kind[:per_kind]
+        rest = of_kind[per_kind:]
+        if rest:
+            sums = {col: (None if all(r[col] is None for r in rest) else total(rest, col)) for col in ("gpu_hours", "cost")}
+            out.append({"kind": kind, "subject": f"{len(rest):,} more", "detail": "not listed: their total", **sums})
+    return out
+
+
 def anomalies(client, database: str, start: dt.date, end: dt.date, idle_share: float,
               flagged: list[dict]) -> list[dict]:
     """One row per anomaly; its size in the column of its unit (GPU-hours down or idle, the cost of
@@ -181,8 +198,9 @@ def anomalies(client, database: str, start: dt.date, end: dt.date, idle_share: f
 
 
 def weekly(client, database: str, *, as_of: Any = None, top: int = 10, idle_share: float = 0.3,
-           followed_within_s: float = 3600.0) -> Report:
+           followed_within_s: float = 3600.0, anomalies_per_kind: int = 20) -> Report:
     top = positive_int("top", top)
+    anomalies_per_kind = positive_int("anomalies_per_kind", anomalies_per_kind)
     end = period_end(client, database, as_of)
     start = end - dt.timedelta(days=6)
     # Reclaimed = idle GPU time avoided by following reclaim suggestions (docs/alerts.md, "Followed
@@ -213,8 +231,9 @@ def weekly(client, database: str, *, as_of: Any = None, top: int = 10, idle_shar
     report.coverage = coverage(client, database, start, end)
     jobs, flagged = period_jobs(client, database, start, end, top, idle_share)
     report.sections = [
-        Section("Anomalies", anomalies(client, database, start, end, idle_share, flagged),
-                f"GPUs down, failed attempts, jobs idle more than {idle_share:.0%} of their held time, stragglers"),
+        Section("Anomalies", capped(anomalies(client, database, start, end, idle_share, flagged), anomalies_per_kind),
+                f"GPUs down, failed attempts, jobs idle more than {idle_share:.0%} of their held time, stragglers; "
+                f"the {anomalies_per_kind} largest of each kind, the rest summed"),
         Section(f"Top {top} costly jobs", jobs, "", Plot("bar", "job_id", ["cost"])),
         Section("Reclaimed on followed reclaim suggestions", reclaimed,
                 f"jobs a suggestion named that released their GPUs within {followed_within_s / 60:g} min of it"),

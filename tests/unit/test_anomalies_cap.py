@@ -1,0 +1,37 @@
+"""The weekly report's anomalies, capped per kind (periodic.builders.capped): each kind's first rows
+as they come (largest first), then one row counting the rest and summing their hours and cost."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuledger.warehouse.periodic.builders import capped
+
+
+def row(kind: str, subject: str, gpu_hours=None, cost=None) -> dict:
+    return {"kind": kind, "subject": subject, "detail": "", "gpu_hours": gpu_hours, "cost": cost}
+
+
+def test_each_kind_keeps_its_largest_and_sums_the_rest():
+    rows = ([row("GPU down", f"g{i}", gpu_hours=10.0 - i) for i in range(5)]
+            + [row("Failed attempts", f"j{i}", cost=100.0 - i) for i in range(3)]
+            + [row("Straggler", "s0")])
+    out = capped(rows, 2)
+    assert out == [row("GPU down", "g0", gpu_hours=10.0), row("GPU down", "g1", gpu_hours=9.0),
+                   {"kind": "GPU down", "subject": "3 more", "detail": "not listed: their total",
+                    "gpu_hours": pytest.approx(8.0 + 7.0 + 6.0), "cost": None},
+                   row("Failed attempts", "j0", cost=100.0), row("Failed attempts", "j1", cost=99.0),
+                   {"kind": "Failed attempts", "subject": "1 more", "detail": "not listed: their total",
+                    "gpu_hours": None, "cost": pytest.approx(98.0)},
+                   row("Straggler", "s0")]
+
+
+def test_nothing_summed_when_every_row_fits():
+    rows = [row("GPU down", f"g{i}", gpu_hours=1.0) for i in range(3)]
+    assert capped(rows, 3) == rows and capped(rows, 20) == rows and capped([], 1) == []
+
+
+def test_a_large_count_reads_with_separators():
+    rows = [row("Failed attempts", f"j{i}", cost=1.0) for i in range(1_250)]
+    out = capped(rows, 20)
+    assert len(out) == 21 and out[-1]["subject"] == "1,230 more" and out[-1]["cost"] == pytest.approx(1_230.0)
