@@ -209,6 +209,13 @@ def _progress_printer():
 
 def cmd_report(args) -> int:
     settings = settings_from_args(args)
+    from gpuledger.warehouse.reports import REPORTS
+
+    if args.limit is not None and (args.report not in REPORTS or args.limit < 1):
+        raise ValueError(f"report {args.report} takes no --limit" if args.report not in REPORTS
+                         else f"--limit must be a positive number of rows, got {args.limit}")
+    if args.busy_floor_pct is not None and args.report != "unmatched":
+        raise ValueError(f"report {args.report} takes no --busy-floor-pct (report unmatched does)")
     if args.report in PERIODIC_REPORTS:
         return _periodic_report(args, settings)
     if args.report in CARD_REPORTS:
@@ -224,6 +231,10 @@ def cmd_report(args) -> int:
     from gpuledger.warehouse import connect_readonly
 
     filters = _report_filters(args)
+    if args.limit is not None:
+        filters["limit"] = args.limit
+    if args.busy_floor_pct is not None:
+        filters["busy_floor_pct"] = args.busy_floor_pct
     if args.report == "utilization" and args.by:
         filters["by"] = args.by
     ledger = load_ledger_config(settings.ledger_config)
@@ -502,6 +513,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", help="bills, jobs, queues, utilization, capacity, unmatched: only this cluster")
     p.add_argument("--from", dest="day_from", help="first UTC day, YYYY-MM-DD (inclusive)")
     p.add_argument("--to", dest="day_to", help="last UTC day, YYYY-MM-DD (inclusive)")
+    p.add_argument("--limit", type=int, help="bills, jobs, queues, utilization, capacity, unmatched, alerts, suggestions: "
+                                              "the first N rows in the report's order (jobs: the most expensive)")
+    p.add_argument("--busy-floor-pct", type=float,
+                   help="unmatched: utilization above which unallocated GPU time is busy (default 1)")
     from gpuledger.warehouse.periodic.commands import register_report_cli
     register_report_cli(p)
 

@@ -651,6 +651,8 @@ def _unmatched(client, db: str, filters: dict[str, Any]) -> list[dict]:
     conds, params = _where(filters, sorted(REPORT_FILTERS["unmatched"]))
     where = _and(conds)
     params["floor"] = float(filters.get("busy_floor_pct", DEFAULT_BUSY_FLOOR_PCT))
+    if not math.isfinite(params["floor"]):
+        raise ValueError(f"busy_floor_pct must be a number of percent, got {params['floor']!r}")
     if params["floor"] == DEFAULT_BUSY_FLOOR_PCT:  # the per-day aggregate holds it (sql/0025)
         busy = f"""
             SELECT cluster, node, gpu_uuid, min(day) AS first_day, sum(gpu_ms) AS gpu_ms

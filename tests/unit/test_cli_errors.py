@@ -82,6 +82,12 @@ def test_from_after_to_and_a_filter_a_report_does_not_take(capsys):
     one_line_error(code, err, "--from 2024-03-02 is after --to 2024-03-01")
     code, _, err = run(capsys, "report", "capacity", "--tenant", "alpha")
     one_line_error(code, err, "report capacity takes no --tenant")
+    code, _, err = run(capsys, "report", "weekly", "--limit", "5")
+    one_line_error(code, err, "report weekly takes no --limit")
+    code, _, err = run(capsys, "report", "jobs", "--limit", "0")
+    one_line_error(code, err, "--limit must be a positive number of rows, got 0")
+    code, _, err = run(capsys, "report", "bills", "--busy-floor-pct", "5")
+    one_line_error(code, err, "report bills takes no --busy-floor-pct")
 
 
 def test_bad_settings(capsys, monkeypatch):
@@ -112,6 +118,11 @@ def test_migrated_warehouse_unknown_job_and_empty_reports(capsys, chdb_dir, monk
         code, out, err = run(capsys, "report", report, "--warehouse", warehouse, "--tenant", "t", "--queue", "q",
                              "--cluster", "c", "--from", "2024-03-01", "--to", "2024-03-02", "--format", "json")
         assert (code, out, err) == (0, "[]\n", "")
+    code, out, err = run(capsys, "report", "unmatched", "--warehouse", warehouse, "--busy-floor-pct", "5",
+                         "--limit", "3", "--format", "json")
+    assert (code, out, err) == (0, "[]\n", "")
+    code, _, err = run(capsys, "report", "unmatched", "--warehouse", warehouse, "--busy-floor-pct", "nan")
+    one_line_error(code, err, "busy_floor_pct must be a number of percent")
     code, out, err = run(capsys, "bills", "close", "--no-publish", "--warehouse", warehouse)
     assert code == 0 and '"bill_run_id": null' in out, err
     code, out, err = run(capsys, "bills", "audit", "--warehouse", warehouse, "--fail-on-duplicates")
