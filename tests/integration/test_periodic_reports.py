@@ -127,6 +127,10 @@ def test_inventory_and_weekly(client):
     low = inv.section("Cards under 20% utilization").rows
     assert [c["gpu_uuid"] for c in low] == ["gpu-C"] and low[0]["queues"] == "q2"
     assert inv.section("Largest 10 jobs by GPU-hours").rows[0]["job_id"] == "job-1"
+    assert pr.build_report(client, DB, "inventory", days=30, cards_listed=1).section(
+        "Cards under 20% utilization").rows == low  # one card: nothing to sum
+    with pytest.raises(ValueError, match="cards_listed must be a positive integer"):
+        pr.build_report(client, DB, "inventory", cards_listed=0)
     wk = pr.build_report(client, DB, "weekly")
     kinds = {(a["kind"], a["subject"].split()[-1]) for a in wk.section("Anomalies").rows}
     assert ("GPU down", "gpu-C") in kinds and ("Failed attempts", "job-1") in kinds and ("Straggler", "job-1") in kinds

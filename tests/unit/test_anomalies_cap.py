@@ -1,5 +1,6 @@
-"""The weekly report's anomalies, capped per kind (periodic.builders.capped): each kind's first rows
-as they come (largest first), then one row counting the rest and summing their hours and cost."""
+"""Lists of the periodic reports that grow with the fleet, capped (periodic.builders.capped): the
+weekly's anomalies per kind and the inventory's low-utilization cards. The first rows as they come
+(most important first), then one row counting the rest and summing the columns named."""
 
 from __future__ import annotations
 
@@ -7,16 +8,22 @@ import pytest
 
 from gpuledger.warehouse.periodic.builders import capped
 
+NOTE = ("detail", "not listed: their total")
+
 
 def row(kind: str, subject: str, gpu_hours=None, cost=None) -> dict:
     return {"kind": kind, "subject": subject, "detail": "", "gpu_hours": gpu_hours, "cost": cost}
+
+
+def anomalies(rows: list[dict], limit: int) -> list[dict]:
+    return capped(rows, limit, label="subject", sums=("gpu_hours", "cost"), kind="kind", note=NOTE)
 
 
 def test_each_kind_keeps_its_largest_and_sums_the_rest():
     rows = ([row("GPU down", f"g{i}", gpu_hours=10.0 - i) for i in range(5)]
             + [row("Failed attempts", f"j{i}", cost=100.0 - i) for i in range(3)]
             + [row("Straggler", "s0")])
-    out = capped(rows, 2)
+    out = anomalies(rows, 2)
     assert out == [row("GPU down", "g0", gpu_hours=10.0), row("GPU down", "g1", gpu_hours=9.0),
                    {"kind": "GPU down", "subject": "3 more", "detail": "not listed: their total",
                     "gpu_hours": pytest.approx(8.0 + 7.0 + 6.0), "cost": None},
@@ -28,10 +35,20 @@ def test_each_kind_keeps_its_largest_and_sums_the_rest():
 
 def test_nothing_summed_when_every_row_fits():
     rows = [row("GPU down", f"g{i}", gpu_hours=1.0) for i in range(3)]
-    assert capped(rows, 3) == rows and capped(rows, 20) == rows and capped([], 1) == []
+    assert anomalies(rows, 3) == rows and anomalies(rows, 20) == rows and anomalies([], 1) == []
 
 
 def test_a_large_count_reads_with_separators():
     rows = [row("Failed attempts", f"j{i}", cost=1.0) for i in range(1_250)]
-    out = capped(rows, 20)
+    out = anomalies(rows, 20)
     assert len(out) == 21 and out[-1]["subject"] == "1,230 more" and out[-1]["cost"] == pytest.approx(1_230.0)
+
+
+def test_one_list_without_kinds_leaves_the_other_columns_empty():
+    cards = [{"gpu_uuid": f"g{i}", "node": "n1", "gpu_model": "T4", "util_pct": i / 10, "up_gpu_hours": 24.0,
+              "queues": "q1"} for i in range(7)]
+    out = capped(cards, 4, label="gpu_uuid", sums=("up_gpu_hours",), note=("queues", "not listed"))
+    assert out[:4] == cards[:4]
+    assert out[4] == {"gpu_uuid": "3 more", "node": None, "gpu_model": None, "util_pct": None,
+                      "up_gpu_hours": pytest.approx(72.0), "queues": "not listed"}
+    assert len(out) == 5

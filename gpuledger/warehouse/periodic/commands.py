@@ -27,8 +27,9 @@ _BUILDERS = {"inventory": builders.inventory, "monthly": builders.monthly, "week
 
 
 def build_report(client, database: str, name: str, **opts) -> Report:
-    """Build one report. Options: inventory(days=30, as_of, low_util_pct=20, top=10), monthly(month='YYYY-MM'
-    or as_of, top=10), weekly(as_of, top=10, idle_share=0.3, anomalies_per_kind=20), job(job_id, stall_s=60)."""
+    """Build one report. Options: inventory(days=30, as_of, low_util_pct=20, top=10, cards_listed=50),
+    monthly(month='YYYY-MM' or as_of, top=10), weekly(as_of, top=10, idle_share=0.3, anomalies_per_kind=20),
+    job(job_id, stall_s=60)."""
     if name not in _BUILDERS:
         raise ValueError(f"unknown report {name!r}; reports: {', '.join(REPORT_NAMES)}")
     opts = {k: v for k, v in opts.items() if v is not None}
@@ -47,6 +48,8 @@ def register_report_cli(parser) -> None:
     parser.add_argument("--as-of", help="last day of the period, YYYY-MM-DD (default: the last day with usage)")
     parser.add_argument("--month", help="monthly: YYYY-MM (default: the month of --as-of)")
     parser.add_argument("--top", type=int, help="how many jobs in the top lists (default 10)")
+    parser.add_argument("--cards", type=int, dest="cards_listed",
+                        help="inventory: the lowest-utilization cards listed, the rest summed in one row (default 50)")
     parser.add_argument("--anomalies", type=int, dest="anomalies_per_kind",
                         help="weekly: the largest anomalies listed per kind, the rest summed in one row (default 20)")
 
@@ -55,7 +58,7 @@ def report_options(name: str, args) -> dict:
     """The build_report options of `name` from parsed arguments (see register_report_cli)."""
     get = lambda k: getattr(args, k, None)  # noqa: E731
     if name == "inventory":
-        return {"days": get("days"), "as_of": get("as_of"), "top": get("top")}
+        return {"days": get("days"), "as_of": get("as_of"), "top": get("top"), "cards_listed": get("cards_listed")}
     if name == "monthly":
         return {"month": get("month"), "as_of": get("as_of"), "top": get("top")}
     if name == "weekly":
