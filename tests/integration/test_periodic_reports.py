@@ -129,7 +129,7 @@ def test_inventory_and_weekly(client):
     assert inv.section("Largest 10 jobs by GPU-hours").rows[0]["job_id"] == "job-1"
     assert pr.build_report(client, DB, "inventory", days=30, cards_listed=1).section(
         "Cards under 20% utilization").rows == low  # one card: nothing to sum
-    with pytest.raises(ValueError, match="cards_listed must be a positive integer"):
+    with pytest.raises(ValueError, match=r"cards_listed \(--cards\) must be a positive integer"):
         pr.build_report(client, DB, "inventory", cards_listed=0)
     wk = pr.build_report(client, DB, "weekly")
     kinds = {(a["kind"], a["subject"].split()[-1]) for a in wk.section("Anomalies").rows}
@@ -150,7 +150,7 @@ def test_inventory_and_weekly(client):
         for col in ("gpu_hours", "cost"):
             rest = [a[col] for a in of_kind[1:] if a[col] is not None]
             assert kept[1][col] == (pytest.approx(sum(rest)) if rest else None)
-    with pytest.raises(ValueError, match="anomalies_per_kind must be a positive integer"):
+    with pytest.raises(ValueError, match=r"anomalies_per_kind \(--anomalies\) must be a positive integer"):
         pr.build_report(client, DB, "weekly", anomalies_per_kind=0)
 
 

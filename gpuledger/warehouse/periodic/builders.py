@@ -40,7 +40,7 @@ from gpuledger.warehouse.periodic.queries import (
 def inventory(client, database: str, *, days: int = 30, as_of: Any = None, low_util_pct: float = 20.0,
                top: int = 10, cards_listed: int = 50) -> Report:
     days, top = positive_int("days", days), positive_int("top", top)
-    cards_listed = positive_int("cards_listed", cards_listed)
+    cards_listed = positive_int("cards_listed (--cards)", cards_listed)
     end = period_end(client, database, as_of)
     start = end - dt.timedelta(days=days - 1)
     db = quoted_database(database)
@@ -213,7 +213,7 @@ def anomalies(client, database: str, start: dt.date, end: dt.date, idle_share: f
 def weekly(client, database: str, *, as_of: Any = None, top: int = 10, idle_share: float = 0.3,
            followed_within_s: float = 3600.0, anomalies_per_kind: int = 20) -> Report:
     top = positive_int("top", top)
-    anomalies_per_kind = positive_int("anomalies_per_kind", anomalies_per_kind)
+    anomalies_per_kind = positive_int("anomalies_per_kind (--anomalies)", anomalies_per_kind)
     end = period_end(client, database, as_of)
     start = end - dt.timedelta(days=6)
     # Reclaimed = idle GPU time avoided by following reclaim suggestions (docs/alerts.md, "Followed
