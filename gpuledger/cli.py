@@ -209,7 +209,7 @@ def _progress_printer():
 
 def cmd_report(args) -> int:
     settings = settings_from_args(args)
-    from gpuledger.warehouse.reports import REPORTS
+    from gpuledger.warehouse.reports import REPORTS, fetch
 
     if args.limit is not None and (args.report not in REPORTS or args.limit < 1):
         raise ValueError(f"report {args.report} takes no --limit" if args.report not in REPORTS
@@ -225,7 +225,6 @@ def cmd_report(args) -> int:
         raise SystemExit(f"report {args.report} is printed as table, json or csv")
     if args.report == STORAGE_REPORT:
         return _storage_report(args, settings)
-    from gpuledger.warehouse.reports import fetch
     from gpuledger.warehouse.report_text import render
     from gpuledger.ledger_files import load_ledger_config
     from gpuledger.warehouse import connect_readonly

@@ -17,7 +17,7 @@ import datetime as dt
 import math
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 
 from gpuledger.warehouse.client import quoted_database
@@ -405,27 +405,25 @@ def one_reading() -> Iterator[None]:
         _ONE_READING.reset(token)
 
 
-def _live_days(client, db: str, definition: dict | None) -> tuple[str, str, str, str, str, dict[str, Any]]:
+def _once(key: tuple, read: Callable[[], Any]) -> Any:
+    """read(), kept under `key` for the rest of the one_reading around the call (none: read again)."""
     cache = _ONE_READING.get()
     if cache is None:
-        return _read_live_days(client, db, definition)
-    key = (id(client), db, repr(definition))
+        return read()
     if key not in cache:
-        cache[key] = _read_live_days(client, db, definition)
+        cache[key] = read()
     return cache[key]
+
+
+def _live_days(client, db: str, definition: dict | None) -> tuple[str, str, str, str, str, dict[str, Any]]:
+    return _once((id(client), db, repr(definition)), lambda: _read_live_days(client, db, definition))
 
 
 def _open_days(client, db: str) -> dict[str, list[dt.date]]:
     """{cluster: open days with usage}, read once in one_reading."""
     from gpuledger.warehouse import bills as b
 
-    cache = _ONE_READING.get()
-    if cache is None:
-        return b.days_by_cluster(client, b.open_days_sql(db))
-    key = (id(client), db, "open days")
-    if key not in cache:
-        cache[key] = b.days_by_cluster(client, b.open_days_sql(db))
-    return cache[key]
+    return _once((id(client), db, "open days"), lambda: b.days_by_cluster(client, b.open_days_sql(db)))
 
 
 def _exact_days(client, db: str, days: dict[str, list[dt.date]]) -> dict[str, list[dt.date]]:
@@ -653,15 +651,15 @@ def _unmatched(client, db: str, filters: dict[str, Any]) -> list[dict]:
     params["floor"] = float(filters.get("busy_floor_pct", DEFAULT_BUSY_FLOOR_PCT))
     if not math.isfinite(params["floor"]):
         raise ValueError(f"busy_floor_pct must be a number of percent, got {params['floor']!r}")
-    if params["floor"] == DEFAULT_BUSY_FLOOR_PCT:  # the per-day aggregate holds it (sql/0025)
+    # the default floor's own per-day aggregate (sql/0025, 100x fewer rows), else any whole-number
+    # floor's (sql/0033: util_step > F exactly when util_pct > F), else the scan of the records
+    aggregate = ((f"{db}.busy_unallocated_daily", "1") if params["floor"] == DEFAULT_BUSY_FLOOR_PCT else
+                 (f"{db}.unallocated_util_daily", "util_step > {floor:Float64}")
+                 if params["floor"].is_integer() and 0 <= params["floor"] <= 100 else None)
+    if aggregate:
         busy = f"""
             SELECT cluster, node, gpu_uuid, min(day) AS first_day, sum(gpu_ms) AS gpu_ms
-            FROM {db}.busy_unallocated_daily WHERE {where} GROUP BY cluster, node, gpu_uuid HAVING gpu_ms > 0"""
-    elif params["floor"].is_integer() and 0 <= params["floor"] <= 100:  # util_step > F iff util_pct > F (sql/0033)
-        busy = f"""
-            SELECT cluster, node, gpu_uuid, min(day) AS first_day, sum(gpu_ms) AS gpu_ms
-            FROM {db}.unallocated_util_daily WHERE util_step > {{floor:Float64}} AND {where}
-            GROUP BY cluster, node, gpu_uuid HAVING gpu_ms > 0"""
+            FROM {aggregate[0]} WHERE {aggregate[1]} AND {where} GROUP BY cluster, node, gpu_uuid HAVING gpu_ms > 0"""
     else:
         busy = f"""
             SELECT cluster, node, gpu_uuid, min(day) AS first_day, sum(gpu_ms) AS gpu_ms
