@@ -424,7 +424,29 @@ def cmd_schemas(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: commands whose parsers live with their code (each module's `register_cli`), in `--help` order.
+#: Importing them costs ~0.3 s (trace readers and models, Jinja, YAML, ...), so a command line that
+#: names another command does not load them.
+MODULE_COMMANDS = {
+    "superset": "gpuledger.integrations.superset",
+    "gpu": "gpuledger.warehouse.cards",
+    "carbon": "gpuledger.warehouse.carbon",
+    "replay-trace": "gpuledger.traces.run",
+    "estimate": "gpuledger.warehouse.estimate",  # estimate, approvals (docs/planning.md)
+    "approvals": "gpuledger.warehouse.estimate",
+    "forecast": "gpuledger.warehouse.forecast",  # forecast run|backtest
+}
+
+
+def _command_word(argv: list[str]) -> str | None:
+    """The subcommand a command line names: its first word that is not an option (the top level
+    has only flags without values), or None."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole CLI; `command` (the subcommand the caller will parse) leaves out the parsers of the
+    modules in MODULE_COMMANDS when it is none of theirs."""
     parser = argparse.ArgumentParser(
         prog="gpuledger", description="GPU Ledger: turns GPU-cluster telemetry into an accounting of compute.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -542,18 +564,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", metavar="DUMP", help="your own data instead of the simulation: a JSON Lines topic dump "
                                                    "(gpuledger simulate --dump, gpuledger agent slurm --print)")
 
-    from gpuledger.integrations.superset import register_cli as register_superset_cli
-    from gpuledger.traces.run import register_cli as register_traces_cli
-    register_superset_cli(sub)
-    from gpuledger.warehouse.cards import register_cli as register_gpu_cli
-    from gpuledger.warehouse.carbon import register_cli as register_carbon_cli
-    register_gpu_cli(sub)
-    register_carbon_cli(sub)
-    register_traces_cli(sub)
-    from gpuledger.warehouse.estimate import register_cli as register_estimate_cli
-    from gpuledger.warehouse.forecast import register_cli as register_forecast_cli
-    register_estimate_cli(sub)  # estimate, approvals (docs/planning.md)
-    register_forecast_cli(sub)  # forecast run|backtest
+    # a command of this file needs none of the modules; `--help`, a module's command and a mistyped
+    # one (whose error lists every choice) need them all
+    if command is None or command not in sub.choices:
+        import importlib
+
+        for module in dict.fromkeys(MODULE_COMMANDS.values()):
+            importlib.import_module(module).register_cli(sub)
 
     p = add("schemas", cmd_schemas, "export the JSON Schema files from the pydantic models")
     p.add_argument("action", choices=["export"])
@@ -595,8 +612,8 @@ def error_message(exc: BaseException) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(_command_word(argv)).parse_args(argv)
     if args.command != "agent":  # agents set up their own logging (--log-level, INFO by default)
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -6,13 +6,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import cache
-
-import jinja2
-from markupsafe import Markup
+from typing import TYPE_CHECKING
 
 from gpuledger.warehouse.periodic.charts import svg_plot
 from gpuledger.warehouse.periodic.columns import column
 from gpuledger.warehouse.periodic.model import Report
+
+if TYPE_CHECKING:
+    import jinja2
 
 FORMATS = ("table", "markdown", "html")
 
@@ -47,6 +48,8 @@ def markdown_escape(text: str) -> str:
 
 @cache
 def _templates() -> jinja2.Environment:
+    import jinja2  # here, not at the top: every `gpuledger report` loads this module's FORMATS
+
     env = jinja2.Environment(loader=jinja2.PackageLoader("gpuledger.warehouse.periodic", "templates"),
                              autoescape=jinja2.select_autoescape(["html.j2"]), trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
@@ -55,6 +58,8 @@ def _templates() -> jinja2.Environment:
 
 
 def _sections(report: Report, plots: bool) -> list[dict]:
+    from markupsafe import Markup
+
     out = []
     for s in report.sections:
         svg = svg_plot(s.rows, s.plot, report.currency) if plots and s.plot and s.rows else ""
