@@ -178,11 +178,20 @@ def intensity_join_sql(db: str, rows_sql: str) -> str:
 
 def co2e_sql(db: str, rows_sql: str, keys: Sequence[str], sums: str = "") -> str:
     """Per `keys`: energy_kwh and co2e_kg of rows (cluster, start_ms, energy_j, ...) (intensity_join_sql).
-    `sums`: more aggregates over the rows, SQL."""
+    `sums`: more aggregates over the rows, SQL. The sums are exact (whole millijoules of energy and nanograms
+    of carbon per row), so a figure does not change with the order the engine adds the rows
+    in: a float sum over a job's hours differed in its last digits from one run of a report to the next."""
     key_list = ", ".join(keys)
     more = f", {sums}" if sums else ""
-    return (f"SELECT {key_list}, sum(energy_j) / 3600000 AS energy_kwh, sum(co2e_g) / 1000 AS co2e_kg{more} "
+    return (f"SELECT {key_list}, {exact_sum('energy_j', 3, 3_600_000)} AS energy_kwh, "
+            f"{exact_sum('co2e_g', 9, 1000)} AS co2e_kg{more} "
             f"FROM ({intensity_join_sql(db, rows_sql)}) GROUP BY {key_list}")
+
+
+def exact_sum(column: str, decimals: int, divisor: int = 1) -> str:
+    """SQL: the sum of a Float64 column divided by `divisor`, each value rounded to `decimals` places and
+    added as a whole number (Int128): the same Float64 in any order of the rows."""
+    return f"sum(toInt128(round({column} * {10 ** decimals}))) / {10 ** decimals * divisor}"
 
 
 def show(client, database: str) -> dict[str, list[dict]]:

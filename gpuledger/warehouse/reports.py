@@ -515,7 +515,7 @@ def job_money_sql(client, db: str, scope_cond: str, carbon_too: bool = True) -> 
                sumIf(toInt64(gpu_ms), is_open AND state = 'executing'),
                sumIf(toInt64(gpu_ms), is_open AND state = 'allocated_idle'),
                sumIf(toInt64(effective_gpu_ms), is_open), sumIf(cost_micros, is_open),
-               toUInt8(1), bucket_ms, sum(energy_j)
+               toUInt8(1), bucket_ms, sum(energy_mj) / 1000
         FROM ({live})
         GROUP BY cluster, job_id, definition_version, bucket_ms"""
     sums = "max(open) AS open, max(money) AS money, sum(x) AS x, sum(i) AS i, sum(e) AS e, sum(c) AS c"
@@ -551,11 +551,11 @@ def _open_basis_and_carbon(client, db: str, conds: Sequence[str], params: dict[s
                attempt, toString(definition_version) AS definition_version, toString(state) AS state,
                toInt64({"bucket_ms" if definition is not None else "0"}) AS start_ms, toUInt64(sum(g)) AS gpu_ms,
                toUInt64(sum(e)) AS effective_gpu_ms,
-               sum(c) AS cost_micros, toUInt64(sum(n)) AS records, sum(j) AS energy_j
+               sum(c) AS cost_micros, toUInt64(sum(n)) AS records, sum(j) / 1000 AS energy_j
         FROM (
             SELECT day, cluster, tenant, queue, job_id, attempt, definition_version, state, bucket_ms,
                    sumIf(gpu_ms, is_open) AS g, sumIf(effective_gpu_ms, is_open) AS e,
-                   sumIf(cost_micros, is_open) AS c, sumIf(records, is_open) AS n, sum(energy_j) AS j
+                   sumIf(cost_micros, is_open) AS c, sumIf(records, is_open) AS n, sum(energy_mj) AS j
             FROM ({live})
             GROUP BY day, cluster, tenant, queue, job_id, attempt, definition_version, state, bucket_ms)
         GROUP BY {grouping}"""
@@ -573,12 +573,13 @@ def _open_basis_and_carbon(client, db: str, conds: Sequence[str], params: dict[s
         rows = _query(client, carbon.intensity_join_sql(db, f"{grouped} UNION ALL {closed}"),
                       {**params, **carbon.definition_params(definition)})
     basis = [r for r in rows if r["state"] and r["records"]]
-    kg: dict[tuple, float] = {}
+    grams: dict[tuple, list[float]] = {}
     if definition is not None:
         for r in rows:
             if not r["state"]:
-                key = (r["day"], r["cluster"], r["tenant"], r["definition_version"])
-                kg[key] = kg.get(key, 0.0) + r["co2e_g"] / 1000
+                grams.setdefault((r["day"], r["cluster"], r["tenant"], r["definition_version"]), []).append(r["co2e_g"])
+    # fsum: exact, so the figure does not depend on the order the rows came in
+    kg = {key: math.fsum(values) / 1000 for key, values in grams.items()}
     return basis, kg, definition["carbon_version"] if definition else None
 
 
