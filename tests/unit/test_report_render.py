@@ -89,3 +89,36 @@ def test_empty():
 def test_unknown_format():
     with pytest.raises(ValueError, match="unknown format"):
         render(ROWS, "xml")
+
+
+EDGE = [
+    {"day": dt.date(2026, 1, 2), "at": dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc), "x": float("inf"),
+     "mixed": 1, "flag": True, "days": (dt.date(2026, 1, 1),), "neg": -0.0, "first_day": None},
+    {"day": dt.date(2026, 1, 3), "at": dt.datetime(2026, 1, 3, 0, 0, 0, 250000), "x": -float("inf"),
+     "mixed": 2.5, "flag": False, "days": [], "neg": -0.00001, "first_day": dt.date(2026, 1, 1)},
+]
+
+
+def test_every_kind_of_value_in_every_format():
+    """The renderers' fast paths per column type and the general one give what the docstring says:
+    dates ISO, infinities blank (table, CSV) or null (JSON), bools lower case, -0 as 0, day columns
+    labelled UTC (utc_days)."""
+    table = render(EDGE, "table", utc_days=True).splitlines()
+    assert table[0].split() == ["day_utc", "at", "x", "mixed", "flag", "days", "neg", "first_day_utc"]
+    assert table[2].split() == ["2026-01-02", "2026-01-02T03:04:05+00:00", "1", "true",
+                                "(datetime.date(2026,", "1,", "1),)", "0"]
+    assert table[3].split() == ["2026-01-03", "2026-01-03T00:00:00.250000", "2.5", "false", "[]", "0", "2026-01-01"]
+    # a column of ints and floats is numeric: right-aligned under its header
+    mixed = table[0].index("mixed") + len("mixed")
+    assert table[2][:mixed].endswith(" 1") and table[3][:mixed].endswith("2.5")
+    assert json.loads(render(EDGE, "json", utc_days=True)) == [
+        {"day_utc": "2026-01-02", "at": "2026-01-02T03:04:05+00:00", "x": None, "mixed": 1, "flag": True,
+         "days": ["2026-01-01"], "neg": -0.0, "first_day_utc": None},
+        {"day_utc": "2026-01-03", "at": "2026-01-03T00:00:00.250000", "x": None, "mixed": 2.5, "flag": False,
+         "days": [], "neg": -0.00001, "first_day_utc": "2026-01-01"}]
+    assert list(csv.reader(io.StringIO(render(EDGE, "csv", utc_days=True)))) == [
+        ["day_utc", "at", "x", "mixed", "flag", "days", "neg", "first_day_utc"],
+        ["2026-01-02", "2026-01-02T03:04:05+00:00", "", "1", "True", "['2026-01-01']", "-0.0", ""],
+        ["2026-01-03", "2026-01-03T00:00:00.250000", "", "2.5", "False", "[]", "-1e-05", "2026-01-01"]]
+    # without utc_days the names stay
+    assert list(json.loads(render(EDGE, "json"))[0]) == list(EDGE[0])
