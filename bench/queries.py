@@ -21,7 +21,8 @@ days' energy) for those days and live, deduplicated usage for the last, open day
 Chart queries are built from the bundle (superset/bundle): the chart's dataset, its metrics'
 expressions, group-bys, time grain, row limit and order, as Superset's SQL for those chart types
 (no time filter: the dashboards open on "No filter"). Median of GPULEDGER_BENCH_QUERY_REPEATS runs
-after one warm-up.
+after one warm-up. Then the CLI end to end (`cli_timings`, in results.json as query_detail.cli_ms; not
+a target: it adds ~0.85 s of process start and chDB loading to every report).
 
     .venv/bin/python -m bench.run --only queries
     GPULEDGER_BENCH_QUICK=1 .venv/bin/python -m bench.run --only queries
@@ -262,6 +263,34 @@ def other_reports(client, data_dir: Path) -> dict:
     return out
 
 
+#: reports timed as a user runs them (informational; the target is on the queries above)
+CLI_REPORTS = ("alerts", "bills", "jobs", "queues", "utilization", "capacity", "unmatched", "weekly", "monthly",
+               "inventory", "storage")
+
+
+def cli_timings(path: Path) -> dict[str, float]:
+    """Wall time of `gpuledger report R` in a new process, printed as a table to /dev/null (fastest of
+    two): Python, the CLI's imports, loading and opening chDB, the queries and the rendering. `alerts`,
+    which has no rows here, is about the fixed part."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "GPULEDGER_DATABASE": DATABASE, "GPULEDGER_WAREHOUSE": f"chdb:{path}"}
+    out = {}
+    for name in CLI_REPORTS:
+        runs = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            done = subprocess.run([sys.executable, "-m", "gpuledger.cli", "report", name], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            runs.append(time.perf_counter() - t0)
+            if done.returncode != 0:
+                raise RuntimeError(f"gpuledger report {name} failed: {done.stderr.strip()}")
+        out[name] = round(1000 * min(runs), 1)
+        say(f"queries: gpuledger report {name}, end to end: {out[name]:,.0f} ms")
+    return out
+
+
 def run() -> dict:
     from clickhouse_connect import get_client
 
@@ -326,6 +355,9 @@ def run() -> dict:
             say(f"queries: report {name}: {1000 * s:,.0f} ms ({n} rows or sections)")
     finally:
         client.close()
+    try:  # the warehouse is free now (one process at a time holds a chDB directory)
+        detail["cli_ms"] = cli_timings(path)
+    finally:
         if not keep:
             shutil.rmtree(path, ignore_errors=True)
     slowest = max(timings, key=timings.get)
