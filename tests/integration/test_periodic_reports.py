@@ -104,6 +104,16 @@ def test_job_report_cost_balance_and_hints(client):
     assert [h["detail"][:5] for h in hints if h["hint"] == "straggler"] == ["n1/B "]
     hist = {h["util_bucket"]: h["gpu_hours"] for h in r.section("Utilization distribution").rows}
     assert hist == pytest.approx({"30-40%": 20 / 60, "80-90%": 60 / 60, "90-100%": 20 / 60})
+    # idle stretches: the longest listed (--stretches), the rest counted and summed in one row
+    stretches = r.section("Idle stretches").rows
+    assert len(stretches) > 1
+    one = pr.build_report(client, DB, "job", job_id="job-1", stretches_listed=1).section("Idle stretches").rows
+    assert len(one) == 2 and one[0] == max(stretches, key=lambda x: x["idle_gpu_seconds"])
+    assert one[1]["gpu_uuid"] == f"{len(stretches) - 1} more"
+    assert one[0]["idle_gpu_seconds"] + one[1]["idle_gpu_seconds"] == pytest.approx(
+        sum(x["idle_gpu_seconds"] for x in stretches))
+    with pytest.raises(ValueError, match=r"stretches_listed \(--stretches\) must be a positive integer"):
+        pr.build_report(client, DB, "job", job_id="job-1", stretches_listed=0)
 
 
 def test_monthly_agrees_with_bills_and_jobs(client):

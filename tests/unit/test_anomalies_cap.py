@@ -1,12 +1,13 @@
 """Lists of the periodic reports that grow with the fleet, capped (periodic.builders.capped): the
-weekly's anomalies per kind and the inventory's low-utilization cards. The first rows as they come
-(most important first), then one row counting the rest and summing the columns named."""
+weekly's anomalies per kind, the inventory's low-utilization cards and the job report's idle
+stretches. The first rows as they come (most important first), then one row counting the rest and
+summing the columns named."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpuledger.warehouse.periodic.builders import capped
+from gpuledger.warehouse.periodic.builders import capped, longest_first_capped
 
 NOTE = ("detail", "not listed: their total")
 
@@ -52,3 +53,21 @@ def test_one_list_without_kinds_leaves_the_other_columns_empty():
     assert out[4] == {"gpu_uuid": "3 more", "node": None, "gpu_model": None, "util_pct": None,
                       "up_gpu_hours": pytest.approx(72.0), "queues": "not listed"}
     assert len(out) == 5
+
+
+def stretch(start: int, idle: float, gpu: str = "g0") -> dict:
+    return {"attempt": 0, "node": "n1", "gpu_uuid": gpu, "stretch_start": start, "duration_seconds": idle,
+            "idle_gpu_seconds": idle, "offset_ms": start}
+
+
+def test_a_jobs_longest_idle_stretches_stay_in_time_order_and_the_rest_is_summed():
+    stretches = [stretch(0, 30.0), stretch(10, 600.0), stretch(20, 5.0), stretch(30, 900.0), stretch(40, 60.0)]
+    out = longest_first_capped(stretches, 2)
+    assert out[:2] == [stretch(10, 600.0), stretch(30, 900.0)]  # the two longest, in time order
+    assert out[2] == {"attempt": None, "node": None, "gpu_uuid": "3 more", "stretch_start": None,
+                      "duration_seconds": None, "idle_gpu_seconds": pytest.approx(95.0), "offset_ms": None}
+    assert len(out) == 3
+    assert longest_first_capped(stretches, 5) == stretches  # all fit: as they came
+    # equal idle time: the earlier ones are listed
+    assert longest_first_capped([stretch(0, 1.0), stretch(1, 1.0), stretch(2, 1.0)], 2)[:2] == [
+        stretch(0, 1.0), stretch(1, 1.0)]

@@ -179,6 +179,18 @@ def capped(rows: list[dict], limit: int, *, label: str, sums: tuple[str, ...], k
     return out
 
 
+def longest_first_capped(stretches: list[dict], limit: int) -> list[dict]:
+    """A job's idle stretches (in time order) for its report: the `limit` with the most idle GPU-time,
+    still in time order, then one row counting and summing the rest (`capped`). They grow with the
+    job's GPUs and hours: a week-long 512-GPU job with hourly checkpoints has ~86,000."""
+    if len(stretches) <= limit:
+        return stretches
+    ranked = sorted(range(len(stretches)), key=lambda i: -stretches[i]["idle_gpu_seconds"])
+    listed = sorted(ranked[:limit])
+    return capped([stretches[i] for i in listed] + [stretches[i] for i in sorted(ranked[limit:])], limit,
+                  label="gpu_uuid", sums=("idle_gpu_seconds",))
+
+
 def anomalies(client, database: str, start: dt.date, end: dt.date, idle_share: float,
               flagged: list[dict]) -> list[dict]:
     """One row per anomaly; its size in the column of its unit (GPU-hours down or idle, the cost of
@@ -259,9 +271,10 @@ def weekly(client, database: str, *, as_of: Any = None, top: int = 10, idle_shar
 
 
 
-def job(client, database: str, *, job_id: str, stall_s: float = 60.0) -> Report:
+def job(client, database: str, *, job_id: str, stall_s: float = 60.0, stretches_listed: int = 50) -> Report:
     if not job_id:
         raise ValueError("the job report needs a job id")
+    stretches_listed = positive_int("stretches_listed (--stretches)", stretches_listed)
     db = quoted_database(database)
     p = {"job": str(job_id)}
     summary_rows = base.fetch(client, database, "jobs", job_id=str(job_id))
@@ -324,7 +337,9 @@ def job(client, database: str, *, job_id: str, stall_s: float = 60.0) -> Report:
                 Plot("bar", "gpu", ["util_pct"])),
         Section("Balance score per attempt", scores, "mean / max of the per-GPU utilizations (1 = balanced)"),
         Section("Hints", hints, "loading stalls, mid-run stalls and stragglers"),
-        Section("Idle stretches", stretches, "runs of allocated-but-not-executing time"),
+        Section("Idle stretches", longest_first_capped(stretches, stretches_listed),
+                f"runs of allocated-but-not-executing time, per GPU; the {stretches_listed} longest listed in "
+                "time order, the rest summed"),
         Section("Cost by attempt", cost, "", Plot("stacked", "attempt", ["compute_cost", "idle_cost", "failed_retry_cost"])),
         Section("Cost by GPU model", by_model),
     ]

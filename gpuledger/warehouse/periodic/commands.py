@@ -29,7 +29,7 @@ _BUILDERS = {"inventory": builders.inventory, "monthly": builders.monthly, "week
 def build_report(client, database: str, name: str, **opts) -> Report:
     """Build one report. Options: inventory(days=30, as_of, low_util_pct=20, top=10, cards_listed=50),
     monthly(month='YYYY-MM' or as_of, top=10), weekly(as_of, top=10, idle_share=0.3, anomalies_per_kind=20),
-    job(job_id, stall_s=60)."""
+    job(job_id, stall_s=60, stretches_listed=50)."""
     if name not in _BUILDERS:
         raise ValueError(f"unknown report {name!r}; reports: {', '.join(REPORT_NAMES)}")
     opts = {k: v for k, v in opts.items() if v is not None}
@@ -52,6 +52,9 @@ def register_report_cli(parser) -> None:
                         help="inventory: the lowest-utilization cards listed, the rest summed in one row (default 50)")
     parser.add_argument("--anomalies", type=int, dest="anomalies_per_kind",
                         help="weekly: the largest anomalies listed per kind, the rest summed in one row (default 20)")
+    parser.add_argument("--stretches", type=int, dest="stretches_listed",
+                        help="job: the idle stretches with the most idle GPU-time listed, the rest summed in one row "
+                             "(default 50)")
 
 
 def report_options(name: str, args) -> dict:
@@ -65,4 +68,4 @@ def report_options(name: str, args) -> dict:
         return {"as_of": get("as_of"), "top": get("top"), "anomalies_per_kind": get("anomalies_per_kind")}
     if name == "forecast":
         return {}
-    return {"job_id": get("job_id")}
+    return {"job_id": get("job_id"), "stretches_listed": get("stretches_listed")}
