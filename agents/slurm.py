@@ -23,7 +23,6 @@ Rules (docs/slurm.md explains each):
 
 from __future__ import annotations
 
-import copy
 import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
@@ -267,6 +266,13 @@ class JobState:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
+def _job_state_copy(js: JobState) -> JobState:
+    out = JobState.__new__(JobState)
+    out.__dict__.update(js.__dict__)
+    out.nodes = list(js.nodes)
+    return out
+
+
 @dataclass
 class AgentState:
     """Persisted between polls (and agent restarts): per-job progress, the last watermark, and
@@ -279,6 +285,14 @@ class AgentState:
     def to_json(self) -> dict[str, Any]:
         return {"version": STATE_VERSION, "watermark_ms": self.watermark_ms, "preemptions": self.preemptions,
                 "jobs": {k: v.to_json() for k, v in sorted(self.jobs.items())}}
+
+    def copy(self) -> AgentState:
+        """A copy a poll can change while this one stays as it was (a poll that fails publishes
+        nothing and leaves the state alone). The same as `copy.deepcopy`: a JobState's fields are
+        immutable but its node list (tests/unit/test_slurm.py checks it), a preemption is a dict of
+        plain values. deepcopy took 0.3 s a poll at 15,600 tracked jobs (a 100,000-GPU cluster)."""
+        return AgentState(jobs={k: _job_state_copy(v) for k, v in self.jobs.items()}, watermark_ms=self.watermark_ms,
+                          preemptions=[dict(p) for p in self.preemptions])
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> AgentState:
@@ -458,7 +472,7 @@ def translate(
     (to name the preempting job). Raises SlurmInputError only when the whole output is unusable;
     a bad job record is skipped with a warning."""
     tiers = tiers or {}
-    state = copy.deepcopy(state)
+    state = state.copy()
     promised_ms = state.watermark_ms
     jobs, warnings = parse_jobs(squeue)
     out = _Emitter(cluster, state)
@@ -585,7 +599,7 @@ def close_vanished(job_ids: Iterable[str], state: AgentState, accounting: Mappin
     """End jobs that left squeue unfinished (the agent was down longer than MinJobAge): from
     sacct's rows when it has them, else `failed` at `lost_at_ms` with a reason that says so.
     Returns the events, the next state and warnings."""
-    state = copy.deepcopy(state)
+    state = state.copy()
     out = _Emitter(cluster, state)
     for job_id in job_ids:
         js = state.jobs.get(job_id)

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.run                       # full run (~30 min on 2 cores)
     GPULEDGER_BENCH_QUICK=1 .venv/bin/python -m bench.run   # smoke run (~4 min), smaller sizes
-    .venv/bin/python -m bench.run --only join,agent     # some stages (core, agent, join, profile, e2e, warehouse, footprint, queries)
+    .venv/bin/python -m bench.run --only join,agent     # some stages (core, agent, join, profile, e2e, warehouse, footprint, queries, slurm)
 
 Sizes can be set one by one with GPULEDGER_BENCH_<NAME> (see bench/common.py: Sizes).
 Scratch data (logs, profiles, chDB directories) goes to GPULEDGER_BENCH_DIR (default
@@ -24,7 +24,7 @@ from pathlib import Path
 from bench.common import QUICK, SIZES, load_average, say, workdir
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
-STAGES = ("core", "agent", "join", "profile", "e2e", "warehouse", "footprint", "queries")
+STAGES = ("core", "agent", "join", "profile", "e2e", "warehouse", "footprint", "queries", "slurm")
 
 #: (key, label, unit, format, target as (comparison, value) or None)
 TABLE = [
@@ -45,6 +45,8 @@ TABLE = [
     ("agent_core_share_1hz_8gpu", "agent, 8 GPUs @ 1 s (in process)", "% of a core", "pct", ("<", 0.005)),
     ("agent_live_core_share_1hz_8gpu", "agent process incl. librdkafka", "% of a core", "pct", ("<", 0.005)),
     ("nvml_calls_per_tick", "NVML calls per tick (8 GPUs)", "calls", "{:.0f}", None),
+    # bench/slurm.py: the Slurm agent's steady poll of the largest cluster over its default interval
+    ("slurm_poll_core_share", "Slurm agent poll, largest cluster", "% of a core", "pct", None),
     ("writer_rows_per_s", "writer into chDB (ClickHouseWriter)", "rows/s", "{:,.0f}", None),
     ("writer_vs_columnar", "writer / columnar insert baseline", "ratio", "{:.2f}", None),
     ("bill_query_speedup_10m", "month bill: raw / MV at size 1", "x", "{:,.1f}", None),
@@ -95,6 +97,10 @@ def table(results: dict) -> str:
         for r in rows:
             lines.append(f"    {r['gpus']:>6,} | {r['worker_cpu_us_per_sample']:>6.2f} | {r['usage_rows_per_gpu_hour']:>6.1f} | "
                          f"{r.get('usage_raw_bytes_per_gpu_day', 0):>10,.0f} | {r.get('gpu_health_bytes_per_gpu_day', 0):>10,.0f}")
+    slurm = results.get("slurm_poll_detail")
+    if slurm:
+        lines.append(f"  Slurm agent, CPU s per poll (first / steady) every {slurm['interval_s']:g} s: " + "; ".join(
+            f"{r['gpus']:,} GPUs {r['first_poll_s']:.2f} / {r['steady_poll_s']:.2f}" for r in slurm["sizes"]))
     d = results.get("warehouse_detail", {})
     for key in ("bill_10m", "bill_100m"):
         if key in d:
@@ -168,6 +174,10 @@ def main(argv=None) -> int:
         from bench import queries
 
         stage("queries", queries.run)
+    if "slurm" in stages:
+        from bench import slurm
+
+        stage("slurm", slurm.run)
     results["meta"]["total_seconds"] = round(time.monotonic() - t_all, 1)
 
     out = Path(args.output)
