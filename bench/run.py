@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.run                       # full run (~30 min on 2 cores)
     GPULEDGER_BENCH_QUICK=1 .venv/bin/python -m bench.run   # smoke run (~4 min), smaller sizes
-    .venv/bin/python -m bench.run --only join,agent     # some stages (core, agent, join, profile, e2e, warehouse, footprint, queries, slurm)
+    .venv/bin/python -m bench.run --only join,agent     # some stages (core, agent, join, profile, e2e, warehouse, footprint, queries, slurm, watch)
 
 Sizes can be set one by one with GPULEDGER_BENCH_<NAME> (see bench/common.py: Sizes).
 Scratch data (logs, profiles, chDB directories) goes to GPULEDGER_BENCH_DIR (default
@@ -24,7 +24,7 @@ from pathlib import Path
 from bench.common import QUICK, SIZES, load_average, say, workdir
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
-STAGES = ("core", "agent", "join", "profile", "e2e", "warehouse", "footprint", "queries", "slurm")
+STAGES = ("core", "agent", "join", "profile", "e2e", "warehouse", "footprint", "queries", "slurm", "watch")
 
 #: (key, label, unit, format, target as (comparison, value) or None)
 TABLE = [
@@ -47,6 +47,8 @@ TABLE = [
     ("nvml_calls_per_tick", "NVML calls per tick (8 GPUs)", "calls", "{:.0f}", None),
     # bench/slurm.py: the Slurm agent's steady poll of the largest cluster over its default interval
     ("slurm_poll_core_share", "Slurm agent poll, largest cluster", "% of a core", "pct", None),
+    # bench/watch.py: the watcher's usage messages of the largest cluster, one per node a minute
+    ("watch_core_share", "watcher, largest cluster", "% of a core", "pct", None),
     ("writer_rows_per_s", "writer into chDB (ClickHouseWriter)", "rows/s", "{:,.0f}", None),
     ("writer_vs_columnar", "writer / columnar insert baseline", "ratio", "{:.2f}", None),
     ("bill_query_speedup_10m", "month bill: raw / MV at size 1", "x", "{:,.1f}", None),
@@ -101,6 +103,11 @@ def table(results: dict) -> str:
     if slurm:
         lines.append(f"  Slurm agent, CPU s per poll (first / steady) every {slurm['interval_s']:g} s: " + "; ".join(
             f"{r['gpus']:,} GPUs {r['first_poll_s']:.2f} / {r['steady_poll_s']:.2f}" for r in slurm["sizes"]))
+    watch = results.get("watch_detail")
+    if watch:
+        lines.append("  watcher, CPU per usage message / state snapshot: " + "; ".join(
+            f"{r['gpus']:,} GPUs {r['us_per_usage_message']:,.0f} us / {r['snapshot_s']:.2f} s ({r['snapshot_bytes']:,} B)"
+            for r in watch["sizes"]))
     d = results.get("warehouse_detail", {})
     for key in ("bill_10m", "bill_100m"):
         if key in d:
@@ -178,6 +185,10 @@ def main(argv=None) -> int:
         from bench import slurm
 
         stage("slurm", slurm.run)
+    if "watch" in stages:
+        from bench import watch
+
+        stage("watch", watch.run)
     results["meta"]["total_seconds"] = round(time.monotonic() - t_all, 1)
 
     out = Path(args.output)

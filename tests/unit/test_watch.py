@@ -411,3 +411,82 @@ def test_definitions_are_parsed_and_checked():
         import tomllib
         with pytest.raises(LedgerConfigError, match=says):
             parse_ledger_config({**tomllib.loads(raw), **bad}, "x.toml")
+
+
+# --------------------------------------------------------------------------- at fleet scale
+def fleet_minute(feed: Feed, m: int, nodes: int, partitions: int = 1, skip=()) -> None:
+    """One usage message per node for minute m (8 busy GPUs each, on partition node % partitions)."""
+    for n in range(nodes):
+        if n in skip:
+            continue
+        recs = [{**record(f"n{n}-g{i}", T0 + m * MIN, T0 + (m + 1) * MIN, job=f"job-{n}"), "node": f"n{n}"}
+                for i in range(8)]
+        topic_partition = n % partitions
+        offset = feed.offsets.get((USAGE, topic_partition), 0)
+        feed.offsets[(USAGE, topic_partition)] = offset + 1
+        feed.out += feed.w.on_message(USAGE, topic_partition, offset, orjson.dumps({"node": f"n{n}", "records": recs}),
+                                      now_s=float(m * 60))
+
+
+def test_the_work_per_usage_message_does_not_grow_with_the_fleet(monkeypatch):
+    """Each usage message used to look at every GPU of its cluster (when reclaim asked how far the
+    cluster's usage had come) and at every attempt and holder (housekeeping): quadratic in the fleet,
+    12 ms a message at 10,000 GPUs (bench/watch.py). The full look now runs once per reclaim step."""
+    feed = Feed(watcher())
+    looks = []
+    full_look = Watcher._usage_horizon
+    monkeypatch.setattr(Watcher, "_usage_horizon", lambda self, cluster: looks.append(cluster) or full_look(self, cluster))
+    nodes, minutes = 40, 8
+    for n in range(nodes):
+        feed.send(LIFE, event("started", 0, job=f"job-{n}"))
+    for m in range(minutes):
+        feed.send(SNAP, snapshot(m + 1))
+        fleet_minute(feed, m, nodes)
+    assert feed.w.reclaim_evaluated["c1"] - T0 // MIN == minutes - 1  # every step judged ...
+    assert len(looks) <= minutes  # ... with one full look each, not one per message (320 messages)
+
+
+def test_reclaim_does_not_wait_for_a_stopped_node_or_a_quiet_partition():
+    """A node that stops reporting (its partition goes on) and a whole partition that falls silent
+    (behind the newest by more than RECLAIM_STALE_MS and quiet by wall clock) are not waited for;
+    a partition that is only behind is."""
+    stopped = Feed(watcher())
+    for n in range(4):
+        stopped.send(LIFE, event("started", 0, job=f"job-{n}"))
+    for m in range(30):
+        stopped.send(SNAP, snapshot(m + 1))
+        fleet_minute(stopped, m, 4, partitions=2, skip={3} if m >= 5 else ())
+    # node 3 stopped at minute 5; after 10 minutes its partition has gone on without it
+    assert stopped.w.reclaim_evaluated["c1"] - T0 // MIN >= 28
+    behind = Feed(watcher())
+    for n in range(4):
+        behind.send(LIFE, event("started", 0, job=f"job-{n}"))
+    judged = []
+    for m in range(30):
+        behind.send(SNAP, snapshot(m + 1))
+        fleet_minute(behind, m, 4, partitions=2, skip={1, 3} if m >= 5 else ())  # partition 1 silent
+        judged.append(behind.w.reclaim_evaluated["c1"] - T0 // MIN)
+    # the silent partition is waited for (its usage ends at minute 5: steps up to 4) until it is more
+    # than 10 min behind the newest and quiet for a minute of wall clock; then the steps catch up
+    assert judged == [0, 1, 2, 3, 4] + [4] * 10 + list(range(15, 30))
+
+
+def test_attempts_and_ended_entries_are_forgotten_a_day_after_their_last_activity():
+    feed = Feed(watcher())
+    feed.send(LIFE, event("started", 0, job="old"))
+    feed.minute(0, lambda s, e: [record("GPU-a", s, e, job="old")])
+    feed.send(LIFE, event("completed", 1, job="old"))
+    feed.send(LIFE, event("started", 0, job="silent"))  # never ends, its GPU never reports again
+    feed.minute(1, lambda s, e: [record("GPU-s", s, e, job="silent")])
+    w = feed.w
+    assert ("c1", "silent", 0) in w.attempts and ("c1", "old", 0) in w.ended
+    day = 24 * 60
+    feed.minute(day - 10, lambda s, e: [record("GPU-b", s, e, state="unallocated")])
+    assert ("c1", "silent", 0) in w.attempts and ("c1", "old", 0) in w.ended  # not a day yet
+    feed.minute(day + 5, lambda s, e: [record("GPU-b", s, e, state="unallocated")])
+    assert ("c1", "silent", 0) not in w.attempts and ("c1", "old", 0) not in w.ended
+    assert ("c1", "GPU-s") not in w.holders
+    # an attempt started now is kept, whatever the floors say
+    feed.send(LIFE, event("started", day + 6, job="new"))
+    feed.minute(day + 6, lambda s, e: [record("GPU-c", s, e, job="new")])
+    assert ("c1", "new", 0) in w.attempts and ("c1", "GPU-c") in w.holders
