@@ -12,6 +12,11 @@ from gpuledger.config import Settings
 log = logging.getLogger(__name__)
 
 DAY_MS = 86_400_000
+#: the largest state snapshot a state topic takes (its `max.message.bytes`) and the state writers'
+#: producers send (their max request size). Kafka's default is 1 MB a record; the watcher's one
+#: document of state is ~2 MB compressed at 100,000 GPUs (bench/watch.py), and a worker partition's
+#: grows with its nodes.
+STATE_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 #: topic kind -> TopicNames attributes. Input topics are the only source a rebuild replays; output and
 #: internal topics can be made again from them; diagnostics are read by people and downstream systems;
@@ -41,7 +46,7 @@ def topic_config(settings: Settings, name: str) -> dict[str, str]:
     """The configs `topics create` sets on one topic."""
     kind = topic_kind(settings, name)
     if kind == "state":
-        config = {"cleanup.policy": "compact", "retention.ms": "-1"}
+        config = {"cleanup.policy": "compact", "retention.ms": "-1", "max.message.bytes": str(STATE_MAX_MESSAGE_BYTES)}
     else:
         days = {"input": settings.topic_retention_input_days, "output": settings.topic_retention_output_days,
                 "diagnostics": settings.topic_retention_diagnostics_days}[kind]

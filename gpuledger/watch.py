@@ -9,8 +9,9 @@ publishes alerts (`<prefix>alerts`, key: job id) and reclaim suggestions
 Crash safety, as the worker's (docs/reliability.md "Worker state", docs/alerts.md "Process"): the
 agents do not let Faust acknowledge their input. The watcher's state is one document (its rules need
 a job's usage, keyed by node, and its lifecycle, keyed by job, together) holding the input offsets
-it covers. Every `worker_snapshot_interval_s` a timer (1) waits until every alert and suggestion
-sent so far is acknowledged by the broker, (2) writes the state to the compacted
+it covers. Every `worker_snapshot_interval_s` (less often where the state has grown so large that
+writing it would take over a tenth of the watcher's time: `SnapshotPacer`) a timer (1) waits until
+every alert and suggestion sent so far is acknowledged by the broker, (2) writes the state to the compacted
 `<prefix>watch-state` topic and waits for it, and only then (3) acknowledges the input it covers,
 so Faust commits offsets that never run ahead of a durable snapshot. After a crash the state is
 restored from the latest snapshot before the first message; input it covers is skipped, input
@@ -45,6 +46,24 @@ STATE_KEY = b"watch"
 EXIT_RECOVER = 75
 
 
+class SnapshotPacer:
+    """When the watcher's timer may take a snapshot: every tick of the timer, unless the last snapshot
+    took so long that one now would make snapshots more than `share` of the watcher's time. The state
+    is one document that grows with the fleet (0.2 s to write at 10,000 GPUs, 3.2 s at 100,000:
+    bench/watch.py) and the timer ticks every `worker_snapshot_interval_s` (2 s); meanwhile the
+    watcher reads nothing. A longer gap only means more input read again after a crash."""
+
+    def __init__(self, share: float = 0.1):
+        self.share = share
+        self.next_at = 0.0
+
+    def due(self, now: float) -> bool:
+        return now >= self.next_at
+
+    def took(self, started: float, finished: float) -> None:
+        self.next_at = started + (finished - started) / self.share
+
+
 def watch_group(settings: Settings) -> str:
     """The watcher's Faust app id, hence its consumer group (its committed offsets show its lag)."""
     return f"{settings.worker_app_id}-watch"
@@ -77,6 +96,7 @@ def create_watch_app(settings: Settings, ledger: LedgerConfig | None = None) -> 
 
     lock = asyncio.Lock()
     state = {"loaded": False, "dirty": False}
+    pacer = SnapshotPacer()
     to_ack: list = []        # events a snapshot must cover before they are acknowledged
     in_flight: list = []     # delivery futures of outputs not yet confirmed
 
@@ -116,9 +136,11 @@ def create_watch_app(settings: Settings, ledger: LedgerConfig | None = None) -> 
     @app.timer(settings.worker_snapshot_interval_s, name="watch_snapshot")
     async def snapshot_state() -> None:
         async with lock:
-            if not state["dirty"]:
+            started = time.monotonic()
+            if not state["dirty"] or not pacer.due(started):
                 return
             blob = watcher.snapshot()
+            pacer.took(started, time.monotonic())
             covered = {topic: dict(ps) for topic, ps in watcher.next_offsets.items()}
             events, kept = [], []
             for event in to_ack:

@@ -38,6 +38,7 @@ from gpuledger.config import Settings
 from gpuledger.ledger_files import load_ledger_config
 from gpuledger.streams.core import JOIN, ROUTER, Out, WorkerCore
 from gpuledger.streams.pricing import LedgerConfig
+from gpuledger.topics import STATE_MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,7 @@ def new_ledger_app(settings: Settings, app_id: str, datadir: str, **conf) -> Led
         web_enabled=False,
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
-        producer_max_request_size=16 * 1024 * 1024,  # state snapshots
+        producer_max_request_size=STATE_MAX_MESSAGE_BYTES,  # state snapshots (the state topics take as much)
         # input is acknowledged only after a snapshot; a rebalance must not wait for it
         stream_wait_empty=False,
         # A group (re)join waits up to the rebalance timeout for members; Tansu holds the

@@ -28,7 +28,11 @@ def test_retention_by_kind(settings):
     assert topic_config(settings, t.job_events)["retention.ms"] == str(40 * DAY_MS)
     assert topic_config(settings, t.usage)["retention.ms"] == str(3 * DAY_MS)
     assert topic_config(settings, t.dead_letters)["retention.ms"] == str(9 * DAY_MS)
-    assert topic_config(settings, t.worker_state) == {"cleanup.policy": "compact", "retention.ms": "-1"}
+    # state snapshots: the latest per key, and records up to 16 MiB (Kafka's default is 1 MB; the
+    # watcher's state is ~2 MB at 100,000 GPUs)
+    for name in (t.worker_state, t.watch_state):
+        assert topic_config(settings, name) == {"cleanup.policy": "compact", "retention.ms": "-1",
+                                                "max.message.bytes": str(16 * 1024 * 1024)}
 
 
 def test_unknown_topic_is_refused(settings):

@@ -490,3 +490,14 @@ def test_attempts_and_ended_entries_are_forgotten_a_day_after_their_last_activit
     feed.send(LIFE, event("started", day + 6, job="new"))
     feed.minute(day + 6, lambda s, e: [record("GPU-c", s, e, job="new")])
     assert ("c1", "new", 0) in w.attempts and ("c1", "GPU-c") in w.holders
+
+
+def test_snapshots_take_at_most_a_tenth_of_the_watchers_time():
+    from gpuledger.watch import SnapshotPacer
+
+    pacer = SnapshotPacer()
+    assert pacer.due(0.0)
+    pacer.took(10.0, 10.1)  # a small state: the next timer tick (2 s later) may take one
+    assert pacer.due(12.0)
+    pacer.took(12.0, 15.2)  # 3.2 s (100,000 GPUs): the next one 32 s after this one started
+    assert not pacer.due(14.0) and not pacer.due(43.9) and pacer.due(44.0)
