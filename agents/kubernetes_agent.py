@@ -305,8 +305,9 @@ def _write_atomically(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def save_state(path: Path, state: dict) -> None:
-    _write_atomically(path, orjson.dumps(state))
+def save_state(path: Path, state: dict | bytes) -> None:
+    """The agent's state (a dict, or its JSON: KubernetesLedger.state_bytes) to `path`, atomically."""
+    _write_atomically(path, state if isinstance(state, bytes) else orjson.dumps(state))
 
 
 def save_watermark(path: Path, watermark_ms: int) -> None:
@@ -445,7 +446,7 @@ class KubernetesAgent:
         mark = self.core.watermark(observed)
         if self.state_path is not None:  # before the watermark goes out: a restart never promises less
             if self.dirty:
-                save_state(self.state_path, self.core.to_state())
+                save_state(self.state_path, self.core.state_bytes())
                 self.dirty = False
             elif mark is not None:
                 save_watermark(self.state_path, mark.ts_ms)
@@ -494,7 +495,7 @@ class KubernetesAgent:
                 except queue.Empty:
                     break
             if self.state_path is not None:
-                save_state(self.state_path, self.core.to_state())
+                save_state(self.state_path, self.core.state_bytes())
                 self.dirty = False
 
 
