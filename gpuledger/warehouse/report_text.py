@@ -41,19 +41,12 @@ def _columns(rows: Sequence[dict]) -> list[str]:
 
 
 def _cell(value: Any) -> str:
-    kind = type(value)
-    if kind is str:
-        return value
-    if kind is float:
-        return _float_text(value) if math.isfinite(value) else ""
-    if kind is int:
-        return f"{value:,}"
     if value is None:
         return ""
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, float):
-        return _cell(float(value))
+        return _float_text(value) if math.isfinite(value) else ""
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, (dt.date, dt.datetime)):
@@ -87,10 +80,9 @@ def _column_cells(column: list) -> tuple[list[str], bool]:
     return [_cell(v) for v in column], numeric
 
 
-def _render_table(rows: Sequence[dict], names: dict[str, str]) -> str:
+def _render_table(rows: Sequence[dict], cols: list[str], names: dict[str, str]) -> str:
     if not rows:
         return "(no rows)\n"
-    cols = _columns(rows)
     cells, numeric = zip(*(_column_cells([row.get(c) for row in rows]) for c in cols))
     cols = [names.get(c, c) for c in cols]
     widths = [max(len(c), *map(len, column)) for c, column in zip(cols, cells)]
@@ -104,10 +96,9 @@ def _render_table(rows: Sequence[dict], names: dict[str, str]) -> str:
     return "\n".join(out) + "\n"
 
 
-def _render_csv(rows: Sequence[dict], names: dict[str, str]) -> str:
+def _render_csv(rows: Sequence[dict], cols: list[str], names: dict[str, str]) -> str:
     if not rows:
         return ""
-    cols = _columns(rows)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow([names.get(c, c) for c in cols])
@@ -115,15 +106,15 @@ def _render_csv(rows: Sequence[dict], names: dict[str, str]) -> str:
     return buf.getvalue()
 
 
-def _utc_names(rows: Sequence[dict]) -> dict[str, str]:
-    """{key: label} of the rows' day columns: `day` -> `day_utc`, `first_day` -> `first_day_utc`, ..."""
-    return {key: f"{key}_utc" for key in _columns(rows) if key == "day" or key.endswith("_day")}
+def _utc_names(cols: Sequence[str]) -> dict[str, str]:
+    """{column: label} of the day columns: `day` -> `day_utc`, `first_day` -> `first_day_utc`, ..."""
+    return {key: f"{key}_utc" for key in cols if key == "day" or key.endswith("_day")}
 
 
 def utc_labels(rows: Sequence[dict]) -> list[dict]:
     """Rows with every day column labelled as a UTC day: `day` -> `day_utc`, `first_day` ->
     `first_day_utc`, `corrects_day` -> `corrects_day_utc` (the same names in table, CSV and JSON)."""
-    names = _utc_names(rows)
+    names = _utc_names(_columns(rows))
     return [{names.get(k, k): v for k, v in row.items()} for row in rows] if names else list(rows)
 
 
@@ -142,13 +133,14 @@ def render(rows: Sequence[dict], fmt: str = "table", *, utc_days: bool = False) 
     """rows as `table` (aligned text, numbers right-aligned), `json` (an array of objects; numbers
     stay numbers, dates ISO strings, absent values null) or `csv` (header + rows, full precision).
     `utc_days` labels day columns as UTC days (`utc_labels`), as the CLI prints them."""
-    names = _utc_names(rows) if utc_days else {}
+    cols = _columns(rows)
+    names = _utc_names(cols) if utc_days else {}
     if fmt == "table":
-        return _render_table(rows, names) + _priced_by_default_note(rows)
+        return _render_table(rows, cols, names) + _priced_by_default_note(rows)
     if fmt == "json":
         # orjson writes dates as ISO strings and NaN and infinities as null itself
         labelled = [{names.get(k, k): v for k, v in row.items()} for row in rows] if names else rows
         return orjson.dumps(labelled, option=orjson.OPT_INDENT_2).decode() + "\n"
     if fmt == "csv":
-        return _render_csv(rows, names)
+        return _render_csv(rows, cols, names)
     raise ValueError(f"unknown format {fmt!r}; formats: {', '.join(FORMATS)}")
