@@ -272,32 +272,14 @@ def job_of(obj: dict) -> str:
     return job_identity(obj, namespace, name)
 
 
-def _watermark_path(path: Path) -> Path:
-    return path.with_name(path.name + ".watermark")
-
-
-def load_state(path: Path) -> dict | None:
-    """The saved state, with the latest watermark sent (kept in a small side file between the
-    state's saves)."""
-    try:
-        state = json.loads(path.read_text())
-    except FileNotFoundError:
-        state = None
-    try:
-        mark = int(_watermark_path(path).read_text())
-    except (FileNotFoundError, ValueError):
-        return state
-    if state is None:
-        from gpuledger.agents.kubernetes import STATE_VERSION
-        state = {"version": STATE_VERSION, "watermark_ms": 0, "pods": {}, "jobs": {}, "local_queues": {}}
-    state["watermark_ms"] = max(int(state.get("watermark_ms", 0)), mark)
-    return state
+def _side_path(path: Path, suffix: str) -> Path:
+    return path.with_name(path.name + suffix)
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
     """Write a temporary file, fsync it, rename it over the old one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = _side_path(path, ".tmp")
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
@@ -305,14 +287,127 @@ def _write_atomically(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def save_state(path: Path, state: dict | bytes) -> None:
-    """The agent's state (a dict, or its JSON: KubernetesLedger.state_bytes) to `path`, atomically."""
-    _write_atomically(path, state if isinstance(state, bytes) else orjson.dumps(state))
+class StateFile:
+    """The agent's state on disk, written at a cost that follows what changed, not the cluster's size.
+
+    - `<path>`: the whole state (`KubernetesLedger.state_bytes` plus a `generation`), replaced
+      atomically: at the first save, at shutdown, and whenever the journal has outgrown it;
+    - `<path>.journal`: one fsynced line per later save, holding only the entries (pods, jobs,
+      local queues) that changed or went since the save before, and the watermark. Lines of
+      another generation than the whole state's are left from before its last rewrite (a crash
+      between the rename and the journal's truncation) and are not read.
+
+    On a 100,000-GPU cluster the whole state is ~18.6 MB; rewriting it at each 1-s cycle that
+    changed anything cost up to ~18 MB/s of disk writes (docs/kubernetes.md, "Exactly once")."""
+
+    JOURNAL_MIN_BYTES = 1 << 20   # below this the journal is never worth a rewrite
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.journal_path = _side_path(path, ".journal")
+        self._written: dict[str, dict[str, bytes]] | None = None   # entries as the files hold them
+        self._generation = ""
+        self._whole_bytes = 0
+        self._journal_bytes = 0
+        self.whole_writes = 0
+        self.journal_lines = 0
+
+    def load(self) -> dict | None:
+        """The saved state (None: nothing saved): the whole state, its journal's lines, and the
+        watermark side file of agents before the journal."""
+        try:
+            state = orjson.loads(self.path.read_bytes())
+        except FileNotFoundError:
+            state = None
+        generation = (state or {}).pop("generation", None)
+        try:
+            with open(self.journal_path, "rb") as f:
+                for line in f:
+                    try:
+                        entry = orjson.loads(line)
+                    except orjson.JSONDecodeError:
+                        break   # a line cut short by a crash: the last one, never acknowledged
+                    if not isinstance(entry, dict):
+                        raise ValueError(f"{self.journal_path}: a journal line is not an object")
+                    if entry.get("generation") != generation:
+                        continue
+                    state = _apply_journal_line(state, entry)
+        except FileNotFoundError:
+            pass
+        try:
+            mark = int(_side_path(self.path, ".watermark").read_text())
+        except (FileNotFoundError, ValueError):
+            return state
+        state = state or _empty_state()
+        state["watermark_ms"] = max(int(state.get("watermark_ms", 0)), mark)
+        return state
+
+    def save(self, core: KubernetesLedger, *, whole: bool = False) -> None:
+        """The core's state, durably: a journal line of what changed, or the whole state."""
+        entries = {name: {key: orjson.dumps(value) for key, value in section.items()}
+                   for name, section in core.state_sections().items()}
+        if whole or self._written is None or self._journal_bytes > max(self._whole_bytes, self.JOURNAL_MIN_BYTES):
+            self._save_whole(core.watermark_ms, entries)
+        else:
+            changed = {name: {key: orjson.Fragment(raw) for key, raw in section.items()
+                              if self._written[name].get(key) != raw}
+                       for name, section in entries.items()}
+            gone = {name: [key for key in self._written[name] if key not in section]
+                    for name, section in entries.items()}
+            self._append({"generation": self._generation, "watermark_ms": core.watermark_ms,
+                          "set": {n: c for n, c in changed.items() if c}, "gone": {n: g for n, g in gone.items() if g}})
+        self._written = entries
+
+    def save_watermark(self, watermark_ms: int) -> None:
+        """Only the watermark moved: a line of a few dozen bytes."""
+        if self._written is None:
+            raise RuntimeError("save the whole state before its watermark")
+        self._append({"generation": self._generation, "watermark_ms": watermark_ms})
+
+    def _save_whole(self, watermark_ms: int, entries: dict[str, dict[str, bytes]]) -> None:
+        from gpuledger.agents.kubernetes import STATE_VERSION
+
+        self._generation = f"{time.time_ns():x}-{os.getpid()}"
+        data = orjson.dumps({"version": STATE_VERSION, "generation": self._generation, "watermark_ms": watermark_ms,
+                             **{name: {key: orjson.Fragment(raw) for key, raw in section.items()}
+                                for name, section in entries.items()}})
+        _write_atomically(self.path, data)
+        with open(self.journal_path, "wb"):
+            pass   # its lines belong to the generation just replaced
+        _side_path(self.path, ".watermark").unlink(missing_ok=True)
+        self._whole_bytes, self._journal_bytes = len(data), 0
+        self.whole_writes += 1
+
+    def _append(self, line: dict) -> None:
+        data = orjson.dumps(line) + b"\n"
+        with open(self.journal_path, "ab") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        self._journal_bytes += len(data)
+        self.journal_lines += 1
 
 
-def save_watermark(path: Path, watermark_ms: int) -> None:
-    """Only the watermark moved: a few bytes instead of the whole state."""
-    _write_atomically(_watermark_path(path), str(watermark_ms).encode())
+def _empty_state() -> dict:
+    from gpuledger.agents.kubernetes import STATE_VERSION
+
+    return {"version": STATE_VERSION, "watermark_ms": 0, "pods": {}, "jobs": {}, "local_queues": {}}
+
+
+def _apply_journal_line(state: dict | None, line: dict) -> dict:
+    state = state or _empty_state()
+    for name, items in line.get("set", {}).items():
+        state.setdefault(name, {}).update(items)
+    for name, keys in line.get("gone", {}).items():
+        for key in keys:
+            state.get(name, {}).pop(key, None)
+    state["watermark_ms"] = max(int(state.get("watermark_ms", 0)), int(line["watermark_ms"]))
+    return state
+
+
+def load_state(path: Path) -> dict | None:
+    """The state saved at `path` (StateFile.load)."""
+    return StateFile(path).load()
 
 
 class KubernetesAgent:
@@ -325,7 +420,8 @@ class KubernetesAgent:
         self.core, self.publisher, self.devices = core, publisher, devices
         self.job_events_topic, self.snapshots_topic = job_events_topic, snapshots_topic
         self.partitions = job_event_partitions
-        self.state_path, self.snapshot_interval_s, self.snapshots = state_path, snapshot_interval_s, snapshots
+        self.state_file = StateFile(state_path) if state_path is not None else None
+        self.snapshot_interval_s, self.snapshots = snapshot_interval_s, snapshots
         self.cycle_s, self.clock = cycle_s, clock
         self.queue: queue.Queue = queue.Queue()
         self.kinds: list[str] = []
@@ -444,12 +540,12 @@ class KubernetesAgent:
             self.publisher.publish(self.snapshots_topic, snap.cluster, encode(snap))
         observed = min([now] + [int(self.fresh.get(k, 0.0) * 1000) for k in self.kinds])
         mark = self.core.watermark(observed)
-        if self.state_path is not None:  # before the watermark goes out: a restart never promises less
+        if self.state_file is not None:  # before the watermark goes out: a restart never promises less
             if self.dirty:
-                save_state(self.state_path, self.core.state_bytes())
+                self.state_file.save(self.core)
                 self.dirty = False
             elif mark is not None:
-                save_watermark(self.state_path, mark.ts_ms)
+                self.state_file.save_watermark(mark.ts_ms)
         if mark is not None:
             value = encode(mark)
             for partition in range(self.partitions):
@@ -494,8 +590,8 @@ class KubernetesAgent:
                     self._handle(self.queue.get_nowait())
                 except queue.Empty:
                     break
-            if self.state_path is not None:
-                save_state(self.state_path, self.core.state_bytes())
+            if self.state_file is not None:
+                self.state_file.save(self.core, whole=True)
                 self.dirty = False
 
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.run                       # full run (~30 min on 2 cores)
     GPULEDGER_BENCH_QUICK=1 .venv/bin/python -m bench.run   # smoke run (~4 min), smaller sizes
-    .venv/bin/python -m bench.run --only join,agent     # some stages (core, agent, join, profile, e2e, warehouse, footprint, queries, slurm, watch)
+    .venv/bin/python -m bench.run --only join,agent     # some stages (core, agent, join, profile, e2e, warehouse, footprint, queries, slurm, watch, kubernetes)
 
 Sizes can be set one by one with GPULEDGER_BENCH_<NAME> (see bench/common.py: Sizes).
 Scratch data (logs, profiles, chDB directories) goes to GPULEDGER_BENCH_DIR (default
@@ -24,7 +24,8 @@ from pathlib import Path
 from bench.common import QUICK, SIZES, load_average, say, workdir
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
-STAGES = ("core", "agent", "join", "profile", "e2e", "warehouse", "footprint", "queries", "slurm", "watch")
+STAGES = ("core", "agent", "join", "profile", "e2e", "warehouse", "footprint", "queries", "slurm", "watch",
+          "kubernetes")
 
 #: (key, label, unit, format, target as (comparison, value) or None)
 TABLE = [
@@ -49,6 +50,8 @@ TABLE = [
     ("slurm_poll_core_share", "Slurm agent poll, largest cluster", "% of a core", "pct", None),
     # bench/watch.py: the watcher's usage messages of the largest cluster, one per node a minute
     ("watch_core_share", "watcher, largest cluster", "% of a core", "pct", None),
+    # bench/kubernetes.py: the Kubernetes agent's state file per cycle that changed something, largest cluster
+    ("kubernetes_state_bytes_ratio", "k8s agent state written: journal / whole", "ratio", "{:.5f}", None),
     ("writer_rows_per_s", "writer into chDB (ClickHouseWriter)", "rows/s", "{:,.0f}", None),
     ("writer_vs_columnar", "writer / columnar insert baseline", "ratio", "{:.2f}", None),
     ("bill_query_speedup_10m", "month bill: raw / MV at size 1", "x", "{:,.1f}", None),
@@ -108,6 +111,11 @@ def table(results: dict) -> str:
         lines.append("  watcher, CPU per usage message / state snapshot: " + "; ".join(
             f"{r['gpus']:,} GPUs {r['us_per_usage_message']:,.0f} us / {r['snapshot_s']:.2f} s ({r['snapshot_bytes']:,} B)"
             for r in watch["sizes"]))
+    k8s = results.get("kubernetes_state_detail")
+    if k8s:
+        lines.append("  k8s agent state file per changed cycle, journal / whole rewrite: " + "; ".join(
+            f"{r['gpus']:,} GPUs {r['journal_bytes_per_cycle']:,} / {r['whole_bytes_per_cycle']:,} B, "
+            f"{r['journal_cpu_s']:.3f} / {r['whole_cpu_s']:.3f} s CPU" for r in k8s["sizes"]))
     d = results.get("warehouse_detail", {})
     for key in ("bill_10m", "bill_100m"):
         if key in d:
@@ -189,6 +197,10 @@ def main(argv=None) -> int:
         from bench import watch
 
         stage("watch", watch.run)
+    if "kubernetes" in stages:
+        from bench import kubernetes
+
+        stage("kubernetes", kubernetes.run)
     results["meta"]["total_seconds"] = round(time.monotonic() - t_all, 1)
 
     out = Path(args.output)

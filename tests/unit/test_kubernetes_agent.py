@@ -161,14 +161,3 @@ def test_without_kueue_installed_the_agent_goes_on_with_pods_alone(kubelet_socke
         run = Run(server, kubelet_socket, tmp_path / "s.json", kueue=True).until(lambda r: r.watermarks())
     assert run.agent.absent == {"localqueue", "clusterqueue", "workload"}
     assert by_job(run.events())["default/job/train"] == ["submitted", "allocated", "started"]
-
-
-def test_a_quiet_cycle_saves_only_the_watermark_and_a_restart_reads_it(tmp_path):
-    from gpuledger.agents.kubernetes_agent import load_state, save_state, save_watermark
-
-    state = tmp_path / "state.json"
-    save_state(state, {"version": 1, "watermark_ms": 5, "pods": {}, "jobs": {}, "local_queues": {}})
-    save_watermark(state, 9)
-    assert load_state(state)["watermark_ms"] == 9
-    state.unlink()
-    assert load_state(state)["watermark_ms"] == 9
