@@ -7,7 +7,8 @@ reported on its own per MB), one job per node holding its 8 GPUs, plus a quarter
 jobs. Timed per poll, CPU seconds of this process: the JSON parse, `translate` (squeue + the state
 -> events, watermark, next state) and `build_snapshot` (queues and nodes -> the snapshot). The first
 poll emits every job's events; the next ones find nothing new, as most polls of a running cluster.
-Each poll runs with the cyclic collector paused, as the agent's (`slurm_agent.gc_paused`).
+Each poll runs with the cyclic collector paused, as the agent's (`slurm_agent.gc_paused`), and ends
+with the agent's state file written (`save_state`, fsync included; CPU only is counted).
 The share of a core is the steady poll over the agent's default interval
 (GPULEDGER_SLURM_AGENT_INTERVAL_S).
 
@@ -21,7 +22,7 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.common import QUICK, say
+from bench.common import QUICK, say, workdir
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "slurm"
 GPUS = (1_000, 10_000) if QUICK else (1_000, 10_000, 100_000)
@@ -46,11 +47,12 @@ def cluster(nodes: int) -> tuple[bytes, bytes]:
 
 def measure(gpus: int) -> dict:
     from gpuledger.agents.slurm import AgentState, build_snapshot, translate
-    from gpuledger.agents.slurm_agent import gc_paused, load_json
+    from gpuledger.agents.slurm_agent import gc_paused, load_json, save_state
 
     squeue_raw, sinfo_raw = cluster(gpus // 8)
     now_ms = (START_S + 2_000) * 1000
     state = AgentState()
+    state_file = workdir() / f"slurm-agent-state-{gpus}.json"
     polls = []
     for k in range(1 + STEADY_POLLS):
         with gc_paused():  # as SlurmAgent.poll_once
@@ -62,20 +64,27 @@ def measure(gpus: int) -> dict:
             build_snapshot(squeue, sinfo, cluster="bench", ts_ms=now_ms + 10_000 * k,
                            preemptions=result.state.preemptions)
             t3 = time.process_time()
+            save_state(state_file, result.state)
+            t4 = time.process_time()
         state = result.state
-        polls.append({"parse_s": t1 - t0, "translate_s": t2 - t1, "snapshot_s": t3 - t2, "events": len(result.events)})
-    steady = [p["parse_s"] + p["translate_s"] + p["snapshot_s"] for p in polls[1:]]
+        polls.append({"parse_s": t1 - t0, "translate_s": t2 - t1, "snapshot_s": t3 - t2, "save_s": t4 - t3,
+                      "events": len(result.events)})
+    state_bytes = state_file.stat().st_size
+    state_file.unlink()
+    parts = ("parse_s", "translate_s", "snapshot_s", "save_s")
+    steady = [sum(p[k] for k in parts) for p in polls[1:]]
     megabytes = (len(squeue_raw) + len(sinfo_raw)) / 1e6
     out = {"gpus": gpus, "jobs": gpus // 8 + gpus // 32, "json_mb": round(megabytes, 2),
-           "first_poll_s": round(sum(polls[0][k] for k in ("parse_s", "translate_s", "snapshot_s")), 3),
+           "first_poll_s": round(sum(polls[0][k] for k in parts), 3),
            "first_poll_events": polls[0]["events"], "steady_poll_s": round(statistics.median(steady), 3),
            "steady_parse_s_per_mb": round(statistics.median(p["parse_s"] for p in polls[1:]) / megabytes, 4),
            "steady_translate_s": round(statistics.median(p["translate_s"] for p in polls[1:]), 3),
-           "steady_snapshot_s": round(statistics.median(p["snapshot_s"] for p in polls[1:]), 3)}
+           "steady_snapshot_s": round(statistics.median(p["snapshot_s"] for p in polls[1:]), 3),
+           "steady_save_s": round(statistics.median(p["save_s"] for p in polls[1:]), 3), "state_bytes": state_bytes}
     say(f"slurm agent, {gpus:,} GPUs ({out['jobs']:,} jobs, {megabytes:.1f} MB of JSON): first poll "
         f"{out['first_poll_s']:.2f} s ({out['first_poll_events']:,} events), steady {out['steady_poll_s']:.2f} s "
-        f"(translate {out['steady_translate_s']:.2f}, snapshot {out['steady_snapshot_s']:.2f}, parse "
-        f"{out['steady_parse_s_per_mb']:.3f} s/MB)")
+        f"(translate {out['steady_translate_s']:.2f}, snapshot {out['steady_snapshot_s']:.2f}, state file "
+        f"{out['steady_save_s']:.2f} for {state_bytes / 1e6:.1f} MB, parse {out['steady_parse_s_per_mb']:.3f} s/MB)")
     return out
 
 
