@@ -178,6 +178,15 @@ def requested_gpus(pod_spec: dict, mapping: KubernetesMapping) -> float:
     return round(total, 6)
 
 
+def asks_for_gpus(pod: Any, mapping: KubernetesMapping) -> bool:
+    """Whether the ledger has anything to do with this pod object: it asks for GPUs (a GPU request
+    cannot change in a pod's life). A pod it cannot read counts as asking, so that the core logs why."""
+    try:
+        return requested_gpus(_dict(pod.get("spec"), "spec"), mapping) > 0
+    except Exception:
+        return True
+
+
 def strip_runtime(container_id: str | None) -> str | None:
     """'containerd://abc' -> 'abc' (the id the GPU agent reads from the process's cgroup)."""
     if not container_id:

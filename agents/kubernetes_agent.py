@@ -36,7 +36,14 @@ from typing import Any, Callable, Sequence
 
 import orjson
 
-from gpuledger.agents.kubernetes import KubernetesLedger, KubernetesMapping, MalformedObject, job_identity, metadata
+from gpuledger.agents.kubernetes import (
+    KubernetesLedger,
+    KubernetesMapping,
+    MalformedObject,
+    asks_for_gpus,
+    job_identity,
+    metadata,
+)
 from gpuledger.schemas.wire import encode
 
 log = logging.getLogger(__name__)
@@ -184,28 +191,43 @@ class Watcher(threading.Thread):
     """List, then watch from the list's resourceVersion, for ever. Puts on `out`:
     ("sync", kind, items, t) after each list (t: when it was asked), ("event", kind, type, object, t),
     and ("fresh", kind, t) for a bookmark or a watch window that ended cleanly (everything the
-    server had until t was delivered). 410 Gone (an expired resourceVersion) -> list again; a
-    dropped connection or an error -> watch again from the last resourceVersion seen."""
+    server had until t was delivered). 410 Gone (an expired resourceVersion, or an expired continue
+    token in a paged list) -> list again; a dropped connection or an error -> watch again from the
+    last resourceVersion seen. Lists are read in pages of `page_size` objects (the API server's
+    limit/continue: one consistent snapshot, served in parts); objects `keep` says no to (pods
+    that ask for no GPU) are dropped from the lists and the watch as they arrive."""
 
     def __init__(self, kind: str, list_fn: Callable[..., Any], args: tuple, out: queue.Queue, stop: threading.Event, *,
                  timeout_s: float = 30.0, clock: Callable[[], float] = time.time, raw_list: bool = False,
-                 optional: bool = False):
+                 optional: bool = False, page_size: int = 500, keep: Callable[[Any], bool] | None = None):
         super().__init__(name=f"watch-{kind}", daemon=True)
         self.optional = optional  # a 404 (the resource's CRD is not installed) means: do without it
         self.kind, self.list_fn, self.args, self.out, self.stop = kind, list_fn, args, out, stop
         self.timeout_s, self.clock, self.raw_list = timeout_s, clock, raw_list
+        self.page_size, self.keep = page_size, keep
         self.resource_version: str | None = None
         self.relists = 0
         self.reconnects = 0
+        self.pages = 0
         self._watch: Any = None
 
     def _list(self) -> tuple[list, str]:
-        if self.raw_list:  # CoreV1Api: raw JSON, not the client's models
-            response = self.list_fn(*self.args, _preload_content=False, _request_timeout=self.timeout_s + 15)
-            body = json.loads(response.data)
-        else:
-            body = self.list_fn(*self.args, _request_timeout=self.timeout_s + 15)
-        return list(body.get("items") or []), body["metadata"]["resourceVersion"]
+        items: list = []
+        token = None
+        while True:
+            paging = {"limit": self.page_size, **({"_continue": token} if token else {})}
+            if self.raw_list:  # CoreV1Api: raw JSON, not the client's models
+                response = self.list_fn(*self.args, _preload_content=False, _request_timeout=self.timeout_s + 15,
+                                        **paging)
+                body = orjson.loads(response.data)
+            else:
+                body = self.list_fn(*self.args, _request_timeout=self.timeout_s + 15, **paging)
+            self.pages += 1
+            page = body.get("items") or []
+            items += page if self.keep is None else [obj for obj in page if self.keep(obj)]
+            token = (body.get("metadata") or {}).get("continue")
+            if not token:
+                return items, body["metadata"]["resourceVersion"]
 
     def run(self) -> None:
         from kubernetes import watch
@@ -229,7 +251,7 @@ class Watcher(threading.Thread):
                     self.resource_version = rv or self.resource_version
                     if kind == "BOOKMARK":
                         self.out.put(("fresh", self.kind, self.clock()))
-                    elif kind in ("ADDED", "MODIFIED", "DELETED"):
+                    elif kind in ("ADDED", "MODIFIED", "DELETED") and (self.keep is None or self.keep(obj)):
                         self.out.put(("event", self.kind, kind, obj, self.clock()))
                     if self.stop.is_set():
                         break
@@ -297,8 +319,8 @@ class StateFile:
       another generation than the whole state's are left from before its last rewrite (a crash
       between the rename and the journal's truncation) and are not read.
 
-    On a 100,000-GPU cluster the whole state is ~18.6 MB; rewriting it at each 1-s cycle that
-    changed anything cost up to ~18 MB/s of disk writes (docs/kubernetes.md, "Exactly once")."""
+    On a 100,000-GPU cluster the whole state is ~20 MB; rewriting it at each 1-s cycle that changed
+    anything cost up to ~20 MB/s of disk writes (docs/kubernetes.md, "What a save writes")."""
 
     JOURNAL_MIN_BYTES = 1 << 20   # below this the journal is never worth a rewrite
 
@@ -596,6 +618,7 @@ class KubernetesAgent:
 
 
 def make_watchers(api_client: Any, out: queue.Queue, stop: threading.Event, *, kueue: bool, timeout_s: float,
+                  mapping: KubernetesMapping, page_size: int = 500,
                   clock: Callable[[], float] = time.time) -> list[Watcher]:
     from kubernetes import client as k8s
 
@@ -604,9 +627,10 @@ def make_watchers(api_client: Any, out: queue.Queue, stop: threading.Event, *, k
     if kueue:
         for kind, plural in KUEUE_RESOURCES:
             watchers.append(Watcher(kind, custom.list_cluster_custom_object, (KUEUE_GROUP, KUEUE_VERSION, plural),
-                                    out, stop, timeout_s=timeout_s, clock=clock, optional=True))
+                                    out, stop, timeout_s=timeout_s, clock=clock, optional=True, page_size=page_size))
     watchers.append(Watcher("pod", core_api.list_pod_for_all_namespaces, (), out, stop, timeout_s=timeout_s,
-                            clock=clock, raw_list=True))
+                            clock=clock, raw_list=True, page_size=page_size,
+                            keep=lambda pod: asks_for_gpus(pod, mapping)))
     return watchers
 
 
@@ -725,7 +749,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                             devices=DeviceSource(mapping, local=local, node=args.node, endpoint=args.device_endpoint),
                             state_path=state_path, snapshot_interval_s=settings.kubernetes_snapshot_interval_s)
     watchers = make_watchers(api_client_for(args.api_server, args.kubeconfig), agent.queue, stop, kueue=args.kueue,
-                             timeout_s=settings.kubernetes_watch_timeout_s)
+                             timeout_s=settings.kubernetes_watch_timeout_s, mapping=mapping,
+                             page_size=settings.kubernetes_list_page_size)
     try:
         agent.run(watchers, stop)
     except KeyboardInterrupt:

@@ -99,6 +99,7 @@ class Settings(BaseSettings):
     kubernetes_container_ids: str = Field("runtime", pattern="^(runtime|name)$", description="how GPU holders' containers are named to match the GPU samples' processes: 'runtime' (the runtime's container id, as the NVML GPU agent reads it from cgroups) or 'name' (k8s://<namespace>/<pod>/<container>, as the dcgm agent reads it from dcgm-exporter's pod labels)")
     kubernetes_kueue: bool = Field(True, description="read Kueue Workloads, ClusterQueues and LocalQueues")
     kubernetes_watch_timeout_s: float = Field(30.0, gt=0, description="length of one watch request, seconds")
+    kubernetes_list_page_size: int = Field(500, ge=1, description="objects per page of the agent's lists (the API server's limit/continue)")
     kubernetes_snapshot_interval_s: float = Field(30.0, gt=0, description="seconds between scheduler snapshots")
     kubernetes_state_file: Path | None = Field(None, description="the agent's state file (default: DATA_DIR/kubernetes-agent-<cluster>.json)")
 

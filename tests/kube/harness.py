@@ -28,7 +28,8 @@ def k8s_era_clock(offset_s: float = 10.0):
 class Run:
     """The agent in a thread against a replay server, until `done(messages)` or a timeout."""
 
-    def __init__(self, server: ReplayApiServer, socket: Path, state: Path, publisher=None, kueue: bool = True):
+    def __init__(self, server: ReplayApiServer, socket: Path, state: Path, publisher=None, kueue: bool = True,
+                 page_size: int = 500):
         self.clock = k8s_era_clock()
         mapping = KubernetesMapping(cluster="k8s", allowed_lateness_ms=120_000)
         self.publisher = publisher or ListPublisher()
@@ -40,7 +41,7 @@ class Run:
             snapshot_interval_s=0.3, cycle_s=0.1, clock=self.clock)
         self.stop = threading.Event()
         self.watchers = make_watchers(api_client_for(server.url, None), self.agent.queue, self.stop, kueue=kueue,
-                                      timeout_s=1, clock=self.clock)
+                                      timeout_s=1, mapping=mapping, page_size=page_size, clock=self.clock)
 
     def until(self, done, timeout_s: float = 30.0) -> "Run":
         thread = threading.Thread(target=self.agent.run, args=(self.watchers, self.stop), daemon=True)

@@ -21,7 +21,7 @@ from gpuledger.agents.kubernetes_agent import (
 from gpuledger.agents.podresources.client import PodResourcesClient
 from gpuledger.agents.publisher import ListPublisher
 from kube.harness import Run, by_job
-from kube.objects import ms
+from kube.objects import gpu_pod, ms
 from kube.podresources_server import FakeKubelet, PodResourcesServer
 from kube.replay_server import ReplayApiServer, Resource, list_body
 from kube.scenario import DEVICES, OTHER_CONTAINER, OTHER_MIG, PODS, TRAIN_GPU, other, recorded_cluster, train
@@ -75,6 +75,43 @@ def test_watch_drop_bookmark_and_410_lose_and_repeat_nothing(kubelet_socket, tmp
         assert values == sorted(values)
     queue = run.snapshots()[0]["queues"][0]
     assert (queue["queue"], queue["quota_gpus"], queue["allocated_gpus"]) == ("cluster-queue", 8.0, 1.0)
+
+
+def cpu_pod(i: int) -> dict:
+    return gpu_pod(f"web-{i}", f"uid-web-{i}", job=f"web-{i}", gpus=0)
+
+
+def test_a_large_list_comes_in_pages_and_an_expired_continue_token_lists_again(kubelet_socket, tmp_path):
+    """Pages of 2 (the API server's limit/continue), the first list's continue token expired
+    half-way (410): the agent lists again from the start and bills the GPU pods as one list would."""
+    pods = [cpu_pod(0), train("running", "103"), cpu_pod(1), cpu_pod(2), other("running", "150"), cpu_pod(3), cpu_pod(4)]
+    cluster = {PODS: Resource([list_body("PodList", "100", pods)], expire_continue=1)}
+    with ReplayApiServer(cluster) as server:
+        run = Run(server, kubelet_socket, tmp_path / "s.json", kueue=False, page_size=2).until(
+            lambda r: {"default/job/train", "default/job/other"} <= set(by_job(r.events())) and r.watermarks())
+        assert (server.list_count(PODS), server.page_count(PODS)) == (2, 1 + 1 + 4)
+        assert {q.get("limit") for p, q in server.requests if p == PODS and "watch" not in q} == {"2"}
+    assert run.watchers[-1].relists == 1
+    assert by_job(run.events()) == {"default/job/train": ["submitted", "allocated", "started"],
+                                    "default/job/other": ["submitted", "allocated", "started"]}
+
+
+def test_pods_that_ask_for_no_gpu_are_dropped_from_the_list_page_by_page():
+    import queue
+    import threading
+
+    from gpuledger.agents.kubernetes_agent import api_client_for, make_watchers
+
+    mapping = KubernetesMapping(cluster="k8s")
+    broken = cpu_pod(9)
+    broken["spec"]["containers"] = "not a list"          # unreadable: kept, so that the core says why
+    pods = [cpu_pod(0), train("running", "103"), cpu_pod(1), broken, other("running", "150")]
+    with ReplayApiServer({PODS: Resource([list_body("PodList", "100", pods)])}) as server:
+        pod_watcher = make_watchers(api_client_for(server.url, None), queue.Queue(), threading.Event(), kueue=False,
+                                    timeout_s=1, mapping=mapping, page_size=2)[-1]
+        items, version = pod_watcher._list()
+    assert [p["metadata"]["name"] for p in items] == ["train-0", "web-9", "other-0"]
+    assert version == "100" and pod_watcher.pages == 3
 
 
 def test_a_restarted_agent_neither_loses_nor_repeats(kubelet_socket, tmp_path):
