@@ -114,6 +114,24 @@ def test_pods_that_ask_for_no_gpu_are_dropped_from_the_list_page_by_page():
     assert version == "100" and pod_watcher.pages == 3
 
 
+def test_kueue_objects_are_listed_in_pages_too():
+    import queue
+    import threading
+
+    from gpuledger.agents.kubernetes_agent import api_client_for, make_watchers
+    from kube.objects import workload
+    from kube.scenario import KUEUE
+
+    workloads = [workload(f"job-{i}", f"uid-wl-{i}", job=f"job-{i}") for i in range(3)]
+    cluster = {f"{KUEUE}/workloads": Resource([list_body("WorkloadList", "10", workloads, "kueue.x-k8s.io/v1beta1")])}
+    with ReplayApiServer(cluster) as server:
+        watchers = make_watchers(api_client_for(server.url, None), queue.Queue(), threading.Event(), kueue=True,
+                                 timeout_s=1, mapping=KubernetesMapping(cluster="k8s"), page_size=1)
+        items, version = next(w for w in watchers if w.kind == "workload")._list()
+        assert server.page_count(f"{KUEUE}/workloads") == 3
+    assert [w["metadata"]["name"] for w in items] == ["job-0", "job-1", "job-2"] and version == "10"
+
+
 def test_a_restarted_agent_neither_loses_nor_repeats(kubelet_socket, tmp_path):
     state = tmp_path / "state.json"
     first = {PODS: Resource([list_body("PodList", "100", [train("running", "103")])])}
