@@ -380,6 +380,9 @@ class KubernetesLedger:
         """Latest objects of the pods held back for their device ids (retry them every cycle)."""
         return list(self._waiting.values())
 
+    def waiting_count(self) -> int:
+        return len(self._waiting)
+
     def _pod(self, pod: dict, now_ms: int, devices_for: DeviceLookup, *, deleted: bool) -> list[JobEvent]:
         meta, uid, namespace, name = metadata(pod)
         spec = _dict(pod.get("spec"), "spec")

@@ -98,15 +98,16 @@ class SpooledRoutes:
         return self.spooling.close(timeout)
 
 
-def open_publisher(settings: Any) -> Any:
-    """The durable publisher: the GPU agent's spool (GPULEDGER_AGENT_SPOOL_*), forwarded to Kafka."""
+def open_publisher(settings: Any, metrics: Any = None) -> Any:
+    """The durable publisher: the GPU agent's spool (GPULEDGER_AGENT_SPOOL_*), forwarded to Kafka.
+    `metrics`: an AgentMetrics for the spool's depth and deliveries (optional)."""
     from gpuledger.agents.gpu_agent import open_spooled_publisher
     from gpuledger.agents.publisher import SPOOL_PRODUCER_OVERRIDES, KafkaPublisher
 
     if settings.agent_spool_max_bytes <= 0:
         return KafkaPublisher(settings)
     spooling = open_spooled_publisher(
-        settings, SPOOL_NAME, topic=SPOOL_TOPIC,
+        settings, SPOOL_NAME, topic=SPOOL_TOPIC, metrics=metrics,
         publisher_factory=lambda: RoutingPublisher(KafkaPublisher(settings, **SPOOL_PRODUCER_OVERRIDES)))
     return SpooledRoutes(spooling)
 
@@ -456,6 +457,16 @@ class KubernetesAgent:
         self.published_events = 0
         self._last_snapshot = 0.0
         self.kueue_sync_timeout_s = 30.0  # pods wait this long for the queues to be known
+        self.watchers: list[Watcher] = []
+
+    def stats(self) -> dict[str, float]:
+        """What its metrics show (gpuledger.metrics.SCHEDULER_STATS), read from another thread."""
+        watchers = list(self.watchers)
+        return {"watermark_timestamp_seconds": self.core.watermark_ms / 1000, "events_published": self.published_events,
+                "jobs_tracked": len(self.core.jobs), "objects_skipped": self.skipped,
+                "watch_relists": sum(w.relists for w in watchers),
+                "watch_reconnects": sum(w.reconnects for w in watchers),
+                "pods_waiting_for_devices": self.core.waiting_count()}
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -578,6 +589,7 @@ class KubernetesAgent:
         """Start the watchers (Kueue's first, so queue names resolve before pods arrive) and work
         until `stop` is set."""
         self.kinds = [w.kind for w in watchers]
+        self.watchers = list(watchers)
         first = [w for w in watchers if w.kind != "pod"]
         for w in first:
             w.start()
@@ -673,6 +685,8 @@ def build_parser(settings: Any) -> argparse.ArgumentParser:
     p.add_argument("--state-file", type=Path, default=settings.kubernetes_state_file,
                    help="the agent's state (default DATA_DIR/kubernetes-agent-<cluster>.json)")
     p.add_argument("--print", dest="print_", action="store_true", help="write messages to stdout instead of Kafka")
+    p.add_argument("--metrics-port", type=int, default=settings.agent_metrics_port,
+                   help="port of the agent's Prometheus /metrics (default GPULEDGER_AGENT_METRICS_PORT; 0: off)")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -742,12 +756,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, KeyError, TypeError) as exc:
         print(f"kubernetes agent: unreadable state file {state_path}: {exc}", file=sys.stderr)
         return 2
-    publisher = _StdoutPublisher() if args.print_ else open_publisher(settings)
+    spool_metrics = None
+    if args.metrics_port:
+        from gpuledger.metrics import AgentMetrics, start_metrics_server
+
+        start_metrics_server(args.metrics_port)
+        spool_metrics = AgentMetrics(SPOOL_NAME)
+    publisher = _StdoutPublisher() if args.print_ else open_publisher(settings, spool_metrics)
     agent = KubernetesAgent(core, publisher, job_events_topic=settings.topics.job_events,
                             snapshots_topic=settings.topics.scheduler_snapshots,
                             job_event_partitions=settings.partitions_job_events,
                             devices=DeviceSource(mapping, local=local, node=args.node, endpoint=args.device_endpoint),
                             state_path=state_path, snapshot_interval_s=settings.kubernetes_snapshot_interval_s)
+    if args.metrics_port:
+        from gpuledger.metrics import SCHEDULER_AGENTS
+
+        SCHEDULER_AGENTS.attach("kubernetes", args.cluster, agent.stats)
     watchers = make_watchers(api_client_for(args.api_server, args.kubeconfig), agent.queue, stop, kueue=args.kueue,
                              timeout_s=settings.kubernetes_watch_timeout_s, mapping=mapping,
                              page_size=settings.kubernetes_list_page_size)

@@ -164,7 +164,8 @@ class RoutingPublisher:
 class SpoolSink:
     """Where a poll's messages go: the disk spool (drained to Kafka by a forwarder thread)."""
 
-    def __init__(self, settings: Any, cluster: str):
+    def __init__(self, settings: Any, cluster: str, metrics: Any = None):
+        """`metrics`: an AgentMetrics for the spool's depth and deliveries (optional)."""
         from gpuledger.agents.gpu_agent import spool_dir
         from gpuledger.agents.publisher import SPOOL_PRODUCER_OVERRIDES, KafkaPublisher
         from gpuledger.agents.spool import Forwarder, Spool
@@ -175,13 +176,15 @@ class SpoolSink:
             return RoutingPublisher(KafkaPublisher(settings, **SPOOL_PRODUCER_OVERRIDES), topics)
 
         self.spool = Spool(spool_dir(settings, f"slurm-agent-{cluster}"), max_bytes=max(settings.agent_spool_max_bytes, 1 << 20),
-                           fsync=settings.agent_spool_fsync)
+                           fsync=settings.agent_spool_fsync, on_drop=metrics.spool_dropped if metrics is not None else None)
         try:
-            self.forwarder = Forwarder(self.spool, factory(), settings.topics.job_events,
+            self.forwarder = Forwarder(self.spool, factory(), settings.topics.job_events, metrics=metrics,
                                        publisher_factory=factory).start()
         except Exception:
             self.spool.close()
             raise
+        if metrics is not None:
+            metrics.attach_spool(self.spool, self.forwarder)
 
     def put(self, line: str, key: str | None, value: bytes, partition: int | None = None) -> None:
         self.spool.append(value, f"{line}{_SEP}{'' if partition is None else partition}{_SEP}{key or ''}")
@@ -228,6 +231,13 @@ class SlurmAgent:
         self.state = load_state(state_file)
         self.failures = 0
         self.polls = 0
+        self.events_published = 0
+
+    def stats(self) -> dict[str, float]:
+        """What its metrics show (gpuledger.metrics.SCHEDULER_STATS), read from another thread."""
+        state = self.state
+        return {"watermark_timestamp_seconds": state.watermark_ms / 1000, "events_published": self.events_published,
+                "jobs_tracked": len(state.jobs), "polls": self.polls, "poll_failures": self.failures}
 
     def poll_once(self) -> bool:
         """One poll; False (logged, counted) when Slurm could not be read or its output used."""
@@ -265,6 +275,7 @@ class SlurmAgent:
             log.warning("%s", w)
         for event in events:
             self.sink.put(LINE_EVENTS, event.job_id, encode(event))
+        self.events_published += len(events)
         watermark = encode(result.watermark)
         for p in range(self.partitions):
             self.sink.put(LINE_EVENTS, None, watermark, partition=p)
@@ -320,6 +331,8 @@ def build_parser(settings: Any) -> argparse.ArgumentParser:
                    help="seconds a Slurm client command may take (default %(default)s)")
     p.add_argument("--once", action="store_true", help="poll once and exit")
     p.add_argument("--print", dest="print_", action="store_true", help="write messages to stdout (replay dump lines), not Kafka")
+    p.add_argument("--metrics-port", type=int, default=settings.agent_metrics_port,
+                   help="port of the agent's Prometheus /metrics (default GPULEDGER_AGENT_METRICS_PORT; 0: off)")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -335,12 +348,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     state_file = args.state_file or default_state_file(settings, args.cluster)
+    spool_metrics = None
+    if args.metrics_port:
+        from gpuledger.metrics import AgentMetrics, start_metrics_server
+
+        start_metrics_server(args.metrics_port)
+        spool_metrics = AgentMetrics(f"slurm-agent-{args.cluster}")
     if args.print_:
         sink: Any = PrintSink()
     else:
         from gpuledger.agents.spool import SpoolLocked
         try:
-            sink = SpoolSink(settings, args.cluster)
+            sink = SpoolSink(settings, args.cluster, spool_metrics)
         except SpoolLocked as exc:
             print(f"slurm agent: {exc} (is another slurm agent running for cluster {args.cluster}?)", file=sys.stderr)
             return 2
@@ -349,6 +368,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                        margin_ms=round(settings.slurm_agent_watermark_margin_s * 1000),
                        # a look with --print must not advance the state a publishing agent relies on
                        persist=not args.print_ or args.state_file is not None or settings.slurm_agent_state_file is not None)
+    if args.metrics_port:
+        from gpuledger.metrics import SCHEDULER_AGENTS
+
+        SCHEDULER_AGENTS.attach("slurm", args.cluster, agent.stats)
     try:
         if args.once:
             ok = agent.poll_once()

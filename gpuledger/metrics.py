@@ -4,7 +4,9 @@ Every metric is defined here, once, on the default registry, named `gpuledger_*`
 process serves them with `start_metrics_server(port)` (port 0: disabled) on
 `http://<host>:<port>/metrics`, beside prometheus-client's own process_* and python_* metrics.
 
-    agents   AgentMetrics (wired in agents/gpu_agent.py)
+    agents   AgentMetrics (wired in agents/gpu_agent.py; the scheduler agents' spools too)
+    scheduler agents (Slurm, Kubernetes): SCHEDULER_AGENTS.attach(agent, cluster, stats), read at
+             scrape time: their watermark and its age, events published, jobs tracked, failures
     worker   WorkerMetrics: message_in / message_out / dead_letter / sample_seen / set_lag
     sink     SinkMetrics:   message_in / dead_letter / InstrumentedWriter (rows, insert failures,
              insert time) / update_consumer_lag(consumer)
@@ -113,6 +115,67 @@ class _LastSample(Collector):
 
 LAST_SAMPLE = _LastSample()
 REGISTRY.register(LAST_SAMPLE)
+
+
+#: What a scheduler agent's `stats()` may report: key -> (metric type, help). A key an agent does
+#: not report is left out of its series.
+SCHEDULER_STATS = {
+    "watermark_timestamp_seconds": ("gauge", "The last lifecycle watermark the scheduler agent sent (Unix seconds)"),
+    "watermark_age_seconds": ("gauge", "Seconds since that watermark's time, at scrape time: the allowed lateness "
+                                       "plus the agent's delay; growing: the worker will pause (no watermark comes)"),
+    "events_published": ("counter", "Job lifecycle events the scheduler agent handed to its spool"),
+    "jobs_tracked": ("gauge", "Jobs the scheduler agent's state holds"),
+    "polls": ("counter", "Polls of the scheduler whose messages were published (Slurm)"),
+    "poll_failures": ("counter", "Polls that could not read or use the scheduler's output (Slurm): nothing published"),
+    "objects_skipped": ("counter", "Objects the agent could not read and skipped, logged with the reason (Kubernetes)"),
+    "watch_relists": ("counter", "Lists again after an expired resourceVersion or continue token (Kubernetes)"),
+    "watch_reconnects": ("counter", "Watches started again after an error or a dropped connection (Kubernetes)"),
+    "pods_waiting_for_devices": ("gauge", "Scheduled GPU pods waiting for their device ids; they hold the watermark "
+                                          "(Kubernetes)"),
+}
+
+
+class _SchedulerAgents(Collector):
+    """gpuledger_scheduler_* {agent, cluster}: each attached agent's `stats()`, read at scrape time
+    (so the watermark's age keeps growing while the agent is stuck)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time):
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._sources: dict[tuple[str, str], Callable[[], Mapping[str, float]]] = {}
+
+    def attach(self, agent: str, cluster: str, stats: Callable[[], Mapping[str, float]]) -> None:
+        with self._lock:
+            self._sources[(agent, cluster)] = stats
+
+    def detach(self, agent: str, cluster: str) -> None:
+        with self._lock:
+            self._sources.pop((agent, cluster), None)
+
+    def collect(self) -> Iterable[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        now = self.clock()
+        families = {key: (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
+            f"gpuledger_scheduler_{key}", text, labels=["agent", "cluster"]) for key, (kind, text) in SCHEDULER_STATS.items()}
+        with self._lock:
+            sources = sorted(self._sources.items())
+        for (agent, cluster), read in sources:
+            try:
+                stats = dict(read())
+            except Exception:  # a scrape never breaks on an agent shutting down
+                log.debug("scheduler agent %s/%s: stats unreadable", agent, cluster, exc_info=True)
+                continue
+            if "watermark_timestamp_seconds" in stats:
+                stats["watermark_age_seconds"] = max(0.0, now - stats["watermark_timestamp_seconds"])
+            for key, value in stats.items():
+                if key in families:
+                    families[key].add_metric([agent, cluster], float(value))
+        yield from families.values()
+
+
+SCHEDULER_AGENTS = _SchedulerAgents()
+REGISTRY.register(SCHEDULER_AGENTS)
 
 
 # --------------------------------------------------------------------------- server

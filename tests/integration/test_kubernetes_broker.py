@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from gpuledger.schemas.lines import Emission
+from gpuledger.embedded.broker import free_port
 from gpuledger.embedded.processes import ChildProcess, read_topic
 from gpuledger.schemas.models import GpuSample, JobEvent, LifecycleWatermark, MigDevice, NodeTick, SchedulerSnapshot
 from gpuledger.topics import create_topics
@@ -21,6 +22,7 @@ from kube.objects import ms, shift_times
 from kube.podresources_server import FakeKubelet, PodResourcesServer
 from kube.replay_server import ReplayApiServer, list_body
 from kube.scenario import DEVICES, OTHER_MIG, PODS, TRAIN_GPU, recorded_cluster, train
+from metrics_scrape import sample, scrape
 
 pytestmark = pytest.mark.integration
 
@@ -72,12 +74,24 @@ def test_the_agent_process_publishes_each_event_once_to_the_broker(make_settings
         create_topics(settings)
         cluster, shift = now_shifted_cluster()
         args = ("agent", "kubernetes", "--node", "kube-worker-1", "--pod-resources-socket", str(sock))
+        port = free_port()
         with PodResourcesServer(sock, FakeKubelet(DEVICES)), ReplayApiServer(cluster) as api:
-            agent = ChildProcess(settings, *args, "--api-server", api.url, log_path=tmp_path / "agent.log").start()
+            agent = ChildProcess(settings, *args, "--api-server", api.url, "--metrics-port", str(port),
+                                 log_path=tmp_path / "agent.log").start()
             try:
                 wait_for(lambda: by_job(messages(settings)[0]) == EXPECTED and messages(settings)[1], 90, agent)
+                # its /metrics: what it published, from its spool, and the watermark it holds
+                wait_for(lambda: sample(scrape(port), "gpuledger_agent_spool_records", node="kubernetes-agent") == 0,
+                         30, agent)
+                families = scrape(port)
             finally:
                 assert agent.stop() == 0
+            own = {"agent": "kubernetes", "cluster": "k8s"}
+            assert sample(families, "gpuledger_scheduler_events_published_total", **own) == sum(map(len, EXPECTED.values()))
+            assert sample(families, "gpuledger_scheduler_watch_relists_total", **own) == 1       # the 410
+            assert sample(families, "gpuledger_scheduler_watch_reconnects_total", **own) >= 1    # the dropped watch
+            assert 120 <= sample(families, "gpuledger_scheduler_watermark_age_seconds", **own) < 150  # the lateness
+            assert sample(families, "gpuledger_agent_messages_published_total", node="kubernetes-agent") > 0
             assert api.watch_versions(PODS)[:3] == ["100", "102", "200"]
             events, marks = messages(settings)
             # restarted with its state file: nothing repeated, watermarks go on

@@ -28,9 +28,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gpuledger.embedded.broker import EmbeddedBroker
+from gpuledger.embedded.broker import EmbeddedBroker, free_port
 from gpuledger.config import Settings
 from gpuledger.embedded.processes import ChildProcess, read_topic_records, wait_until_caught_up
+from metrics_scrape import sample, scrape
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
@@ -291,7 +292,8 @@ def test_ledger_matches_sacct(cluster, tmp_path):
             while gone in cluster.jobs() and time.monotonic() < deadline:
                 time.sleep(1)
             assert gone not in cluster.jobs(), f"job {gone} still in squeue"
-            agent = child("slurm-agent-3", *agent_args)  # finds it gone: closes it from sacct
+            metrics_port = free_port()
+            agent = child("slurm-agent-3", *agent_args, "--metrics-port", str(metrics_port))  # closes it from sacct
             time.sleep(3)
 
             # sacct has every end, and the watermark has passed the last of them
@@ -311,6 +313,12 @@ def test_ledger_matches_sacct(cluster, tmp_path):
                            lambda recs: {p for p, m in lifecycle(recs) if m.get("type") == "watermark"
                                          and m["ts_ms"] >= ticks_end_ms} >= set(range(s.partitions_job_events)),
                            "lifecycle watermark past the GPU agents' last tick on every partition")
+            families = scrape(metrics_port)  # the agent's own view, as Prometheus would scrape it
+            own = {"agent": "slurm", "cluster": CLUSTER}
+            assert sample(families, "gpuledger_scheduler_watermark_timestamp_seconds", **own) >= ticks_end_ms / 1000
+            assert sample(families, "gpuledger_scheduler_polls_total", **own) >= 1
+            assert sample(families, "gpuledger_scheduler_events_published_total", **own) >= 1  # gone's end, at least
+            assert sample(families, "gpuledger_agent_spool_records", node=f"slurm-agent-{CLUSTER}") >= 0  # wired
             agent.stop()
             t = s.topics
             say("waiting for the worker and the sink")

@@ -92,6 +92,9 @@ def test_a_large_list_comes_in_pages_and_an_expired_continue_token_lists_again(k
         assert (server.list_count(PODS), server.page_count(PODS)) == (2, 1 + 1 + 4)
         assert {q.get("limit") for p, q in server.requests if p == PODS and "watch" not in q} == {"2"}
     assert run.watchers[-1].relists == 1
+    stats = run.agent.stats()
+    assert (stats["watch_relists"], stats["events_published"], stats["jobs_tracked"]) == (1, 6, 2)
+    assert stats["watermark_timestamp_seconds"] == max(ts for _, ts in run.watermarks()) / 1000
     assert by_job(run.events()) == {"default/job/train": ["submitted", "allocated", "started"],
                                     "default/job/other": ["submitted", "allocated", "started"]}
 

@@ -3,12 +3,10 @@ and sink; the helpers compute lag and ages; the agent wires its metrics."""
 
 from __future__ import annotations
 
-import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from gpuledger import metrics
 from gpuledger.agents.gpu_agent import run_agent
@@ -16,6 +14,7 @@ from gpuledger.agents.publisher import ListPublisher
 from gpuledger.agents.sim_backend import SimBackend
 from gpuledger.agents.spool import Forwarder, Spool, SpoolingPublisher
 from gpuledger.embedded.broker import free_port
+from metrics_scrape import sample, scrape
 
 EXPECTED = {
     # agents
@@ -30,19 +29,6 @@ EXPECTED = {
     "gpuledger_sink_rows_inserted", "gpuledger_sink_insert_failures", "gpuledger_sink_insert_seconds",
     "gpuledger_sink_batches", "gpuledger_sink_batch_rows",
 }
-
-
-def scrape(port: int) -> dict[str, list]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return {family.name: family.samples for family in text_string_to_metric_families(text)}
-
-
-def sample(families: dict[str, list], name: str, **labels: str) -> float:
-    for family in families.values():
-        for s in family:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return s.value
-    raise KeyError(f"{name} {labels} not scraped")
 
 
 class FakeWriter:
@@ -124,6 +110,34 @@ def test_last_sample_age_grows_at_scrape_time() -> None:
     assert [(s.labels["node"], s.value) for s in age.samples] == [("n1", 10.0)]
     now[0] = 1030.0
     assert next(iter(collector.collect())).samples[0].value == 40.0
+
+
+def test_scheduler_agents_are_read_at_scrape_time(port: int) -> None:
+    """gpuledger_scheduler_* from each attached agent's stats(); the watermark's age grows while
+    nothing moves it, and an agent whose stats cannot be read leaves the others' series alone."""
+    now, stats = [1_000.0], {"watermark_timestamp_seconds": 970.0, "events_published": 5, "jobs_tracked": 2,
+                             "polls": 3, "poll_failures": 1}
+    agents = metrics._SchedulerAgents(clock=lambda: now[0])
+    agents.attach("slurm", "c1", lambda: stats)
+    agents.attach("kubernetes", "c2", lambda: 1 / 0)
+
+    def series() -> dict[str, float]:
+        return {f.name: s.value for f in agents.collect() for s in f.samples if s.labels == {"agent": "slurm", "cluster": "c1"}}
+
+    assert series() == {"gpuledger_scheduler_watermark_timestamp_seconds": 970.0,
+                        "gpuledger_scheduler_watermark_age_seconds": 30.0,
+                        "gpuledger_scheduler_events_published": 5.0, "gpuledger_scheduler_jobs_tracked": 2.0,
+                        "gpuledger_scheduler_polls": 3.0, "gpuledger_scheduler_poll_failures": 1.0}
+    now[0] = 1_100.0
+    assert series()["gpuledger_scheduler_watermark_age_seconds"] == 130.0
+    # through the process's registry and HTTP, as Prometheus scrapes it
+    metrics.SCHEDULER_AGENTS.attach("slurm", "scraped", lambda: stats)
+    try:
+        families = scrape(port)
+        assert sample(families, "gpuledger_scheduler_events_published_total", agent="slurm", cluster="scraped") == 5
+        assert sample(families, "gpuledger_scheduler_watermark_age_seconds", agent="slurm", cluster="scraped") > 0
+    finally:
+        metrics.SCHEDULER_AGENTS.detach("slurm", "scraped")
 
 
 def test_consumer_lag_helpers() -> None:
