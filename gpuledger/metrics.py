@@ -182,12 +182,17 @@ REGISTRY.register(SCHEDULER_AGENTS)
 def start_metrics_server(port: int, addr: str = "0.0.0.0") -> Any | None:
     """Serve /metrics on addr:port in a daemon thread; port 0 disables it (returns None).
 
-    Returns the server (call `.shutdown()` to stop it early)."""
+    Returns the server (call `.shutdown()` to stop it early). A port it cannot bind is a
+    RuntimeError saying so (the CLI prints it as one line)."""
     if not port:
         return None
     from prometheus_client import start_http_server
 
-    started = start_http_server(port, addr=addr)
+    try:
+        started = start_http_server(port, addr=addr)
+    except OSError as exc:  # most often: another agent on this host serves its metrics there
+        raise RuntimeError(f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc} (another process on "
+                           f"this port? give this one another: --metrics-port, or GPULEDGER_*_METRICS_PORT)") from None
     server = started[0] if isinstance(started, tuple) else started  # (server, thread) since 0.17
     log.info("metrics on http://%s:%d/metrics", addr, port)
     return server

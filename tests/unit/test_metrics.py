@@ -55,6 +55,21 @@ def test_disabled_on_port_zero() -> None:
     assert metrics.start_metrics_server(0) is None
 
 
+def test_a_port_in_use_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    from gpuledger.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(RuntimeError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
+            metrics.start_metrics_server(port, addr="127.0.0.1")
+        assert main(["agent", "slurm", "--once", "--print", "--metrics-port", str(port)]) == 2
+    assert f"gpuledger: error: cannot serve metrics on 0.0.0.0:{port}" in capsys.readouterr().err
+
+
 def test_endpoint_serves_every_metric(port: int, tmp_path: Path) -> None:
     # one of everything, so that the labelled families have samples
     agent = metrics.AgentMetrics("node-m1")
