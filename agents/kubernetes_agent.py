@@ -756,12 +756,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, KeyError, TypeError) as exc:
         print(f"kubernetes agent: unreadable state file {state_path}: {exc}", file=sys.stderr)
         return 2
-    spool_metrics = None
-    if args.metrics_port:
-        from gpuledger.metrics import AgentMetrics, start_metrics_server
+    from gpuledger.metrics import SCHEDULER_AGENTS, serve_scheduler_agent_metrics
 
-        start_metrics_server(args.metrics_port)
-        spool_metrics = AgentMetrics(SPOOL_NAME)
+    spool_metrics = serve_scheduler_agent_metrics(args.metrics_port, SPOOL_NAME)
     publisher = _StdoutPublisher() if args.print_ else open_publisher(settings, spool_metrics)
     agent = KubernetesAgent(core, publisher, job_events_topic=settings.topics.job_events,
                             snapshots_topic=settings.topics.scheduler_snapshots,
@@ -769,8 +766,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                             devices=DeviceSource(mapping, local=local, node=args.node, endpoint=args.device_endpoint),
                             state_path=state_path, snapshot_interval_s=settings.kubernetes_snapshot_interval_s)
     if args.metrics_port:
-        from gpuledger.metrics import SCHEDULER_AGENTS
-
         SCHEDULER_AGENTS.attach("kubernetes", args.cluster, agent.stats)
     watchers = make_watchers(api_client_for(args.api_server, args.kubeconfig), agent.queue, stop, kueue=args.kueue,
                              timeout_s=settings.kubernetes_watch_timeout_s, mapping=mapping,

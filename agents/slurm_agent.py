@@ -348,12 +348,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     state_file = args.state_file or default_state_file(settings, args.cluster)
-    spool_metrics = None
-    if args.metrics_port:
-        from gpuledger.metrics import AgentMetrics, start_metrics_server
+    from gpuledger.metrics import SCHEDULER_AGENTS, serve_scheduler_agent_metrics
 
-        start_metrics_server(args.metrics_port)
-        spool_metrics = AgentMetrics(f"slurm-agent-{args.cluster}")
+    spool_metrics = serve_scheduler_agent_metrics(args.metrics_port, f"slurm-agent-{args.cluster}")
     if args.print_:
         sink: Any = PrintSink()
     else:
@@ -369,8 +366,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                        # a look with --print must not advance the state a publishing agent relies on
                        persist=not args.print_ or args.state_file is not None or settings.slurm_agent_state_file is not None)
     if args.metrics_port:
-        from gpuledger.metrics import SCHEDULER_AGENTS
-
         SCHEDULER_AGENTS.attach("slurm", args.cluster, agent.stats)
     try:
         if args.once:

@@ -198,6 +198,15 @@ def start_metrics_server(port: int, addr: str = "0.0.0.0") -> Any | None:
     return server
 
 
+def serve_scheduler_agent_metrics(port: int, spool_name: str) -> AgentMetrics | None:
+    """A scheduler agent's /metrics on `port` (0: none, returns None): the metrics of its spool
+    `spool_name`, to pass to the spool; the agent then `SCHEDULER_AGENTS.attach`es its stats."""
+    if not port:
+        return None
+    start_metrics_server(port)
+    return AgentMetrics(spool_name)
+
+
 # --------------------------------------------------------------------------- helpers
 def consumer_lag(end_offset: int, position: int) -> int | None:
     """Messages between a consumer's position (the next offset it will read) and the partition's
