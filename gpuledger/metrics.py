@@ -1,5 +1,9 @@
 """The ledger watches itself: Prometheus metrics of agents, worker and sink (prometheus-client).
 
+Why one file: every metric name is registered once per process on one registry, and the list of
+them is the operator's reference (docs/reliability.md, "Metrics"); one module keeps that list in
+one place, with the small per-component wrappers that feed it.
+
 Every metric is defined here, once, on the default registry, named `gpuledger_*`. Each
 process serves them with `start_metrics_server(port)` (port 0: disabled) on
 `http://<host>:<port>/metrics`, beside prometheus-client's own process_* and python_* metrics.
