@@ -37,6 +37,7 @@ from typing import Any, Callable, Sequence
 import orjson
 
 from gpuledger.agents.kubernetes import (
+    STATE_VERSION,
     KubernetesLedger,
     KubernetesMapping,
     MalformedObject,
@@ -388,8 +389,6 @@ class StateFile:
         self._append({"generation": self._generation, "watermark_ms": watermark_ms})
 
     def _save_whole(self, watermark_ms: int, entries: dict[str, dict[str, bytes]]) -> None:
-        from gpuledger.agents.kubernetes import STATE_VERSION
-
         self._generation = f"{time.time_ns():x}-{os.getpid()}"
         data = orjson.dumps({"version": STATE_VERSION, "generation": self._generation, "watermark_ms": watermark_ms,
                              **{name: {key: orjson.Fragment(raw) for key, raw in section.items()}
@@ -412,8 +411,6 @@ class StateFile:
 
 
 def _empty_state() -> dict:
-    from gpuledger.agents.kubernetes import STATE_VERSION
-
     return {"version": STATE_VERSION, "watermark_ms": 0, "pods": {}, "jobs": {}, "local_queues": {}}
 
 
