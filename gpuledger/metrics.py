@@ -27,7 +27,7 @@ import time
 from typing import Any, Callable, Iterable, Mapping
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
@@ -157,8 +157,6 @@ class _SchedulerAgents(Collector):
             self._sources.pop((agent, cluster), None)
 
     def collect(self) -> Iterable[Any]:
-        from prometheus_client.core import CounterMetricFamily
-
         now = self.clock()
         families = {key: (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
             f"gpuledger_scheduler_{key}", text, labels=["agent", "cluster"]) for key, (kind, text) in SCHEDULER_STATS.items()}
