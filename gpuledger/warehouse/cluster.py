@@ -5,8 +5,8 @@ Every statement is first parsed and printed back by ClickHouse's own parser (`fo
 canonical text (one clause per line, one column per line) is what the rules below edit; each rendered
 statement is parsed again, so a rendering ClickHouse cannot read never leaves this module.
 
-  CREATE TABLE t           -> t_local ON CLUSTER, Replicated* engine ('/clickhouse/tables/{shard}/
-                              {database}/{table}', '{replica}'), replicated_deduplication_window;
+  CREATE TABLE t [AS u]    -> t_local ON CLUSTER [AS u_local], Replicated* engine ('/clickhouse/tables/
+                              {shard}/{database}/{table}', '{replica}'), replicated_deduplication_window;
                               and t ON CLUSTER AS t_local ENGINE = Distributed(cluster, db, t_local, key)
   CREATE MATERIALIZED VIEW -> ON CLUSTER, TO t_local, reading its source's t_local: a view fires on the
                               shard that stores the rows, so aggregates are built where the rows are
@@ -14,9 +14,13 @@ statement is parsed again, so a rendering ClickHouse cannot read never leaves th
   ALTER TABLE t            -> ON CLUSTER, on t_local; column changes also on t (Distributed);
                               non_replicated_deduplication_window becomes replicated_deduplication_window
   ALTER TABLE mv MODIFY QUERY -> ON CLUSTER, reading the source's t_local
-  INSERT ... SELECT        -> unchanged: run once, through the Distributed tables (back-fills)
+  INSERT ... SELECT        -> run once, through the Distributed tables (back-fills), with
+                              distributed_foreground_insert = 1: the rows are on the shards when
+                              it returns, not queued, so a rebuild's EXCHANGE and DROP that follow
+                              cannot leave them in the table being dropped
+  TRUNCATE TABLE IF EXISTS t -> ON CLUSTER, t_local (a rebuild's copy starts empty: sql/0034)
   EXCHANGE TABLES a AND b  -> ON CLUSTER, of a_local and b_local (the Distributed tables name the
-                              locals, so they follow); a table rebuild (sql/0022)
+                              locals, so they follow); a table rebuild (sql/0022, sql/0034)
   DROP TABLE IF EXISTS t [SYNC] -> ON CLUSTER, t (Distributed) then t_local
 
 Views and reports read the Distributed tables; every view over an aggregate groups again, so partial
@@ -37,6 +41,8 @@ SHARDING_KEYS: dict[str, str] = {
     # sql/0022's rebuild of usage_raw: copied rows land on the shard usage_raw keeps them on
     "usage_raw_by_day": "cityHash64(gpu_uuid)",
     "gpu_health": "cityHash64(gpu_uuid)",
+    # sql/0034's rebuild of gpu_health, likewise
+    "gpu_health_by_day": "cityHash64(gpu_uuid)",
     "gpu_latest": "cityHash64(gpu_uuid)",
     "gpu_health_hourly": "cityHash64(gpu_uuid)",
     "usage_gpu_5m": "cityHash64(gpu_uuid)",
@@ -101,7 +107,7 @@ def sharding_key(table: str, order_by: str | None) -> str:
     return "rand()"
 
 
-_CREATE_TABLE = re.compile(r"^CREATE TABLE (IF NOT EXISTS )?(`?\w+`?)\n")
+_CREATE_TABLE = re.compile(r"^CREATE TABLE (IF NOT EXISTS )?(`?\w+`?)(?: AS (`?\w+`?))?\n")
 _CREATE_MV = re.compile(r"^CREATE MATERIALIZED VIEW (IF NOT EXISTS )?(`?\w+`?) TO (`?\w+`?)\n")
 _CREATE_VIEW = re.compile(r"^CREATE (OR REPLACE )?VIEW (IF NOT EXISTS )?(`?\w+`?)\n")
 _ALTER = re.compile(r"^ALTER TABLE (`?\w+`?)\n")
@@ -109,6 +115,9 @@ _ENGINE = re.compile(r"^ENGINE = (\w*)MergeTree(?:\((.*)\))?$", re.MULTILINE)
 _ORDER_BY = re.compile(r"^ORDER BY (.+)$", re.MULTILINE)
 _EXCHANGE = re.compile(r"^EXCHANGE TABLES (`?\w+`?) AND (`?\w+`?)$")
 _DROP_TABLE = re.compile(r"^DROP TABLE IF EXISTS (`?\w+`?)( SYNC)?$")
+_TRUNCATE = re.compile(r"^TRUNCATE TABLE IF EXISTS (`?\w+`?)$")
+#: an INSERT ... SELECT through Distributed tables returns once every shard has its rows
+_FOREGROUND = "SETTINGS distributed_foreground_insert = 1"
 _FROM = re.compile(r"\bFROM (`?\w+`?)")
 
 
@@ -146,11 +155,15 @@ class ClusterRenderer:
         elif m := _ALTER.match(canonical):
             out = self._alter(canonical, m)
         elif canonical.startswith("INSERT INTO "):
-            out = [canonical]
+            out = [self._insert(canonical)]
         elif m := _EXCHANGE.match(canonical):
             out = [self._exchange(*(_ident(g) for g in m.groups()))]
         elif m := _DROP_TABLE.match(canonical):
             out = self._drop(_ident(m.group(1)), m.group(2) or "")
+        elif m := _TRUNCATE.match(canonical):
+            name = _ident(m.group(1))
+            self._known_table(name, "TRUNCATE TABLE")
+            out = [f"TRUNCATE TABLE IF EXISTS `{name}{LOCAL_SUFFIX}` {self._on_cluster()}"]
         else:
             raise RenderError(f"no cluster rendering for statement:\n{canonical}")
         # every rendered statement must parse; what is returned is ClickHouse's own text of it
@@ -169,13 +182,26 @@ class ClusterRenderer:
         body = canonical[m.end():]
         body = _ENGINE.sub(lambda _: replicated, body, count=1)
         body = body.replace("non_replicated_deduplication_window", "replicated_deduplication_window")
-        local = f"CREATE TABLE {if_not}`{name}{LOCAL_SUFFIX}` {self._on_cluster()}\n{body}"
+        like = ""  # CREATE TABLE t AS u (u's columns): t_local takes u_local's
+        if m.group(3):
+            source = _ident(m.group(3))
+            self._known_table(source, f"CREATE TABLE {name} AS")
+            like = f" AS `{source}{LOCAL_SUFFIX}`"
+        local = f"CREATE TABLE {if_not}`{name}{LOCAL_SUFFIX}` {self._on_cluster()}{like}\n{body}"
         order = _ORDER_BY.search(canonical)
         key = sharding_key(name, order.group(1) if order else None)
         dist = (f"CREATE TABLE {if_not}`{name}` {self._on_cluster()} AS `{name}{LOCAL_SUFFIX}`\n"
                 f"ENGINE = Distributed(`{self.cluster}`, `{self.database}`, `{name}{LOCAL_SUFFIX}`, {key})")
         self.tables.add(name)
         return [local, dist]
+
+    @staticmethod
+    def _insert(canonical: str) -> str:
+        # the SELECT's trailing SETTINGS apply to the whole INSERT (formatQuery prints them on both)
+        body, _, last = canonical.rpartition("\n")
+        if last.startswith("SETTINGS "):
+            return f"{body}\n{last}, {_FOREGROUND.removeprefix('SETTINGS ')}"
+        return f"{canonical}\n{_FOREGROUND}"
 
     def _known_table(self, name: str, what: str) -> None:
         if name not in self.tables:

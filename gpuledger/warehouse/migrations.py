@@ -25,6 +25,7 @@ _MIGRATION_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _EXCHANGE = re.compile(r"^EXCHANGE TABLES `?(\w+)`? AND `?(\w+)`?")
 _CREATE_TABLE = re.compile(r"^CREATE TABLE (?:IF NOT EXISTS )?`?(\w+)`?")
 _ORDER_BY = re.compile(r"^ORDER BY \((.+)\)\s*$", re.MULTILINE)
+_PARTITION_BY = re.compile(r"^PARTITION BY (.+?)\s*$", re.MULTILINE)
 
 
 
@@ -72,13 +73,15 @@ class Migration:
             f"migration {self.version}_{self.name} was applied with checksum {recorded[:12]}… but its SQL now has "
             f"{self.checksum[:12]}…; applied migrations must not change (comments may; add a new migration)")
 
-    def declared_sort_keys(self) -> dict[str, str]:
-        """Table -> sort key as written ("a, f(b), c") of each CREATE TABLE in the file."""
+    def declared_keys(self) -> dict[str, tuple[str, str]]:
+        """Table -> (partition key, sort key) as written ("toYYYYMM(day)", "a, f(b), c") of each CREATE
+        TABLE in the file; the partition key is "" where there is none."""
         keys = {}
         for st in self.statements():
             body = "\n".join(line for line in st.splitlines() if not line.strip().startswith("--")).strip()
             if (name := _CREATE_TABLE.match(body)) and (order := _ORDER_BY.search(body)):
-                keys[name.group(1)] = order.group(1)
+                partition = _PARTITION_BY.search(body)
+                keys[name.group(1)] = (partition.group(1) if partition else "", order.group(1))
         return keys
 
     def statements(self) -> list[str]:
@@ -179,21 +182,27 @@ def migrate(client, database: str, *, cluster: str | None = None,
 
 def _exchanged_already(client, db: str, statement: str, mg: Migration, cluster: bool) -> bool:
     """Whether `EXCHANGE TABLES a AND b` (a table rebuild: b created in the same file with a new sort
-    key, filled, then swapped in) already took effect: `a` has b's declared sort key. The one statement
-    of a migration that is not idempotent; a file interrupted after it must not swap the tables back."""
+    or partition key, filled, then swapped in) already took effect: `a` has b's declared partition and
+    sort keys. The one statement of a migration that is not idempotent; a file interrupted after it
+    must not swap the tables back."""
     m = _EXCHANGE.match(statement)
     if m is None:
         return False
     table, rebuilt = m.groups()
     if cluster:
         rebuilt = rebuilt.removesuffix(LOCAL_SUFFIX)
-    declared = mg.declared_sort_keys()
+    declared = mg.declared_keys()
     if rebuilt not in declared:
         raise WarehouseError(f"EXCHANGE TABLES {table} AND {m.group(2)}: the migration must create {rebuilt}")
-    rows = client.query("SELECT sorting_key FROM system.tables WHERE database = {db:String} AND name = {t:String}",
+    rows = client.query("SELECT partition_key, sorting_key FROM system.tables "
+                        "WHERE database = {db:String} AND name = {t:String}",
                         parameters={"db": db, "t": table}).result_rows
-    # system.tables spaces the key its own way: compare without spaces
-    return bool(rows) and "".join(rows[0][0].split()) == "".join(declared[rebuilt].split())
+    # system.tables spaces the keys its own way: compare without spaces
+    return bool(rows) and [_unspaced(k) for k in rows[0]] == [_unspaced(k) for k in declared[rebuilt]]
+
+
+def _unspaced(key: str) -> str:
+    return "".join(key.split())
 
 
 def _record(client, db: str, mg: Migration) -> None:

@@ -7,6 +7,13 @@ table's TTL from the GPULEDGER_RETENTION_* settings, and does nothing where it i
 Raw tables (rows as the sink wrote them, with inserted_at) expire N days after the later of their
 event day and the day they were written: a replay or back-fill of old input is kept for the whole
 window, not dropped by the next merge. Aggregates expire N days after their event day. 0 = kept.
+
+Rows expire with their partition, so that ClickHouse drops whole parts instead of rewriting them: in
+a table partitioned by month a row's N days count from the last day of its month, in one partitioned
+by day (gpu_health, sql/0034) from its day; such tables get ttl_only_drop_parts = 1 (an expired part
+is dropped, a partly expired one waits). A day-precise TTL on a monthly partition made every TTL merge
+(every few hours) rewrite what was left of the oldest month to drop one day of it. Tables without a
+partition key are small and expire row by row.
 """
 
 from __future__ import annotations
@@ -23,13 +30,23 @@ class Retention:
     setting: str  # Settings field holding the days (0: kept for ever)
     expiry: str  # date expression the TTL counts from
     why: str
+    #: the table's partitions, which its TTL follows: "month" (toYYYYMM of the expiry's day), "day",
+    #: or "" (no partition key: rows expire one by one). tests/integration/test_retention_cluster.py
+    #: checks each against the table's partition key.
+    partition: str = "month"
+
+
+#: The MergeTree setting that drops expired parts whole instead of rewriting them without their rows.
+DROP_PARTS = "ttl_only_drop_parts"
+#: Days a partitioned table holds beyond its retention, at most: a month's rows wait for its last day.
+EXTRA_DAYS_HELD = {"month": 31, "day": 1, "": 0}
 
 
 _RAW = "greatest(day, toDate(inserted_at))"
 
 #: table -> its retention. Tables not listed are kept for ever on purpose (KEPT says why).
 RETENTION: dict[str, Retention] = {
-    "gpu_health": Retention("retention_health_days", _RAW, "per-sample health detail"),
+    "gpu_health": Retention("retention_health_days", _RAW, "per-sample health detail", partition="day"),
     "gpu_health_hourly": Retention("retention_hourly_days", "day", "hourly health history per GPU"),
     "usage_gpu_hourly": Retention("retention_hourly_days", "day", "hourly load per GPU (utilization, health record)"),
     "usage_gpu_5m": Retention("retention_load_5m_days", "day", "5-minute load history per GPU"),
@@ -42,22 +59,22 @@ RETENTION: dict[str, Retention] = {
     "job_events": Retention("retention_usage_days", _RAW, "job lifecycle: attempt outcomes decide the bill lines"),
     "job_idle_segments": Retention("retention_usage_days", "day", "idle records behind the idle-stretch views"),
     "idle_stretches_daily": Retention("retention_usage_days", "day", "idle stretches of closed days (sql/0028)"),
-    "idle_stretch_days": Retention("retention_usage_days", "day", "the days whose idle stretches are kept (sql/0028)"),
+    "idle_stretch_days": Retention("retention_usage_days", "day", "the days whose idle stretches are kept (sql/0028)", partition=""),
     "scheduler_snapshots": Retention("retention_ops_days", _RAW, "queue snapshots"),
     "scheduler_preemptions": Retention("retention_ops_days", _RAW, "preemptions"),
-    "node_inventory": Retention("retention_ops_days", _RAW, "node inventory (a node unseen this long is dropped)"),
+    "node_inventory": Retention("retention_ops_days", _RAW, "node inventory (a node unseen this long is dropped)", partition=""),
     "usage_by_job_daily": Retention("retention_bills_days", "day", "bill grain of the live bills"),
     "usage_by_job_hourly": Retention("retention_usage_days", "day", "usage per hour and attempt: reports, closes (sql/0027)"),
     "usage_capacity_daily": Retention("retention_bills_days", "day", "capacity grain"),
     "closed_tenant_bill": Retention("retention_bills_days", "day", "closed bills"),
     "closed_job_cost": Retention("retention_bills_days", "day", "closed bills"),
     "closed_queue_efficiency": Retention("retention_bills_days", "day", "closed bills"),
-    "closed_days": Retention("retention_bills_days", "day", "closed bills"),
+    "closed_days": Retention("retention_bills_days", "day", "closed bills", partition=""),
     "closed_energy": Retention("retention_bills_days", "day", "closed days' energy: their carbon (sql/0023)"),
     "bill_adjustments": Retention("retention_bills_days", "booked_day", "adjustments"),
-    "bill_runs": Retention("retention_bills_days", "toDate(created_at)", "close runs"),
-    "rebilled_usage": Retention("retention_bills_days", "day", "re-bills"),
-    "rebill_runs": Retention("retention_bills_days", "toDate(created_at)", "re-bills"),
+    "bill_runs": Retention("retention_bills_days", "toDate(created_at)", "close runs", partition=""),
+    "rebilled_usage": Retention("retention_bills_days", "day", "re-bills", partition=""),
+    "rebill_runs": Retention("retention_bills_days", "toDate(created_at)", "re-bills", partition=""),
     "alerts": Retention("retention_ops_days", _RAW, "behaviour alerts"),
     "reclaim_suggestions": Retention("retention_ops_days", _RAW, "reclaim suggestions"),
     "job_progress": Retention("retention_usage_days", _RAW, "training progress reports (line 4), joined to usage"),
@@ -85,7 +102,20 @@ KEPT: dict[str, str] = {
 
 def ttl_expression(table: str, days: int) -> str | None:
     r = RETENTION[table]
-    return f"{r.expiry} + toIntervalDay({int(days)})" if days > 0 else None
+    if days <= 0:
+        return None
+    counted_from = f"toLastDayOfMonth({r.expiry})" if r.partition == "month" else r.expiry
+    return f"{counted_from} + toIntervalDay({int(days)})"
+
+
+def drops_parts(table: str) -> bool:
+    """Whether the table's TTL drops whole parts (DROP_PARTS): it has partitions for them to follow."""
+    return RETENTION[table].partition != ""
+
+
+def days_held(table: str, days: int) -> int:
+    """The most days of rows the table holds with a retention of `days`."""
+    return days + EXTRA_DAYS_HELD[RETENTION[table].partition]
 
 
 def wanted_ttls(settings) -> dict[str, str | None]:
@@ -93,10 +123,16 @@ def wanted_ttls(settings) -> dict[str, str | None]:
     return {table: ttl_expression(table, getattr(settings, r.setting)) for table, r in RETENTION.items()}
 
 
-def _current_ttl(client, database: str, table: str) -> str | None:
+def _engine_full(client, database: str, table: str) -> str | None:
     rows = client.query("SELECT engine_full FROM system.tables WHERE database = {d:String} AND name = {t:String}",
                         parameters={"d": database, "t": table}).result_rows
-    return ttl_in_engine(rows[0][0]) if rows else None
+    return rows[0][0] if rows else None
+
+
+def drop_parts_in_engine(engine_full: str | None) -> bool:
+    """Whether a table's `engine_full` (system.tables) sets DROP_PARTS."""
+    settings = (engine_full or "").rpartition(" SETTINGS ")[2]
+    return f"{DROP_PARTS} = 1" in settings
 
 
 def ttl_in_engine(engine_full: str | None) -> str | None:
@@ -114,8 +150,9 @@ def _normal(client, expr: str) -> str:
 
 def apply_retention(client, database: str, ttls: dict[str, str | None], *,
                     local: Callable[[str], str] = lambda t: t, on_cluster: str = "") -> list[str]:
-    """Set or remove each table's TTL where it differs; returns the statements run. `local` names the
-    table that stores the rows (t_local on a cluster), `on_cluster` is the ON CLUSTER clause there."""
+    """Set or remove each table's TTL where it differs, with DROP_PARTS first where the table drops
+    whole parts; returns the statements run. `local` names the table that stores the rows (t_local on
+    a cluster), `on_cluster` is the ON CLUSTER clause there."""
     ran: list[str] = []
     existing = {r[0] for r in client.query("SELECT name FROM system.tables WHERE database = {d:String}",
                                            parameters={"d": database}).result_rows}
@@ -123,14 +160,18 @@ def apply_retention(client, database: str, ttls: dict[str, str | None], *,
         name = local(table)
         if name not in existing:  # a table of a later migration than this warehouse has
             continue
-        current = _current_ttl(client, database, name)
-        if expr is None and current is None:
-            continue
-        if expr is not None and current is not None and _normal(client, current) == _normal(client, expr):
-            continue
-        action = f"MODIFY TTL {expr}" if expr is not None else "REMOVE TTL"
-        sql = f"ALTER TABLE `{database}`.`{name}` {on_cluster} {action}".replace("  ", " ")
-        log.info("retention: %s", sql)
-        client.command(sql)
-        ran.append(sql)
+        engine = _engine_full(client, database, name)
+        current = ttl_in_engine(engine)
+        actions = []
+        if expr is not None and drops_parts(table) and not drop_parts_in_engine(engine):
+            actions.append(f"MODIFY SETTING {DROP_PARTS} = 1")
+        if expr is None and current is not None:
+            actions.append("REMOVE TTL")
+        elif expr is not None and (current is None or _normal(client, current) != _normal(client, expr)):
+            actions.append(f"MODIFY TTL {expr}")
+        for action in actions:
+            sql = f"ALTER TABLE `{database}`.`{name}` {on_cluster} {action}".replace("  ", " ")
+            log.info("retention: %s", sql)
+            client.command(sql)
+            ran.append(sql)
     return ran

@@ -4,7 +4,8 @@ For an operator planning the warehouse of a large fleet: each table's retention 
 GPULEDGER_RETENTION_* setting, or why it is kept), whether the TTL on the table is the configured
 one (a changed setting takes effect only at the next `gpuledger migrate`), its rows and compressed
 bytes on disk, the span of event days it holds, and what it will weigh once it holds its whole
-retention at today's rate (bytes per day of data × days kept).
+retention at today's rate (bytes per day of data × the most days it holds: its retention, plus up to
+31 days where rows expire with their month, retention.days_held).
 
 On a cluster (GPULEDGER_CLICKHOUSE_CLUSTER) the rows and bytes are those of one replica of every
 shard (`cluster()` over system.parts, the `_local` tables); the day span is read through the
@@ -18,7 +19,8 @@ from typing import Any
 
 from gpuledger.warehouse.client import checked_identifier
 from gpuledger.warehouse.cluster import LOCAL_SUFFIX
-from gpuledger.warehouse.retention import KEPT, RETENTION, ttl_in_engine, wanted_ttls
+from gpuledger.warehouse.retention import (KEPT, RETENTION, days_held, drop_parts_in_engine, drops_parts,
+                                           ttl_in_engine, wanted_ttls)
 
 #: the report's columns, in order
 COLUMNS = ("table", "kept_for", "setting", "ttl", "rows", "bytes_on_disk", "first_day", "last_day",
@@ -72,12 +74,12 @@ def _normal_forms(client, expressions: set[str]) -> dict[str, str]:
     return dict(zip(exprs, formatted))
 
 
-def _ttl_state(current: str | None, wanted: str | None, normal: dict[str, str]) -> str:
+def _ttl_state(current: str | None, wanted: str | None, normal: dict[str, str], parts_ok: bool = True) -> str:
     if wanted is None:
         return "none" if current is None else "set, not configured: run gpuledger migrate"
     if current is None:
         return "missing: run gpuledger migrate"
-    return "applied" if normal[current] == normal[wanted] else "differs: run gpuledger migrate"
+    return "applied" if normal[current] == normal[wanted] and parts_ok else "differs: run gpuledger migrate"
 
 
 def storage_rows(client, database: str, settings) -> list[dict[str, Any]]:
@@ -92,11 +94,11 @@ def storage_rows(client, database: str, settings) -> list[dict[str, Any]]:
     for table, n, size, first, last in client.query(parts_sql(cluster), parameters={"d": db}).result_rows:
         if (name := _stored(table, cluster)) is not None:
             parts[name] = (int(n), int(size), first, last)
-    engines = {}
+    engines, drops = {}, {}
     for table, engine in client.query("SELECT name, engine_full FROM system.tables WHERE database = {d:String} "
                                       "AND engine LIKE '%MergeTree'", parameters={"d": db}).result_rows:
         if (name := _stored(table, cluster)) is not None:
-            engines[name] = ttl_in_engine(engine)
+            engines[name], drops[name] = ttl_in_engine(engine), drop_parts_in_engine(engine)
     with_day = {r[0] for r in client.query("SELECT table FROM system.columns WHERE database = {d:String} "
                                            "AND name = 'day'", parameters={"d": db}).result_rows}
     normal = _normal_forms(client, {e for e in (*engines.values(), *wanted.values()) if e})
@@ -113,10 +115,11 @@ def storage_rows(client, database: str, settings) -> list[dict[str, Any]]:
         daily = round(size / ((last - first).days + 1)) if first is not None and size else None
         rows.append({
             "table": table, "kept_for": kept_for, "setting": setting,
-            "ttl": _ttl_state(engines[table], wanted.get(table), normal),
+            "ttl": _ttl_state(engines[table], wanted.get(table), normal,
+                              parts_ok=table not in RETENTION or drops[table] or not drops_parts(table)),
             "rows": n, "bytes_on_disk": size, "first_day": first, "last_day": last,
             "daily_bytes": daily,
-            "bytes_at_retention": daily * days if daily is not None and days else None,
+            "bytes_at_retention": daily * days_held(table, days) if daily is not None and days else None,
             "why": why,
         })
     rows.sort(key=lambda r: (-r["bytes_on_disk"], r["table"]))

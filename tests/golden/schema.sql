@@ -688,9 +688,9 @@ CREATE TABLE {db}.gpu_health
     `inserted_at` DateTime64(3, 'UTC') DEFAULT now64(3)
 )
 ENGINE = MergeTree
-PARTITION BY toYYYYMM(day)
+PARTITION BY day
 ORDER BY (cluster, gpu_uuid, ts_ms)
-SETTINGS index_granularity = 8192, non_replicated_deduplication_window = 1000;
+SETTINGS non_replicated_deduplication_window = 1000, ttl_only_drop_parts = 1, index_granularity = 8192;
 
 CREATE VIEW {db}.gpu_health_daily
 (

@@ -40,6 +40,16 @@ def test_retention_is_set_from_settings_once_and_removed_at_zero(client, tmp_pat
         if client.query(f"EXISTS TABLE {DB}.{table}").result_rows[0][0]:
             assert (" TTL " in ttl_of(client, table)) == (days > 0), table
     assert "toIntervalDay(3)" in ttl_of(client, "gpu_health")
+    # rows expire with their partition, and expired parts are dropped whole, not rewritten
+    keys = dict(client.query(f"SELECT name, partition_key FROM system.tables WHERE database = '{DB}'").result_rows)
+    for table, r in retention.RETENTION.items():
+        if table not in keys:
+            continue
+        day_column = re.search(r"\b(day|booked_day|created_at)\b", r.expiry).group(1)
+        assert keys[table] == {"month": f"toYYYYMM({day_column})", "day": day_column, "": ""}[r.partition], table
+        engine, expires = ttl_of(client, table), getattr(settings, r.setting) > 0
+        assert retention.drop_parts_in_engine(engine) == (expires and r.partition != ""), table
+        assert ("toLastDayOfMonth(" in engine) == (expires and r.partition == "month"), table
     # applied already: nothing to do
     assert retention.apply_retention(client, DB, retention.wanted_ttls(settings)) == []
     # every table is either retained by a setting or kept for a stated reason
@@ -60,7 +70,10 @@ def test_old_samples_written_now_are_kept_old_aggregates_expire(client, tmp_path
     cols = ["cluster", "node", "gpu_uuid", "gpu_model", "ts_ms", "interval_ms", "health", "down_reason", "xid_errors"]
     client.insert("gpu_health", [["c", "n", "g", "m", ts, 5000, "ok", "", []] for ts in (old, new)],
                   column_names=cols, database=DB)
-    old_written = [["c", "n", "g-old", "m", old, 5000, "ok", "", [], dt.datetime(2024, 3, 1)]]
+    # written in 2024, on a day of its own: its part expired whole (a part that also held the sample
+    # written today would wait for it)
+    day_after = old + 86_400_000
+    old_written = [["c", "n", "g-old", "m", day_after, 5000, "ok", "", [], dt.datetime(2024, 3, 2)]]
     client.insert("gpu_health", old_written, column_names=cols + ["inserted_at"], database=DB)
     usage_cols = ["schema_version", "record_id", "cluster", "node", "gpu_uuid", "gpu_model", "start_ms", "end_ms",
                   "state", "job_id", "attempt", "tenant", "queue", "share_milli", "gpu_ms", "energy_j", "coefficient",
@@ -136,7 +149,9 @@ def test_every_cluster_statement_parses_and_is_clustered(client, rendered):
     fmt = cluster.server_formatter(client)
     for sql in clustered:
         assert fmt(sql).strip() == sql.strip()  # ClickHouse reads it back to the same text
-        if not sql.startswith("INSERT"):
+        if sql.startswith("INSERT"):  # synchronous: on the shards before the next statement runs
+            assert re.search(r"\nSETTINGS (.+, )?distributed_foreground_insert = 1\n", sql), sql
+        else:
             assert re.search(r"ON CLUSTER `?ledger`?\b", sql), sql
         assert not re.search(r"ENGINE = (Replacing|Summing|Aggregating)?MergeTree", sql), sql
         assert "non_replicated_deduplication_window" not in sql

@@ -55,6 +55,8 @@ def test_storage_report_shows_each_table_against_its_retention(tmp_path, monkeyp
         # no ClickHouse cluster runs here: its query is checked with ClickHouse's own parser
         parsed = client.query("SELECT formatQuery({q:String})", parameters={"q": parts_sql("prod")}).result_rows[0][0]
         assert "cluster('prod', system.parts)" in parsed
+        # its TTL as configured, but expired parts would be rewritten instead of dropped
+        client.command("ALTER TABLE usage_gpu_5m MODIFY SETTING ttl_only_drop_parts = 0")
     finally:
         client.close()
 
@@ -68,11 +70,12 @@ def test_storage_report_shows_each_table_against_its_retention(tmp_path, monkeyp
     assert (usage["rows"], usage["first_day_utc"], usage["last_day_utc"]) == (3, "2026-11-01", "2026-11-10")
     assert usage["bytes_on_disk"] > 0
     assert usage["daily_bytes"] == round(usage["bytes_on_disk"] / 10)  # 10 days of data
-    assert usage["bytes_at_retention"] == usage["daily_bytes"] * 2557
+    assert usage["bytes_at_retention"] == usage["daily_bytes"] * (2557 + 31)  # its rows wait for their month's end
 
     health = tables["gpu_health"]
     assert (health["kept_for"], health["ttl"], health["rows"]) == ("3 days", "applied", 4)
-    assert health["bytes_at_retention"] == health["daily_bytes"] * 3  # one day of data
+    assert health["bytes_at_retention"] == health["daily_bytes"] * (3 + 1)  # one day of data; partitioned by day
+    assert tables["usage_gpu_5m"]["ttl"] == "differs: run gpuledger migrate"
 
     nodes = tables["node_inventory"]
     assert (nodes["rows"], nodes["first_day_utc"], nodes["last_day_utc"]) == (2, "2026-11-03", "2026-11-05")
@@ -100,6 +103,7 @@ def test_storage_report_shows_each_table_against_its_retention(tmp_path, monkeyp
     tables = storage(wh, capsys)
     assert (tables["gpu_health"]["ttl"], tables["gpu_health"]["kept_for"]) == ("none", "kept")
     assert (tables["closed_tenant_bill"]["ttl"], tables["closed_tenant_bill"]["kept_for"]) == ("applied", "3650 days")
+    assert tables["usage_gpu_5m"]["ttl"] == "applied"
 
     assert main(["report", "storage", *wh]) == 0  # the table: one line per table, the total last
     lines = capsys.readouterr().out.splitlines()
