@@ -70,10 +70,13 @@ class ClickHouseWriter:
         self.database = database
 
     def write(self, table: str, rows: list[dict], token: str | None = None) -> None:
-        settings = None
+        # A backlog or a rebuild from the input topics can put more than ClickHouse's default 100
+        # partitions in one block (gpu_health has one a day, sql/0034); refused, the block would be
+        # retried for ever and stall the sink.
+        settings: dict = {"max_partitions_per_insert_block": 0}
         if token is not None:
-            settings = {"insert_deduplication_token": token, "insert_deduplicate": 1,
-                        "deduplicate_blocks_in_dependent_materialized_views": 1}
+            settings |= {"insert_deduplication_token": token, "insert_deduplicate": 1,
+                         "deduplicate_blocks_in_dependent_materialized_views": 1}
         insert_block(self.client, table, rows, self.database, settings)
 
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from clickhouse_connect import get_client
+
+from gpuledger.sink.writer import ClickHouseWriter
 from gpuledger.warehouse import migrations
 
 from warehouse_helpers import warehouse_before
@@ -98,3 +101,19 @@ def test_a_rebuild_done_but_not_recorded_runs_again_harmlessly(old_warehouse):
     client.command(f"DELETE FROM {DB}.{migrations.MIGRATIONS_TABLE} WHERE version = '0034'")
     assert migrations.migrate(client, DB) == ["0034"]
     assert state(client) == AFTER
+
+
+def test_the_sink_writes_a_block_of_more_days_than_clickhouses_partition_limit(tmp_path):
+    """A backlog or a rebuild can bring the sink one block that spans more than 100 days: by day,
+    that is more than ClickHouse's default partitions per insert block. Refused, the block would be
+    retried for ever; the sink's writer lifts the limit, and its dedup token still holds."""
+    client = get_client(interface="chdb", path=str(tmp_path / "chdb"))
+    try:
+        migrations.migrate(client, DB)
+        rows = [dict(zip(COLS, r)) for r in sparse()]
+        writer = ClickHouseWriter(client, DB)
+        writer.write("gpu_health", rows, token="gpu-samples/0/e0/0-119/gpu_health")
+        writer.write("gpu_health", rows, token="gpu-samples/0/e0/0-119/gpu_health")  # a restart writes it again
+        assert client.query(f"SELECT count(), uniqExact(day) FROM {DB}.gpu_health").result_rows == [(SPARSE_DAYS, SPARSE_DAYS)]
+    finally:
+        client.close()
