@@ -335,6 +335,7 @@ class StateFile:
         self._journal_bytes = 0
         self.whole_writes = 0
         self.journal_lines = 0
+        self.bytes_written = 0   # both files, since the start: the agent's disk write rate
 
     def load(self) -> dict | None:
         """The saved state (None: nothing saved): the whole state, its journal's lines, and the
@@ -399,6 +400,7 @@ class StateFile:
         _side_path(self.path, ".watermark").unlink(missing_ok=True)
         self._whole_bytes, self._journal_bytes = len(data), 0
         self.whole_writes += 1
+        self.bytes_written += len(data)
 
     def _append(self, line: dict) -> None:
         data = orjson.dumps(line) + b"\n"
@@ -408,6 +410,7 @@ class StateFile:
             os.fsync(f.fileno())
         self._journal_bytes += len(data)
         self.journal_lines += 1
+        self.bytes_written += len(data)
 
 
 def _empty_state() -> dict:
@@ -463,7 +466,8 @@ class KubernetesAgent:
                 "jobs_tracked": len(self.core.jobs), "objects_skipped": self.skipped,
                 "watch_relists": sum(w.relists for w in watchers),
                 "watch_reconnects": sum(w.reconnects for w in watchers),
-                "pods_waiting_for_devices": self.core.waiting_count()}
+                "pods_waiting_for_devices": self.core.waiting_count(),
+                "state_bytes_written": self.state_file.bytes_written if self.state_file is not None else 0}
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)

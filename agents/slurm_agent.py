@@ -124,13 +124,15 @@ def load_state(path: Path) -> AgentState:
         raise SystemExit(f"slurm agent: cannot read state file {path}: {exc}; move it away to start afresh")
 
 
-def save_state(path: Path, state: AgentState) -> None:
-    """Atomic: write a temporary file, fsync, rename over the old one, fsync the directory. orjson:
-    at 15,625 tracked jobs (3.8 MB) 0.07 s of CPU a poll, where the json module took 0.28 s."""
+def save_state(path: Path, state: AgentState) -> int:
+    """Atomic: write a temporary file, fsync, rename over the old one, fsync the directory; returns
+    the bytes written. orjson: at 15,625 tracked jobs (3.8 MB) 0.07 s of CPU a poll, where the json
+    module took 0.28 s."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
+    data = orjson.dumps(state.to_json())
     with open(tmp, "wb") as f:
-        f.write(orjson.dumps(state.to_json()))
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -139,6 +141,7 @@ def save_state(path: Path, state: AgentState) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+    return len(data)
 
 
 # --------------------------------------------------------------------------- publishing
@@ -231,13 +234,15 @@ class SlurmAgent:
         self.state = load_state(state_file)
         self.failures = 0
         self.polls = 0
+        self.state_bytes_written = 0
         self.events_published = 0
 
     def stats(self) -> dict[str, float]:
         """What its metrics show (gpuledger.metrics.SCHEDULER_STATS), read from another thread."""
         state = self.state
         return {"watermark_timestamp_seconds": state.watermark_ms / 1000, "events_published": self.events_published,
-                "jobs_tracked": len(state.jobs), "polls": self.polls, "poll_failures": self.failures}
+                "jobs_tracked": len(state.jobs), "polls": self.polls, "poll_failures": self.failures,
+                "state_bytes_written": self.state_bytes_written}
 
     def poll_once(self) -> bool:
         """One poll; False (logged, counted) when Slurm could not be read or its output used."""
@@ -283,7 +288,7 @@ class SlurmAgent:
         state.preemptions = []
         # The messages are in the spool (on disk) before the state that says they were sent.
         if self.persist:
-            save_state(self.state_file, state)
+            self.state_bytes_written += save_state(self.state_file, state)
         self.state = state
         self.polls += 1
         log.info("poll %d: %d event(s), watermark %d, %d job(s) tracked", self.polls, len(events),

@@ -136,6 +136,8 @@ SCHEDULER_STATS = {
     "watch_reconnects": ("counter", "Watches started again after an error or a dropped connection (Kubernetes)"),
     "pods_waiting_for_devices": ("gauge", "Scheduled GPU pods waiting for their device ids; they hold the watermark "
                                           "(Kubernetes)"),
+    "state_bytes_written": ("counter", "Bytes the scheduler agent wrote to its state file (and journal): its disk "
+                                      "write rate"),
 }
 
 

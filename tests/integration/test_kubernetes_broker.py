@@ -91,6 +91,7 @@ def test_the_agent_process_publishes_each_event_once_to_the_broker(make_settings
             assert sample(families, "gpuledger_scheduler_watch_relists_total", **own) == 1       # the 410
             assert sample(families, "gpuledger_scheduler_watch_reconnects_total", **own) >= 1    # the dropped watch
             assert 120 <= sample(families, "gpuledger_scheduler_watermark_age_seconds", **own) < 150  # the lateness
+            assert sample(families, "gpuledger_scheduler_state_bytes_written_total", **own) > 0  # its state file
             assert sample(families, "gpuledger_agent_messages_published_total", node="kubernetes-agent") > 0
             assert api.watch_versions(PODS)[:3] == ["100", "102", "200"]
             events, marks = messages(settings)

@@ -317,6 +317,7 @@ def test_ledger_matches_sacct(cluster, tmp_path):
             own = {"agent": "slurm", "cluster": CLUSTER}
             assert sample(families, "gpuledger_scheduler_watermark_timestamp_seconds", **own) >= ticks_end_ms / 1000
             assert sample(families, "gpuledger_scheduler_polls_total", **own) >= 1
+            assert sample(families, "gpuledger_scheduler_state_bytes_written_total", **own) > 0  # saved each poll
             assert sample(families, "gpuledger_scheduler_events_published_total", **own) >= 1  # gone's end, at least
             assert sample(families, "gpuledger_agent_spool_records", node=f"slurm-agent-{CLUSTER}") >= 0  # wired
             agent.stop()

@@ -55,6 +55,7 @@ def test_changes_go_to_the_journal_and_a_restart_reads_them_back(tmp_path):
         assert files.journal_path.stat().st_size - size_before < whole_size / 10   # what changed, not the whole
         assert load_state(path) == saved(core), step
     assert files.whole_writes == 1 and files.journal_lines == 200
+    assert files.bytes_written == whole_size + files.journal_path.stat().st_size  # the metric's figure
     assert KubernetesLedger(core.mapping, load_state(path)).state_bytes() == core.state_bytes()
 
 
