@@ -3,7 +3,8 @@
 -- month, each day that expired left a month's part partly expired, and every TTL merge (one every
 -- few hours per partition) rewrote the rest of that part: up to a month of samples read and written
 -- again several times a day to drop one day. By day, a day's rows are their own parts, which expire
--- whole; retention.py sets ttl_only_drop_parts, so expired parts are dropped, never rewritten.
+-- whole; with ttl_only_drop_parts (set here, and by retention.py on every partitioned table with a
+-- TTL) expired parts are dropped, never rewritten.
 --
 -- The rebuild, as sql/0022's: a new table, a copy of every row, an exchange of the two names
 -- (materialized views follow the name gpu_health), the old table dropped. Apply it with the sinks
