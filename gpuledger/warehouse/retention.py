@@ -108,9 +108,10 @@ def ttl_expression(table: str, days: int) -> str | None:
     return f"{counted_from} + toIntervalDay({int(days)})"
 
 
-def drops_parts(table: str) -> bool:
-    """Whether the table's TTL drops whole parts (DROP_PARTS): it has partitions for them to follow."""
-    return RETENTION[table].partition != ""
+def lacks_drop_parts(table: str, engine_full: str | None) -> bool:
+    """Whether a table whose TTL should drop whole parts (it has partitions for them to follow) is
+    without DROP_PARTS, judged from its `engine_full` (system.tables)."""
+    return table in RETENTION and RETENTION[table].partition != "" and not drop_parts_in_engine(engine_full)
 
 
 def days_held(table: str, days: int) -> int:
@@ -163,7 +164,7 @@ def apply_retention(client, database: str, ttls: dict[str, str | None], *,
         engine = _engine_full(client, database, name)
         current = ttl_in_engine(engine)
         actions = []
-        if expr is not None and drops_parts(table) and not drop_parts_in_engine(engine):
+        if expr is not None and lacks_drop_parts(table, engine):
             actions.append(f"MODIFY SETTING {DROP_PARTS} = 1")
         if expr is None and current is not None:
             actions.append("REMOVE TTL")

@@ -19,8 +19,8 @@ from typing import Any
 
 from gpuledger.warehouse.client import checked_identifier
 from gpuledger.warehouse.cluster import LOCAL_SUFFIX
-from gpuledger.warehouse.retention import (KEPT, RETENTION, days_held, drop_parts_in_engine, drops_parts,
-                                           ttl_in_engine, wanted_ttls)
+from gpuledger.warehouse.retention import (KEPT, RETENTION, days_held, lacks_drop_parts, ttl_in_engine,
+                                           wanted_ttls)
 
 #: the report's columns, in order
 COLUMNS = ("table", "kept_for", "setting", "ttl", "rows", "bytes_on_disk", "first_day", "last_day",
@@ -94,11 +94,11 @@ def storage_rows(client, database: str, settings) -> list[dict[str, Any]]:
     for table, n, size, first, last in client.query(parts_sql(cluster), parameters={"d": db}).result_rows:
         if (name := _stored(table, cluster)) is not None:
             parts[name] = (int(n), int(size), first, last)
-    engines, drops = {}, {}
+    engines, engine_full = {}, {}
     for table, engine in client.query("SELECT name, engine_full FROM system.tables WHERE database = {d:String} "
                                       "AND engine LIKE '%MergeTree'", parameters={"d": db}).result_rows:
         if (name := _stored(table, cluster)) is not None:
-            engines[name], drops[name] = ttl_in_engine(engine), drop_parts_in_engine(engine)
+            engines[name], engine_full[name] = ttl_in_engine(engine), engine
     with_day = {r[0] for r in client.query("SELECT table FROM system.columns WHERE database = {d:String} "
                                            "AND name = 'day'", parameters={"d": db}).result_rows}
     normal = _normal_forms(client, {e for e in (*engines.values(), *wanted.values()) if e})
@@ -116,7 +116,7 @@ def storage_rows(client, database: str, settings) -> list[dict[str, Any]]:
         rows.append({
             "table": table, "kept_for": kept_for, "setting": setting,
             "ttl": _ttl_state(engines[table], wanted.get(table), normal,
-                              parts_ok=table not in RETENTION or drops[table] or not drops_parts(table)),
+                              parts_ok=not lacks_drop_parts(table, engine_full[table])),
             "rows": n, "bytes_on_disk": size, "first_day": first, "last_day": last,
             "daily_bytes": daily,
             "bytes_at_retention": daily * days_held(table, days) if daily is not None and days else None,
