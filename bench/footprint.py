@@ -53,12 +53,13 @@ def _messages(gpus: int, hours: float) -> list[tuple[str, bytes]]:
             if e.line in (LINE_SAMPLES, LINE_JOB_EVENTS)]
 
 
-def _core_pass(messages, ledger) -> tuple[float, int, list[bytes]]:
-    """CPU seconds of the worker core over the messages, GPU samples, and its usage messages."""
+def core_pass(messages, ledger) -> tuple[float, int, list[bytes], list[bytes]]:
+    """CPU seconds of the worker core over (line, raw) messages in event-time order, GPU samples, and
+    its usage and lifecycle-accepted messages (what the sink writes to usage_raw and job_events)."""
     topics = TopicNames.with_prefix("")
     core = WorkerCore(topics, partitions_gpu_samples=1, partitions_job_events=1, ledger=ledger)
     offsets = {topics.gpu_samples: 0, topics.node_allocations: 0, topics.job_events: 0}
-    usage, samples = [], 0
+    usage, accepted, samples = [], [], 0
 
     def node(topic, raw):
         offset = offsets[topic]
@@ -70,13 +71,15 @@ def _core_pass(messages, ledger) -> tuple[float, int, list[bytes]]:
         if line == LINE_SAMPLES:
             samples += raw.count(b'"gpu_uuid"')
             node(topics.gpu_samples, raw)
-        else:
+        elif line == LINE_JOB_EVENTS:
             offset = offsets[topics.job_events]
             offsets[topics.job_events] += 1
             for out in core.on_lifecycle(0, offset, raw):
                 if out.topic == topics.node_allocations:
                     node(topics.node_allocations, out.value)
-    return time.process_time() - c0, samples, usage
+                elif out.topic == topics.lifecycle_accepted:
+                    accepted.append(out.value)
+    return time.process_time() - c0, samples, usage, accepted
 
 
 def _warehouse_bytes(name: str, usage: list[bytes], messages) -> dict[str, dict]:
@@ -149,7 +152,7 @@ def rows_breakdown(records: list[dict], gpu_hours: float, window_ms: int) -> dic
 def measure_size(gpus: int, hours: float, ledger, *, warehouse: bool = True, label: str = "") -> dict:
     say(f"footprint: {gpus:,} GPUs x {hours} h at {INTERVAL_MS // 1000} s sampling{label} ...")
     messages = _messages(gpus, hours)
-    cpu, samples, usage = _core_pass(messages, ledger)
+    cpu, samples, usage, _ = core_pass(messages, ledger)
     records = [r for raw in usage for r in orjson.loads(raw)["records"]]
     gpus = 8 * _nodes(gpus)  # whole 8-GPU nodes
     gpu_hours = gpus * hours

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.run                       # full run (~30 min on 2 cores)
     GPULEDGER_BENCH_QUICK=1 .venv/bin/python -m bench.run   # smoke run (~4 min), smaller sizes
-    .venv/bin/python -m bench.run --only join,agent     # some stages (core, agent, join, profile, e2e, warehouse, footprint, queries, slurm, watch, kubernetes)
+    .venv/bin/python -m bench.run --only join,agent     # some stages (core, agent, join, profile, e2e, warehouse, footprint, sizing, queries, slurm, watch, kubernetes)
 
 Sizes can be set one by one with GPULEDGER_BENCH_<NAME> (see bench/common.py: Sizes).
 Scratch data (logs, profiles, chDB directories) goes to GPULEDGER_BENCH_DIR (default
@@ -24,7 +24,7 @@ from pathlib import Path
 from bench.common import QUICK, SIZES, load_average, say, workdir
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
-STAGES = ("core", "agent", "join", "profile", "e2e", "warehouse", "footprint", "queries", "slurm", "watch",
+STAGES = ("core", "agent", "join", "profile", "e2e", "warehouse", "footprint", "sizing", "queries", "slurm", "watch",
           "kubernetes")
 
 #: (key, label, unit, format, target as (comparison, value) or None)
@@ -43,6 +43,9 @@ TABLE = [
     ("usage_rows_per_gpu_hour_5s_per_tick", "  the same, one record per tick", "rows", "{:.1f}", None),
     ("usage_raw_bytes_per_gpu_day", "usage_raw on disk per GPU-day", "bytes", "{:,.0f}", None),
     ("gpu_health_bytes_per_gpu_day", "gpu_health on disk per GPU-day", "bytes", "{:,.0f}", None),
+    # bench/sizing.py: every table, one simulated day, times the days each holds under the default retention
+    ("warehouse_bytes_per_gpu_at_retention", "warehouse per GPU, tables full", "bytes", "{:,.0f}", None),
+    ("warehouse_kept_growth_bytes_per_gpu_day", "  growth of the tables kept for ever", "bytes/GPU-day", "{:,.0f}", None),
     ("agent_core_share_1hz_8gpu", "agent, 8 GPUs @ 1 s (in process)", "% of a core", "pct", ("<", 0.005)),
     ("agent_live_core_share_1hz_8gpu", "agent process incl. librdkafka", "% of a core", "pct", ("<", 0.005)),
     ("nvml_calls_per_tick", "NVML calls per tick (8 GPUs)", "calls", "{:.0f}", None),
@@ -185,6 +188,10 @@ def main(argv=None) -> int:
         if w:
             results["writer_vs_columnar"] = w["writer_vs_columnar"]
     stage("footprint", footprint.run)
+    if "sizing" in stages:
+        from bench import sizing
+
+        stage("sizing", sizing.run)
     if "queries" in stages:
         from bench import queries
 
