@@ -1,8 +1,8 @@
 """Sizing: the whole warehouse per GPU, one simulated day at 5 s sampling, projected to each table's
 retention (docs/retention.md "How much disk").
 
-A simulated cluster (the demo's simulator: 8-GPU nodes, jobs of minutes coming and going, shared
-GPUs, queue snapshots every minute) sampled every 5 s for one UTC day, ten ticks to a message, goes
+A simulated cluster (the demo's simulator: 8-GPU nodes, training jobs of 45 minutes at the median,
+shared GPUs, queue snapshots every minute) sampled every 5 s for one UTC day, ten ticks to a message, goes
 through the worker's own core (no Kafka) and the sink's own row builders (`process_message`, as the
 sink writes every line: usage, accepted job events, snapshots, samples) into a fresh chDB with the
 real migrations and materialized views. After OPTIMIZE FINAL on every table, `gpuledger report
