@@ -25,6 +25,7 @@ from gpuledger.ledger_files import load_ledger_config
 from gpuledger.schemas.lines import LINE_SAMPLES, LINE_SNAPSHOTS
 from gpuledger.schemas.wire import encode
 from gpuledger.sink.rows import JOB_EVENTS, SAMPLES, SNAPSHOTS, USAGE, Source, process_message
+from gpuledger.streams.checks import DAY_MS
 from gpuledger.warehouse import connect, insert_rows, migrate
 from gpuledger.warehouse.retention import KEPT, RETENTION, days_held
 from gpuledger.warehouse.storage import TOTAL, storage_rows
@@ -32,7 +33,6 @@ from gpuledger.warehouse.storage import TOTAL, storage_rows
 from bench.common import knob, say, workdir
 from bench.footprint import INTERVAL_MS, TICKS_PER_MESSAGE, core_pass
 
-DAY_MS = 86_400_000
 BLOCK_ROWS = 50_000
 #: tables kept for ever whose size does not grow with time (a row per GPU, or fixed): the others kept
 #: for ever grow by their bytes per GPU-day every day
