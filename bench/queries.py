@@ -316,18 +316,21 @@ def run() -> dict:
             detail = generate(client)
             say(f"queries: generated in {detail['generate_s']} s, merged in {detail['merge_s']} s: {detail['rows']}")
         detail["intensity_values_loaded"] = record_carbon(client)
-        if "reused" not in detail:
-            # as in operation: every day past its grace is closed (the bills timer), the last one open
-            from gpuledger.config import Settings
-            from gpuledger.ledger_files import load_ledger_config
-            from gpuledger.warehouse import bills
+        # as in operation (the bills timer): every day past its grace is closed, the last one open, whose
+        # hours are recorded where exact but the one still being written (a kept directory: nothing to
+        # close, its hours recorded if this tree records them and they are not yet)
+        from gpuledger.config import Settings
+        from gpuledger.ledger_files import load_ledger_config
+        from gpuledger.warehouse import bills
 
-            t0 = time.perf_counter()
-            closed = bills.close_due(client, Settings(database=DATABASE, data_dir=path.parent / "queries-data"),
-                                     load_ledger_config(None), database=DATABASE)
-            detail["close_s"] = round(time.perf_counter() - t0, 1)
-            detail["closed_days"] = sum(len(d) for d in closed.closed.values())
-            say(f"queries: closed {detail['closed_days']} days in {detail['close_s']} s")
+        t0 = time.perf_counter()
+        closed = bills.close_due(client, Settings(database=DATABASE, data_dir=path.parent / "queries-data"),
+                                 load_ledger_config(None), database=DATABASE)
+        detail["close_s"] = round(time.perf_counter() - t0, 1)
+        detail["closed_days"] = sum(len(d) for d in closed.closed.values())
+        detail["exact_hours_recorded"] = closed.exact_hours
+        say(f"queries: closed {detail['closed_days']} days in {detail['close_s']} s, "
+            f"{closed.exact_hours} open hours recorded exact")
         timings: dict[str, float] = {}
         tables = {r[0] for r in client.query("SELECT name FROM system.tables WHERE database = currentDatabase()").result_rows}
         for name, table, sql in bundle_charts():

@@ -65,6 +65,7 @@ RETENTION: dict[str, Retention] = {
     "node_inventory": Retention("retention_ops_days", _RAW, "node inventory (a node unseen this long is dropped)", partition=""),
     "usage_by_job_daily": Retention("retention_bills_days", "day", "bill grain of the live bills"),
     "usage_by_job_hourly": Retention("retention_usage_days", "day", "usage per hour and attempt: reports, closes (sql/0027)"),
+    "usage_exact_hours": Retention("retention_usage_days", "day", "open days' hours found exact: the reports' reads (sql/0035)"),
     "usage_capacity_daily": Retention("retention_bills_days", "day", "capacity grain"),
     "closed_tenant_bill": Retention("retention_bills_days", "day", "closed bills"),
     "closed_job_cost": Retention("retention_bills_days", "day", "closed bills"),

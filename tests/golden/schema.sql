@@ -3341,6 +3341,19 @@ FROM
 ) AS t
 INNER JOIN ids ON ids.day = t.day;
 
+CREATE TABLE {db}.usage_exact_hours
+(
+    `cluster` LowCardinality(String),
+    `day` Date,
+    `hour` Int64,
+    `records` UInt64,
+    `checked_at` DateTime64(3, 'UTC')
+)
+ENGINE = ReplacingMergeTree(records)
+PARTITION BY toYYYYMM(day)
+ORDER BY (cluster, day, hour)
+SETTINGS index_granularity = 8192;
+
 CREATE TABLE {db}.usage_gpu_5m
 (
     `ts` DateTime('UTC'),

@@ -171,3 +171,113 @@ def test_the_carbon_view_reads_exact_open_days_from_the_hourly_table(client):
     put(client, USAGE[3:4], 10)  # a copy: D is no longer exact
     assert client.query(f"SELECT * FROM {DB}.usage_by_job_hourly_exact_days").result_rows == []
     assert view() == pytest.approx(expected) and billed() == pytest.approx(expected)
+
+
+# ---------------------------------------------------------------- hours found exact (sql/0035)
+def stored_hours(client) -> list[tuple]:
+    return client.query(f"SELECT hour - {HOUR0}, max(records) FROM {DB}.usage_exact_hours GROUP BY hour "
+                        "ORDER BY hour").result_rows
+
+
+def trusted(client) -> dict:
+    return bills.exact_hourly_days(client, DB, {"hc": [D]}, checked_hours=True)
+
+
+@pytest.fixture
+def counts(monkeypatch):
+    """The SQL of every count exact_hourly_days makes, with its hours (None: every hour)."""
+    made: list[tuple[str, list | None]] = []
+    real = bills._q
+
+    def spying(client, sql, params=None):
+        made.append((sql, (params or {}).get("hours")))
+        return real(client, sql, params)
+
+    monkeypatch.setattr(bills, "_q", spying)
+    return made
+
+
+def final_counts(made) -> list:
+    return [hours for sql, hours in made if " FINAL" in sql]
+
+
+def test_a_close_run_records_the_open_days_exact_hours(client):
+    """D is open (not due at 03:00 the same day): the run closes nothing and stores D's hours 0 and 1
+    with their record counts. Hour 2 ends after the horizon (02:30, a record of 02:10-02:30), so it is
+    still being written and not stored; a second run finds the others stored and counts nothing again."""
+    put(client, [rec("gpu-2", T + 130 * MIN, T + 150 * MIN, "executing", "j2", "t2")], 10)
+    run = bills.close_due(client, Settings(database=DB, bills_close_grace_s=3600), load_ledger_config(None),
+                          now=dt.datetime(2026, 11, 20, 3, tzinfo=dt.timezone.utc))
+    assert run.bill_run_id is None and run.exact_hours == 2
+    assert stored_hours(client) == [(0, 4), (1, 1)]
+    assert bills.record_exact_hours(client, DB, {"hc": [D]}, {"hc": T + 150 * MIN}) == 0
+    assert bills.record_exact_hours(client, DB, {"hc": [D]}) == 1  # no horizon: hour 2 as well
+
+
+def test_hours_found_exact_are_not_counted_again(client, counts):
+    assert trusted(client) == {"hc": [D]} and final_counts(counts) == [None]  # nothing stored: every hour
+    bills.record_exact_hours(client, DB, {"hc": [D]})
+    counts.clear()
+    assert trusted(client) == {"hc": [D]} and final_counts(counts) == []
+    assert any("count() AS n FROM" in sql and " FINAL" not in sql for sql, _ in counts)  # the day's plain count
+    assert bill_figures(client) == BILLS and job_figures(client) == JOBS
+    counts.clear()
+    assert bills.exact_hourly_days(client, DB, {"hc": [D]}) == {"hc": [D]} and final_counts(counts) == [None]
+
+
+def test_an_hour_written_again_is_counted_again(client, counts):
+    bills.record_exact_hours(client, DB, {"hc": [D]})
+    put(client, [rec("gpu-2", T + 130 * MIN, T + 140 * MIN, "executing", "j2", "t2")], 10)  # hour 2, new
+    counts.clear()
+    assert trusted(client) == {"hc": [D]} and final_counts(counts) == [[HOUR0 + 2]]
+    put(client, USAGE[3:4], 11)  # a copy of j2's record of hour 0
+    counts.clear()
+    assert trusted(client) == {} and final_counts(counts) == [[HOUR0, HOUR0 + 2]]
+    assert bills.record_exact_hours(client, DB, {"hc": [D]}) == 1  # hour 2 only: hour 0 is not exact
+    assert stored_hours(client) == [(0, 4), (1, 1), (2, 1)]
+    assert bill_figures(client) == {("t1", 360, 300), ("t2", 1200, 0)}  # j2's copy once, its new record
+
+
+def test_a_record_deleted_from_an_hour_found_exact_is_seen(client, counts):
+    """No insert: the hourly counts still equal the stored ones, so no hour is counted again with FINAL.
+    The day's plain count is one short of them: D is not exact, and the bills read usage_raw."""
+    bills.record_exact_hours(client, DB, {"hc": [D]})
+    client.command(f"DELETE FROM {DB}.usage_raw WHERE gpu_uuid = 'gpu-2'")
+    counts.clear()
+    assert trusted(client) == {} and final_counts(counts) == []
+    assert bill_figures(client) == {("t1", 360, 300)}  # read from usage_raw: without j2's record
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_trusting_the_hours_found_exact_changes_no_answer(tmp_path, seed):
+    """Random writes to one day (new records, copies of records, deletions, merges), a record run now and
+    then: after each step the day is exact with the stored hours trusted exactly when it is with every
+    hour counted."""
+    import random
+
+    rng = random.Random(seed)
+    with migrated_warehouse(tmp_path, DB) as (client, _):
+        written: list[UsageRecord] = []
+        answers = set()
+        for step in range(30):
+            action = rng.choice(["new", "new", "copy", "delete", "merge", "record", "record"])
+            if action == "new" or not written:
+                start = T + rng.randrange(0, 6 * 60) * MIN
+                gpu = f"gpu-{rng.randrange(4)}"
+                if any(r.gpu_uuid == gpu and r.start_ms == start for r in written):
+                    continue
+                written.append(rec(gpu, start, start + MIN, "executing", "j1", "t1"))
+                put(client, written[-1:], step)
+            elif action == "copy":
+                put(client, [rng.choice(written)], step)
+            elif action == "delete":
+                gone = written.pop(rng.randrange(len(written)))
+                client.command(f"DELETE FROM {DB}.usage_raw WHERE record_id = '{gone.record_id}'")
+            elif action == "merge":
+                client.command(f"OPTIMIZE TABLE {DB}.usage_raw FINAL")
+            else:
+                bills.record_exact_hours(client, DB, {"hc": [D]})
+            full = bills.exact_hourly_days(client, DB, {"hc": [D]})
+            assert trusted(client) == full, f"step {step} ({action})"
+            answers.add(bool(full))
+        assert answers == {True, False}  # both answers were reached

@@ -171,9 +171,9 @@ def test_exactness_counted_once_per_open_day(ledger, monkeypatch):
     asked: list[tuple[str, dt.date]] = []
     count = bills.exact_hourly_days
 
-    def counting(client, db, days):
+    def counting(client, db, days, **options):
         asked.extend((c, d) for c, ds in days.items() for d in ds)
-        return count(client, db, days)
+        return count(client, db, days, **options)
 
     monkeypatch.setattr(bills, "exact_hourly_days", counting)
     reports.fetch(ledger, DB, "queues", cluster="c2", day_to=DAY0)
