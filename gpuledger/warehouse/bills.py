@@ -20,6 +20,10 @@ Closing also writes each day's energy per hour into `closed_energy` (carbon of c
 the adjustment pass writes the difference late records make there (`diff_energy`), keyed by the day
 they belong to, under the same run.
 
+After closing, a run notes the open days' hours whose hourly usage (sql/0027) it found exact
+(`record_exact_hours`, sql/0035), so that the reports count only the hours written since
+(`exact_hourly_days`).
+
 The pure parts (lines, due days, the diff, messages) are plain functions tested in
 tests/unit/test_bills.py; the rest reads and writes the warehouse.
 """
@@ -242,17 +246,18 @@ def exact_hourly_days(client, db: str, days: Mapping[str, Sequence[dt.date]], *,
         for (day, _), n in summed.items():
             per_day[day] = per_day.get(day, 0) + n
         exact = []
-        whole = [day for day in wanted if day not in {d for d, _ in steady}]
+        trusted_days = sorted({day for day, _ in steady})
+        whole = [day for day in wanted if day not in trusted_days]
         if whole:  # no hour to trust: the day's distinct records, counted at once
             distinct = {r["day"]: int(r["n"]) for r in _q(
                 client, f"SELECT day, count() AS n FROM {db}.usage_raw FINAL WHERE cluster = {{cluster:String}} "
                         "AND day IN {days:Array(Date)} GROUP BY day", {"cluster": cluster, "days": whole})}
             exact += [day for day in whole if distinct.get(day) and per_day.get(day) == distinct[day]]
-        recount = sorted(hour for (day, hour), n in summed.items() if n and (day, hour) not in steady
-                         and day not in whole)
+        recount = sorted(hour for (day, hour), n in summed.items()
+                         if n and day in trusted_days and (day, hour) not in steady)
         distinct_hours = _hour_counts(client, f"SELECT day, {RAW_HOUR} AS hour, count() AS n FROM {db}.usage_raw FINAL",
                                       cluster, wanted, recount) if recount else {}
-        for day in sorted({d for d, _ in steady}):
+        for day in trusted_days:
             counted_again = all(distinct_hours.get((d, hour), 0) == n for (d, hour), n in summed.items()
                                 if d == day and n and (d, hour) not in steady)
             # no GROUP BY: a count() on a primary-key range is answered from the index (~3 ms against ~35)
