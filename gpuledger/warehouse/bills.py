@@ -220,6 +220,15 @@ def dedup_usage_sql(db: str, conds: Sequence[str] = (), columns: str = "*") -> s
 BILLED_USAGE = ("job_id != ''", "state IN ('executing', 'allocated_idle')")
 
 
+#: usage_raw's hour, as usage_by_job_hourly and usage_raw's sort key have it
+RAW_HOUR = "intDiv(start_ms, 3600000)"
+#: per (day, hour) for _hour_counts: the records the hourly table counted, the count stored as exact
+#: (sql/0035), and usage_raw's distinct records
+HOURLY_COUNT = "SELECT day, hour, sum(records) AS n FROM {db}.usage_by_job_hourly"
+STORED_COUNT = "SELECT day, hour, max(records) AS n FROM {db}.usage_exact_hours"
+DISTINCT_COUNT = f"SELECT day, {RAW_HOUR} AS hour, count() AS n FROM {{db}}.usage_raw FINAL"
+
+
 def exact_hourly_days(client, db: str, days: Mapping[str, Sequence[dt.date]], *,
                       checked_hours: bool = False) -> dict[str, list[dt.date]]:
     """The days of `days` ({cluster: days}) whose usage_by_job_hourly sums are exact (sql/0027): the
@@ -237,10 +246,8 @@ def exact_hourly_days(client, db: str, days: Mapping[str, Sequence[dt.date]], *,
     out: dict[str, list[dt.date]] = {}
     for cluster in sorted(days):
         wanted = sorted(days[cluster])
-        summed = _hour_counts(client, f"SELECT day, hour, sum(records) AS n FROM {db}.usage_by_job_hourly",
-                              cluster, wanted)
-        checked = _hour_counts(client, f"SELECT day, hour, max(records) AS n FROM {db}.usage_exact_hours",
-                               cluster, wanted) if checked_hours else {}
+        summed = _hour_counts(client, HOURLY_COUNT.format(db=db), cluster, wanted)
+        checked = _hour_counts(client, STORED_COUNT.format(db=db), cluster, wanted) if checked_hours else {}
         steady = {key for key, n in summed.items() if n and checked.get(key) == n}
         per_day: dict[dt.date, int] = {}
         for (day, _), n in summed.items():
@@ -255,8 +262,7 @@ def exact_hourly_days(client, db: str, days: Mapping[str, Sequence[dt.date]], *,
             exact += [day for day in whole if distinct.get(day) and per_day.get(day) == distinct[day]]
         recount = sorted(hour for (day, hour), n in summed.items()
                          if n and day in trusted_days and (day, hour) not in steady)
-        distinct_hours = _hour_counts(client, f"SELECT day, {RAW_HOUR} AS hour, count() AS n FROM {db}.usage_raw FINAL",
-                                      cluster, wanted, recount) if recount else {}
+        distinct_hours = _hour_counts(client, DISTINCT_COUNT.format(db=db), cluster, wanted, recount) if recount else {}
         for day in trusted_days:
             counted_again = all(distinct_hours.get((d, hour), 0) == n for (d, hour), n in summed.items()
                                 if d == day and n and (d, hour) not in steady)
@@ -268,10 +274,6 @@ def exact_hourly_days(client, db: str, days: Mapping[str, Sequence[dt.date]], *,
         if exact:
             out[cluster] = sorted(exact)
     return out
-
-
-#: usage_raw's hour, as usage_by_job_hourly and usage_raw's sort key have it
-RAW_HOUR = "intDiv(start_ms, 3600000)"
 
 
 def _hour_counts(client, select: str, cluster: str, days: Sequence[dt.date],
@@ -302,17 +304,14 @@ def record_exact_hours(client, database: str, days: Mapping[str, Sequence[dt.dat
     rows = []
     for cluster in sorted(days):
         wanted = sorted(days[cluster])
-        summed = _hour_counts(client, f"SELECT day, hour, sum(records) AS n FROM {db}.usage_by_job_hourly",
-                              cluster, wanted)
-        stored = _hour_counts(client, f"SELECT day, hour, max(records) AS n FROM {db}.usage_exact_hours",
-                              cluster, wanted)
+        summed = _hour_counts(client, HOURLY_COUNT.format(db=db), cluster, wanted)
+        stored = _hour_counts(client, STORED_COUNT.format(db=db), cluster, wanted)
         until = (horizons or {}).get(cluster)
         todo = {hour for (day, hour), n in summed.items()
                 if n and stored.get((day, hour)) != n and (until is None or (hour + 1) * 3_600_000 <= until)}
         if not todo:
             continue
-        distinct = _hour_counts(client, f"SELECT day, {RAW_HOUR} AS hour, count() AS n FROM {db}.usage_raw FINAL",
-                                cluster, wanted, sorted(todo))
+        distinct = _hour_counts(client, DISTINCT_COUNT.format(db=db), cluster, wanted, sorted(todo))
         rows += [dict(cluster=cluster, day=day, hour=hour, records=n, checked_at=checked_at)
                  for (day, hour), n in sorted(summed.items()) if hour in todo and distinct.get((day, hour)) == n]
     if rows:
