@@ -316,9 +316,9 @@ def run() -> dict:
             detail = generate(client)
             say(f"queries: generated in {detail['generate_s']} s, merged in {detail['merge_s']} s: {detail['rows']}")
         detail["intensity_values_loaded"] = record_carbon(client)
-        # as in operation (the bills timer): every day past its grace is closed, the last one open, whose
-        # hours are recorded where exact but the one still being written (a kept directory: nothing to
-        # close, its hours recorded if this tree records them and they are not yet)
+        # as in operation (the bills timer): every day past its grace is closed, the last one stays open,
+        # and its hours found exact are recorded but the one still being written (on a kept directory the
+        # days are closed already: the run records what is not recorded yet)
         from gpuledger.config import Settings
         from gpuledger.ledger_files import load_ledger_config
         from gpuledger.warehouse import bills
