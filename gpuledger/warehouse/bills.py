@@ -290,7 +290,7 @@ def _hour_counts(client, select: str, cluster: str, days: Sequence[dt.date],
 
 
 def record_exact_hours(client, database: str, days: Mapping[str, Sequence[dt.date]],
-                       horizons: Mapping[str, int] | None = None, now: dt.datetime | None = None) -> int:
+                       horizons: Mapping[str, int] | None = None) -> int:
     """Store in usage_exact_hours (sql/0035) the hours of `days` ({cluster: days}) whose hourly count
     equals usage_raw's distinct count, counting with FINAL only the hours not stored with their present
     count already. With `horizons` ({cluster: event-time horizon, ms}), an hour that ends after its
@@ -300,7 +300,7 @@ def record_exact_hours(client, database: str, days: Mapping[str, Sequence[dt.dat
     from gpuledger.warehouse import insert_rows
 
     db = quoted_database(database)
-    checked_at = now or dt.datetime.now(dt.timezone.utc)
+    checked_at = dt.datetime.now(dt.timezone.utc)
     rows = []
     for cluster in sorted(days):
         wanted = sorted(days[cluster])
