@@ -41,7 +41,7 @@ TABLE = [
     ("scaleout_ratio", "2 workers / 1 worker", "ratio", "{:.2f}", (">=", 1.8)),
     ("usage_rows_per_gpu_hour_5s", "usage rows per GPU-hour at 5 s", "rows", "{:.1f}", ("<=", 70)),
     ("usage_rows_per_gpu_hour_5s_per_tick", "  the same, one record per tick", "rows", "{:.1f}", None),
-    ("usage_rows_per_gpu_hour_5s_one_per_holder", "  the same, one record per holder (estimate)", "rows", "{:.1f}", None),
+    ("usage_rows_per_gpu_hour_5s_one_per_holder", "  one record per holder (estimate)", "rows", "{:.1f}", None),
     ("usage_raw_bytes_per_gpu_day", "usage_raw on disk per GPU-day", "bytes", "{:,.0f}", None),
     ("gpu_health_bytes_per_gpu_day", "gpu_health on disk per GPU-day", "bytes", "{:,.0f}", None),
     # bench/sizing.py: every table, one simulated day, times the days each holds under the default retention
