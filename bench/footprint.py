@@ -124,14 +124,20 @@ def _held(records: list[dict], by: str) -> set[tuple]:
     return {(r.get("job_id"), r.get("attempt")) if by == "holder" else (r["state"], r.get("job_id")) for r in records}
 
 
+def _segments_by_window(records: list[dict], window_ms: int) -> dict[tuple, dict[int, list[dict]]]:
+    """(GPU, window) -> a segment's start -> its records."""
+    windows: dict[tuple, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        windows[(r["gpu_uuid"], r["start_ms"] // window_ms)][r["start_ms"]].append(r)
+    return windows
+
+
 def rows_breakdown(records: list[dict], gpu_hours: float, window_ms: int) -> dict:
     """Usage records per GPU-hour split by cause: one per GPU and window, one more per cut inside a
     window (a holder change, an executing/idle change, or else: utilization or memory becoming
     measured or not, a missed sample), and the extra slots of shared GPUs (a record per attempt and
     state of a segment)."""
-    windows: dict[tuple, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
-    for r in records:
-        windows[(r["gpu_uuid"], r["start_ms"] // window_ms)][r["start_ms"]].append(r)
+    windows = _segments_by_window(records, window_ms)
     cuts: Counter[str] = Counter()
     slots = 0
     for segments in windows.values():
@@ -155,14 +161,11 @@ def rows_one_per_holder(records: list[dict], gpu_hours: float, window_ms: int) -
     within a window consecutive segments with the same holders merged, one row per holder (the
     unallocated and down parts count as one holder, None). An estimate from today's records, not a
     ledger built that way."""
-    holders: dict[tuple, dict[int, set]] = defaultdict(lambda: defaultdict(set))
-    for r in records:
-        holders[(r["gpu_uuid"], r["start_ms"] // window_ms)][r["start_ms"]].add((r.get("job_id"), r.get("attempt")))
     rows = 0
-    for by_start in holders.values():
+    for segments in _segments_by_window(records, window_ms).values():
         before = None
-        for start in sorted(by_start):
-            now = by_start[start]
+        for start in sorted(segments):
+            now = _held(segments[start], "holder")
             if now != before:
                 rows += len(now)
             before = now
