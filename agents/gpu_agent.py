@@ -4,7 +4,9 @@
 Ticks fall on multiples of the interval since the Unix epoch, so samples from a thousand
 nodes line up and the worker can join them without resampling. A tick that overran (slow
 NVML, a stalled publish) skips the grid points it missed rather than publishing late
-duplicates: each grid time is published at most once.
+duplicates: each grid time is published at most once. For the same reason a clock stepped
+backwards is waited out (grid times already taken are not sampled again), but in sleeps of at
+most one interval, so sampling resumes on time once the clock is corrected.
 
     python -m gpuledger.agents.gpu_agent --backend nvml --once --print    # one tick as JSON, no Kafka
     python -m gpuledger.agents.gpu_agent --backend sim --sim-gpus 4xA100-80GB   # publish forever
@@ -102,12 +104,20 @@ def run_agent(
         sleep = stop.wait
     published = 0
     skipped = 0
-    due_ms = next_grid_ms(int(clock() * 1000), interval_ms)
+    last_read_ms = int(clock() * 1000)
+    due_ms = next_grid_ms(last_read_ms, interval_ms)
     while (max_ticks is None or published + len(held) < max_ticks) and not (stop is not None and stop.is_set()):
         now_ms = int(clock() * 1000)
+        if now_ms < last_read_ms - interval_ms:
+            log.warning("clock went back by at least %d ms: no ticks until it reaches the next grid point %d again "
+                        "(grid times already sampled are not sampled twice)", last_read_ms - now_ms, due_ms)
+        last_read_ms = now_ms
         if now_ms < due_ms:
-            sleep((due_ms - now_ms) / 1000.0)
-            continue  # re-read the clock: a sleep can end early, a clock can step
+            # At most one interval per sleep, then re-read the clock: a sleep can end early, and a
+            # clock stepped backwards may be corrected meanwhile (waiting out the whole step would
+            # stop sampling for as long as the step, even after the correction).
+            sleep(min(due_ms - now_ms, interval_ms) / 1000.0)
+            continue
         latest_ms = now_ms // interval_ms * interval_ms
         if latest_ms > due_ms:
             missed = (latest_ms - due_ms) // interval_ms

@@ -131,7 +131,9 @@ class Spool:
 
     fsync: "always" syncs every append (a tick survives power loss once `append` returns),
     "interval" at most every `fsync_interval_s`, "never" leaves it to the OS (survives a
-    process crash, not a power cut)."""
+    process crash, not a power cut). A failed fsync is logged and counted in `fsync_failures`,
+    never raised: the record is written (the OS holds it, it is read and sent as usual), it
+    only lacks the power-cut guarantee."""
 
     def __init__(
         self,
@@ -158,6 +160,7 @@ class Spool:
         self.on_drop = on_drop
         self._lock = threading.RLock()
         self._closed = False
+        self.fsync_failures = 0  # in this process; see `_fsync`
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock_fd = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -251,7 +254,23 @@ class Spool:
         body = struct.pack("<QQQQ", self.acked, self.dropped, self.corrupt, self._generation)
         os.pwrite(self._cursor_fd, body + struct.pack("<I", zlib.crc32(body)), (self._generation % 2) * _SLOT_SIZE)
         if sync:
-            os.fsync(self._cursor_fd)
+            self._fsync(self._cursor_fd, _CURSOR)
+
+    def _fsync(self, fd: int, what: str) -> bool:
+        """fsync `fd`; a failure is logged and counted, not raised. The data is written (the OS
+        holds it: it survives an agent crash and is read back as usual), it may just not survive
+        a power cut; dropping it would lose a tick that can still be delivered."""
+        try:
+            os.fsync(fd)
+            return True
+        except OSError as exc:
+            self._fsync_failed(what, exc)
+            return False
+
+    def _fsync_failed(self, what: str, exc: OSError) -> None:
+        self.fsync_failures += 1
+        log.error("spool %s: cannot fsync %s: %s; what was written stays in the spool but may not survive "
+                  "a power cut (%d fsync failure(s) so far)", self.directory, what, exc, self.fsync_failures)
 
     # ------------------------------------------------------------------ write side
     def append(self, value: bytes, key: bytes | str | None = None) -> int:
@@ -294,20 +313,33 @@ class Spool:
             active.size += len(blob)
             active.last_seq = seq
             self._next_seq = seq + 1
-            self._sync_after_write()
+            self._sync_after_write(active)  # a failed fsync keeps the tick (logged, counted): it is written
             return seq
 
     def _roll(self, first_seq: int) -> _Segment:
-        if self._wfd is not None:
-            if self.fsync != "never":
-                os.fsync(self._wfd)
-            os.close(self._wfd)
         seg = _Segment(first_seq, self.directory / _segment_name(first_seq), last_seq=first_seq - 1)
-        self._wfd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        # Open the new segment before letting go of the old one: when the open fails (disk full,
+        # no inodes, EMFILE) `_wfd` still holds a live fd and the next append tries again. A
+        # closed fd kept here would fail every later write (EBADF) or, once the number is reused,
+        # write into and close someone else's file.
+        new_fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        old_fd, self._wfd = self._wfd, new_fd
         self._segments.append(seg)
+        if old_fd is not None:
+            if self.fsync != "never":
+                self._fsync(old_fd, "a full segment")
+            self._close_quietly(old_fd)
         if self.fsync != "never":
             self._sync_dir()
         return seg
+
+    def _close_quietly(self, fd: int) -> None:
+        """Close an fd we are done with. Linux releases the fd even when close reports an error,
+        so there is nothing to retry: log it and go on (the data was written before)."""
+        try:
+            os.close(fd)
+        except OSError as exc:
+            log.error("spool %s: closing a file: %s", self.directory, exc)
 
     def _make_room(self, need: int) -> None:
         """Delete the oldest segments (never the active one) until `need` more bytes fit."""
@@ -335,21 +367,28 @@ class Spool:
         if self.on_drop is not None:
             self.on_drop(n)
 
-    def _sync_after_write(self) -> None:
+    def _sync_after_write(self, seg: _Segment) -> None:
+        if self._wfd is None:
+            return
         if self.fsync == "always":
-            os.fsync(self._wfd)
+            self._fsync(self._wfd, seg.path.name)
         elif self.fsync == "interval":
             now = time.monotonic()
             if now - self._last_sync >= self.fsync_interval_s:
-                os.fsync(self._wfd)
-                self._last_sync = now
+                self._last_sync = now  # after a failure too: a failing disk is retried each interval, not each tick
+                self._fsync(self._wfd, seg.path.name)
 
     def _sync_dir(self) -> None:
-        fd = os.open(self.directory, os.O_RDONLY)
+        """Make a new segment's directory entry durable (best effort, like `_fsync`)."""
         try:
-            os.fsync(fd)
+            fd = os.open(self.directory, os.O_RDONLY)
+        except OSError as exc:
+            self._fsync_failed("the spool directory", exc)
+            return
+        try:
+            self._fsync(fd, "the spool directory")
         finally:
-            os.close(fd)
+            self._close_quietly(fd)
 
     # ------------------------------------------------------------------ read side
     def read(self, max_records: int = 100, max_bytes: int = 1 << 20) -> list[Record]:
@@ -421,8 +460,8 @@ class Spool:
 
     def _close_reader_if(self, first_seq: int | None) -> None:
         if self._rfd is not None and (first_seq is None or self._rfd[0] == first_seq):
-            os.close(self._rfd[1])
-            self._rfd = None
+            fd, self._rfd = self._rfd[1], None  # forget it first: never keep a closed fd
+            self._close_quietly(fd)
 
     def _skip_corrupt(self, seg: _Segment) -> None:
         lost = seg.last_seq - self._read_seq + 1
@@ -496,20 +535,27 @@ class Spool:
             raise ValueError("spool is closed")
 
     def close(self) -> None:
+        """Sync, persist the cursor and release the directory. A failing disk is logged, not
+        raised: the files and the lock are released all the same."""
         with self._lock:
             if self._closed:
                 return
-            if self._wfd is not None:
-                if self.fsync != "never":
-                    os.fsync(self._wfd)
-                os.close(self._wfd)
-                self._wfd = None
-            self._close_reader_if(None)
-            self._write_state(sync=self.fsync != "never")
-            os.close(self._cursor_fd)
             self._closed = True
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-            os.close(self._lock_fd)
+            try:
+                if self._wfd is not None:
+                    fd, self._wfd = self._wfd, None
+                    if self.fsync != "never":
+                        self._fsync(fd, "the last segment")
+                    self._close_quietly(fd)
+                self._close_reader_if(None)
+                self._write_state(sync=self.fsync != "never")
+            except OSError as exc:
+                # The cursor on disk stays at its last write: the next start resends a few ticks (no loss).
+                log.error("spool %s: cannot write the cursor file on close: %s", self.directory, exc)
+            finally:
+                self._close_quietly(self._cursor_fd)
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+                self._close_quietly(self._lock_fd)
 
     def __enter__(self) -> Spool:
         return self
@@ -529,7 +575,9 @@ class Forwarder:
     earlier one would put it behind its successor — the worker would then reject it as late.
     When a delivery fails anyway (a non-retriable broker error) the forwarder stops sending,
     waits for everything in flight to resolve, then re-reads from the first unacknowledged
-    record after a backoff (1 s doubling to `max_backoff_s`).
+    record after a backoff (1 s doubling to `max_backoff_s`). A producer that failed fatally is
+    replaced through `publisher_factory`; when that fails too (counted in `producer_failures`),
+    it is tried again after the same backoff while the records wait in the spool.
 
     Single-threaded by design: `pump()` does one non-blocking step; `start()` runs it in a
     daemon thread that polls the producer while deliveries are outstanding."""
@@ -566,6 +614,7 @@ class Forwarder:
         self.delivered = 0
         self.failures = 0
         self.resends = 0
+        self.producer_failures = 0  # replacement producers that could not be made
 
     @property
     def inflight(self) -> int:
@@ -615,26 +664,41 @@ class Forwarder:
             self._failing = False
             log.warning("spool forwarder: resending from seq %d in %.0fs", self.spool.acked + 1, self._backoff_s)
 
-    def _replace_fatal_publisher(self) -> None:
+    def _usable_publisher(self) -> bool:
         """A fatal producer error (e.g. the idempotent producer lost its sequence) makes the
-        producer useless: start a new one and resend from the first unacknowledged record."""
-        error = getattr(self.publisher, "fatal_error", None)
-        if error is None or self._publisher_factory is None:
-            return
-        log.error("spool forwarder: fatal producer error (%s); starting a new producer", error)
-        old, self.publisher = self.publisher, None
+        producer useless: drop it and resend from the first unacknowledged record through a new
+        one. Returns False while there is no producer (making one failed; retried after a backoff)."""
+        if self.publisher is not None:
+            error = getattr(self.publisher, "fatal_error", None)
+            if error is None or self._publisher_factory is None:
+                return True
+            log.error("spool forwarder: fatal producer error (%s); starting a new producer", error)
+            old, self.publisher = self.publisher, None
+            try:
+                old.close(0)
+            except Exception:
+                log.exception("closing the failed producer")
+            self._inflight.clear()
+            self.spool.rewind()
+        if self._publisher_factory is None or self.clock() < self._resume_at:
+            return False
         try:
-            old.close(0)
-        except Exception:
-            log.exception("closing the failed producer")
-        self._inflight.clear()
-        self.spool.rewind()
-        self.publisher = self._publisher_factory()
+            self.publisher = self._publisher_factory()
+        except Exception as exc:
+            # e.g. a certificate being rotated: the ticks wait in the spool, try again later
+            self.producer_failures += 1
+            self._backoff_s = min(self.max_backoff_s, max(1.0, self._backoff_s * 2))
+            self._resume_at = self.clock() + self._backoff_s
+            log.error("spool forwarder: cannot start a new producer (%s); retrying in %.0fs, %d failure(s) so far",
+                      exc, self._backoff_s, self.producer_failures)
+            return False
+        return True
 
     def pump(self) -> int:
         """Serve delivery reports, acknowledge, and hand more records to the producer; returns
         how many were handed over."""
-        self._replace_fatal_publisher()
+        if not self._usable_publisher():
+            return 0
         self.publisher.poll(0)
         self._settle()
         sent = 0

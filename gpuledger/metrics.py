@@ -44,6 +44,8 @@ AGENT_SPOOL_MAX_BYTES = Gauge("gpuledger_agent_spool_max_bytes", "Configured bou
 AGENT_SPOOL_DROPPED = Counter("gpuledger_agent_spool_dropped", "Ticks dropped (oldest first) because the spool was full, in this process", ["node"])
 AGENT_SPOOL_DROPPED_LIFETIME = Gauge("gpuledger_agent_spool_dropped_lifetime_records", "Ticks ever dropped from this spool (persisted across restarts)", ["node"])
 AGENT_SPOOL_OLDEST_AGE = Gauge("gpuledger_agent_spool_oldest_age_seconds", "Age of the oldest unacknowledged tick in the spool (0 when empty)", ["node"])
+AGENT_SPOOL_FSYNC_FAILURES = Gauge("gpuledger_agent_spool_fsync_failures", "fsyncs of the spool that failed in this process (the ticks are kept; they may not survive a power cut)", ["node"])
+AGENT_PRODUCER_FAILURES = Gauge("gpuledger_agent_producer_failures", "Replacement Kafka producers that could not be made in this process (the ticks wait in the spool)", ["node"])
 AGENT_INFLIGHT = Gauge("gpuledger_agent_kafka_pending_messages", "Messages handed to the producer and not yet acknowledged", ["node"])
 
 # --------------------------------------------------------------------------- worker / sink
@@ -325,8 +327,10 @@ class AgentMetrics:
         AGENT_SPOOL_MAX_BYTES.labels(node).set(spool.max_bytes)
         AGENT_SPOOL_DROPPED_LIFETIME.labels(node).set_function(_safe(lambda: spool.dropped))
         AGENT_SPOOL_OLDEST_AGE.labels(node).set_function(_safe(oldest_age))
+        AGENT_SPOOL_FSYNC_FAILURES.labels(node).set_function(_safe(lambda: spool.fsync_failures))
         if forwarder is not None:
             AGENT_INFLIGHT.labels(node).set_function(_safe(lambda: forwarder.inflight))
+            AGENT_PRODUCER_FAILURES.labels(node).set_function(_safe(lambda: forwarder.producer_failures))
 
 
 class WorkerMetrics:

@@ -215,6 +215,36 @@ def test_overrun_skips_missed_grid_points_and_never_double_publishes() -> None:
     assert metrics.skipped == [1] and metrics.sampled == stamps
 
 
+def test_clock_stepped_back_sleeps_one_interval_at_a_time(caplog: pytest.LogCaptureFixture) -> None:
+    true_time = {"t": 100.0}
+    sleeps: list[float] = []
+
+    class SteppedClock:
+        """The node's clock: steps back an hour at 112 s (true time), corrected at 114 s."""
+
+        def __call__(self) -> float:
+            t = true_time["t"]
+            return t - 3600.0 if 112.0 <= t < 114.0 else t
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        true_time["t"] += seconds
+
+    class TwoSecondSample(SimBackend):  # sampling takes 2 s of true time
+        def sample(self, now_ms: int):
+            true_time["t"] += 2.0
+            return super().sample(now_ms)
+
+    pub = ListPublisher()
+    with caplog.at_level(logging.WARNING, logger="gpuledger.agents.gpu_agent"):
+        run_agent(TwoSecondSample(["T4"]), pub, "t", cluster="c", node="n", interval_s=5, clock=SteppedClock(),
+                  sleep=sleep, max_ticks=5)
+    assert max(sleeps) <= 5.0  # not the hour of the step
+    # the grid goes on where it was: no tick missed once the clock is right, none sampled twice
+    assert [decode(NodeTick, v).ts_ms for v in pub.values()] == [100_000, 105_000, 110_000, 115_000, 120_000]
+    assert "clock went back by at least 3598000 ms" in caplog.text  # an hour, less the 2 s of sampling
+
+
 def test_stop_event_and_failed_tick_is_skipped() -> None:
     import threading
 

@@ -23,6 +23,7 @@ EXPECTED = {
     "gpuledger_agent_spool_records", "gpuledger_agent_spool_bytes", "gpuledger_agent_spool_max_bytes",
     "gpuledger_agent_spool_dropped", "gpuledger_agent_spool_dropped_lifetime_records",
     "gpuledger_agent_spool_oldest_age_seconds", "gpuledger_agent_kafka_pending_messages",
+    "gpuledger_agent_spool_fsync_failures", "gpuledger_agent_producer_failures",
     # worker and sink
     "gpuledger_messages_in", "gpuledger_messages_out", "gpuledger_dead_letters", "gpuledger_duplicates",
     "gpuledger_consumer_lag_messages", "gpuledger_last_sample_age_seconds", "gpuledger_last_sample_timestamp_seconds",

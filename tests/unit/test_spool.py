@@ -135,6 +135,78 @@ def test_a_failing_disk_drops_and_counts_the_tick(tmp_path: Path, monkeypatch: p
         assert values(s.read(10)) == [b"before", b"after"]
 
 
+def test_a_failed_segment_roll_drops_one_tick_and_later_appends_work(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpuledger.agents.spool as spool_module
+
+    real_open = os.open
+    refuse = {"creates": 1}
+
+    def disk_full_once(path: Any, flags: int, *args: Any) -> int:
+        if str(path).endswith(".seg") and flags & os.O_CREAT and refuse["creates"]:
+            refuse["creates"] -= 1
+            raise OSError(28, "No space left on device")
+        return real_open(path, flags, *args)
+
+    with Spool(tmp_path, fsync="never", segment_bytes=4096) as s:
+        fill(s, 2, size=1500)  # the first segment has no room for a third
+        monkeypatch.setattr(spool_module.os, "open", disk_full_once)
+        assert s.append(b"lost tick" * 200) == 0 and s.dropped == 1
+        # the spool must not hold on to a closed fd: its number is free for anyone to reuse
+        bystander = real_open(__file__, os.O_RDONLY)
+        try:
+            assert fill(s, 3, start=2, size=1500) == [3, 4, 5]  # the disk has recovered
+            os.fstat(bystander)  # still open: the spool did not close it
+            assert os.readlink(f"/proc/self/fd/{bystander}") == __file__
+        finally:
+            os.close(bystander)
+        assert s.dropped == 1
+        assert [v[:6] for v in values(s.read(10))] == [b"v00000", b"v00001", b"v00002", b"v00003", b"v00004"]
+    with Spool(tmp_path, fsync="never") as s:  # and the files on disk are consistent
+        assert [r.seq for r in s.read(10)] == [1, 2, 3, 4, 5]
+
+
+def test_a_failing_fsync_keeps_the_tick_logs_and_counts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    import gpuledger.agents.spool as spool_module
+
+    def eio(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(spool_module.os, "fsync", eio)
+    s = Spool(tmp_path, fsync="always", segment_bytes=4096)  # opening syncs the cursor file
+    assert s.fsync_failures == 1
+    # written but not synced: kept (and sent), only without the power-cut guarantee
+    assert fill(s, 4, size=1500) == [1, 2, 3, 4]  # across segment rolls (old segment and directory syncs)
+    assert s.dropped == 0 and s.fsync_failures > 4
+    assert "cannot fsync" in caplog.text and "may not survive a power cut" in caplog.text
+    s.close()  # syncs on close: logged, not raised, and the directory lock is released
+    monkeypatch.undo()
+    with Spool(tmp_path, fsync="always") as s:
+        assert [r.seq for r in s.read(10)] == [1, 2, 3, 4] and s.fsync_failures == 0
+
+
+def test_a_failing_fsync_does_not_stop_the_agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpuledger.agents.spool as spool_module
+    from gpuledger.agents.gpu_agent import run_agent
+    from gpuledger.agents.sim_backend import SimBackend
+
+    with Spool(tmp_path, fsync="always") as s:
+        def eio_from_the_third_tick(fd: int) -> None:
+            if s.next_seq > 3:
+                raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr(spool_module.os, "fsync", eio_from_the_third_tick)
+        clock = Clock(1_800_000_000.0)
+
+        def sleep(seconds: float) -> None:
+            clock.t += seconds
+
+        assert run_agent(SimBackend(["T4"]), SpoolingPublisher(s), "t", cluster="c", node="n", interval_s=5,
+                         clock=clock, sleep=sleep, max_ticks=10) == 10
+        assert s.depth == 10 and s.dropped == 0 and s.fsync_failures >= 8
+
+
 def test_read_in_flight_segment_dropped_reader_moves_on(tmp_path: Path) -> None:
     with Spool(tmp_path, fsync="never", max_bytes=2048, segment_bytes=512) as s:
         fill(s, 5, size=40)
@@ -362,6 +434,47 @@ def test_forwarder_replaces_a_fatally_failed_publisher(tmp_path: Path) -> None:
         first.fatal_error = "Broker: out of order sequence number"
         fwd.pump()
         assert len(made) == 2 and fwd.publisher is made[1]
+        fwd.pump()
+        assert made[1].delivered == [b"v00000", b"v00001", b"v00002"] and s.depth == 0
+
+
+def test_forwarder_retries_a_replacement_producer_that_failed_to_start(tmp_path: Path,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    made: list[Any] = []
+    attempts = {"n": 0}
+
+    class Fatal(FlakyPublisher):
+        fatal_error: str | None = None
+
+        def close(self, timeout: float = 0) -> int:
+            return len(self.queue)
+
+    def factory() -> Fatal:
+        attempts["n"] += 1
+        if attempts["n"] in (2, 3):  # the first two replacements fail (e.g. a certificate being rotated)
+            raise RuntimeError("Failed to create producer: ssl.ca.location: No such file")
+        made.append(Fatal())
+        return made[-1]
+
+    clock = Clock(0.0)
+    first = factory()
+    first.down = True
+    with Spool(tmp_path, fsync="never") as s:
+        fwd = Forwarder(s, first, "t", publisher_factory=factory, clock=clock)
+        fill(s, 3)
+        fwd.pump()
+        first.fatal_error = "Broker: out of order sequence number"
+        assert fwd.pump() == 0  # no exception: no producer for now, the ticks wait in the spool
+        assert (attempts["n"], fwd.producer_failures, s.depth) == (2, 1, 3)
+        assert "cannot start a new producer" in caplog.text
+        assert fwd.pump() == 0 and attempts["n"] == 2  # backing off (1 s)
+        clock.t += 1.5
+        assert fwd.pump() == 0 and (attempts["n"], fwd.producer_failures) == (3, 2)
+        clock.t += 1.5
+        assert fwd.pump() == 0 and attempts["n"] == 3  # the backoff doubled (2 s)
+        clock.t += 1.0
+        fwd.pump()
+        assert attempts["n"] == 4 and fwd.publisher is made[1]
         fwd.pump()
         assert made[1].delivered == [b"v00000", b"v00001", b"v00002"] and s.depth == 0
 
