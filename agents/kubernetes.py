@@ -9,7 +9,8 @@ Kueue Workloads, ClusterQueues, LocalQueues) and returns `JobEvent`s, `Scheduler
 PodResources lookups, the clock and the publisher; docs/kubernetes.md has the mapping tables.
 
 The model, in short:
-- a *job* is the pod's controlling owner (Job, JobSet, Kueue pod group, ...) or the pod itself;
+- a *job* is the pod's controlling owner (Job, JobSet, Kueue pod group, ...) or the pod itself (also
+  when Kueue admits the pod alone); a Kueue Workload belongs to the same job as its pods;
 - an *attempt* is the set of the job's pods that live together. The ledger keeps one GPU set per
   (job, attempt), so every change of that set (a pod gets its devices, a pod ends while others run)
   is sent as a new `allocated` with the whole set (then `started` again if the attempt runs);
@@ -56,7 +57,15 @@ JOB_RETENTION_MS = 7 * 24 * 3_600_000
 #: Worst outcome of an attempt's pods wins: one failed pod fails the attempt.
 OUTCOME_RANK = {K.completed: 0, K.cancelled: 1, K.preempted: 2, K.failed: 3}
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
+#: Kueue's pod integration (pkg/controller/jobs/pod/constants): the group's name is a pod label, or
+#: (feature gate WorkloadIdentifierAnnotations) an annotation with the same key.
 POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
+#: Set by Kueue's pod webhook on a pod it admits itself (no Kueue-managed owner): its own Workload.
+KUEUE_MANAGED_LABEL = "kueue.x-k8s.io/managed"
+#: Set on the pods of a Deployment (or StatefulSet, LeaderWorkerSet) that Kueue admits pod by pod.
+SUSPENDING_PARENT_ANNOTATION = "kueue.x-k8s.io/pod-suspending-parent"
+#: Marks the Workload of a pod group; Kueue names it after the group.
+GROUP_WORKLOAD_ANNOTATION = "kueue.x-k8s.io/is-group-workload"
 
 #: devices_for(node, namespace, pod_name, host_ip) -> {container name: [device id, ...]} for the
 #: pod's GPU resources, or None when the node has not (yet) reported the pod.
@@ -97,15 +106,16 @@ class KubernetesMapping:
                 or name.startswith(f"{vendor}/mig-"))
 
     def gpus_per_unit(self, name: str) -> float:
-        """GPUs one unit of an extended resource stands for (requested_gpus)."""
+        """GPUs one unit of an extended resource stands for (requested_gpus). With time-slicing each
+        unit is one replica, 1/replicas of the device (a GPU or a MIG instance), as parse_device_id
+        shares a '<id>::<n>' device."""
         vendor = self.gpu_resource.split("/", 1)[0]
+        per_replica = 1.0 / max(1, self.time_slicing_replicas)
         if name.startswith(f"{vendor}/mig-"):
-            profile = name[len(vendor) + 5:]          # e.g. '3g.40gb'
+            profile = name[len(vendor) + 5:]          # e.g. '3g.40gb' or '3g.40gb.shared'
             slices = profile.split("g", 1)[0]
-            return int(slices) / MIG_SLICES if slices.isdigit() else 1.0
-        if name != self.gpu_resource:                  # a renamed shared resource ('nvidia.com/gpu.shared')
-            return 1.0 / max(1, self.time_slicing_replicas)
-        return 1.0 / max(1, self.time_slicing_replicas) if self.time_slicing_replicas > 1 else 1.0
+            return (int(slices) / MIG_SLICES if slices.isdigit() else 1.0) * per_replica
+        return per_replica
 
 
 # --------------------------------------------------------------------------- small readers
@@ -195,14 +205,39 @@ def strip_runtime(container_id: str | None) -> str | None:
 
 
 def job_identity(obj: dict, namespace: str, name: str) -> str:
-    """Canonical job id: the JobSet / Kueue pod group (labels), else the controlling owner
-    (Job, Workload, ...), else the object itself; '<namespace>/<kind>/<name>' or '<namespace>/<name>'."""
+    """Canonical job id of a pod: the JobSet / Kueue pod group, else the pod itself when Kueue
+    admits it alone, else the controlling owner (Job, ...), else the pod itself;
+    '<namespace>/<kind>/<name>' or '<namespace>/<name>'. `workload_job_identity` gives a Workload
+    the same id as its pods."""
     meta = _dict(obj.get("metadata"), "metadata")
     labels = _dict(meta.get("labels"), "metadata.labels")
+    annotations = _dict(meta.get("annotations"), "metadata.annotations")
     if labels.get(JOBSET_LABEL):
         return f"{namespace}/jobset/{labels[JOBSET_LABEL]}"
-    if labels.get(POD_GROUP_LABEL):
-        return f"{namespace}/podgroup/{labels[POD_GROUP_LABEL]}"
+    group = labels.get(POD_GROUP_LABEL) or annotations.get(POD_GROUP_LABEL)
+    if group:
+        return f"{namespace}/podgroup/{group}"
+    if labels.get(KUEUE_MANAGED_LABEL) == "true" or annotations.get(SUSPENDING_PARENT_ANNOTATION):
+        return f"{namespace}/{name}"   # its Workload is the pod's own, whatever owns the pod
+    return _owner_identity(meta, namespace, name)
+
+
+def workload_job_identity(workload: dict, namespace: str, name: str) -> str:
+    """Job id of a Kueue Workload, the same as its pods': a pod group's Workload is named after the
+    group, its pods are owners but none the controller (a prebuilt one lacks the annotation); a
+    single pod's Workload is controlled by the pod; any other Workload by its job (Job, JobSet, ...)."""
+    meta = _dict(workload.get("metadata"), "metadata")
+    owners = [o for o in _list(meta.get("ownerReferences"), "ownerReferences") if isinstance(o, dict)]
+    controller = next((o for o in owners if o.get("controller")), None)
+    if (_dict(meta.get("annotations"), "metadata.annotations").get(GROUP_WORKLOAD_ANNOTATION) == "true"
+            or (owners and controller is None and all(o.get("kind") == "Pod" for o in owners))):
+        return f"{namespace}/podgroup/{name}"
+    if controller and controller.get("kind") == "Pod" and controller.get("name"):
+        return f"{namespace}/{controller['name']}"
+    return _owner_identity(meta, namespace, name)
+
+
+def _owner_identity(meta: dict, namespace: str, name: str) -> str:
     owners = [o for o in _list(meta.get("ownerReferences"), "ownerReferences") if isinstance(o, dict)]
     owner = next((o for o in owners if o.get("controller")), owners[0] if owners else None)
     if owner and owner.get("kind") and owner.get("name"):
@@ -256,7 +291,10 @@ class JobTrack:
     running: bool = False
     emitted_gpus: list | None = None           # the GPU set last sent for the open attempt
     queued_attempt: int = -1
-    evicted: list | None = None                # [attempt, reason]: Kueue evicted the workload
+    evicted: list | None = None                # [attempt, reason]: Kueue evicted that attempt
+    #: lastTransitionTime of the Evicted=True condition already counted (0: its time unknown); Kueue
+    #: keeps the condition while the requeued Workload waits, so each eviction is counted once
+    eviction_seen_ms: int | None = None
     last_ts: int = 0
     seq: int = 0
 
@@ -320,7 +358,9 @@ class KubernetesLedger:
             raise ValueError(f"unknown state version {state.get('version')!r}")
         self.watermark_ms = int(state["watermark_ms"])
         self.pods = {uid: PodTrack(**p) for uid, p in state["pods"].items()}
-        self.jobs = {jid: JobTrack(**j) for jid, j in state["jobs"].items()}
+        # a state from before eviction_seen_ms: the eviction it holds is the one a Workload still shows
+        self.jobs = {jid: JobTrack(**{"eviction_seen_ms": 0 if j.get("evicted") else None, **j})
+                     for jid, j in state["jobs"].items()}
         self.local_queues = dict(state.get("local_queues", {}))
 
     # ------------------------------------------------------------------ events
@@ -543,7 +583,11 @@ class KubernetesLedger:
             return K.preempted, end, job.evicted[1]
         ended_first = phase in ("Succeeded", "Failed") and finished and (deletion is None or max(finished) <= deletion)
         if (deletion is not None or deleted) and not ended_first:
-            return K.cancelled, deletion or end, "deleted"
+            # the GPUs are held until the containers stop, not only until the delete request; never
+            # before the request (a container that stopped earlier does not end the others)
+            known = [*finished, *([deletion] if deletion is not None else [])]
+            stopped = max(known) if known else now_ms
+            return K.cancelled, stopped, "deleted"
         if phase == "Succeeded":
             return K.completed, end, None
         if phase == "Failed":
@@ -579,7 +623,7 @@ class KubernetesLedger:
         cluster_queue = admission.get("clusterQueue") or self.local_queues.get(f"{namespace}/{local_queue}")
         reserved = conds.get("QuotaReserved", {}).get("status") == "True"
         finished = conds.get("Finished", {}).get("status") == "True"
-        job_id = job_identity(workload, namespace, name)
+        job_id = workload_job_identity(workload, namespace, name)
         self.workloads[f"{namespace}/{name}"] = WorkloadInfo(
             job_id=job_id, local_queue=local_queue, cluster_queue=cluster_queue, admitted=reserved,
             finished=finished, gpus=gpus, priority=int(spec.get("priority") or 0))
@@ -591,13 +635,13 @@ class KubernetesLedger:
                         priority=int(spec.get("priority") or 0), requested=gpus, created_ms=created,
                         aliases={"kueue_workload": f"{namespace}/{name}", "kueue_workload_uid": uid})
         evicted = conds.get("Evicted", {})
-        if evicted.get("status") == "True" and not finished:
-            reason = "Kueue " + ": ".join(x for x in (evicted.get("reason"), evicted.get("message")) if x)
-            if job.evicted is None or job.evicted[0] != job.attempt:
-                job.evicted = [job.attempt, reason]
-                if evicted.get("reason") == "Preempted":
-                    self.preemptions.append(PreemptionFired(job_id=job_id, queue=cluster_queue or job.queue,
-                                                            rule=str(evicted.get("message") or "Preempted")))
+        if evicted.get("status") == "True":
+            if not finished:
+                self._eviction(job, evicted, cluster_queue or job.queue)
+        else:  # never evicted, or quota reserved again (Kueue then sets Evicted=False)
+            job.eviction_seen_ms = None
+            if job.evicted and not (job.evicted[0] == job.attempt and job.live):
+                job.evicted = None  # kept only for the evicted pods whose end the agent has yet to see
         pending = conds.get("QuotaReserved", {})
         if (not reserved and not finished and pending.get("status") == "False" and not job.live):
             ts = parse_time_ms(pending.get("lastTransitionTime")) or created
@@ -607,6 +651,21 @@ class KubernetesLedger:
                 self._emit(out, job, K.queued, ts,
                            reason=": ".join(x for x in (pending.get("reason"), pending.get("message")) if x) or None)
         return out
+
+    def _eviction(self, job: JobTrack, evicted: dict, queue: str) -> None:
+        """An Evicted=True condition: counted once, and it ends as `preempted` only the pods of the
+        attempt running when it came (not the next attempt's, while the requeued Workload shows it)."""
+        since = parse_time_ms(evicted.get("lastTransitionTime")) or 0
+        seen = job.eviction_seen_ms
+        if seen is not None and (seen == since or not seen or not since):
+            return
+        job.eviction_seen_ms = since
+        if job.live:
+            job.evicted = [job.attempt, "Kueue " + ": ".join(x for x in (evicted.get("reason"), evicted.get("message"))
+                                                             if x)]
+        if evicted.get("reason") == "Preempted":
+            self.preemptions.append(PreemptionFired(job_id=job.job_id, queue=queue,
+                                                    rule=str(evicted.get("message") or "Preempted")))
 
     def workload_deleted(self, workload: dict) -> None:
         _, _, namespace, name = metadata(workload)

@@ -42,8 +42,8 @@ from gpuledger.agents.kubernetes import (
     KubernetesMapping,
     MalformedObject,
     asks_for_gpus,
-    job_identity,
     metadata,
+    workload_job_identity,
 )
 from gpuledger.schemas.wire import encode
 
@@ -291,9 +291,9 @@ class Watcher(threading.Thread):
 
 
 # --------------------------------------------------------------------------- the agent
-def job_of(obj: dict) -> str:
-    _, _, namespace, name = metadata(obj)
-    return job_identity(obj, namespace, name)
+def workload_job_of(workload: dict) -> str:
+    _, _, namespace, name = metadata(workload)
+    return workload_job_identity(workload, namespace, name)
 
 
 def _side_path(path: Path, suffix: str) -> Path:
@@ -501,7 +501,7 @@ class KubernetesAgent:
                     self.core.workload_deleted(obj)
                     return []
                 events = self.core.observe_workload(obj, now)
-                self.dirty = self.dirty or bool(events) or self.core.jobs.get(job_of(obj)) is not None
+                self.dirty = self.dirty or bool(events) or self.core.jobs.get(workload_job_of(obj)) is not None
                 return events
             if kind == "clusterqueue":
                 (self.core.cluster_queue_deleted if change == "DELETED" else self.core.observe_cluster_queue)(obj)

@@ -9,7 +9,9 @@ stay verbatim (tests/fixtures/kubernetes/SOURCES.md lists the sources and these 
   the DisruptionTarget condition, deletionTimestamp);
 - `workload`: the Workload of the Kueue docs with a uid, creationTimestamp, a Job owner and an
   `nvidia.com/gpu` request, plus one of the statuses recorded in Kueue's troubleshooting guide;
-- `cluster_queue` / `local_queue`: Kueue's single-ClusterQueue setup with `nvidia.com/gpu` quota.
+- `cluster_queue` / `local_queue`: Kueue's single-ClusterQueue setup with `nvidia.com/gpu` quota;
+- `kueue_pod` / `pod_workload` / `pod_group_workload`: Kueue's plain-pod and pod-group examples on
+  `gpu_pod`, and the Workloads Kueue's pod integration makes of them.
 """
 
 from __future__ import annotations
@@ -106,17 +108,58 @@ def gpu_pod(name: str = "train-0", uid: str = "uid-train-0", *, job: str | None 
 
 def workload(name: str = "job-train-1a2b3", uid: str = "uid-wl-train", *, job: str = "train", status: str | None = None,
              gpus_per_pod: int = 1, count: int = 3, namespace: str = "default", queue: str = "user-queue",
-             created: int = -60, priority: int = 0) -> dict:
+             created: int = -60, priority: int = 0, owners: list[dict] | None = None) -> dict:
     wl = fixture("kueue-workload.yaml")
     meta, spec = wl["metadata"], wl["spec"]
     meta.update(name=name, namespace=namespace, uid=uid, creationTimestamp=at(created), resourceVersion="1",
-                ownerReferences=[{"apiVersion": "batch/v1", "blockOwnerDeletion": True, "controller": True,
-                                  "kind": "Job", "name": job, "uid": f"uid-job-{job}"}])
+                ownerReferences=owners if owners is not None else [
+                    {"apiVersion": "batch/v1", "blockOwnerDeletion": True, "controller": True,
+                     "kind": "Job", "name": job, "uid": f"uid-job-{job}"}])
     spec.update(queueName=queue, priority=priority)
     spec["podSets"][0]["count"] = count
     spec["podSets"][0]["template"]["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] = str(gpus_per_pod)
     if status:
         wl["status"] = fixture(f"kueue-workload-status-{status}.yaml")["status"]
+    return wl
+
+
+def kueue_pod(name: str, uid: str, *, group: bool = False, index: int = 0, stage: str = "running",
+              job: str | None = None, **kw) -> dict:
+    """`gpu_pod` with the metadata of Kueue's plain-pod example (`kueue-pod.yaml`) or of pod `index`
+    of its pod-group example (`kueue-pod-group.yaml`), plus the `kueue.x-k8s.io/managed` label
+    Kueue's pod webhook adds; `job` makes a ReplicaSet its controlling owner (a Deployment's pod)."""
+    example = fixture("kueue-pod-group.yaml" if group else "kueue-pod.yaml", index)["metadata"]
+    pod = gpu_pod(name, uid, job=None, stage=stage,
+                  labels={**example["labels"], "kueue.x-k8s.io/managed": "true"}, **kw)
+    pod["metadata"]["annotations"] = dict(example.get("annotations") or {})
+    if job is not None:
+        pod["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "blockOwnerDeletion": True, "controller": True,
+                                               "kind": "ReplicaSet", "name": job, "uid": f"uid-rs-{job}"}]
+    return pod
+
+
+def pod_workload(pod: dict, **kw) -> dict:
+    """The Workload of a single plain pod: named 'pod-<pod>-<hash>', the pod its controller
+    (Kueue's pod_controller.go GetWorkloadNameForPod, jobframework ConstructWorkload)."""
+    meta = pod["metadata"]
+    owner = {"apiVersion": "v1", "blockOwnerDeletion": True, "controller": True, "kind": "Pod",
+             "name": meta["name"], "uid": meta["uid"]}
+    return workload(f"pod-{meta['name']}-3f1c2", f"uid-wl-{meta['name']}", count=1, owners=[owner],
+                    queue=meta["labels"]["kueue.x-k8s.io/queue-name"], **kw)
+
+
+def pod_group_workload(pods: list[dict], *, annotated: bool = True, **kw) -> dict:
+    """The Workload of a pod group: named after the group, annotated `is-group-workload`, every pod
+    an owner but none the controller (Kueue's NewGroupWorkload, controllerutil.SetOwnerReference).
+    `annotated=False`: a prebuilt Workload (named after the group, owners added by Kueue)."""
+    meta = pods[0]["metadata"]
+    group = meta["labels"]["kueue.x-k8s.io/pod-group-name"]
+    owners = [{"apiVersion": "v1", "kind": "Pod", "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]}
+              for p in pods]
+    wl = workload(group, f"uid-wl-{group}", count=len(pods), owners=owners,
+                  queue=meta["labels"]["kueue.x-k8s.io/queue-name"], **kw)
+    if annotated:
+        wl["metadata"]["annotations"] = {"kueue.x-k8s.io/is-group-workload": "true"}
     return wl
 
 

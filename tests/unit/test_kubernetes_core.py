@@ -10,7 +10,7 @@ import pytest
 from gpuledger.agents.kubernetes import KubernetesLedger, KubernetesMapping, MalformedObject, parse_device_id
 from gpuledger.schemas.models import JobEventKind as K
 from gpuledger.schemas.wire import encode
-from kube.objects import cluster_queue, gpu_pod, local_queue, ms, workload
+from kube.objects import at, cluster_queue, gpu_pod, local_queue, ms, workload
 
 UUID = "GPU-8d0e2fb4-1c4a-4d0d-9c8e-6f3f2a1b0c11"
 CONTAINER = "5403af59a2b46ee5a23fb0ae4b1e077f7ca5c5fb7af16e1ab21c00e0e616462a"
@@ -115,6 +115,33 @@ def test_deleted_while_running_is_cancelled_at_the_delete_request():
     assert events[-1].ts_ms == ms(60)  # deletionTimestamp (T+90 s) less its 30 s grace period
 
 
+def test_deleted_with_a_grace_period_ends_when_its_containers_stop():
+    """The GPUs are held until the containers are gone: the end is their finishedAt, not the request."""
+    core = ledger()
+    run(core, ["running"])
+    pod = gpu_pod(stage="running")
+    pod["metadata"].update(deletionTimestamp=at(700), deletionGracePeriodSeconds=600)   # asked at T+100 s
+    assert core.observe_pod(pod, NOW, devices()) == []
+    pod["status"]["phase"] = "Failed"                                                    # SIGTERM: exits at T+500 s
+    pod["status"]["containerStatuses"][0]["state"] = {"terminated": {
+        "exitCode": 143, "reason": "Error", "startedAt": at(4), "finishedAt": at(500)}}
+    events = core.observe_pod(pod, NOW, devices()) + core.pod_deleted(pod, NOW, devices())
+    assert [(e.kind.value, e.ts_ms, e.reason) for e in events] == [("cancelled", ms(500), "deleted")]
+
+
+def test_deleted_never_ends_before_the_delete_request():
+    """A container that stopped before the request (a sidecar) does not end the pod's GPUs early."""
+    core = ledger()
+    run(core, ["running"])
+    pod = gpu_pod(stage="running")
+    pod["metadata"].update(deletionTimestamp=at(700), deletionGracePeriodSeconds=600)   # asked at T+100 s
+    sidecar = {**pod["status"]["containerStatuses"][0], "name": "sidecar",
+               "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": at(4), "finishedAt": at(50)}}}
+    pod["status"]["containerStatuses"].append(sidecar)
+    events = core.observe_pod(pod, NOW, devices()) + core.pod_deleted(pod, NOW, devices())
+    assert [(e.kind.value, e.ts_ms, e.reason) for e in events] == [("cancelled", ms(100), "deleted")]
+
+
 def test_a_pod_without_gpus_is_ignored():
     pod = gpu_pod()
     del pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
@@ -139,6 +166,28 @@ def test_two_replicas_of_one_gpu_are_one_assignment_with_both_shares():
     (alloc,) = [e for e in events if e.kind == K.allocated]
     assert [(g.gpu_uuid, g.share_milli) for g in alloc.gpus] == [(UUID, 500)]
     assert alloc.requested_gpus == 0.5
+
+
+@pytest.mark.parametrize("resource, replicas, gpus", [
+    ("nvidia.com/mig-1g.10gb", 1, 1 / 7),
+    ("nvidia.com/mig-1g.10gb", 4, 1 / 28),            # time-sliced MIG instance, not renamed
+    ("nvidia.com/mig-3g.40gb.shared", 2, 3 / 14),     # renamed time-sliced MIG instance
+    ("nvidia.com/gpu.shared", 4, 1 / 4),
+])
+def test_a_time_sliced_mig_instance_counts_one_replica_of_its_share(resource, replicas, gpus):
+    """As the device ids say: 'MIG-<uuid>::<n>' is 1/replicas of the instance."""
+    core = ledger(time_slicing_replicas=replicas)
+    events = run(core, ["running"], resource=resource)
+    assert events[0].requested_gpus == round(gpus, 6)
+    cq = cluster_queue(gpu_quota=0, reserved=0)
+    for group in cq["spec"]["resourceGroups"]:
+        for flavor in group["flavors"]:
+            flavor["resources"].append({"name": resource, "nominalQuota": replicas * 7})
+    for flavor in cq["status"]["flavorsReservation"]:
+        flavor["resources"].append({"name": resource, "total": str(replicas)})
+    core.observe_cluster_queue(cq)
+    (q,) = core.snapshot(NOW).queues
+    assert q.quota_gpus == pytest.approx(gpus * replicas * 7) and q.allocated_gpus == pytest.approx(gpus * replicas)
 
 
 def test_a_pod_waits_for_its_device_ids_and_holds_the_watermark():
