@@ -4,6 +4,7 @@ the tests of upgrades), and usage records worked by hand, written as the sink wr
 from __future__ import annotations
 
 import tempfile
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from clickhouse_connect import get_client
 from gpuledger import warehouse
 from gpuledger.config import Settings
 from gpuledger.schemas.models import UsageBatch, UsageRecord
+from gpuledger.sink.loop import run_sink
 from gpuledger.sink.rows import Source, usage_rows
 from gpuledger.warehouse import migrations
 
@@ -60,3 +62,16 @@ def put_usage(client, database: str, records: list[UsageRecord], offset: int) ->
     """The records as the sink writes one usage message (at `offset` of t.usage[0])."""
     rows = usage_rows(UsageBatch(node="n1", records=records), Source("t.usage", 0, offset))
     warehouse.insert_rows(client, "usage_raw", rows, database=database)
+
+
+def run_until_caught_up(settings, **kw) -> dict:
+    """`run_sink` until it has read everything there is; a sink that hangs fails the test after 90 s."""
+    stop = threading.Event()
+    guard = threading.Timer(90, stop.set)
+    guard.start()
+    try:
+        stats = run_sink(settings, until_caught_up=True, idle_s=1.0, stop=stop, **kw)
+    finally:
+        guard.cancel()
+    assert not stop.is_set(), "the sink did not catch up within 90 s"
+    return stats

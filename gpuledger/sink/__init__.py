@@ -1,7 +1,8 @@
 """The warehouse sink: Kafka (usage, lifecycle-accepted, scheduler-snapshots, gpu-samples) -> ClickHouse tables.
 
 Modules: rows.py (pure conversion), batching.py (BatchingSink), writer.py (ClickHouseWriter, error
-classes), progress.py (the progress table), loop.py (`run_sink`, the Kafka loop).
+classes, StoredHealth), progress.py (the progress table), letters.py (DeadLetterOutbox), loop.py
+(`run_sink`, the Kafka loop).
 
 Three layers, each replaceable:
 - pure conversion (rows.py): `process_message(kind, raw, source)` turns one message into rows per table
@@ -23,6 +24,10 @@ Exactly-once effect (docs/reliability.md, "Exactly-once into ClickHouse"):
 - usage records the worker emitted twice (after a worker crash, at new offsets) are dropped before
   the insert by a per-GPU horizon: the worker emits each GPU's records in time order, so a record
   starting before the end of the latest record already taken for its GPU is a re-emission.
+- gpu_health rows of a tick an agent sent again (its spool delivers at least once, at new offsets)
+  are dropped before the insert when gpu_health already holds the same (cluster, node, GPU, ts_ms)
+  from a message outside the block's own range (so a rebuilt pending block keeps its rows).
 Undecodable messages go to the dead-letter topic with the reason and the original bytes; they
-never stop the good data behind them.
+never stop the good data behind them. Dead letters are confirmed delivered before the block holding
+their message is recorded done.
 """

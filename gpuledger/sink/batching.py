@@ -54,6 +54,13 @@ class BatchingSink:
     on_poison: Callable[[tuple[str, int], int, str, list[dict], str], None] | None = None
     #: called once a write succeeds after failures (the run loop resumes its paused partitions)
     on_recovered: Callable[[], None] | None = None
+    #: raises while dead letters handed out are not yet delivered; called (retried like a failed write)
+    #: before a block's done progress is saved, so a sink that dies first re-handles the block on
+    #: restart and sends its letters again: a letter may go twice, never be lost
+    confirm_letters: Callable[[], None] | None = None
+    #: (rows, key, start, end) -> the (cluster, node, gpu_uuid, ts_ms) of those gpu_health rows the
+    #: warehouse already holds from messages outside [start, end) of partition `key`; None: no check
+    stored_health: Callable[[list[dict], tuple[str, int], int, int], set[tuple]] | None = None
     _state: dict[tuple[str, int], Progress] = field(default_factory=dict, init=False)
     _buffers: dict[tuple[str, int], _Buffer] = field(default_factory=dict, init=False)
     _since: float | None = field(default=None, init=False)
@@ -64,6 +71,7 @@ class BatchingSink:
     retries: int = field(default=0, init=False)
     poisoned: int = field(default=0, init=False)
     splits: int = field(default=0, init=False)
+    duplicate_health: int = field(default=0, init=False)  # gpu_health rows of ticks already stored (resent)
 
     # -- partitions
     def assign(self, partitions: list[tuple[str, int]]) -> None:
@@ -92,15 +100,21 @@ class BatchingSink:
             self.buffered -= buf.count
 
     # -- input
-    def add(self, rows_by_table: dict[str, list[dict]], source: Source, origin: tuple[int, int] | None = None) -> bool:
+    def add(self, rows_by_table: dict[str, list[dict]], source: Source, origin: tuple[int, int] | None = None,
+            letter: Callable[[], None] | None = None) -> bool:
         """`origin`: (partition, offset) of the job-events message a lifecycle-accepted message repeats;
-        one at or below an origin already taken is a worker's re-emission and gives no rows."""
+        one at or below an origin already taken is a worker's re-emission and gives no rows.
+        `letter`: sends the message's dead letter; called once the message is known to be new, before
+        anything is written (a pending range's last message completes it here, and its done progress
+        must come after the letter is handed out)."""
         key = (source.topic, source.partition)
         state = self._state.setdefault(key, Progress())
         buf = self._buffers.get(key)
         if source.offset < state.done_to or (buf is not None and source.offset < buf.next):
             self.skipped_duplicates += 1
             return False
+        if letter is not None:
+            letter()
         if state.pending and buf is not None and source.offset >= state.pending[1]:
             self.flush_partition(key)  # the replayed range is complete (its end was a gap)
             buf = None
@@ -137,6 +151,25 @@ class BatchingSink:
         for r in kept:
             if r["end_ms"] > running.get(r["gpu_uuid"], 0):
                 running[r["gpu_uuid"]] = r["end_ms"]
+        return kept
+
+    def _new_health(self, rows: list[dict], key, start: int, end: int) -> list[dict]:
+        """The block's gpu_health rows minus copies of a tick already stored: an agent's spool delivers
+        at least once, so a resent tick comes again at a new offset (another token). A copy is the same
+        (cluster, node, GPU, ts_ms) — an older tick never stored, or another GPU or node at the same
+        time, is kept. Rows of this block's own range do not count as stored: a pending range rebuilt
+        after a crash must give the same rows (the same block for its token and for the views)."""
+        stored = set(self._retry(lambda: self.stored_health(rows, key, start, end), "reading stored health samples"))
+        kept = []
+        for r in rows:
+            sample = (r["cluster"], r["node"], r["gpu_uuid"], r["ts_ms"])
+            if sample not in stored:
+                stored.add(sample)  # a second copy inside the block goes too: the first (lowest offset) stays
+                kept.append(r)
+        if len(kept) < len(rows):
+            self.duplicate_health += len(rows) - len(kept)
+            log.info("%s[%d] %d-%d: %d gpu_health rows of ticks already stored dropped", key[0], key[1], start, end,
+                     len(rows) - len(kept))
         return kept
 
     def due(self) -> bool:
@@ -184,9 +217,17 @@ class BatchingSink:
         self._retry(lambda: self.progress.save(pending_rows), "recording a pending block")
         for key, buf, state, start, end in plans:
             for table, rows in buf.rows.items():
+                if table == "gpu_health" and self.stored_health is not None:
+                    rows = self._new_health(rows, key, start, end)
+                    if not rows:
+                        continue
                 token = f"{key[0]}/{key[1]}/e{state.epoch}/{start}-{end}/{table}"
                 n = self._write_table(key, table, rows, token)
                 written[table] = written.get(table, 0) + n
+        if self.confirm_letters is not None:
+            # the dead letters of this round (undecodable messages, rows the warehouse refused) are in
+            # their topic before the range is recorded done: a crash now re-handles the range
+            self._retry(self.confirm_letters, "delivering dead letters")
         done_rows = [self._row(key, state.epoch, start, end, "done", buf.running)
                      for key, buf, state, start, end in plans]
         self._retry(lambda: self.progress.save(done_rows), "recording a done block")

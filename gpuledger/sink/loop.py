@@ -19,7 +19,8 @@ from gpuledger.streams.core import SOURCE_HEADER
 from gpuledger.sink.batching import BatchingSink
 from gpuledger.sink.progress import ClickHouseProgress
 from gpuledger.sink.rows import JOB_EVENTS, PROGRESS, SAMPLES, SNAPSHOTS, USAGE, Source, process_message
-from gpuledger.sink.writer import ClickHouseWriter, Writer
+from gpuledger.sink.letters import DeadLetterOutbox
+from gpuledger.sink.writer import ClickHouseWriter, StoredHealth, Writer
 from gpuledger.sink.rows import ALERTS, SUGGESTIONS
 
 
@@ -35,6 +36,7 @@ class SinkStats:
     dead_letters: int = 0
     batches: int = 0
     duplicates: int = 0  # messages the warehouse already held (redelivered after a restart)
+    duplicate_rows: int = 0  # gpu_health rows of ticks an agent sent again (already stored)
     rows: dict[str, int] = field(default_factory=dict)
     assignments: int = 0  # partition assignments received (1 when the sink never left its group)
     retries: int = 0  # warehouse steps retried (transient errors)
@@ -47,6 +49,7 @@ class SinkStats:
             "skipped": self.skipped,
             "batches": self.batches,
             "duplicates": self.duplicates,
+            "duplicate_rows": self.duplicate_rows,
             "assignments": self.assignments,
             "retries": self.retries,
         }
@@ -118,7 +121,7 @@ def run_sink(
     )
     producer = Producer({**kafka, "enable.idempotence": False, "linger.ms": 5})
     stats = SinkStats()
-    delivery_errors: list[str] = []
+    letters = DeadLetterOutbox(producer, settings.topics.dead_letters)
     max_ahead_ms = int(settings.worker_max_ahead_s * 1000)  # the worker's window (one set of rules)
     try:
         if own_client:
@@ -180,34 +183,22 @@ def run_sink(
         sink = BatchingSink(writer, ClickHouseProgress(client, settings.database, group), batch_rows=batch_rows,
                             batch_interval_s=batch_interval_s, backoff_max_s=settings.sink_retry_max_s,
                             usage_topic=settings.topics.usage, should_stop=stop.is_set, sleep=wait_polling,
-                            on_poison=poisoned, on_recovered=recovered)
+                            on_poison=poisoned, on_recovered=recovered, confirm_letters=letters.confirm,
+                            stored_health=StoredHealth(client, settings.database))
         consumer.subscribe(list(lines), on_assign=on_assign, on_revoke=on_revoke)
 
-        def on_delivery(err, _msg):
-            if err is not None:
-                delivery_errors.append(str(err))
-
         def produce_letter(topic, partition, offset, key, raw, reason) -> None:
+            # delivered and confirmed before the block holding the message is recorded done (sink.confirm_letters)
             log.warning("dead letter %s[%d]@%d: %s", topic, partition, offset, reason[:500])
-            value = dead_letter(topic, partition, offset, raw, reason, seen_ms=int(time.time() * 1000),
-                                max_bytes=settings.dead_letter_max_bytes)
-            while True:
-                try:
-                    producer.produce(settings.topics.dead_letters, key=key, value=value, on_delivery=on_delivery)
-                    return
-                except BufferError:
-                    producer.poll(0.5)
-
-        def confirm_letters() -> None:
-            # dead letters must be durable before their offsets are committed
-            if producer.flush(30) > 0 or delivery_errors:
-                raise RuntimeError(f"could not deliver dead letters to {settings.topics.dead_letters}: {delivery_errors[:3]}")
+            letters.send(key, dead_letter(topic, partition, offset, raw, reason, seen_ms=int(time.time() * 1000),
+                                          max_bytes=settings.dead_letter_max_bytes))
 
         def flush_and_commit() -> None:
-            confirm_letters()
             written, offsets = sink.flush()
             recovered()
-            confirm_letters()  # those of rows the warehouse refused
+            if sink.duplicate_health > stats.duplicate_rows:
+                metrics.duplicate(sink.duplicate_health - stats.duplicate_rows)
+                stats.duplicate_rows = sink.duplicate_health
             metrics.batch_flushed(written)
             if written:
                 stats.batches += 1
@@ -259,15 +250,18 @@ def run_sink(
                     rows = None
                 else:
                     reason = None
-                if not sink.add(rows or {}, source, origin=_origin(msg) if lines[msg.topic()] == JOB_EVENTS else None):
+                letter = None
+                if reason is not None:
+                    def letter(msg=msg, reason=reason) -> None:  # sent by the sink once it knows the message is new
+                        metrics.dead_letter(msg.topic(), reason)
+                        produce_letter(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), reason)
+                        stats.dead_letters += 1
+                if not sink.add(rows or {}, source, origin=_origin(msg) if lines[msg.topic()] == JOB_EVENTS else None,
+                                letter=letter):
                     stats.duplicates += 1
                     metrics.duplicate()
                     continue
-                if reason is not None:
-                    metrics.dead_letter(msg.topic(), reason)
-                    produce_letter(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), reason)
-                    stats.dead_letters += 1
-                elif not any(rows.values()):
+                if reason is None and not any(rows.values()):
                     stats.skipped += 1
                 if sink.buffered >= batch_rows:
                     flush_and_commit()

@@ -87,3 +87,36 @@ def insert_block(client, table: str, rows: list[dict], database: str, settings: 
     names = list(rows[0])
     client.insert(table, [[row[n] for n in names] for row in rows], column_names=names, database=database,
                   settings=settings)
+
+
+class StoredHealth:
+    """`BatchingSink.stored_health` on ClickHouse: which of a block's gpu_health samples (cluster, node,
+    GPU, ts_ms) the table already holds from messages outside the block's own offset range. gpu_health
+    itself is the record (it survives restarts; nothing else to keep). The lookup reads the block's GPUs
+    over its time span by the table's sorting key (cluster, gpu_uuid, ts_ms), `gpus_per_query` GPUs at
+    a time, and matches the exact samples here: the query's parameters stay small (a server takes them
+    in the URL, which it caps at 1 MiB by default), and so does its answer (normally only the copies)."""
+
+    def __init__(self, client, database: str, table: str = "gpu_health", gpus_per_query: int = 500):
+        self.client, self.database, self.table, self.gpus_per_query = client, database, table, gpus_per_query
+
+    def __call__(self, rows: list[dict], key: tuple[str, int], start: int, end: int) -> set[tuple]:
+        samples = {(r["cluster"], r["node"], r["gpu_uuid"], r["ts_ms"]) for r in rows}
+        if not samples:
+            return set()
+        lo, hi = min(s[3] for s in samples), max(s[3] for s in samples)
+        gpus = sorted({(s[0], s[2]) for s in samples})
+        stored = set()
+        for i in range(0, len(gpus), self.gpus_per_query):
+            chunk = gpus[i:i + self.gpus_per_query]
+            result = self.client.query(
+                f"SELECT cluster, toString(node), gpu_uuid, ts_ms FROM `{self.database}`.{self.table} "
+                "WHERE cluster IN {clusters:Array(String)} AND gpu_uuid IN {gpus:Array(String)} "
+                "AND ts_ms BETWEEN {lo:Int64} AND {hi:Int64} "
+                # the block's own range: a pending block rebuilt after a crash may be partly in already
+                "AND NOT (kafka_topic = {topic:String} AND kafka_partition = {partition:Int32} "
+                "AND kafka_offset >= {start:Int64} AND kafka_offset < {end:Int64})",
+                parameters={"clusters": sorted({c for c, _ in chunk}), "gpus": [g for _, g in chunk], "lo": lo,
+                            "hi": hi, "topic": key[0], "partition": key[1], "start": start, "end": end})
+            stored.update(t for t in map(tuple, result.result_rows) if t in samples)
+        return stored

@@ -188,13 +188,12 @@ def test_one_set_of_rules_what_the_worker_rejects_never_reaches_the_warehouse(br
     of an attempt never allocated, and a `completed` before its `allocated`, through the real worker
     and the real sink: each is a dead letter with its reason, the worker still commits every
     partition, the usage is the hand-worked one, and job_events holds exactly the accepted events."""
-    import threading
     import time
     import uuid
 
     from gpuledger import warehouse
     from gpuledger.config import Settings
-    from gpuledger.sink.loop import run_sink
+    from warehouse_helpers import run_until_caught_up
 
     s = Settings(kafka_bootstrap=broker.bootstrap, topic_prefix=f"r{uuid.uuid4().hex[:8]}.", data_dir=tmp_path / "data",
                  warehouse=f"chdb:{tmp_path / 'chdb'}", worker_app_id=f"r{uuid.uuid4().hex[:8]}",
@@ -260,14 +259,7 @@ def test_one_set_of_rules_what_the_worker_rejects_never_reaches_the_warehouse(br
     assert [kind for _, kind in forwarded] == ["submitted", "allocated", "started", "completed"]
     assert [h["gpuledger-source"] for h, _ in forwarded] == [b"0:4", b"0:5", b"0:6", b"0:7"]  # after the 4 poison events
 
-    stop = threading.Event()
-    guard = threading.Timer(90, stop.set)
-    guard.start()
-    try:
-        stats = run_sink(s, until_caught_up=True, idle_s=1.0, stop=stop)
-    finally:
-        guard.cancel()
-    assert not stop.is_set()
+    stats = run_until_caught_up(s)
     client = warehouse.connect(s)
     try:
         rows = client.query(f"SELECT job_id, kind FROM {s.database}.job_events ORDER BY ts_ms").result_rows

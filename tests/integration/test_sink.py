@@ -10,6 +10,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from gpuledger import warehouse
 from sink_faults import fault_injecting
+from warehouse_helpers import run_until_caught_up
 from gpuledger.schemas.models import (
     DeadLetter,
     GpuAssignment,
@@ -48,17 +49,6 @@ def job_event(n: int, kind: str, minute: int) -> JobEvent:
         queue="train", requested_gpus=1, gpus=[GpuAssignment(node="n1", gpu_uuid="gpu-A")] if kind != "submitted" else [],
     )
 
-
-def run_until_caught_up(settings, **kw) -> dict:
-    stop = threading.Event()
-    guard = threading.Timer(90, stop.set)  # a hung sink fails the test instead of hanging it
-    guard.start()
-    try:
-        stats = run_sink(settings, until_caught_up=True, idle_s=1.0, stop=stop, **kw)
-    finally:
-        guard.cancel()
-    assert not stop.is_set(), "the sink did not catch up within 90 s"
-    return stats
 
 
 def read_topic(settings, topic: str) -> list:
