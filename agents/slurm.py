@@ -4,8 +4,8 @@ Why one file: one pure state machine from squeue/sinfo/sacct to events; the rule
 per-job state and are read together with docs/slurm.md.
 
 Input: the parsed output of `squeue --json --states=all` and `sinfo --json` (Slurm 22.05,
-openapi v0.0.38), optionally `sacct -P` rows for jobs that left squeue, and the agent's state
-from the previous poll. Output: `JobEvent`s, one `LifecycleWatermark`, a `SchedulerSnapshot`
+openapi v0.0.38; the number objects of 23.02's v0.0.39 are read too), optionally `sacct -P` rows
+for jobs that left squeue, and the agent's state from the previous poll. Output: `JobEvent`s, one `LifecycleWatermark`, a `SchedulerSnapshot`
 and the next state. `agents/slurm_agent.py` does the I/O around it.
 
 Rules (docs/slurm.md explains each):
@@ -18,7 +18,9 @@ Rules (docs/slurm.md explains each):
   emits an event again produces a duplicate the ledger drops.
 - Watermark: the second the poll started (Slurm stamps events with the controller's clock when it
   handles them, so anything not yet visible will carry a later time), less a clock-skew margin,
-  and never past the end_time of a job still COMPLETING (its outcome, stamped end_time, comes later).
+  and never past the end_time of a job still COMPLETING (its outcome, stamped end_time, comes later),
+  nor past the previous watermark while a job that left squeue waits for sacct.
+- A job whose squeue record cannot be read is skipped with a warning, never taken for gone.
 """
 
 from __future__ import annotations
@@ -152,10 +154,11 @@ def gpu_indices(gres_detail_entry: str) -> list[int]:
 
 
 def gpu_count(gres: str) -> int:
-    """GPUs in a node's `gres` string: 'gpu:a100:8' → 8; 'gpu:4,gpu:t4:2(S:0)' → 6; 'gpu' → 1."""
+    """GPUs in a node's `gres` string: 'gpu:a100:8' → 8; 'gpu:4,gpu:t4:2(S:0)' → 6; 'gpu' → 1;
+    'gpu:a100:8(S:0,2)' → 8."""
     total = 0
-    for item in _split_top_level(gres or ""):
-        item = re.sub(r"\(.*\)$", "", item.strip())
+    # socket lists hold commas of their own ('gpu:a100:8(S:0,2)'): drop every (...) before splitting
+    for item in _split_top_level(re.sub(r"\([^)]*\)", "", gres or "")):
         fields = item.split(":")
         if fields[0] != "gpu":
             continue
@@ -310,6 +313,8 @@ class PollResult:
     #: canonical ids of unfinished jobs that left squeue: ask sacct and call `close_vanished`
     vanished: list[str]
     warnings: list[str]
+    #: the watermark published before this poll (`close_vanished` holds it there for jobs left open)
+    promised_ms: int = 0
 
 
 # --------------------------------------------------------------------------- the job view
@@ -348,13 +353,38 @@ class SlurmJob:
         return a
 
 
-def _int(job: Mapping[str, Any], key: str, default: int | None = 0) -> int | None:
-    v = job.get(key, default)
+def _number(v: Any, default: int | None, what: str) -> int | None:
+    """A number as squeue writes it: plain (Slurm 22.05, openapi v0.0.38) or, from Slurm 23.02
+    (v0.0.39) on, an object {"set": true, "infinite": false, "number": 1700000000}; unset or
+    infinite → `default` (no time, no task)."""
+    if isinstance(v, Mapping) and "number" in v:
+        if v.get("set") is False or v.get("infinite") is True:
+            return default
+        v = v["number"]
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise SlurmInputError(f"job {job.get('job_id')!r}: {key} is {v!r}, expected a number")
+        raise SlurmInputError(f"{what} is {v!r}, expected a number")
     return int(v)
+
+
+def _int(job: Mapping[str, Any], key: str, default: int | None = 0) -> int | None:
+    return _number(job.get(key, default), default, f"job {job.get('job_id')!r}: {key}")
+
+
+def _exit_code(job: Mapping[str, Any]) -> int | None:
+    """squeue's exit_code as a raw wait status: a number (v0.0.38/39) or, from v0.0.40 on, an object
+    {"status": [...], "return_code": N, "signal": {"id": N, ...}} (N plain or a number object)."""
+    v = job.get("exit_code")
+    if not isinstance(v, Mapping) or "number" in v:
+        return _int(job, "exit_code", None)
+    what = f"job {job.get('job_id')!r}: exit_code"
+    signal_info = v.get("signal")
+    signal = _number(signal_info.get("id") if isinstance(signal_info, Mapping) else None, None, what + ".signal")
+    if signal:
+        return signal & 0x7F
+    code = _number(v.get("return_code"), None, what + ".return_code")
+    return None if code is None else (code & 0xFF) << 8
 
 
 def parse_job(job: Mapping[str, Any]) -> SlurmJob | None:
@@ -371,7 +401,10 @@ def parse_job(job: Mapping[str, Any]) -> SlurmJob | None:
         array_task = None
     if array_task is None and array_job and job.get("array_task_string"):
         return None
-    state = str(job.get("job_state") or "").upper()
+    state = job.get("job_state") or ""
+    if not isinstance(state, str):  # Slurm 23.11 (openapi v0.0.40) lists state and flags: not read yet
+        raise SlurmInputError(f"job {raw}: job_state is {state!r}, expected a string (Slurm 22.05-23.02)")
+    state = state.upper()
     if not state:
         raise SlurmInputError(f"job {raw}: no job_state")
     gres_detail = job.get("gres_detail") or []
@@ -393,27 +426,58 @@ def parse_job(job: Mapping[str, Any]) -> SlurmJob | None:
         end_ms=(_int(job, "end_time") or 0) * 1000,
         nodes=expand_hostlist(str(job.get("nodes") or "")),
         gres_detail=[str(g) for g in gres_detail],
-        exit_code=_int(job, "exit_code", None),
+        exit_code=_exit_code(job),
         sched_ms=(_int(job, "last_sched_evaluation") or 0) * 1000,
     )
 
 
-def parse_jobs(squeue: Any) -> tuple[list[SlurmJob], list[str]]:
-    """squeue JSON → jobs, and a warning for each record skipped (a bad record never stops the rest)."""
+@dataclass
+class SqueueJobs:
+    """What parse_jobs read: the jobs, a warning per record skipped, and who those records were."""
+
+    jobs: list[SlurmJob]
+    warnings: list[str]
+    #: raw job ids of the records that could not be read: those jobs are still there, not gone
+    unreadable_ids: set[int] = field(default_factory=set)
+    #: a skipped record whose job id could not be read either: any tracked job may be that one
+    unreadable_unknown: bool = False
+
+
+def parse_jobs(squeue: Any) -> SqueueJobs:
+    """squeue JSON → jobs, and a warning for each record skipped (a bad record never stops the rest).
+    Raises SlurmInputError when there are records and none of them can be read (a squeue format
+    this parser does not know: skipping them all would make every job look gone)."""
     if not isinstance(squeue, Mapping) or not isinstance(squeue.get("jobs"), list):
         raise SlurmInputError("squeue output has no 'jobs' list (is this `squeue --json` of Slurm 22.05+?)")
     if squeue.get("errors"):
         raise SlurmInputError(f"squeue reported errors: {squeue['errors']!r}")
-    jobs, warnings = [], []
-    for record in squeue["jobs"]:
+    out = SqueueJobs([], [])
+    records = squeue["jobs"]
+    for record in records:
         try:
             job = parse_job(record)
         except SlurmInputError as exc:
-            warnings.append(f"skipped a job record: {exc}")
+            out.warnings.append(f"skipped a job record: {exc}")
+            raw_id = _record_raw_id(record)
+            if raw_id is None:
+                out.unreadable_unknown = True
+            else:
+                out.unreadable_ids.add(raw_id)
             continue
         if job is not None:
-            jobs.append(job)
-    return jobs, warnings
+            out.jobs.append(job)
+    if out.warnings and not out.jobs:
+        raise SlurmInputError(f"none of the {len(out.warnings)} job records in squeue's output could be read, "
+                              f"e.g. {out.warnings[0].removeprefix('skipped a job record: ')}")
+    return out
+
+
+def _record_raw_id(record: Any) -> int | None:
+    """The job id of a record parse_job rejected, if at least that can be read."""
+    try:
+        return _number(record.get("job_id"), None, "job_id") if isinstance(record, Mapping) else None
+    except SlurmInputError:
+        return None
 
 
 def job_gpus(job: SlurmJob) -> list[GpuAssignment]:
@@ -474,9 +538,10 @@ def translate(
     tiers = tiers or {}
     state = state.copy()
     promised_ms = state.watermark_ms
-    jobs, warnings = parse_jobs(squeue)
+    parsed = parse_jobs(squeue)
+    jobs = parsed.jobs
     out = _Emitter(cluster, state)
-    out.warnings.extend(warnings)
+    out.warnings.extend(parsed.warnings)
     seen: set[str] = set()
     hold_ms: list[int] = []   # end times of jobs still completing: the watermark stays below them
     for job in sorted(jobs, key=lambda j: (j.submit_ms, j.raw_id)):
@@ -485,9 +550,16 @@ def translate(
             _translate_job(job, state, out, jobs, tiers, hold_ms, promised_ms)
         except SlurmInputError as exc:
             out.warnings.append(f"job {job.job_id}: {exc}")
-    vanished = sorted(k for k, js in state.jobs.items() if k not in seen and not js.finished)
+    # A job whose record could not be read this poll is still in squeue: not gone, not forgotten.
+    if parsed.unreadable_unknown:
+        gone = []
+        if any(k not in seen for k in state.jobs):
+            out.warnings.append("a skipped job record has no readable job_id: no job counts as gone this poll")
+    else:
+        gone = [k for k, js in state.jobs.items() if k not in seen and js.raw_id not in parsed.unreadable_ids]
+    vanished = sorted(k for k in gone if not state.jobs[k].finished)
     # finished jobs that left squeue are forgotten: re-emitting one would only give duplicates
-    for k in [k for k, js in state.jobs.items() if k not in seen and js.finished]:
+    for k in [k for k in gone if state.jobs[k].finished]:
         del state.jobs[k]
     mark = (poll_started_ms // 1000) * 1000 - margin_ms
     if hold_ms:
@@ -500,7 +572,7 @@ def translate(
         out.warnings.append(f"{len(late)} event(s) older than the watermark (agent restart or a slow poll): "
                             "the worker applies them as late events")
     return PollResult(out.events, LifecycleWatermark(cluster=cluster, ts_ms=state.watermark_ms), state,
-                      vanished, out.warnings)
+                      vanished, out.warnings, promised_ms)
 
 
 def _pending_reason(job: SlurmJob) -> str | None:
@@ -535,17 +607,10 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
             return
         requeued_ms = max(job.submit_ms, js.alloc_start_ms, promised_ms if stale else 0)
         js.requeue_wait_polls = 0
-        if js.allocated and not js.ended:
-            by = _preemptor(job, js, requeued_ms, jobs, tiers)
-            reason = f"requeued to reclaim resources for job {by.job_id}" if by else "requeued"
-            out.emit(job, JobEventKind.preempted, requeued_ms, attempt=js.attempt, reason=reason)
-            state.preemptions.append(PreemptionFired(
-                job_id=job.job_id, by_job_id=by.job_id if by else None, queue=js.queue or job.queue,
-                rule="partition_prio/requeue" if by else "requeue").model_dump(mode="json"))
-        for attempt in range(js.attempt + 1, job.attempt + 1):
-            out.emit(job, JobEventKind.retried, job.submit_ms, attempt=attempt, reason="requeued by Slurm")
-        js.attempt, js.allocated, js.ended, js.nodes, js.alloc_start_ms = job.attempt, False, False, [], 0
-        js.queued_events, js.queued_reason = 0, ""  # `retried` queued it; reasons follow
+        by = _preemptor(job, js, requeued_ms, jobs, tiers) if js.allocated and not js.ended else None
+        _requeue(job, js, state, out, requeued_ms=requeued_ms, retried_ms=job.submit_ms, new_attempt=job.attempt,
+                 reason=f"requeued to reclaim resources for job {by.job_id}" if by else "requeued",
+                 by_job_id=by.job_id if by else None, rule="partition_prio/requeue" if by else "requeue")
 
     reason = _pending_reason(job)
     if job.state in PENDING_STATES and reason and reason != js.queued_reason:
@@ -587,6 +652,21 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
         js.ended = js.finished = True
 
 
+def _requeue(job: SlurmJob, js: JobState, state: AgentState, out: _Emitter, *, requeued_ms: int, retried_ms: int,
+             new_attempt: int, reason: str, by_job_id: str | None, rule: str) -> None:
+    """A requeue of `js.attempt` (seen live, or in sacct after the agent was down): `preempted` for it
+    at `requeued_ms` if it held GPUs, `retried` for each attempt up to `new_attempt` at `retried_ms`
+    (Slurm's requeue time), and js moved to the new attempt, not allocated yet."""
+    if js.allocated and not js.ended:
+        out.emit(job, JobEventKind.preempted, requeued_ms, attempt=js.attempt, reason=reason)
+        state.preemptions.append(PreemptionFired(job_id=job.job_id, by_job_id=by_job_id, queue=js.queue or job.queue,
+                                                 rule=rule).model_dump(mode="json"))
+    for attempt in range(js.attempt + 1, new_attempt + 1):
+        out.emit(job, JobEventKind.retried, retried_ms, attempt=attempt, reason="requeued by Slurm")
+    js.attempt, js.allocated, js.ended, js.nodes, js.alloc_start_ms = new_attempt, False, False, [], 0
+    js.queued_events, js.queued_reason = 0, ""  # `retried` queued it; reasons follow
+
+
 def _allocate(job: SlurmJob, js: JobState, out: _Emitter, gpus: list[GpuAssignment], note: str | None) -> None:
     """allocated + started at start_time: Slurm has one RUNNING state for both."""
     out.emit(job, JobEventKind.allocated, job.start_ms, gpus=gpus, reason=note)
@@ -594,19 +674,31 @@ def _allocate(job: SlurmJob, js: JobState, out: _Emitter, gpus: list[GpuAssignme
     js.allocated, js.alloc_start_ms, js.nodes, js.queue = True, job.start_ms, job.nodes, job.queue
 
 
-def close_vanished(job_ids: Iterable[str], state: AgentState, accounting: Mapping[str, list[SacctRow]], *,
-                   cluster: str, lost_at_ms: int) -> tuple[list[JobEvent], AgentState, list[str]]:
-    """End jobs that left squeue unfinished (the agent was down longer than MinJobAge): from
-    sacct's rows when it has them, else `failed` at `lost_at_ms` with a reason that says so.
+def close_vanished(job_ids: Iterable[str], state: AgentState, accounting: Mapping[str, list[SacctRow]] | None, *,
+                   cluster: str, lost_at_ms: int, promised_ms: int) -> tuple[list[JobEvent], AgentState, list[str]]:
+    """End jobs that left squeue unfinished (the agent was down longer than MinJobAge) from sacct's
+    rows: each attempt from `js.attempt` on, requeues included, then the final outcome; a job sacct
+    has no row for is closed as `failed` at `lost_at_ms` with a reason that says so.
+
+    `accounting` None: sacct could not be asked (it failed or timed out). The jobs then stay open
+    for the next poll, and the state's watermark goes back to `promised_ms` (the one published
+    before this poll): their events, still to come, carry Slurm times after it.
     Returns the events, the next state and warnings."""
     state = state.copy()
     out = _Emitter(cluster, state)
+    job_ids = [j for j in job_ids if j in state.jobs and not state.jobs[j].finished]
+    if accounting is None:
+        if job_ids:
+            out.warnings.append(f"sacct unavailable: job(s) {', '.join(job_ids)} left squeue unfinished and stay "
+                                "open (the watermark held) until sacct answers")
+            state.watermark_ms = min(state.watermark_ms, promised_ms)
+        return out.events, state, out.warnings
+    note = "from sacct: the job left squeue while the agent was down"
     for job_id in job_ids:
-        js = state.jobs.get(job_id)
-        if js is None or js.finished:
-            continue
+        js = state.jobs[job_id]
         rows = accounting.get(job_id) or []
-        last = rows[-1] if rows else None
+        # one row per attempt (--duplicates); those before js.attempt were published live
+        walk = rows[js.attempt:] or rows[-1:]
         job = SlurmJob(job_id=job_id, raw_id=js.raw_id, array_job_id=None, array_task_id=None, state="",
                        reason="", tenant=js.tenant or "unknown", queue=js.queue or "unknown", priority=0, requested_gpus=0.0,
                        attempt=js.attempt, submit_ms=0, start_ms=js.alloc_start_ms, end_ms=0, nodes=js.nodes,
@@ -615,6 +707,19 @@ def close_vanished(job_ids: Iterable[str], state: AgentState, accounting: Mappin
             a, t = job_id.split("_", 1)
             if a.isdigit() and t.isdigit():
                 job = _with(job, array_job_id=int(a), array_task_id=int(t))
+        for row in walk[:-1]:
+            # an attempt requeued while the agent was down: as the live path would have seen it
+            job = _with(job, attempt=js.attempt)
+            if not js.allocated and row.start_s:
+                _allocate(_with(job, start_ms=row.start_s * 1000, nodes=[]), js, out, [],
+                          "GPU indices not seen (the job ran while the agent was down)")
+            requeued_ms = max((row.end_s or 0) * 1000, js.alloc_start_ms)
+            preempted = row.state == "PREEMPTED"
+            _requeue(job, js, state, out, requeued_ms=requeued_ms, retried_ms=requeued_ms, new_attempt=js.attempt + 1,
+                     reason=f"{'requeued to reclaim resources' if preempted else 'requeued'} ({note})", by_job_id=None,
+                     rule="partition_prio/requeue" if preempted else "requeue")
+        job = _with(job, attempt=js.attempt)
+        last = walk[-1] if walk else None
         if last is not None and last.state in FINAL_STATES and last.end_s:
             if not js.allocated and last.start_s and len(rows) - 1 == js.attempt:
                 # it ran entirely while the agent was down: the ledger needs the allocation before the end
@@ -625,13 +730,13 @@ def close_vanished(job_ids: Iterable[str], state: AgentState, accounting: Mappin
             code, _, signal = last.exit_code.partition(":")
             if reason is None and last.state != "COMPLETED":
                 reason = f"signal {signal}" if signal not in ("", "0") else f"exit {code}"
-            note = "from sacct: the job left squeue while the agent was down"
             out.emit(job, kind, max(last.end_s * 1000, js.alloc_start_ms),
                      reason=f"{reason} ({note})" if reason else note)
         else:
-            out.warnings.append(f"job {job_id} left squeue unfinished and sacct has no end for it: closed as failed")
+            seen_as = f"sacct shows it {last.state} with no end" if last is not None else "no accounting record"
+            out.warnings.append(f"job {job_id} left squeue unfinished and {seen_as}: closed as failed")
             out.emit(job, JobEventKind.failed, max(lost_at_ms, js.alloc_start_ms),
-                     reason="lost: left squeue while the agent was down, no accounting record")
+                     reason=f"lost: left squeue while the agent was down, {seen_as}")
         js.ended = js.finished = True
     return out.events, state, out.warnings
 
@@ -655,7 +760,7 @@ def build_snapshot(squeue: Any, sinfo: Any, *, cluster: str, ts_ms: int, tiers: 
         n = gpu_count(str(node.get("gres") or ""))
         for part in node.get("partitions") or []:
             quota[str(part)] = quota.get(str(part), 0.0) + n
-    jobs, _ = parse_jobs(squeue)
+    jobs = parse_jobs(squeue).jobs
     allocated: dict[str, float] = {}
     pending: dict[str, dict[int, list[float]]] = {}
     for job in jobs:

@@ -75,16 +75,19 @@ def gc_paused() -> Iterator[None]:
 
 
 def run_command(argv: Sequence[str], timeout_s: float, env: dict[str, str] | None = None) -> str:
-    """stdout of a Slurm client command; CommandFailed (with the reason) on a timeout or an error."""
+    """stdout of a Slurm client command; CommandFailed (with the reason) on a timeout or an error.
+    Bytes that are not UTF-8 become U+FFFD: Slurm passes a job name through as the user's raw bytes
+    (`sbatch -J $'caf\\xe9'`), and one such name must not stop every poll of the cluster."""
     try:
-        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, env=env)
+        done = subprocess.run(list(argv), capture_output=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         raise CommandFailed(f"{argv[0]} timed out after {timeout_s:.0f}s (is slurmctld up?)") from None
     except OSError as exc:
         raise CommandFailed(f"{argv[0]}: {exc}") from None
     if done.returncode != 0:
-        raise CommandFailed(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.strip()[:500]}")
-    return done.stdout
+        stderr = done.stderr.decode("utf-8", errors="replace").strip()
+        raise CommandFailed(f"{' '.join(argv)} exited {done.returncode}: {stderr[:500]}")
+    return done.stdout.decode("utf-8", errors="replace")
 
 
 def load_json(text: str, what: str) -> Any:
@@ -96,7 +99,8 @@ def load_json(text: str, what: str) -> Any:
 
 def parse_sacct(text: str) -> dict[str, list[SacctRow]]:
     """`sacct -P -n --duplicates -X -o JobID,JobIDRaw,State,Start,End,ExitCode,Account,Partition`
-    with SLURM_TIME_FORMAT=%s → rows by canonical job id, oldest attempt first."""
+    with SLURM_TIME_FORMAT=%s → rows by canonical job id, oldest attempt first: JobID (`3_1`), but
+    JobIDRaw (`7`) for a heterogeneous job's component (`6+1`), as squeue lists it by its own id."""
     rows: dict[str, list[SacctRow]] = {}
     for line in text.splitlines():
         f = line.split("|")
@@ -106,8 +110,8 @@ def parse_sacct(text: str) -> dict[str, list[SacctRow]]:
         def epoch(v: str) -> int | None:
             return int(v) if v.isdigit() else None
 
-        row = SacctRow(job_id=f[0], raw_id=f[1], state=(f[2].split() or [""])[0], start_s=epoch(f[3]),
-                       end_s=epoch(f[4]), exit_code=f[5], account=f[6], partition=f[7])
+        row = SacctRow(job_id=f[1] if "+" in f[0] else f[0], raw_id=f[1], state=(f[2].split() or [""])[0],
+                       start_s=epoch(f[3]), end_s=epoch(f[4]), exit_code=f[5], account=f[6], partition=f[7])
         rows.setdefault(row.job_id, []).append(row)
     return rows
 
@@ -271,7 +275,7 @@ class SlurmAgent:
         warnings = list(result.warnings)
         if result.vanished:
             more, state, w = close_vanished(result.vanished, state, self._sacct(result.vanished, state),
-                                            cluster=self.cluster, lost_at_ms=started_ms)
+                                            cluster=self.cluster, lost_at_ms=started_ms, promised_ms=result.promised_ms)
             events += more
             warnings += w
         snapshot = build_snapshot(squeue, sinfo, cluster=self.cluster, ts_ms=(started_ms // 1000) * 1000,
@@ -281,7 +285,8 @@ class SlurmAgent:
         for event in events:
             self.sink.put(LINE_EVENTS, event.job_id, encode(event))
         self.events_published += len(events)
-        watermark = encode(result.watermark)
+        # close_vanished may hold it back (jobs waiting for sacct): the state's is the one to publish
+        watermark = encode(result.watermark.model_copy(update={"ts_ms": state.watermark_ms}))
         for p in range(self.partitions):
             self.sink.put(LINE_EVENTS, None, watermark, partition=p)
         self.sink.put(LINE_SNAPSHOTS, self.cluster, encode(snapshot))
@@ -292,10 +297,12 @@ class SlurmAgent:
         self.state = state
         self.polls += 1
         log.info("poll %d: %d event(s), watermark %d, %d job(s) tracked", self.polls, len(events),
-                 result.watermark.ts_ms, len(state.jobs))
+                 state.watermark_ms, len(state.jobs))
         return True
 
-    def _sacct(self, job_ids: list[str], state: AgentState) -> dict[str, list[SacctRow]]:
+    def _sacct(self, job_ids: list[str], state: AgentState) -> dict[str, list[SacctRow]] | None:
+        """sacct's rows for these jobs; None when sacct failed (the jobs wait for the next poll). A
+        cluster without accounting storage can never answer: there, no record at all."""
         raw = sorted({str(state.jobs[j].raw_id) for j in job_ids if j in state.jobs})
         if not raw:
             return {}
@@ -304,8 +311,11 @@ class SlurmAgent:
                              "JobID,JobIDRaw,State,Start,End,ExitCode,Account,Partition"], self.command_timeout_s,
                             env={**os.environ, "SLURM_TIME_FORMAT": "%s"})  # epoch seconds, no time zone guessing
         except CommandFailed as exc:
-            log.warning("sacct for vanished jobs %s failed: %s", raw, exc)
-            return {}
+            if "accounting storage is disabled" in str(exc).lower():  # accounting_storage/none: never answers
+                log.warning("sacct: no accounting storage on this cluster (%s): vanished jobs %s have no record", exc, raw)
+                return {}
+            log.warning("sacct for vanished jobs %s failed, retried next poll: %s", raw, exc)
+            return None
         return parse_sacct(text)
 
 

@@ -333,7 +333,8 @@ def test_vanished_jobs_close_from_sacct_or_as_lost():
     r = translate(gone, state, cluster="c", poll_started_ms=POLL_MS["requeued"], tiers=TIERS)
     assert r.vanished == ["6", "8"]
     del sacct["8"]  # sacct knows nothing of 8 (e.g. slurmdbd was down too)
-    events, state2, warnings = close_vanished(r.vanished, r.state, sacct, cluster="c", lost_at_ms=1796084042_000)
+    events, state2, warnings = close_vanished(r.vanished, r.state, sacct, cluster="c", lost_at_ms=1796084042_000,
+                                              promised_ms=r.promised_ms)
     by_job = {e.job_id: e for e in events}
     assert by_job["6"].kind == "cancelled" and by_job["6"].ts_ms == 1796084040_000
     assert "from sacct" in by_job["6"].reason
@@ -345,7 +346,8 @@ def test_vanished_jobs_close_from_sacct_or_as_lost():
     _, state = run_steps(STEPS[:1])
     pending = translate(squeue("pending"), state, cluster="c", poll_started_ms=POLL_MS["pending"], tiers=TIERS)
     sacct8 = {"8": [SacctRow("8", "8", "COMPLETED", 1796084040, 1796084100, "0:0", "teama", "batch")]}
-    events, _, _ = close_vanished(["8"], pending.state, sacct8, cluster="c", lost_at_ms=1796084200_000)
+    events, _, _ = close_vanished(["8"], pending.state, sacct8, cluster="c", lost_at_ms=1796084200_000,
+                                promised_ms=pending.promised_ms)
     assert [(e.kind, e.ts_ms) for e in events] == [("allocated", 1796084040_000), ("started", 1796084040_000),
                                                    ("completed", 1796084100_000)]
 
