@@ -30,7 +30,8 @@ Late, duplicate and out-of-order input (docs/reliability.md, "Late, duplicate an
   effect from the next tick that is still open, and is reported; one older than the horizon by
   more than `retention_ms` is *too late* and rejected (its duplicate could no longer be recognised);
 - a tick already closed is a silent duplicate; a tick before the horizon that was never seen is
-  late and rejected (its GPU-time would otherwise be counted after newer records of the GPU).
+  late and rejected (its GPU-time would otherwise be counted after newer records of the GPU); a
+  tick overlapping a pending one is rejected (the first received is kept: no GPU-time twice).
 
 Every piece of state here can be turned into plain JSON-able data (`to_state`) and back
 (`from_state`), which is how the worker snapshots itself (docs/reliability.md, "Worker state").
@@ -189,7 +190,8 @@ class NodeJoin:
     # -- input
     def add_tick(self, tick: MeteredTick | NodeTick, offset: int | None = None) -> Verdict:
         """Buffer a tick (read at input `offset`, if known). A tick seen before (pending or closed)
-        is a silent duplicate; an unseen tick before the closed horizon is rejected (late)."""
+        is a silent duplicate; an unseen tick before the closed horizon is rejected (late), and so is
+        one overlapping a pending tick (overlapping)."""
         if isinstance(tick, NodeTick):  # the whole tick (tests, tools): keep what the worker would
             tick = MeteredTick.model_validate(tick.model_dump())
         end = tick.ts_ms + tick.interval_ms
@@ -199,22 +201,30 @@ class NodeJoin:
                 return Verdict(DUPLICATE)
             return Verdict(REJECTED, f"late tick: {self.node} ts_ms={tick.ts_ms} is before the closed horizon "
                                      f"{self.closed_until_ms} and was never seen")
+        pending = self.pending_ticks
+        i = len(pending)
+        if pending and pending[-1].ts_ms >= tick.ts_ms:
+            i = bisect.bisect_left(pending, tick.ts_ms, key=lambda t: t.ts_ms)
+            if pending[i].ts_ms == tick.ts_ms:
+                if pending[i] == tick:
+                    self.duplicates += 1
+                    return Verdict(DUPLICATE)
+                return Verdict(REJECTED, f"conflicting duplicate tick: {self.node} ts_ms={tick.ts_ms} differs from "
+                                         "the tick already received for that time in what the ledger meters (the "
+                                         "first one is kept)")
+        # A tick overlapping a pending one (an agent restarted with another interval) would count that
+        # GPU time twice: the first received is kept, whatever closes when (one inside a closed tick
+        # is a duplicate above, one across the closed horizon is late).
+        before = pending[i - 1] if i else None
+        other = before if before is not None and before.ts_ms + before.interval_ms > tick.ts_ms else \
+            pending[i] if i < len(pending) and pending[i].ts_ms < end else None
+        if other is not None:
+            return Verdict(REJECTED, f"overlapping tick: {self.node} ts_ms={tick.ts_ms} interval_ms={tick.interval_ms} "
+                                     f"overlaps the tick already received at ts_ms={other.ts_ms} interval_ms="
+                                     f"{other.interval_ms} (the first one is kept)")
         self.cluster = tick.cluster
         if self.awaiting_ms and tick.ts_ms in self.awaiting_ms:
             self.awaiting_ms.remove(tick.ts_ms)
-        pending = self.pending_ticks
-        if not pending or pending[-1].ts_ms < tick.ts_ms:  # the usual case: the next tick in order
-            pending.append(tick)
-            self.pending_offsets.append(offset)
-            return Verdict(ACCEPTED)
-        i = bisect.bisect_left(pending, tick.ts_ms, key=lambda t: t.ts_ms)
-        if i < len(pending) and pending[i].ts_ms == tick.ts_ms:
-            if pending[i] == tick:
-                self.duplicates += 1
-                return Verdict(DUPLICATE)
-            return Verdict(REJECTED, f"conflicting duplicate tick: {self.node} ts_ms={tick.ts_ms} differs from the "
-                                     "tick already received for that time in what the ledger meters (the first one "
-                                     "is kept)")
         pending.insert(i, tick)
         self.pending_offsets.insert(i, offset)
         return Verdict(ACCEPTED)
@@ -280,6 +290,9 @@ class NodeJoin:
             for held in self.holders.values():
                 held.pop(key, None)
         running = change.kind in RUNNING_KINDS
+        # Several assignments of one change may name the same GPU (two MIG instances of it): the
+        # attempt holds the sum of their shares (at most the whole GPU), not the last one's.
+        per_gpu: dict[str, list] = {}  # uuid -> [share, container_id]
         for gpu in change.gpus:
             resolved = self._resolve(gpu, tick)
             if resolved is None:
@@ -289,12 +302,16 @@ class NodeJoin:
                             change.attempt, gpu.ref, self.node)
                 continue
             uuid, share = resolved
+            got = per_gpu.setdefault(uuid, [0, None])
+            got[0] = min(1000, got[0] + share)
+            got[1] = got[1] or gpu.container_id
+        for uuid, (share, container_id) in per_gpu.items():
             held = self.holders.setdefault(uuid, {})
             previous = held.get(key)
             held[key] = Holder(
                 job_id=change.job_id, attempt=change.attempt, tenant=change.tenant, queue=change.queue,
                 share_milli=share, running=running if change.kind != JobEventKind.allocated else False,
-                container_id=gpu.container_id or (previous.container_id if previous else None),
+                container_id=container_id or (previous.container_id if previous else None),
             )
 
     def report_unknown_node(self, watermark_ms: int, grace_ms: int) -> int:

@@ -38,10 +38,13 @@ class AttemptRoute:
 
 @dataclass
 class LifecycleRouter:
-    """Keeps, per job, the GPUs its current attempt holds, so that events which do not repeat
-    the allocation (started, failed, ...) still reach every node involved."""
+    """Keeps, per job and attempt, the GPUs the attempt holds until it ends, so that events which do
+    not repeat the allocation (started, failed, ...) still reach every node involved. Every attempt
+    not ended yet keeps its route: an attempt's end read after the next attempt's `allocated` (a
+    retry allocated quickly, two scheduler partitions) still releases the attempt's own GPUs."""
 
-    routes: dict[str, AttemptRoute] = field(default_factory=dict)
+    #: job -> attempt -> route; an attempt's route is dropped at its end (and a job's with its last)
+    routes: dict[str, dict[int, AttemptRoute]] = field(default_factory=dict)
     seen_event_ids: dict[str, set[str]] = field(default_factory=dict)
     #: job -> latest event time seen (for forgetting finished jobs, see `prune`)
     last_seen_ms: dict[str, int] = field(default_factory=dict)
@@ -62,7 +65,8 @@ class LifecycleRouter:
         before `route`, for an event that is not a duplicate; a rejected event still marks the end of
         its attempt (so its later `allocated` is rejected too)."""
         job, attempt, kind = event.job_id, event.attempt, event.kind
-        route = self.routes.get(job)
+        attempts = self.routes.get(job, {})
+        route = attempts.get(attempt)
         if kind == JobEventKind.allocated:
             end = self.ended.get(job)
             if end and end[0] == attempt and event.ts_ms >= end[1]:
@@ -70,16 +74,17 @@ class LifecycleRouter:
                         f"after the attempt's end at ts_ms={end[1]}")
             return None
         end = self.ended.get(job)
-        if kind in TERMINAL_KINDS and end and end[0] == attempt and (route is None or route.attempt != attempt):
+        if kind in TERMINAL_KINDS and end and end[0] == attempt and route is None:
             return (f"impossible sequence: {kind.value} of {job} attempt {attempt} at ts_ms={event.ts_ms}, which "
                     f"already ended at ts_ms={end[1]}")
         if kind not in NEEDS_ALLOCATION:
             return None
         if kind in TERMINAL_KINDS:
             self._mark_ended(job, attempt, event.ts_ms)
-        if route is None or route.attempt != attempt:
+        if route is None:
             return (f"impossible sequence: {kind.value} of {job} attempt {attempt}, which was never allocated"
-                    + (f" (the job's allocated attempt is {route.attempt})" if route is not None else ""))
+                    + (f" (the job's allocated attempts: {', '.join(map(str, sorted(attempts)))})"
+                       if attempts else ""))
         if kind in TERMINAL_KINDS and event.ts_ms < route.since_ms:
             return (f"impossible sequence: {kind.value} of {job} attempt {attempt} at ts_ms={event.ts_ms} is before "
                     f"its allocation at ts_ms={route.since_ms}")
@@ -101,22 +106,33 @@ class LifecycleRouter:
         self.last_seen_ms[event.job_id] = max(self.last_seen_ms.get(event.job_id, 0), event.ts_ms)
         if event.kind not in GPU_KINDS:
             return []
-        route = self.routes.get(event.job_id)
-        if event.kind == JobEventKind.allocated or (event.gpus and (route is None or route.attempt != event.attempt)):
-            route = AttemptRoute(event.attempt, list(event.gpus), event.ts_ms)
-            self.routes[event.job_id] = route
-        if route is None or route.attempt != event.attempt:
+        job, attempt = event.job_id, event.attempt
+        attempts = self.routes.setdefault(job, {})
+        route = attempts.get(attempt)
+        released: set[str] = set()
+        if event.kind == JobEventKind.allocated or (event.gpus and route is None):
+            new = AttemptRoute(attempt, list(event.gpus), event.ts_ms)
+            if route is not None:
+                # The attempt moved (e.g. Kubernetes: one pod of the job ended, the rest kept their
+                # GPUs): a node left out of the new set must hear it, or it bills the attempt for ever.
+                released = {g.node for g in route.gpus} - {g.node for g in new.gpus}
+            route = attempts[attempt] = new
+        if route is None:
+            if not attempts:
+                del self.routes[job]
             log.warning("lifecycle %s for %s attempt %s without a known allocation: no GPU effect",
-                        event.kind, event.job_id, event.attempt)
+                        event.kind, job, attempt)
             return []
         if event.kind in TERMINAL_KINDS:
-            del self.routes[event.job_id]
-        by_node: dict[str, list[GpuAssignment]] = {}
+            del attempts[attempt]  # ended: its route is not needed any more (keeps the state bounded)
+            if not attempts:
+                del self.routes[job]
+        by_node: dict[str, list[GpuAssignment]] = {node: [] for node in released}  # no GPUs there: a release
         for gpu in route.gpus:
             by_node.setdefault(gpu.node, []).append(gpu)
         return [
             AllocationChange(ts_ms=event.ts_ms, event_id=event.event_id, kind=event.kind, node=node,
-                             job_id=event.job_id, attempt=event.attempt, tenant=event.tenant,
+                             job_id=job, attempt=attempt, tenant=event.tenant,
                              queue=event.queue, gpus=gpus)
             for node, gpus in sorted(by_node.items())
         ]
@@ -137,9 +153,10 @@ class LifecycleRouter:
 
     def to_state(self) -> dict:
         return {
-            "routes": {job: {"attempt": r.attempt, "gpus": [g.model_dump(mode="json") for g in r.gpus],
-                             "since_ms": r.since_ms}
-                       for job, r in self.routes.items()},
+            # job -> [route of each attempt not ended]
+            "routes": {job: [{"attempt": r.attempt, "gpus": [g.model_dump(mode="json") for g in r.gpus],
+                              "since_ms": r.since_ms} for _, r in sorted(attempts.items())]
+                       for job, attempts in self.routes.items()},
             "ended": {job: list(v) for job, v in self.ended.items()},
             "seen": {job: sorted(ids) for job, ids in self.seen_event_ids.items()},
             "last_seen_ms": dict(self.last_seen_ms),
@@ -148,10 +165,13 @@ class LifecycleRouter:
 
     @classmethod
     def from_state(cls, state: dict) -> "LifecycleRouter":
+        routes: dict[str, dict[int, AttemptRoute]] = {}
+        for job, rs in state["routes"].items():
+            for r in ([rs] if isinstance(rs, dict) else rs):  # a dict: an older snapshot, one route per job
+                routes.setdefault(job, {})[r["attempt"]] = AttemptRoute(
+                    r["attempt"], [GpuAssignment.model_validate(g) for g in r["gpus"]], r.get("since_ms", 0))
         return cls(
-            routes={job: AttemptRoute(r["attempt"], [GpuAssignment.model_validate(g) for g in r["gpus"]],
-                                      r.get("since_ms", 0))
-                    for job, r in state["routes"].items()},
+            routes=routes,
             ended={job: list(v) for job, v in state.get("ended", {}).items()},
             seen_event_ids={job: set(ids) for job, ids in state["seen"].items()},
             last_seen_ms=dict(state.get("last_seen_ms", {})),
