@@ -38,6 +38,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from gpuledger.warehouse import idle_stretches
 from gpuledger.warehouse.client import quoted_database
+from gpuledger.warehouse.retention import closed_rows_kept_from
 
 log = logging.getLogger(__name__)
 
@@ -181,9 +182,13 @@ def closed_days_sql(db: str) -> str:
 
 def open_days_sql(db: str) -> str:
     """(cluster, day) pairs with usage that are not closed, from the small per-day aggregate: as an
-    `IN` filter it reaches usage_raw's sort key (cluster, day, ...), where `NOT IN closed` scanned."""
+    `IN` filter it reaches usage_raw's sort key (cluster, day, ...), where `NOT IN closed` scanned.
+    A day that still has committed closed bill rows is not open, even once its closed_days row is gone:
+    under GPULEDGER_RETENTION_BILLS_DAYS the tables expire at their own merges (docs/retention.md), and
+    the day must not read both closed and live."""
     return (f"SELECT DISTINCT cluster, day FROM {db}.usage_capacity_daily "
-            f"WHERE (cluster, day) NOT IN ({closed_days_sql(db)})")
+            f"WHERE (cluster, day) NOT IN ({closed_days_sql(db)}) "
+            f"AND (cluster, day) NOT IN (SELECT cluster, day FROM {db}.closed_tenant_bill WHERE {committed(db)})")
 
 
 def days_by_cluster(client, sql: str) -> dict[str, list[dt.date]]:
@@ -518,7 +523,10 @@ class CloseResult:
 
 def _closed_state(client, db: str) -> dict[str, list[dt.date]]:
     out: dict[str, list[dt.date]] = {}
-    for r in _q(client, f"SELECT toString(cluster) AS cluster, day FROM ({closed_days_sql(db)}) ORDER BY cluster, day"):
+    # a day with committed closed rows is closed even if its closed_days row has expired first: it is
+    # never closed twice
+    for r in _q(client, f"SELECT DISTINCT toString(cluster) AS cluster, day FROM ({closed_days_sql(db)} UNION ALL "
+                        f"SELECT cluster, day FROM {db}.closed_tenant_bill WHERE {committed(db)}) ORDER BY cluster, day"):
         out.setdefault(r["cluster"], []).append(r["day"])
     return out
 
@@ -592,9 +600,18 @@ def _close(client, settings, ledger, now: dt.datetime | None, publisher, databas
         last_due = last_due_day(horizon, grace)
         first = already[-1] + dt.timedelta(days=1) if already else (h["first_day"] if h else None)
         new_days = days_between(first, last_due) if (first and last_due and first <= last_due) else []
+        # Usage that arrived late for days before the cluster's first closed day (a spool drained after
+        # the first close): those days were never closed, so no bill changes if they close now, like
+        # any due day (§6a: every day from the first usage day on closes). An adjustment corrects a
+        # closed bill; there is none to correct. Days whose closed rows have already expired under
+        # the bills retention are not closed again.
+        since = max(h["first_day"], closed_rows_kept_from(settings.retention_bills_days, now.date())) if h else None
+        earlier = days_between(since, already[0] - dt.timedelta(days=1)) if (already and since is not None and since < already[0]) else []
+        stretches = [s for s in (earlier, new_days) if s]  # read apart: the closed days between are not read
+        new_days = earlier + new_days
         outcomes = fetch_outcomes(client, db, cluster)
         if new_days:
-            usage = fetch_day_usage(client, db, cluster, new_days[0], new_days[-1])
+            usage = [r for s in stretches for r in fetch_day_usage(client, db, cluster, s[0], s[-1])]
             lines = job_lines(usage, outcomes)
             for key, (g, e, c) in sorted(lines.items(), key=lambda kv: tuple(map(str, kv[0]))):
                 day, _, tenant, queue, job_id, attempt, dv, line = key
@@ -607,8 +624,8 @@ def _close(client, settings, ledger, now: dt.datetime | None, publisher, databas
                 closed_tenant_rows.append(dict(day=day, cluster=cluster, tenant=tenant, queue=queue, line=line,
                                                definition_version=dv, gpu_ms=g, effective_gpu_ms=e, cost_micros=c,
                                                currency=currency, bill_run_id=run_id))
-            closed_queue_rows.extend(_queue_rows(client, db, cluster, new_days[0], new_days[-1], run_id,
-                                                 ledger.definition_version))
+            for s in stretches:
+                closed_queue_rows.extend(_queue_rows(client, db, cluster, s[0], s[-1], run_id, ledger.definition_version))
             energy_rows.extend(_energy_rows(sorted(day_energy(usage).items(), key=lambda kv: tuple(map(str, kv[0]))),
                                             run_id))
             closed_day_rows.extend(dict(day=d, cluster=cluster, bill_run_id=run_id, horizon_ms=horizon) for d in new_days)
@@ -619,7 +636,7 @@ def _close(client, settings, ledger, now: dt.datetime | None, publisher, databas
             booked = _booked(client, db, cluster, start, already[-1])
             usage = fetch_day_usage(client, db, cluster, start, already[-1])
             now_lines = job_lines(usage, outcomes)
-            booked_day = (new_days[-1] if new_days else already[-1]) + dt.timedelta(days=1)
+            booked_day = max([*new_days, already[-1]]) + dt.timedelta(days=1)  # after the last closed day
             for key, reason, (g, e, c) in diff_adjustments(booked, now_lines, outcomes):
                 day, _, tenant, queue, job_id, attempt, dv, line = key
                 adjustment_rows.append(dict(booked_day=booked_day, corrects_day=day, cluster=cluster, tenant=tenant,

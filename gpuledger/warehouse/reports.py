@@ -192,11 +192,15 @@ def _bills(client, db: str, filters: dict[str, Any]) -> list[dict]:
 
     closed_sql = (f"SELECT day, toString(cluster) AS cluster, toString(tenant) AS tenant, toString(line) AS line, "
                   f"toString(definition_version) AS definition_version, sum(gpu_ms) AS g, sum(effective_gpu_ms) AS e, "
-                  f"sum(cost_micros) AS c, toString(any(currency)) AS currency FROM {db}.closed_tenant_bill "
-                  f"WHERE {b.committed(db)} AND {_and(conds)} GROUP BY day, cluster, tenant, line, definition_version")
+                  f"sum(cost_micros) AS c, toString(any(currency)) AS currency, toString(queue) AS queue "
+                  f"FROM {db}.closed_tenant_bill WHERE {b.committed(db)} AND {_and(conds)} "
+                  "GROUP BY day, cluster, tenant, queue, line, definition_version")
+    # each tenant's cost per queue, cluster and day: the weights of the cluster idle's shares
+    units: dict[tuple, dict[tuple[str, str], int]] = {}
     for r in _query(client, closed_sql, params):
         add((r["day"], "closed", r["cluster"], r["tenant"], r["definition_version"], None, None), r["line"],
             r["g"], r["e"], r["c"], r["currency"])
+        _add_unit(units, r["day"], r["cluster"], r["definition_version"], r["tenant"], r["queue"], r["c"])
     adj_sql = (f"SELECT booked_day, corrects_day, toString(reason) AS reason, toString(cluster) AS cluster, "
                f"toString(tenant) AS tenant, toString(line) AS line, toString(definition_version) AS definition_version, "
                f"sum(gpu_ms) AS g, sum(effective_gpu_ms) AS e, sum(cost_micros) AS c, toString(any(currency)) AS currency "
@@ -207,8 +211,11 @@ def _bills(client, db: str, filters: dict[str, Any]) -> list[dict]:
              r["reason"]), r["line"], r["g"], r["e"], r["c"], r["currency"])
     basis, carbon_of, carbon_version = _open_basis_and_carbon(client, db, conds, params)
     lines = b.job_lines(basis, b.fetch_outcomes(client, db, failed_only=True))
-    for (day, cluster, tenant, _q, _job, _att, dv, line), (g, e, c) in lines.items():
+    for (day, cluster, tenant, queue, _job, _att, dv, line), (g, e, c) in lines.items():
         add((day, "open", cluster, tenant, dv, None, None), line, g, e, c)
+        _add_unit(units, day, cluster, dv, tenant, queue, c)
+    if filters.get("_units"):  # _billed_units: the weights only
+        return units  # type: ignore[return-value]
     order = {"closed": 0, "open": 0, "adjustment": 1}
     rows = []
     for key in sorted(groups, key=lambda k: (k[0], order[k[1]], k[3], k[2], k[4], str(k[5]), str(k[6]))):
@@ -226,30 +233,65 @@ def _bills(client, db: str, filters: dict[str, Any]) -> list[dict]:
     if policy == "none":
         return rows[: filters["limit"]] if filters.get("limit") else rows
     billed = [r for r in rows if r["status"] != "adjustment"]
-    _redistribute_cluster_idle(client, db, billed, policy)
+    if filters.get("cluster") is not None or filters.get("queue") is not None:
+        # the shares are those of every tenant and queue of the day's cluster, whatever this report shows
+        units = _billed_units(client, db, {k: filters.get(k) for k in ("day_from", "day_to", "definition_version")})
+    _redistribute_cluster_idle(client, db, billed, policy, units, filters.get("queue"))
     if filters.get("tenant") is not None:
         rows = [r for r in rows if r["tenant"] == filters["tenant"]]
     return rows[: filters["limit"]] if filters.get("limit") else rows
 
 
-def _redistribute_cluster_idle(client, db: str, rows: list[dict], policy: str) -> None:
-    """Add each tenant's part of the day's cluster idle (unallocated) cost: equal parts ('even') or
-    in proportion to the tenant's cost that day ('usage'); parts add up to the idle cost exactly."""
+def _add_unit(units: dict, day, cluster: str, dv: str, tenant: str, queue: str, cost: int) -> None:
+    acc = units.setdefault((day, cluster, dv), {})
+    acc[(tenant, queue)] = acc.get((tenant, queue), 0) + int(cost)
+
+
+def _billed_units(client, db: str, filters: dict[str, Any]) -> dict[tuple, dict[tuple[str, str], int]]:
+    """{(day, cluster, definition_version): {(tenant, queue): cost_micros}} of the closed and open bills
+    of every cluster, tenant and queue (adjustments aside), for the days and definition `filters` select."""
+    return _bills(client, db, {**filters, "idle_redistribution": "none", "_units": True})  # type: ignore[return-value]
+
+
+def _redistribute_cluster_idle(client, db: str, rows: list[dict], policy: str,
+                               units: dict[tuple, dict[tuple[str, str], int]], queue: str | None) -> None:
+    """Add each tenant's part of its cluster's idle (unallocated) cost of the day: equal parts per tenant
+    ('even') or in proportion to the tenant's cost that day ('usage'); the parts of a cluster's day add
+    up to its idle cost exactly. The idle of a cluster goes to the tenants billed on that cluster only.
+    The shares are worked out per tenant and queue over every tenant of the cluster's day (`units`),
+    whatever the report filters, so that a report for one cluster or queue shows the same parts as the
+    whole report and the per-queue reports add up to the cluster's idle: 'even' gives each tenant an
+    equal part and splits it among the tenant's queues by their cost (equally when they cost nothing)."""
     from gpuledger.streams.attribution import split_integer
 
-    idle = {(r["day"], r["definition_version"]): r["cost_micros"] for r in _query(
-        client, f"SELECT day, definition_version, sum(cost_micros) AS cost_micros FROM {db}.usage_capacity_daily "
-        "WHERE state = 'unallocated' GROUP BY day, definition_version", {})}
-    groups: dict[tuple, list[dict]] = {}
+    idle = {(r["day"], r["cluster"], r["definition_version"]): r["cost_micros"] for r in _query(
+        client, f"SELECT day, toString(cluster) AS cluster, toString(definition_version) AS definition_version, "
+        f"sum(cost_micros) AS cost_micros FROM {db}.usage_capacity_daily "
+        "WHERE state = 'unallocated' GROUP BY day, cluster, definition_version", {})}
+    parts: dict[tuple, int] = {}  # (day, cluster, dv, tenant, queue) -> part
+    for key, costs in units.items():
+        total = int(idle.get(key, 0))
+        ordered = sorted(costs)
+        if policy == "even":
+            tenants = sorted({t for t, _ in ordered})
+            for tenant, tenant_part in zip(tenants, split_integer(total, [1] * len(tenants))):
+                mine = [u for u in ordered if u[0] == tenant]
+                weights = [costs[u] for u in mine]
+                if not any(weights):
+                    weights = [1] * len(mine)
+                for u, part in zip(mine, split_integer(tenant_part, weights)):
+                    parts[(*key, *u)] = part
+        else:
+            for u, part in zip(ordered, split_integer(total, [costs[u] for u in ordered])):
+                parts[(*key, *u)] = part
     for row in rows:
-        groups.setdefault((row["day"], row["definition_version"]), []).append(row)
-    for key, members in groups.items():
-        weights = [1] * len(members) if policy == "even" else [int(m["total_cost_micros"]) for m in members]
-        for row, part in zip(members, split_integer(int(idle.get(key, 0)), weights)):
-            row["cluster_idle_cost_micros"] = part
-            row["cluster_idle_cost"] = part / 1e6
-            row["billed_total_cost_micros"] = int(row["total_cost_micros"]) + part
-            row["billed_total_cost"] = row["billed_total_cost_micros"] / 1e6
+        key = (row["day"], row["cluster"], row["definition_version"])
+        part = sum(p for (t, q), p in ((u, parts.get((*key, *u), 0)) for u in units.get(key, {}))
+                   if t == row["tenant"] and (queue is None or q == queue))
+        row["cluster_idle_cost_micros"] = part
+        row["cluster_idle_cost"] = part / 1e6
+        row["billed_total_cost_micros"] = int(row["total_cost_micros"]) + part
+        row["billed_total_cost"] = row["billed_total_cost_micros"] / 1e6
 
 
 def _jobs(client, db: str, filters: dict[str, Any]) -> list[dict]:

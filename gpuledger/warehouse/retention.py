@@ -18,6 +18,7 @@ partition key are small and expire row by row.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from dataclasses import dataclass
 from typing import Callable
@@ -34,6 +35,10 @@ class Retention:
     #: or "" (no partition key: rows expire one by one). tests/integration/test_retention_cluster.py
     #: checks each against the table's partition key.
     partition: str = "month"
+    #: count from the last day of the expiry's month although the table has no monthly partition: the
+    #: markers that commit closed bills (closed_days, bill_runs) must not expire before the rows they
+    #: commit, which expire with their month; else a closed day would read as open (docs/retention.md)
+    month_end: bool = False
 
 
 #: The MergeTree setting that drops expired parts whole instead of rewriting them without their rows.
@@ -70,10 +75,10 @@ RETENTION: dict[str, Retention] = {
     "closed_tenant_bill": Retention("retention_bills_days", "day", "closed bills"),
     "closed_job_cost": Retention("retention_bills_days", "day", "closed bills"),
     "closed_queue_efficiency": Retention("retention_bills_days", "day", "closed bills"),
-    "closed_days": Retention("retention_bills_days", "day", "closed bills", partition=""),
+    "closed_days": Retention("retention_bills_days", "day", "closed bills", partition="", month_end=True),
     "closed_energy": Retention("retention_bills_days", "day", "closed days' energy: their carbon (sql/0023)"),
     "bill_adjustments": Retention("retention_bills_days", "booked_day", "adjustments"),
-    "bill_runs": Retention("retention_bills_days", "toDate(created_at)", "close runs", partition=""),
+    "bill_runs": Retention("retention_bills_days", "toDate(created_at)", "close runs", partition="", month_end=True),
     "rebilled_usage": Retention("retention_bills_days", "day", "re-bills", partition=""),
     "rebill_runs": Retention("retention_bills_days", "toDate(created_at)", "re-bills", partition=""),
     "alerts": Retention("retention_ops_days", _RAW, "behaviour alerts"),
@@ -101,12 +106,26 @@ KEPT: dict[str, str] = {
 }
 
 
+def counts_from_month_end(table: str) -> bool:
+    r = RETENTION[table]
+    return r.partition == "month" or r.month_end
+
+
 def ttl_expression(table: str, days: int) -> str | None:
     r = RETENTION[table]
     if days <= 0:
         return None
-    counted_from = f"toLastDayOfMonth({r.expiry})" if r.partition == "month" else r.expiry
+    counted_from = f"toLastDayOfMonth({r.expiry})" if counts_from_month_end(table) else r.expiry
     return f"{counted_from} + toIntervalDay({int(days)})"
+
+
+def closed_rows_kept_from(days: int, today: dt.date) -> dt.date:
+    """The first day whose closed bill rows are still kept today with a bills retention of `days`
+    (0: kept for ever): they expire N days after the last day of their month (ttl_expression), so a
+    close run does not close again a day whose closed rows have expired (bills.py)."""
+    if days <= 0:
+        return dt.date.min
+    return (today - dt.timedelta(days=days - 1)).replace(day=1)
 
 
 def lacks_drop_parts(table: str, engine_full: str | None) -> bool:
@@ -117,7 +136,7 @@ def lacks_drop_parts(table: str, engine_full: str | None) -> bool:
 
 def days_held(table: str, days: int) -> int:
     """The most days of rows the table holds with a retention of `days`."""
-    return days + EXTRA_DAYS_HELD[RETENTION[table].partition]
+    return days + (EXTRA_DAYS_HELD["month"] if counts_from_month_end(table) else EXTRA_DAYS_HELD[RETENTION[table].partition])
 
 
 def wanted_ttls(settings) -> dict[str, str | None]:
