@@ -21,6 +21,7 @@ The text is parsed with prometheus_client's parser. Rows are grouped by the GPU'
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -168,8 +169,9 @@ def mig_share_milli(profile: str, model: str) -> int | None:
 def is_blank(value: float) -> bool:
     """DCGM's 'no value' sentinels, which the exporter prints as numbers (dcgm_structs.h):
     int32 blank 0x7ffffff0.. (+ not found / not supported / no permission), int64 blank
-    0x7ffffffffffffff0.., fp64 blank 2**47..; e.g. the README's MEMORY_TEMP 9223372036854775794."""
-    return (value != value or value >= 0x7FFFFFFFFFFFFFF0 or 0x7FFFFFF0 <= value <= 0x7FFFFFFF
+    0x7ffffffffffffff0.., fp64 blank 2**47..; e.g. the README's MEMORY_TEMP 9223372036854775794.
+    Any non-finite value (NaN, +Inf, -Inf) is blank too: no reading is infinite (and int() of one fails)."""
+    return (not math.isfinite(value) or value >= 0x7FFFFFFFFFFFFFF0 or 0x7FFFFFF0 <= value <= 0x7FFFFFFF
             or 2.0**47 <= value <= 2.0**47 + 16)
 
 
@@ -186,7 +188,8 @@ def gpu_samples(rows: list[Row], previous: DcgmState, *, hostname: str | None = 
     samples = []
     for uuid, gpu_rows in by_gpu.items():
         xid = _last_xid(gpu_rows)
-        # A GPU's first scrape only sets the baseline: when its Xid happened is unknown.
+        # A GPU's first scrape only sets the baseline: when its Xid happened is unknown. A blank gauge
+        # is "no Xid yet" (0), so the first value after it is new; a blank later changes nothing.
         new_xids = [xid] if xid and uuid in last_xid and last_xid[uuid] != xid else []
         last_xid[uuid] = xid if xid is not None else last_xid.get(uuid, 0)
         if xid in FATAL_XIDS:

@@ -14,6 +14,7 @@ agent's tick-failure metric), never filled in. Mapping and limits: docs/dcgm.md.
 from __future__ import annotations
 
 import argparse
+import http.client
 import logging
 import socket
 import sys
@@ -69,7 +70,9 @@ class DcgmBackend:
         self.scrapes += 1
         try:
             return parse_exposition(self._fetch(self.url, self.timeout_s))
-        except (OSError, ValueError, ExpositionError) as exc:  # URLError, HTTPError, timeouts are OSError
+        # URLError, HTTPError, timeouts are OSError; a non-HTTP answer (BadStatusLine) or a body cut off
+        # (IncompleteRead) is an HTTPException, not an OSError: a failed scrape all the same
+        except (OSError, http.client.HTTPException, ValueError, ExpositionError) as exc:
             self._failed(exc)
 
     def sample(self, now_ms: int) -> list[GpuSample]:

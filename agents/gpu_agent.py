@@ -299,8 +299,13 @@ def add_tick_options(p: argparse.ArgumentParser, settings: Any) -> None:
 
 def check_tick_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse impossible values of `add_tick_options` (argparse exits with the message), then set up logging."""
-    if args.interval <= 0:
-        p.error("--interval must be positive")
+    import math
+
+    # the tick grid is in whole milliseconds: an interval that rounds to 0 ms divides by zero
+    if not (math.isfinite(args.interval) and round(args.interval * 1000) >= 1):
+        p.error(f"--interval must be a number of seconds of at least 0.001 (1 ms), got {args.interval!r}")
+    if not 0 <= args.metrics_port <= 65535:
+        p.error(f"--metrics-port must be within 0..65535 (0: off), got {args.metrics_port}")
     if args.ticks_per_message < 1:
         p.error("--ticks-per-message must be at least 1")
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,

@@ -162,8 +162,11 @@ def cmd_agent(args) -> int:
     import importlib
     import os
 
+    # the agents read their settings (load_settings) from the environment: the options go that way
     if args.bootstrap:
         os.environ["GPULEDGER_KAFKA_BOOTSTRAP"] = args.bootstrap
+    if args.data_dir:  # e.g. the GPU agent's spool, <data dir>/spool/<node>
+        os.environ["GPULEDGER_DATA_DIR"] = args.data_dir
     module = importlib.import_module(f"gpuledger.agents.{AGENT_MODULES[args.kind]}")
     return module.main(args.agent_args)
 

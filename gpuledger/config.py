@@ -7,12 +7,15 @@ from __future__ import annotations
 from functools import cached_property
 from pathlib import Path
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gpuledger.streams.topic_names import TopicNames
 
 DEFAULT_DATA_DIR = Path(".gpuledger")
+#: GPULEDGER_KAFKA_SECURITY_PROTOCOL values (any case; stored upper-case: the SASL settings are sent
+#: only for SASL_*, so a lower-case value must not drop them)
+KAFKA_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 
 
 class Settings(BaseSettings):
@@ -102,6 +105,14 @@ class Settings(BaseSettings):
     kubernetes_list_page_size: int = Field(500, ge=1, description="objects per page of the agent's lists (the API server's limit/continue)")
     kubernetes_snapshot_interval_s: float = Field(30.0, gt=0, description="seconds between scheduler snapshots")
     kubernetes_state_file: Path | None = Field(None, description="the agent's state file (default: DATA_DIR/kubernetes-agent-<cluster>.json)")
+
+    @field_validator("kafka_security_protocol", mode="before")
+    @classmethod
+    def _security_protocol(cls, value):
+        protocol = value.strip().upper() if isinstance(value, str) else value
+        if protocol not in KAFKA_SECURITY_PROTOCOLS:
+            raise ValueError(f"must be one of {', '.join(KAFKA_SECURITY_PROTOCOLS)} (any case), got {value!r}")
+        return protocol
 
     @model_validator(mode="after")
     def _usage_outlives_adjustments(self):

@@ -42,8 +42,9 @@ def min_insync_replicas(replication_factor: int) -> int | None:
     return replication_factor // 2 + 1 if replication_factor >= 3 else None
 
 
-def topic_config(settings: Settings, name: str) -> dict[str, str]:
-    """The configs `topics create` sets on one topic."""
+def topic_config(settings: Settings, name: str, replicas: int | None = None) -> dict[str, str]:
+    """The configs `topics create` sets on one topic with `replicas` replicas (None: a topic it
+    creates, with GPULEDGER_REPLICATION_FACTOR of them)."""
     kind = topic_kind(settings, name)
     if kind == "state":
         config = {"cleanup.policy": "compact", "retention.ms": "-1", "max.message.bytes": str(STATE_MAX_MESSAGE_BYTES)}
@@ -51,7 +52,7 @@ def topic_config(settings: Settings, name: str) -> dict[str, str]:
         days = {"input": settings.topic_retention_input_days, "output": settings.topic_retention_output_days,
                 "diagnostics": settings.topic_retention_diagnostics_days}[kind]
         config = {"cleanup.policy": "delete", "retention.ms": str(int(days * DAY_MS))}
-    isr = min_insync_replicas(settings.replication_factor)
+    isr = min_insync_replicas(settings.replication_factor if replicas is None else replicas)
     if isr is not None:
         config["min.insync.replicas"] = str(isr)
     return config
@@ -68,12 +69,21 @@ def _differing(admin: AdminClient, name: str, wanted: dict[str, str], timeout_s:
     return {k: v for k, v in wanted.items() if have.get(k) != v}
 
 
+def replica_count(topic_metadata) -> int | None:
+    """The replicas of an existing topic (the fewest of any partition); None where the broker names none."""
+    counts = [len(p.replicas) for p in topic_metadata.partitions.values() if p.replicas]
+    return min(counts) if counts else None
+
+
 def create_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, str]:
     """Create every topic of the ledger with its configured partition count and configs; an existing
     topic gets the configs it lacks.
 
     Returns topic -> 'created' | 'exists' | 'updated'. An existing topic with a different partition
-    count is an error: co-partitioning of gpu-samples and node-allocations depends on it."""
+    count is an error: co-partitioning of gpu-samples and node-allocations depends on it. An existing
+    topic keeps its replicas: its min.insync.replicas follows its real replica count (never more than
+    it has, which would refuse every write), with a warning where that differs from
+    GPULEDGER_REPLICATION_FACTOR."""
     admin = AdminClient(settings.kafka_client_config())
     wanted = settings.partitions()
     configs = {name: topic_config(settings, name) for name in wanted}
@@ -85,6 +95,13 @@ def create_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, str]
             have = len(existing[name].partitions)
             if have != partitions:
                 raise RuntimeError(f"topic {name} exists with {have} partitions, configuration says {partitions}")
+            replicas = replica_count(existing[name])
+            if replicas is not None and replicas != settings.replication_factor:
+                log.warning("topic %s has %d replica(s) but GPULEDGER_REPLICATION_FACTOR is %d: its "
+                            "min.insync.replicas follows its %d replica(s) (topics create does not change the "
+                            "replicas of an existing topic; reassign its partitions to change them)",
+                            name, replicas, settings.replication_factor, replicas)
+                configs[name] = topic_config(settings, name, replicas)
             result[name] = "exists"
             differing = _differing(admin, name, configs[name], timeout_s)
             if differing:

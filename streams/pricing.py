@@ -2,7 +2,11 @@
 
 Pure: `parse_ledger_config` turns a parsed TOML document (a mapping) into frozen objects; lookups
 are plain functions of (model, time). Reading and writing the files is the edge's job
-(gpuledger/ledger_files.py). See docs/accounting.md for the formulas."""
+(gpuledger/ledger_files.py). See docs/accounting.md for the formulas.
+
+Why one file: the ledger document is one schema (definitions, prices, coefficients, power, segments)
+read by one set of strict helpers (`table`, `check_keys`, `_bounded`: an unknown key or a quoted
+number is an error, never a default); the lookups are a few lines over the same frozen types."""
 
 from __future__ import annotations
 
@@ -130,23 +134,34 @@ _CHOICES = {
 }
 
 
+#: the keys each definitions table may hold (any other is a typo: refused, never ignored)
+_DEFINITION_KEYS = {
+    "cost": ("include_depreciation", "include_maintenance", "include_power", "include_cooling"),
+    "utilization": ("aggregation", "threshold_pct"),
+    "shared_gpu": ("split", "sm_weight", "memory_weight", "unused"),
+    "idle": ("redistribution",),
+    "execution": ("source", "util_floor_pct", "min_idle_s"),
+}
+
+
 def parse_definitions(doc: dict, source: str) -> Definitions:
-    cost, util, shared, idle, execution = (doc.get(k, {}) for k in ("cost", "utilization", "shared_gpu", "idle", "execution"))
+    cost, util, shared, idle, execution = (table(doc, name, _DEFINITION_KEYS[name], source)
+                                           for name in ("cost", "utilization", "shared_gpu", "idle", "execution"))
     values = dict(
-        include_depreciation=bool(cost.get("include_depreciation", True)),
-        include_maintenance=bool(cost.get("include_maintenance", True)),
-        include_power=bool(cost.get("include_power", True)),
-        include_cooling=bool(cost.get("include_cooling", True)),
-        utilization_aggregation=str(util.get("aggregation", "mean")),
-        utilization_threshold_pct=float(util.get("threshold_pct", 20.0)),
-        shared_split=str(shared.get("split", "measured")),
-        shared_sm_weight=float(shared.get("sm_weight", 0.5)),
-        shared_memory_weight=float(shared.get("memory_weight", 0.5)),
-        shared_unused=str(shared.get("unused", "holders")),
-        idle_redistribution=str(idle.get("redistribution", "none")),
-        execution_source=str(execution.get("source", "both")),
-        execution_util_floor_pct=float(execution.get("util_floor_pct", 1.0)),
-        execution_min_idle_s=float(execution.get("min_idle_s", 300.0)),
+        include_depreciation=_flag(cost.get("include_depreciation", True), f"{source}: cost.include_depreciation"),
+        include_maintenance=_flag(cost.get("include_maintenance", True), f"{source}: cost.include_maintenance"),
+        include_power=_flag(cost.get("include_power", True), f"{source}: cost.include_power"),
+        include_cooling=_flag(cost.get("include_cooling", True), f"{source}: cost.include_cooling"),
+        utilization_aggregation=_text(util.get("aggregation", "mean"), f"{source}: utilization.aggregation"),
+        utilization_threshold_pct=_number(util.get("threshold_pct", 20.0), f"{source}: utilization.threshold_pct"),
+        shared_split=_text(shared.get("split", "measured"), f"{source}: shared_gpu.split"),
+        shared_sm_weight=_number(shared.get("sm_weight", 0.5), f"{source}: shared_gpu.sm_weight"),
+        shared_memory_weight=_number(shared.get("memory_weight", 0.5), f"{source}: shared_gpu.memory_weight"),
+        shared_unused=_text(shared.get("unused", "holders"), f"{source}: shared_gpu.unused"),
+        idle_redistribution=_text(idle.get("redistribution", "none"), f"{source}: idle.redistribution"),
+        execution_source=_text(execution.get("source", "both"), f"{source}: execution.source"),
+        execution_util_floor_pct=_number(execution.get("util_floor_pct", 1.0), f"{source}: execution.util_floor_pct"),
+        execution_min_idle_s=_number(execution.get("min_idle_s", 300.0), f"{source}: execution.min_idle_s"),
     )
     for key, allowed in _CHOICES.items():
         if values[key] not in allowed:
@@ -281,16 +296,64 @@ def date_ms(value, where: str) -> int:
     raise LedgerConfigError(f"{where}: valid_from must be a date like 2026-01-01, got {value!r}")
 
 
+def table(doc: dict, name: str, known, source: str, *, required: bool = False) -> dict:
+    """doc[name] as a table holding no key outside `known` (an empty one when absent and not
+    required), else a clear error naming the table and the unknown key(s): a misspelt key is an
+    error, never a silently ignored line (a typo in electricity_price_per_kwh would bill energy at 0)."""
+    if name not in doc:
+        if required:
+            raise LedgerConfigError(f"{source}: missing table [{name}]")
+        return {}
+    raw = doc[name]
+    if not isinstance(raw, dict):
+        raise LedgerConfigError(f"{source}: {name} must be a table ([{name}]), got {raw!r}")
+    check_keys(raw, known, f"{source}: [{name}]")
+    return raw
+
+
+def check_keys(raw: dict, known, where: str) -> None:
+    """Refuse a mapping with keys outside `known`, naming them (and the known ones)."""
+    unknown = sorted(str(k) for k in set(raw) - set(known))
+    if unknown:
+        raise LedgerConfigError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+
+
+def _flag(value, where: str) -> bool:
+    """A TOML boolean (true/false); a string such as "false" is refused (bool("false") is True)."""
+    if not isinstance(value, bool):
+        raise LedgerConfigError(f"{where} must be true or false (a TOML boolean, unquoted), got {value!r}")
+    return value
+
+
+def _number(value, where: str) -> float:
+    """A TOML number (integer or float); a string or boolean is refused, never coerced."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise LedgerConfigError(f"{where} must be a number (unquoted), got {value!r}")
+    return float(value)
+
+
+def _text(value, where: str) -> str:
+    if not isinstance(value, str):
+        raise LedgerConfigError(f"{where} must be a string, got {value!r}")
+    return value
+
+
 def _bounded(value, low: float, high: float, where: str, *, low_open: bool = False) -> float:
     """A finite number within [low, high] ((low, high] with low_open), else a clear error."""
-    number = float(value)
+    number = _number(value, where)
     if not (math.isfinite(number) and (number > low if low_open else number >= low) and number <= high):
         raise LedgerConfigError(f"{where} must be a number {'>' if low_open else '>='} {low:g} and <= {high:g}, "
                                 f"got {value!r}")
     return number
 
 
-def _unit_price(p: dict, where: str) -> UnitPrice:
+_PRICE_KEYS = ("depreciation_per_hour", "maintenance_per_hour")
+
+
+def _unit_price(p: dict, where: str, extra: tuple = ()) -> UnitPrice:
+    if not isinstance(p, dict):
+        raise LedgerConfigError(f"{where} must be a table, got {p!r}")
+    check_keys(p, _PRICE_KEYS + extra, where)
     return UnitPrice(_bounded(p["depreciation_per_hour"], 0, MAX_PRICE_PER_HOUR, f"{where}.depreciation_per_hour"),
                      _bounded(p["maintenance_per_hour"], 0, MAX_PRICE_PER_HOUR, f"{where}.maintenance_per_hour"))
 
@@ -305,7 +368,8 @@ def parse_prices(raw, source: str) -> dict[str, tuple[PriceEntry, ...]]:
     elif isinstance(raw, list):
         for i, p in enumerate(raw):
             where = f"{source}: prices[{i}]"
-            entry = PriceEntry(str(p["model"]), _unit_price(p, where), date_ms(p["valid_from"], where))
+            entry = PriceEntry(str(p["model"]), _unit_price(p, where, ("model", "valid_from")),
+                               date_ms(p["valid_from"], where))
             entries = by_model.setdefault(entry.model, [])
             if any(e.valid_from_ms == entry.valid_from_ms for e in entries):
                 raise LedgerConfigError(f"{where}: {entry.version} is listed twice")
@@ -320,6 +384,7 @@ def parse_prices(raw, source: str) -> dict[str, tuple[PriceEntry, ...]]:
 def _segments(seg: dict, source: str) -> dict:
     """[segments] window_s (0: a record per tick; else it divides an hour, so windows split hours and
     UTC days exactly) and flush_after_s (>= 0)."""
+    check_keys(seg, ("window_s", "flush_after_s"), f"{source}: [segments]")
     window = seg.get("window_s", DEFAULT_SEGMENT_WINDOW_S)
     if not isinstance(window, int) or isinstance(window, bool) or window < 0 or (window and 3600 % window):
         raise LedgerConfigError(f"{source}: segments.window_s must be 0 or a whole number of seconds that divides "
@@ -359,24 +424,47 @@ def _valid_at(history: dict, model: str, ts_ms: int):
 _BASELINE = Coefficient("default", 1.0, 0)
 
 
+#: the top-level keys and tables of a ledger document (any other is refused: a misspelt table name
+#: would otherwise leave its values at their defaults)
+LEDGER_TOP_LEVEL_KEYS = ("definition_version", "currency", "baseline_model", "reference_model", "prices",
+                         "coefficients", "power", "power_limits", "unpriced", "segments", "carbon", "alerts",
+                         "reclaim", *_DEFINITION_KEYS)
+_POWER_KEYS = ("electricity_price_per_kwh", "pue", "limit_tolerance")
+_COEFFICIENT_KEYS = ("model", "coefficient", "valid_from")
+
+
 def parse_ledger_config(doc: dict, source: str = "<config>") -> LedgerConfig:
     try:
+        check_keys(doc, LEDGER_TOP_LEVEL_KEYS, f"{source}: top level")
         price_history = parse_prices(doc["prices"], source)
         prices = {m: entries[-1].price for m, entries in price_history.items()}
         by_model: dict[str, list[Coefficient]] = {}
-        for i, c in enumerate(doc.get("coefficients", [])):
-            coef = float(c["coefficient"])
-            if coef <= 0:
+        coefficients = doc.get("coefficients", [])
+        if not isinstance(coefficients, list):
+            raise LedgerConfigError(f"{source}: coefficients must be [[coefficients]] entries")
+        for i, c in enumerate(coefficients):
+            if not isinstance(c, dict):
+                raise LedgerConfigError(f"{source}: coefficients[{i}] must be a table, got {c!r}")
+            check_keys(c, _COEFFICIENT_KEYS, f"{source}: coefficients[{i}]")
+            coef = _number(c["coefficient"], f"{source}: coefficients[{i}].coefficient")
+            if not (math.isfinite(coef) and coef > 0):
                 raise LedgerConfigError(f"{source}: coefficients[{i}] must be > 0, got {coef}")
             by_model.setdefault(c["model"], []).append(
                 Coefficient(c["model"], coef, date_ms(c["valid_from"], f"{source}: coefficients[{i}]")))
-        power = doc.get("power", {})
+        power = table(doc, "power", _POWER_KEYS, source)
+        power_limits = doc.get("power_limits", {})
+        if not isinstance(power_limits, dict):
+            raise LedgerConfigError(f"{source}: power_limits must be a table ([power_limits]), got {power_limits!r}")
         limits = {str(m): _bounded(w, 0, MAX_POWER_W, f"{source}: power_limits.{m}", low_open=True)
-                  for m, w in doc.get("power_limits", {}).items()}
-        policy = str(doc.get("unpriced", {}).get("policy", "default"))
+                  for m, w in power_limits.items()}
+        policy = _text(table(doc, "unpriced", ("policy",), source).get("policy", "default"), f"{source}: unpriced.policy")
         if policy not in UNPRICED_POLICIES:
             raise LedgerConfigError(f"{source}: unpriced.policy must be one of {', '.join(UNPRICED_POLICIES)}; "
                                     f"got {policy!r}")
+        pue = _bounded(power.get("pue", 1.0), 0, MAX_PUE, f"{source}: power.pue", low_open=True)
+        segments = doc.get("segments", {})
+        if not isinstance(segments, dict):
+            raise LedgerConfigError(f"{source}: segments must be a table ([segments]), got {segments!r}")
         return LedgerConfig(
             definition_version=str(doc["definition_version"]),
             currency=str(doc.get("currency", "USD")),
@@ -384,7 +472,7 @@ def parse_ledger_config(doc: dict, source: str = "<config>") -> LedgerConfig:
             reference_model=str(doc.get("reference_model", "default")),
             electricity_price_per_kwh=_bounded(power.get("electricity_price_per_kwh", 0.0), 0, MAX_PRICE_PER_KWH,
                                                f"{source}: power.electricity_price_per_kwh"),
-            pue=_bounded(power.get("pue", 1.0), 0, MAX_PUE, f"{source}: power.pue", low_open=True),
+            pue=pue,
             prices=prices,
             coefficients={m: tuple(sorted(v, key=lambda e: e.valid_from_ms)) for m, v in by_model.items()},
             definitions=parse_definitions(doc, source),
@@ -395,8 +483,8 @@ def parse_ledger_config(doc: dict, source: str = "<config>") -> LedgerConfig:
                                            f"{source}: power.limit_tolerance"),
             unpriced_policy=policy,
             watch=parse_watch_definitions(doc),
-            carbon=parse_carbon(doc, float(power.get("pue", 1.0))),
-            **_segments(doc.get("segments", {}), source),
+            carbon=parse_carbon(doc, pue),
+            **_segments(segments, source),
         )
     except KeyError as exc:
         raise LedgerConfigError(f"{source}: missing key {exc}") from None

@@ -33,3 +33,16 @@ def test_topics_are_created_with_their_configs_and_updated(broker, make_settings
     assert longer.topics.gpu_samples in inputs and longer.topics.job_events in inputs
     assert {n for n, r in again.items() if r == "updated"} == inputs
     assert described(longer, longer.topics.gpu_samples)["retention.ms"] == str(90 * 86_400_000)
+
+
+def test_existing_topics_keep_min_insync_within_their_replicas(broker, make_settings, caplog):
+    """Topics made with one replica, then `topics create` with GPULEDGER_REPLICATION_FACTOR=3: no
+    min.insync.replicas above the one replica they have (every acks=all write would be refused)."""
+    settings = make_settings(kafka_bootstrap=broker.bootstrap, replication_factor=1)
+    create_topics(settings)
+    three = make_settings(kafka_bootstrap=broker.bootstrap, topic_prefix=settings.topic_prefix, replication_factor=3)
+    with caplog.at_level("WARNING", logger="gpuledger.topics"):
+        create_topics(three)
+    for name in three.partitions():
+        assert described(three, name).get("min.insync.replicas") in (None, "1"), name
+    assert "replica(s) but GPULEDGER_REPLICATION_FACTOR is 3" in caplog.text

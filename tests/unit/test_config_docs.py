@@ -58,3 +58,15 @@ def test_no_stale_variables_are_documented():
     named = set(re.findall(r"GPULEDGER_[A-Z0-9_]*[A-Z0-9]", DOC.read_text()))
     stale = sorted(n for n in named if n[len("GPULEDGER_"):].lower() not in Settings.model_fields)
     assert not stale, f"docs/configuration.md names variables no Settings field reads: {stale}"
+
+
+def test_the_documented_topics_are_the_ones_topics_create_makes():
+    """The Topics table of docs/configuration.md names exactly Settings.partitions()' topics."""
+    text = DOC.read_text()
+    section = text[text.index("### Topics"):]
+    section = section[:section.index("\n## ")]
+    documented = set(re.findall(r"^\|\s*`([a-z-]+)`\s*\|", section, re.M))
+    made = {name.removeprefix("p.") for name in Settings(topic_prefix="p.").partitions()}
+    assert documented == made
+    count = {9: "nine", 10: "ten", 15: "fifteen", 16: "sixteen"}.get(len(made), str(len(made)))
+    assert f"{count} topics" in text and "only verifies" not in text

@@ -6,6 +6,7 @@ from a real fixture's lines by changing values or labels, and says so."""
 
 from __future__ import annotations
 
+import http.client
 import http.server
 import re
 import socket
@@ -301,6 +302,41 @@ def test_backend_counts_failed_scrapes_and_the_agent_skips_those_ticks():
         DcgmBackend("http://x", fetch=lambda u, t: "").sample(0)  # nothing exported: nothing invented
 
 
+@pytest.mark.parametrize("exc", [http.client.BadStatusLine("SSH-2.0-OpenSSH_9.6"), http.client.IncompleteRead(b"DCGM", 100),
+                                 http.client.RemoteDisconnected("closed")])
+def test_a_non_http_answer_or_a_cut_off_body_is_a_failed_scrape(exc):
+    """http.client.HTTPException is not an OSError: it must be a counted scrape failure, not a crash."""
+    def fetch(url, timeout_s):
+        raise exc
+
+    backend = DcgmBackend("http://x", fetch=fetch)
+    with pytest.raises(ScrapeFailed):
+        backend.sample(0)
+    assert (backend.scrapes, backend.scrapes_failed) == (1, 1)
+
+
+def test_a_non_http_server_is_a_failed_scrape_over_a_socket():
+    """A real socket answering garbage (not HTTP) to the real fetch."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def answer():
+        conn, _ = server.accept()
+        conn.recv(4096)
+        conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+        conn.close()
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(ScrapeFailed):
+            DcgmBackend(f"http://127.0.0.1:{server.getsockname()[1]}/metrics", timeout_s=5).scrape()
+    finally:
+        thread.join(5)
+        server.close()
+
+
 class _Exporter(http.server.BaseHTTPRequestHandler):
     body = b""
     status = 200
@@ -364,11 +400,28 @@ def test_build_tick_with_the_backend_is_a_node_tick():
 
 
 def test_an_xid_after_a_blank_first_scrape_is_new():
+    """A blank gauge is DCGM's "no Xid yet": on a healthy GPU it stays blank, so the first real value
+    after it is the GPU's first Xid and must be reported (taking it for a baseline would swallow it).
+    A blank between two values changes nothing."""
     state = DcgmState()
     [gpu], state = gpu_samples(parse_exposition(xid_text("9223372036854775792")), state)  # DCGM int64 blank
     assert gpu.xid_errors == []
     [gpu], state = gpu_samples(parse_exposition(xid_text("13")), state)
     assert gpu.xid_errors == [13]
+    [gpu], state = gpu_samples(parse_exposition(xid_text("9223372036854775792")), state)  # blank again
+    assert gpu.xid_errors == []
+    [gpu], state = gpu_samples(parse_exposition(xid_text("13")), state)
+    assert gpu.xid_errors == []
+
+
+@pytest.mark.parametrize("value", ["-Inf", "+Inf", "NaN"])
+@pytest.mark.parametrize("metric", ["DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_XID_ERRORS"])
+def test_a_non_finite_value_is_blank(metric, value):
+    """-Inf in an integer field (FB_USED -> mem_used_bytes) raised OverflowError; any non-finite
+    value is read as missing, like DCGM's blank sentinels."""
+    [gpu], _ = gpu_samples(parse_exposition(derived((metric, value), ("DCGM_FI_DEV_GPU_TEMP", "40"))), DcgmState())
+    assert gpu.temperature_c == 40
+    assert gpu.mem_used_bytes is None and gpu.power_w is None and gpu.xid_errors == []
 
 
 def test_default_node_is_the_single_hostname_label_else_this_host():

@@ -403,3 +403,33 @@ def test_list_publisher() -> None:
         assert (pub.poll(), pub.flush(), pub.delivered) == (0, 0, 2)
     with pytest.raises(PublishError):
         pub.publish("a", "k", b"3")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--interval", "0.0001"], "--interval must be a number of seconds of at least 0.001"),  # rounds to 0 ms
+    (["--interval", "0.0004"], "--interval must be a number of seconds of at least 0.001"),
+    (["--interval", "0"], "--interval must be a number of seconds of at least 0.001"),
+    (["--interval", "-5"], "--interval must be a number of seconds of at least 0.001"),
+    (["--interval", "inf"], "--interval must be a number of seconds of at least 0.001"),
+    (["--interval", "nan"], "--interval must be a number of seconds of at least 0.001"),
+    (["--metrics-port", "70000"], "--metrics-port must be within 0..65535"),
+    (["--metrics-port", "-1"], "--metrics-port must be within 0..65535"),
+])
+@pytest.mark.parametrize("agent", ["gpu", "dcgm"])
+def test_impossible_tick_options_are_refused_with_one_line(agent, argv, message, capsys):
+    """No ZeroDivisionError / OverflowError traceback: argparse's usage error naming the option."""
+    if agent == "gpu":
+        run = lambda: main(["--backend", "sim", "--once", "--print", *argv])  # noqa: E731
+    else:
+        from gpuledger.agents.dcgm_agent import main as dcgm_main
+        run = lambda: dcgm_main(["--url", "http://127.0.0.1:9/metrics", "--once", "--print", *argv])  # noqa: E731
+    with pytest.raises(SystemExit) as exc:
+        run()
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_a_one_millisecond_interval_is_accepted(capsys):
+    assert main(["--backend", "sim", "--sim-gpus", "1xT4", "--once", "--print", "--interval", "0.001"]) == 0
+    assert decode(NodeTick, capsys.readouterr().out.strip().encode()).interval_ms == 1

@@ -50,3 +50,76 @@ def test_min_insync_set_with_three_replicas(tmp_path):
     assert all(topic_config(s, n)["min.insync.replicas"] == "2" for n in s.partitions())
     s1 = Settings(data_dir=tmp_path, replication_factor=1)
     assert all("min.insync.replicas" not in topic_config(s1, n) for n in s1.partitions())
+
+
+class _Partition:
+    def __init__(self, replicas):
+        self.replicas = replicas
+
+
+class _Topic:
+    def __init__(self, partitions: int, replicas: int):
+        self.partitions = {i: _Partition(list(range(replicas))) for i in range(partitions)}
+
+
+class _Future:
+    def __init__(self, value=None):
+        self.value = value
+
+    def result(self, timeout=None):
+        return self.value
+
+
+class _FakeAdmin:
+    """Every topic exists with its configured partitions and `replicas` replicas, no config set."""
+
+    def __init__(self, settings, replicas: int):
+        self.topics = {n: _Topic(p, replicas) for n, p in settings.partitions().items()}
+        self.altered: dict[str, dict[str, str]] = {}
+
+    def list_topics(self, timeout=None):
+        return type("Metadata", (), {"topics": self.topics})()
+
+    def describe_configs(self, resources):
+        return {r: _Future({}) for r in resources}
+
+    def incremental_alter_configs(self, resources):
+        for r in resources:
+            self.altered[r.name] = {e.name: e.value for e in r.incremental_configs}
+        return {r: _Future() for r in resources}
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_existing_topic_min_insync_follows_its_real_replicas(tmp_path, monkeypatch, caplog, replicas):
+    """GPULEDGER_REPLICATION_FACTOR=3 on topics made with fewer replicas must not set
+    min.insync.replicas=2 on them (that refuses every acks=all write): it follows the topic, with a warning."""
+    import gpuledger.topics as topics
+
+    s = Settings(data_dir=tmp_path, topic_prefix="t.", replication_factor=3)
+    admin = _FakeAdmin(s, replicas)
+    monkeypatch.setattr(topics, "AdminClient", lambda config: admin)
+    with caplog.at_level("WARNING", logger="gpuledger.topics"):
+        result = topics.create_topics(s)
+    assert set(result.values()) == {"updated"}
+    for name in s.partitions():
+        assert "min.insync.replicas" not in admin.altered[name], name
+    assert f"topic {s.topics.gpu_samples} has {replicas} replica(s) but GPULEDGER_REPLICATION_FACTOR is 3" in caplog.text
+
+
+def test_existing_topic_with_configured_replicas_gets_min_insync(tmp_path, monkeypatch, caplog):
+    import gpuledger.topics as topics
+
+    s = Settings(data_dir=tmp_path, topic_prefix="t.", replication_factor=3)
+    admin = _FakeAdmin(s, 3)
+    monkeypatch.setattr(topics, "AdminClient", lambda config: admin)
+    with caplog.at_level("WARNING", logger="gpuledger.topics"):
+        topics.create_topics(s)
+    assert all(admin.altered[n]["min.insync.replicas"] == "2" for n in s.partitions())
+    assert "replica(s) but" not in caplog.text
+
+
+def test_topic_config_for_real_replicas(tmp_path):
+    s = Settings(data_dir=tmp_path, replication_factor=3)
+    name = s.topics.gpu_samples
+    assert "min.insync.replicas" not in topic_config(s, name, replicas=1)
+    assert topic_config(s, name, replicas=5)["min.insync.replicas"] == "3"
