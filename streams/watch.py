@@ -244,8 +244,9 @@ class Watcher:
             if state == DOWN:
                 outs += self._gpu_down(cluster, gpu, start, end)
                 continue
-            outs += self._gpu_up(cluster, gpu, start, end)
             job_id = r.get("job_id") or ""
+            outs += self._gpu_up(cluster, gpu, start, end, (job_id, int(r.get("attempt") or 0))
+                                 if state in (EXECUTING, IDLE) and job_id else None)
             if state not in (EXECUTING, IDLE) or not job_id:
                 continue
             key = (cluster, job_id, int(r.get("attempt") or 0))
@@ -382,12 +383,19 @@ class Watcher:
         return [self._open(a, "gpu_down", [gpu], start, start, end,
                            f"GPU {gpu} went down under running job {a.job_id} (attempt {a.attempt})")]
 
-    def _gpu_up(self, cluster: str, gpu: str, start: int, end: int) -> list[Out]:
+    def _gpu_up(self, cluster: str, gpu: str, start: int, end: int, holder: tuple[str, int] | None) -> list[Out]:
+        """A GPU's record that is not down; `holder`: the (job, attempt) it is billed to, if any."""
         held = self.holders.get((cluster, gpu))
         a = self.attempts.get((cluster, held[0], held[1])) if held else None
         if a is None or gpu not in a.down:
             return []
         a.down.remove(gpu)
+        if holder != (a.job_id, a.attempt):
+            # back, but no longer the job's: its usage stopped at the fault, and judging the job must
+            # not wait for it (the job's horizon is the least of its GPUs' newest usage)
+            a.last_end.pop(gpu, None)
+            a.shares.pop(gpu, None)
+            a.buckets.pop(gpu, None)
         if a.down or "gpu_down" not in a.open:
             return []
         return [self._close(a, "gpu_down", start, start, end, f"GPU {gpu} is back in service")]
@@ -630,7 +638,10 @@ class Watcher:
             return False  # its partition went on without it: its node stopped
         if newest - partition_end > RECLAIM_STALE_MS:
             if p not in quiet:
-                heard = self.partition_heard.get(p)
+                # a partition not heard from since this process started (a restart) counts from now:
+                # silent RECLAIM_QUIET_S more, it is quiet (else one silent partition would hold the
+                # cluster's reclaim judgement for ever after a restart)
+                heard = self.partition_heard.setdefault(p, self.now_s) if self.now_s is not None else None
                 quiet[p] = self.now_s is not None and heard is not None and self.now_s - heard > RECLAIM_QUIET_S
             if quiet[p]:
                 return False  # the whole partition stopped

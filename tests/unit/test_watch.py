@@ -471,6 +471,48 @@ def test_reclaim_does_not_wait_for_a_stopped_node_or_a_quiet_partition():
     assert judged == [0, 1, 2, 3, 4] + [4] * 10 + list(range(15, 30))
 
 
+def test_a_partition_silent_before_a_restart_is_not_waited_for_after_it():
+    """Wall-clock silence is not in the state: a partition not heard from since the restart counts
+    as quiet a minute after it, instead of holding the cluster's reclaim judgement for ever."""
+    feed = Feed(watcher())
+    for n in range(4):
+        feed.send(LIFE, event("started", 0, job=f"job-{n}"))
+    judged = []
+    for m in range(30):
+        if m == 8:  # the watcher restarts from its snapshot; partition 1 has been silent since minute 5
+            restored = watcher()
+            restored.restore(feed.w.snapshot())
+            feed.w = restored
+        feed.send(SNAP, snapshot(m + 1))
+        fleet_minute(feed, m, 4, partitions=2, skip={1, 3} if m >= 5 else ())
+        judged.append(feed.w.reclaim_evaluated["c1"] - T0 // MIN)
+    # as without the restart, but quiet a minute after it rather than a minute after its last message
+    assert judged == [0, 1, 2, 3, 4] + [4] * 12 + list(range(17, 30))
+
+
+def test_a_gpu_back_in_service_no_longer_held_by_the_job_does_not_stop_its_rules():
+    """GPU-b goes down under the job and comes back unallocated: the job is judged on GPU-a alone
+    from then on (its hang is still found), not held at the time GPU-b went down."""
+    feed = Feed(watcher())
+    feed.send(LIFE, event("started", 0))
+    for m in range(60):
+        def records(s, e):
+            out = [record("GPU-a", s, e, util=95.0 if m < 30 else 0.0)]  # hangs from minute 30
+            if m < 20:
+                out.append(record("GPU-b", s, e, util=95.0))
+            elif m < 22:
+                out.append(record("GPU-b", s, e, state="down"))
+            else:
+                out.append(record("GPU-b", s, e, state="unallocated", job=""))
+            return out
+        feed.minute(m, records)
+    assert summary(feed.alerts())[:3] == [("gpu_down", "open", 20 * MIN, ["GPU-b"]),
+                                          ("gpu_down", "closed", 22 * MIN, ["GPU-b"]),
+                                          ("util_drop", "open", 40 * MIN, ["GPU-a"])]
+    assert ("hung", "open", 40 * MIN, ["GPU-a"]) in summary(feed.alerts())
+    assert feed.w.attempts[("c1", "j1", 0)].evaluated_bucket - T0 // MIN == 60
+
+
 def test_attempts_and_ended_entries_are_forgotten_a_day_after_their_last_activity():
     feed = Feed(watcher())
     feed.send(LIFE, event("started", 0, job="old"))
