@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from gpuledger.streams.configkeys import refuse_unknown_keys
+
 #: World-average carbon intensity of electricity generation in 2023, gCO2e per kWh: Ember, Global
 #: Electricity Review 2024 (480 g/kWh). Used where neither a loaded series nor the ledger's
 #: [carbon].default_gco2e_per_kwh says otherwise.
@@ -60,9 +62,8 @@ def parse_carbon(doc: dict, power_pue: float) -> CarbonDefinition:
     raw = doc.get("carbon", {})
     if not isinstance(raw, dict):
         raise CarbonConfigError("[carbon] must be a table")
-    unknown = sorted(set(raw) - {"version", "pue", "default_gco2e_per_kwh", "default_source", "zones"})
-    if unknown:
-        raise CarbonConfigError(f"carbon: unknown key(s) {', '.join(unknown)}")
+    refuse_unknown_keys(raw, ("version", "pue", "default_gco2e_per_kwh", "default_source", "zones"), "carbon",
+                        CarbonConfigError)
     version = str(raw.get("version", DEFAULT_CARBON_VERSION)).strip()
     if not version or not version.isprintable():
         raise CarbonConfigError(f"carbon.version must be printable text, got {raw.get('version')!r}")

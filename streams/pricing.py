@@ -20,6 +20,7 @@ from datetime import date, datetime, timezone
 
 from gpuledger.streams.watchdefs import WatchDefinitions, parse_watch_definitions
 from gpuledger.streams.carbondefs import CarbonDefinition, parse_carbon
+from gpuledger.streams.configkeys import refuse_unknown_keys
 
 MS_PER_HOUR = 3_600_000
 JOULES_PER_KWH = 3_600_000.0
@@ -313,9 +314,7 @@ def table(doc: dict, name: str, known, source: str, *, required: bool = False) -
 
 def check_keys(raw: dict, known, where: str) -> None:
     """Refuse a mapping with keys outside `known`, naming them (and the known ones)."""
-    unknown = sorted(str(k) for k in set(raw) - set(known))
-    if unknown:
-        raise LedgerConfigError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    refuse_unknown_keys(raw, known, where, LedgerConfigError)
 
 
 def _flag(value, where: str) -> bool:

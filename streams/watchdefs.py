@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
+from gpuledger.streams.configkeys import refuse_unknown_keys
+
 #: version of each rule's logic (docs/alerts.md); an alert's definition_version is
 #: "<[alerts] version>/<rule>.v<n>"
 RULE_VERSIONS = {"util_drop": 1, "low_util": 1, "straggler": 1, "hung": 1, "gpu_down": 1}
@@ -134,10 +136,7 @@ def _number(value, where: str, *, low: float = 0.0, high: float = math.inf, low_
 def _table(cls, raw, where: str, bounds: dict):
     if not isinstance(raw, dict):
         raise WatchConfigError(f"{where} must be a table")
-    known = {f.name for f in fields(cls)}
-    unknown = set(raw) - known
-    if unknown:
-        raise WatchConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(known))})")
+    refuse_unknown_keys(raw, (f.name for f in fields(cls)), where, WatchConfigError)
     values = {}
     for f in fields(cls):
         if f.name not in raw:

@@ -190,17 +190,12 @@ def _bills(client, db: str, filters: dict[str, Any]) -> list[dict]:
         if currency:
             row_currency[key] = currency
 
-    closed_sql = (f"SELECT day, toString(cluster) AS cluster, toString(tenant) AS tenant, toString(line) AS line, "
-                  f"toString(definition_version) AS definition_version, sum(gpu_ms) AS g, sum(effective_gpu_ms) AS e, "
-                  f"sum(cost_micros) AS c, toString(any(currency)) AS currency, toString(queue) AS queue "
-                  f"FROM {db}.closed_tenant_bill WHERE {b.committed(db)} AND {_and(conds)} "
-                  "GROUP BY day, cluster, tenant, queue, line, definition_version")
+    lines, carbon_of, carbon_version = _billed_lines(client, db, conds, params, with_carbon=True)
     # each tenant's cost per queue, cluster and day: the weights of the cluster idle's shares
     units: dict[tuple, dict[tuple[str, str], int]] = {}
-    for r in _query(client, closed_sql, params):
-        add((r["day"], "closed", r["cluster"], r["tenant"], r["definition_version"], None, None), r["line"],
-            r["g"], r["e"], r["c"], r["currency"])
-        _add_unit(units, r["day"], r["cluster"], r["definition_version"], r["tenant"], r["queue"], r["c"])
+    for day, status, cluster, tenant, queue, dv, line, g, e, c, currency in lines:
+        add((day, status, cluster, tenant, dv, None, None), line, g, e, c, currency)
+        _add_unit(units, day, cluster, dv, tenant, queue, c)
     adj_sql = (f"SELECT booked_day, corrects_day, toString(reason) AS reason, toString(cluster) AS cluster, "
                f"toString(tenant) AS tenant, toString(line) AS line, toString(definition_version) AS definition_version, "
                f"sum(gpu_ms) AS g, sum(effective_gpu_ms) AS e, sum(cost_micros) AS c, toString(any(currency)) AS currency "
@@ -209,13 +204,6 @@ def _bills(client, db: str, filters: dict[str, Any]) -> list[dict]:
     for r in _query(client, adj_sql, params):
         add((r["booked_day"], "adjustment", r["cluster"], r["tenant"], r["definition_version"], r["corrects_day"],
              r["reason"]), r["line"], r["g"], r["e"], r["c"], r["currency"])
-    basis, carbon_of, carbon_version = _open_basis_and_carbon(client, db, conds, params)
-    lines = b.job_lines(basis, b.fetch_outcomes(client, db, failed_only=True))
-    for (day, cluster, tenant, queue, _job, _att, dv, line), (g, e, c) in lines.items():
-        add((day, "open", cluster, tenant, dv, None, None), line, g, e, c)
-        _add_unit(units, day, cluster, dv, tenant, queue, c)
-    if filters.get("_units"):  # _billed_units: the weights only
-        return units  # type: ignore[return-value]
     order = {"closed": 0, "open": 0, "adjustment": 1}
     rows = []
     for key in sorted(groups, key=lambda k: (k[0], order[k[1]], k[3], k[2], k[4], str(k[5]), str(k[6]))):
@@ -235,7 +223,7 @@ def _bills(client, db: str, filters: dict[str, Any]) -> list[dict]:
     billed = [r for r in rows if r["status"] != "adjustment"]
     if filters.get("cluster") is not None or filters.get("queue") is not None:
         # the shares are those of every tenant and queue of the day's cluster, whatever this report shows
-        units = _billed_units(client, db, {k: filters.get(k) for k in ("day_from", "day_to", "definition_version")})
+        units = _billed_units(client, db, filters)
     _redistribute_cluster_idle(client, db, billed, policy, units, filters.get("queue"))
     if filters.get("tenant") is not None:
         rows = [r for r in rows if r["tenant"] == filters["tenant"]]
@@ -247,10 +235,37 @@ def _add_unit(units: dict, day, cluster: str, dv: str, tenant: str, queue: str, 
     acc[(tenant, queue)] = acc.get((tenant, queue), 0) + int(cost)
 
 
+def _billed_lines(client, db: str, conds: Sequence[str], params: dict[str, Any], *, with_carbon: bool
+                  ) -> tuple[list[tuple], dict[tuple, float], str | None]:
+    """The closed and open bill lines of the days `conds` select, each as (day, status, cluster, tenant,
+    queue, definition_version, line, gpu_ms, effective_gpu_ms, cost_micros, currency or None), with the
+    carbon per day, cluster, tenant and definition version and the carbon version (empty and None
+    without `with_carbon`)."""
+    from gpuledger.warehouse import bills as b
+
+    closed_sql = (f"SELECT day, toString(cluster) AS cluster, toString(tenant) AS tenant, toString(line) AS line, "
+                  f"toString(definition_version) AS definition_version, sum(gpu_ms) AS g, sum(effective_gpu_ms) AS e, "
+                  f"sum(cost_micros) AS c, toString(any(currency)) AS currency, toString(queue) AS queue "
+                  f"FROM {db}.closed_tenant_bill WHERE {b.committed(db)} AND {_and(conds)} "
+                  "GROUP BY day, cluster, tenant, queue, line, definition_version")
+    lines = [(r["day"], "closed", r["cluster"], r["tenant"], r["queue"], r["definition_version"], r["line"],
+              r["g"], r["e"], r["c"], r["currency"]) for r in _query(client, closed_sql, params)]
+    basis, carbon_of, carbon_version = _open_basis_and_carbon(client, db, conds, params, with_carbon=with_carbon)
+    for (day, cluster, tenant, queue, _job, _att, dv, line), (g, e, c) in b.job_lines(
+            basis, b.fetch_outcomes(client, db, failed_only=True)).items():
+        lines.append((day, "open", cluster, tenant, queue, dv, line, g, e, c, None))
+    return lines, carbon_of, carbon_version
+
+
 def _billed_units(client, db: str, filters: dict[str, Any]) -> dict[tuple, dict[tuple[str, str], int]]:
     """{(day, cluster, definition_version): {(tenant, queue): cost_micros}} of the closed and open bills
     of every cluster, tenant and queue (adjustments aside), for the days and definition `filters` select."""
-    return _bills(client, db, {**filters, "idle_redistribution": "none", "_units": True})  # type: ignore[return-value]
+    conds, params = _where(filters, ("day_from", "day_to", "definition_version"))
+    units: dict[tuple, dict[tuple[str, str], int]] = {}
+    for day, _status, cluster, tenant, queue, dv, _line, _g, _e, c, _currency in _billed_lines(
+            client, db, conds, params, with_carbon=False)[0]:
+        _add_unit(units, day, cluster, dv, tenant, queue, c)
+    return units
 
 
 def _redistribute_cluster_idle(client, db: str, rows: list[dict], policy: str,
@@ -569,17 +584,17 @@ def job_money_sql(client, db: str, scope_cond: str, carbon_too: bool = True) -> 
     return sql, params
 
 
-def _open_basis_and_carbon(client, db: str, conds: Sequence[str], params: dict[str, Any]
-                           ) -> tuple[list[dict], dict[tuple, float], str | None]:
+def _open_basis_and_carbon(client, db: str, conds: Sequence[str], params: dict[str, Any], *,
+                           with_carbon: bool) -> tuple[list[dict], dict[tuple, float], str | None]:
     """The open days' bill basis (jobs' usage per day, attempt and state, each record id once, as a close
     run reads it: bills.fetch_day_usage) and the carbon (kg CO2e) per day, cluster, tenant and definition version of every
     day `conds` select, with the carbon version (None without a definition). One query: the open days'
     records are read once for both (GROUPING SETS); closed days' carbon comes from closed_energy
-    (docs/carbon.md)."""
+    (docs/carbon.md). Without `with_carbon`, the basis only."""
     from gpuledger.warehouse import bills as b
     from gpuledger.warehouse import carbon
 
-    definition = _carbon_definition(client, db)
+    definition = _carbon_definition(client, db) if with_carbon else None
     exact_days, raw_days, is_open, bucket, record_days, day_params = _live_days(client, db, definition)
     params = {**params, **day_params}
     live = f"SELECT *, {is_open} AS is_open FROM ({b.live_usage_sql(db, exact_days, raw_days, bucket, conds)})"
