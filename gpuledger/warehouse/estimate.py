@@ -16,6 +16,10 @@ in `approvals` (sql/0021, append-only) and sent to `<prefix>approvals`; `gpuledg
 approve|reject ID --by WHO` records and sends the decision.
 
 `estimate_run` is pure (plain data in, an Estimate out); the rest reads and writes the warehouse.
+
+Why one file: the estimate and its approval are one flow (an estimate above the threshold becomes a
+pending approval; `approvals` decides and publishes it), and the `estimate` and `approvals` commands
+are registered together (gpuledger/cli.py MODULE_COMMANDS loads this module for both).
 """
 
 from __future__ import annotations
@@ -40,13 +44,14 @@ TARGETS = ("steps", "tokens", "epochs")
 class Pilot:
     """What the warehouse knows of a pilot attempt. `reports`: (ts_ms, step, tokens, epoch) in time
     order; `gpus`: GPU model -> GPUs held (shares add up); `power_w`: GPU model -> mean power of one
-    held GPU over the pilot, watts."""
+    held GPU over the pilot, watts; `cluster`: the job's cluster (job ids are per cluster)."""
 
     job_id: str
     attempt: int
     reports: list[tuple[int, int, int | None, float | None]]
     gpus: dict[str, float]
     power_w: dict[str, float]
+    cluster: str = ""
 
 
 @dataclass
@@ -72,6 +77,7 @@ class Estimate:
     priced_at_ms: int
     price_versions: dict[str, str] = field(default_factory=dict)
     priced_by_default: list[str] = field(default_factory=list)
+    cluster: str = ""
 
     def rows(self) -> list[dict]:
         """The estimate as report rows (figure, central, low, high)."""
@@ -153,7 +159,8 @@ def estimate_run(pilot: Pilot, target: str, value: float, ledger: LedgerConfig, 
         wall_hours=wall_s / 3600, wall_hours_low=walls["low"] / 3600, wall_hours_high=walls["high"] / 3600,
         gpu_hours=gpu_hours, effective_gpu_hours=effective, energy_kwh=energy_j / JOULES_PER_KWH,
         cost=cost["central"] / 1e6, cost_low=cost["low"] / 1e6, cost_high=cost["high"] / 1e6,
-        currency=ledger.currency, priced_at_ms=at_ms, price_versions=versions, priced_by_default=defaulted)
+        currency=ledger.currency, priced_at_ms=at_ms, price_versions=versions, priced_by_default=defaulted,
+        cluster=pilot.cluster)
 
 
 def approval_threshold(path: Path | None) -> float:
@@ -172,27 +179,58 @@ def _query(client, sql: str, params: dict) -> list[dict]:
     return list(client.query(sql, parameters=params).named_results())
 
 
-def load_pilot(client, database: str, job_id: str, attempt: int | None = None) -> Pilot:
-    """The pilot attempt (default: the latest attempt that reported progress) with its reports, the GPUs
-    it held per model (each GPU at its largest share) and their mean power over the reported span."""
+def job_clusters(client, database: str, job_id: str, attempt: int | None = None) -> tuple[list[str], set[str]]:
+    """The clusters job id `job_id` (of `attempt`, if given) ran in: those of its executing or
+    allocated-idle usage (`job_gpu_usage`, keyed by job id) and those its progress reports name; and
+    the clusters its progress reports carry ('' for a report that names none)."""
     db = quoted_database(database)
-    p = {"job": job_id}
+    p = {"job": job_id, "attempt": -1 if attempt is None else int(attempt)}
+    only = "AND ({attempt:Int64} < 0 OR attempt = {attempt:Int64})"
+    progress = {r["c"] for r in _query(client, f"""
+        SELECT DISTINCT toString(cluster) AS c FROM {db}.job_progress WHERE job_id = {{job:String}} {only}""", p)}
+    used = {r["c"] for r in _query(client, f"""
+        SELECT DISTINCT toString(cluster) AS c FROM {db}.job_gpu_usage WHERE job_id = {{job:String}} {only}""", p)}
+    return sorted(used | (progress - {""})), progress
+
+
+def load_pilot(client, database: str, job_id: str, attempt: int | None = None, cluster: str | None = None) -> Pilot:
+    """The pilot attempt (default: the latest attempt that reported progress) with its reports, the GPUs
+    it held per model (each GPU at its largest share) and their mean power over the reported span.
+
+    Slurm numbers jobs per cluster, so a job is (cluster, job id). Without `cluster`, the one cluster
+    the job id ran in (`job_clusters`); a job id of several clusters is refused. Progress reports are
+    those that name the cluster, else those that name none (a reporter not given its cluster)."""
+    db = quoted_database(database)
+    clusters, progress = job_clusters(client, database, job_id, attempt)
+    if not progress:
+        of = "" if attempt is None else f" attempt {attempt}"
+        raise ValueError(f"job {job_id!r}{of} reported no progress (line 4, gpuledger/progress.py): nothing to "
+                         "estimate from")
+    if cluster is None:
+        if len(clusters) > 1:
+            raise ValueError(f"job {job_id} ran in clusters {', '.join(clusters)}: give --cluster")
+        cluster = clusters[0] if clusters else ""  # '' only when no usage names one: no GPUs found below
+    where = f"job {job_id!r}" + (f" in cluster {cluster!r}" if cluster else "")
+    p = {"job": job_id, "cluster": cluster, "pc": cluster if cluster in progress else ""}
     if attempt is None:
-        rows = _query(client, f"SELECT max(attempt) AS a, count() AS n FROM {db}.job_progress WHERE job_id = {{job:String}}", p)
+        rows = _query(client, f"""SELECT max(attempt) AS a, count() AS n FROM {db}.job_progress
+                                 WHERE job_id = {{job:String}} AND cluster = {{pc:String}}""", p)
         if not rows or not rows[0]["n"]:
-            raise ValueError(f"job {job_id!r} reported no progress (line 4, gpuledger/progress.py): nothing to estimate from")
+            raise ValueError(f"{where} reported no progress (line 4, gpuledger/progress.py): nothing to estimate from")
         attempt = rows[0]["a"]
     p["attempt"] = int(attempt)
     reports = [(r["ts_ms"], r["step"], r["tokens"], r["epoch"]) for r in _query(client, f"""
         SELECT ts_ms, step, tokens, epoch FROM {db}.job_progress
-        WHERE job_id = {{job:String}} AND attempt = {{attempt:UInt32}} ORDER BY ts_ms, step""", p)]
+        WHERE job_id = {{job:String}} AND attempt = {{attempt:UInt32}} AND cluster = {{pc:String}}
+        ORDER BY ts_ms, step""", p)]
     if not reports:
-        raise ValueError(f"job {job_id!r} attempt {attempt} reported no progress")
+        raise ValueError(f"{where} attempt {attempt} reported no progress")
     p.update(t0=reports[0][0], t1=reports[-1][0])
+    mine = "job_id = {job:String} AND attempt = {attempt:UInt32} AND cluster = {cluster:String}"
     held = _query(client, f"""
         SELECT gpu_model, sum(share) AS gpus FROM
             (SELECT gpu_uuid, any(gpu_model) AS gpu_model, max(share_milli) / 1000 AS share FROM {db}.usage_raw
-             WHERE job_id = {{job:String}} AND attempt = {{attempt:UInt32}} AND state IN ('executing', 'allocated_idle')
+             WHERE {mine} AND state IN ('executing', 'allocated_idle')
              GROUP BY gpu_uuid)
         GROUP BY gpu_model""", p)
     power = _query(client, f"""
@@ -201,11 +239,11 @@ def load_pilot(client, database: str, job_id: str, attempt: int | None = None) -
                     greatest(least(end_ms, {{t1:Int64}}) - greatest(start_ms, {{t0:Int64}}), 0)
                         / greatest(end_ms - start_ms, 1) AS part
              FROM {db}.usage_raw
-             WHERE job_id = {{job:String}} AND attempt = {{attempt:UInt32}} AND state IN ('executing', 'allocated_idle'))
+             WHERE {mine} AND state IN ('executing', 'allocated_idle'))
         GROUP BY gpu_model""", p)
     return Pilot(job_id=job_id, attempt=int(attempt), reports=reports,
                  gpus={r["gpu_model"]: float(r["gpus"]) for r in held},
-                 power_w={r["gpu_model"]: float(r["power_w"] or 0.0) for r in power})
+                 power_w={r["gpu_model"]: float(r["power_w"] or 0.0) for r in power}, cluster=cluster)
 
 
 def _approval_id(est: Estimate, now_ms: int) -> str:
@@ -304,7 +342,8 @@ def cmd_estimate(args) -> int:
     now_ms = int(time.time() * 1000)
     client = connect(settings)
     try:
-        est = estimate_run(load_pilot(client, settings.database, args.job_id, args.attempt), *targets[0], ledger, now_ms)
+        pilot = load_pilot(client, settings.database, args.job_id, args.attempt, args.cluster)
+        est = estimate_run(pilot, *targets[0], ledger, now_ms)
         pending = est.cost_high > threshold
         row = record_pending(client, settings.database, est, threshold, now_ms) if pending else None
     finally:
@@ -313,7 +352,8 @@ def cmd_estimate(args) -> int:
         print(json.dumps({**asdict(est), "threshold": threshold, "approval": row and row["approval_id"]}, indent=2))
     else:
         gpus = ", ".join(f"{n:g} x {m}" for m, n in est.gpus.items())
-        print(f"job {est.job_id} attempt {est.attempt}: {est.target} ({est.target_steps:,.0f} steps) on {gpus}; pilot "
+        where = f" (cluster {est.cluster})" if est.cluster else ""
+        print(f"job {est.job_id}{where} attempt {est.attempt}: {est.target} ({est.target_steps:,.0f} steps) on {gpus}; pilot "
               f"{est.steps_per_s:.4g} steps/s (band {est.steps_per_s_low:.4g} .. {est.steps_per_s_high:.4g}: "
               f"p{LOW_PCT:g}..p{HIGH_PCT:g} of its interval rates)")
         print(render(est.rows(), "table"), end="")
@@ -375,6 +415,8 @@ def register_cli(sub) -> None:
     p.add_argument("--target-tokens", type=float)
     p.add_argument("--target-epochs", type=float)
     p.add_argument("--attempt", type=int, help="the pilot attempt (default: the latest that reported progress)")
+    p.add_argument("--cluster", help="the job's cluster (job ids are per cluster; default: the one cluster the job "
+                                     "id ran in, refused when it ran in several)")
     p.add_argument("--threshold", type=float, help="approval threshold, currency (default: ledger [approvals] threshold)")
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.add_argument("--no-publish", action="store_true", help="record in the warehouse only, send nothing to Kafka")

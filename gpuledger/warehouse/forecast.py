@@ -1,11 +1,14 @@
 """Capacity forecast (issue #15 point 3; docs/planning.md, "Capacity forecast").
 
-Demand is GPU-hours per day: allocated (usage records in executing or allocated_idle, from the
-usage_by_job_daily aggregate) plus pending (the scheduler snapshots' pending GPUs x the time to the
-queue's next snapshot, at most SNAPSHOT_GAP_CAP_S). Allocated demand is known by GPU model and queue;
-pending demand only by queue (the scheduler does not say which model a waiting job would get), so it
-is its own series under gpu_model PENDING_MODEL. Capacity per GPU model is the mean daily GPU time of
-its cards (every state) over the last CAPACITY_DAYS days, held flat: the fleet as it is, no purchases.
+Demand is GPU-hours per day: allocated (usage records in executing or allocated_idle, each record id
+once) plus pending (the scheduler snapshots' pending GPUs x the time to the queue's next snapshot, at
+most SNAPSHOT_GAP_CAP_S). Allocated demand is known by GPU model and queue; pending demand only by queue
+(the scheduler does not say which model a waiting job would get), so it is its own series under
+gpu_model PENDING_MODEL. Capacity per GPU model is the median of its daily GPU time (every state) over
+the last CAPACITY_DAYS complete days, a day without records counting 0, held flat: the fleet as it is,
+no purchases. Only complete days count: those before the day of the usage horizon (max end_ms of
+usage_raw), which is still being written. A day whose records the aggregates counted once each
+(bills.exact_hourly_days) is read from usage_by_job_daily, any other from usage_raw FINAL.
 
 Each series (a model and queue, and each model's total, queue '*', fitted on its own: bands do not add)
 is fitted by statsmodels' ETSModel — additive errors, a damped additive trend, weekly seasonality where
@@ -19,6 +22,8 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import numbers
+import statistics
 import uuid
 import warnings
 from dataclasses import dataclass
@@ -28,7 +33,8 @@ from gpuledger.warehouse.client import quoted_database
 HORIZON_DAYS = 91  # a quarter
 ALPHA = 0.2  # 80 % band
 SEASON = 7
-CAPACITY_DAYS = 30
+CAPACITY_DAYS = 7  # capacity: the median of these last complete days (a one-day outage does not move it)
+DEMAND_STATES = "('executing', 'allocated_idle')"
 SNAPSHOT_GAP_CAP_S = 3600
 PENDING_MODEL = "(pending: any model)"
 MIN_DAYS = 4
@@ -42,9 +48,19 @@ class Fitted:
     upper: list[float]
 
 
+def check_options(horizon: int, alpha: float) -> None:
+    """A horizon of at least one whole day and a band (1 - alpha) strictly between 0 and 1, or ValueError:
+    anything else stores a broken run, or reads as "too short" once forecast_rows skips the series."""
+    if isinstance(horizon, bool) or not isinstance(horizon, numbers.Integral) or horizon < 1:
+        raise ValueError(f"the horizon (--horizon) is a whole number of days, at least 1, got {horizon!r}")
+    if not 0 < alpha < 1:  # NaN too
+        raise ValueError(f"the band (--band) is its coverage, between 0 and 1 (0.8 for 80 %), got {1 - alpha:g}")
+
+
 def fit_forecast(values: list[float], horizon: int = HORIZON_DAYS, alpha: float = ALPHA) -> Fitted:
     """Forecast a daily series `horizon` days ahead with statsmodels' ETS and its (1 - alpha) band.
     Demand cannot be negative: the mean and band are cut at 0."""
+    check_options(horizon, alpha)
     import numpy as np
     from statsmodels.tsa.exponential_smoothing.ets import ETSModel
 
@@ -90,15 +106,95 @@ def _query(client, sql: str, params: dict | None = None) -> list[dict]:
     return list(client.query(sql, parameters=params or {}).named_results())
 
 
-def demand_history(client, database: str) -> tuple[dict[tuple[str, str], dict[dt.date, float]], dict[str, float]]:
-    """({(gpu_model, queue): {day: demand GPU-hours}}, {gpu_model: capacity GPU-hours per day})."""
+def usage_horizon_day(client, database: str) -> dt.date | None:
+    """The first day not complete: the day of the usage horizon (max end_ms of usage_raw, as bills close
+    reads it), still being written. A horizon at exactly midnight starts a day with no usage yet, so the
+    day before is complete. Without usage, the latest scheduler snapshot's day; None without either."""
     db = quoted_database(database)
+    for sql in (f"SELECT count(), max(end_ms) FROM {db}.usage_raw",
+                f"SELECT count(), max(ts_ms) FROM {db}.scheduler_snapshots"):
+        n, horizon_ms = client.query(sql).result_rows[0]
+        if n:
+            return dt.date(1970, 1, 1) + dt.timedelta(days=int(horizon_ms) // 86_400_000)
+    return None
+
+
+def _counted_once(client, db: str, exact: dict[str, list[dt.date]]) -> dict[str, list[dt.date]]:
+    """The days of `exact` (bills.exact_hourly_days: usage_by_job_hourly counted each record once) on which
+    usage_by_job_daily counted as many records: it is read for them (the hourly table has no GPU model),
+    and has its own view and back-fill, so a copy can reach one table and not the other."""
+    from gpuledger.warehouse import bills as b
+
+    cond, params = b.days_condition(exact, "e")
+    if cond == "0":
+        return {}
+    hourly, daily = ({(r["cluster"], r["day"]): r["n"] for r in _query(
+        client, f"SELECT toString(cluster) AS cluster, day, sum({n}) AS n FROM {db}.{table} WHERE {cond} "
+                "GROUP BY cluster, day", params)}
+        for table, n in (("usage_by_job_hourly", "records"), ("usage_by_job_daily", "slices")))
+    out: dict[str, list[dt.date]] = {}
+    for (cluster, day), n in sorted(hourly.items()):
+        if n and daily.get((cluster, day)) == n:
+            out.setdefault(cluster, []).append(day)
+    return out
+
+
+def _exact_days(client, db: str, days: dict[str, list[dt.date]]) -> dict[str, list[dt.date]]:
+    """The days of `days` on which usage_by_job_hourly (bills.exact_hourly_days) and usage_by_job_daily
+    (_counted_once) counted each usage record once. Open days are checked as the reports check them,
+    trusting the hours a close run found exact; closed days, merged and many, in one count per cluster
+    (checked_hours costs a query per day: 5 s for two years of days)."""
+    from gpuledger.warehouse import bills as b
+
+    open_days = b.days_by_cluster(client, b.open_days_sql(db))
+    split: tuple[dict, dict] = ({}, {})  # open, closed
+    for cluster, ds in days.items():
+        is_open = set(open_days.get(cluster, ()))
+        for day in ds:
+            split[day not in is_open].setdefault(cluster, []).append(day)
+    exact: dict[str, list[dt.date]] = {}
+    for part, checked in zip(split, (True, False)):
+        for cluster, ds in b.exact_hourly_days(client, db, part, checked_hours=checked).items():
+            exact.setdefault(cluster, []).extend(ds)
+    return _counted_once(client, db, {c: sorted(ds) for c, ds in exact.items()})
+
+
+def demand_history(client, database: str, until: dt.date | None = None
+                   ) -> tuple[dict[tuple[str, str], dict[dt.date, float]], dict[str, float]]:
+    """({(gpu_model, queue): {day: demand GPU-hours}}, {gpu_model: capacity GPU-hours per day}) of the
+    complete days, those before `until` (default usage_horizon_day), each usage record id once."""
+    from gpuledger.warehouse import bills as b
+
+    db = quoted_database(database)
+    until = until or usage_horizon_day(client, database)
+    if until is None:
+        return {}, {}
+    days = b.days_by_cluster(client, f"SELECT DISTINCT cluster, day FROM {db}.usage_capacity_daily "
+                                     f"WHERE day < toDate('{until.isoformat()}')")
+    # days each record was counted once on come from the daily aggregate, the rest deduplicated from usage_raw
+    exact = _exact_days(client, db, days)
+    raw = {c: sorted(set(ds) - set(exact.get(c, ()))) for c, ds in days.items()}
+    exact_cond, exact_params = b.days_condition(exact, "x")
+    raw_cond, raw_params = b.days_condition({c: ds for c, ds in raw.items() if ds}, "r")
+    parts = [f"SELECT day, gpu_model, queue, state, toUInt64(gpu_ms) AS g FROM {db}.usage_by_job_daily "
+             f"WHERE {exact_cond}"] if exact_cond != "0" else []
+    if raw_cond != "0":  # planning a FINAL read costs even when it reads nothing
+        parts.append(b.dedup_usage_sql(db, [raw_cond], "day, gpu_model, queue, state, gpu_ms AS g"))
+    usage = _query(client, f"""
+        SELECT day, toString(gpu_model) AS model, toString(queue) AS q, state IN {DEMAND_STATES} AS demand,
+               sum(g) / 3600000 AS gpu_hours
+        FROM ({' UNION ALL '.join(parts)}) GROUP BY day, model, q, demand""",
+                   {**exact_params, **raw_params}) if parts else []
     series: dict[tuple[str, str], dict[dt.date, float]] = {}
-    for r in _query(client, f"""
-            SELECT day, gpu_model, toString(queue) AS queue, sum(gpu_ms) / 3600000 AS gpu_hours
-            FROM {db}.usage_by_job_daily WHERE state IN ('executing', 'allocated_idle')
-            GROUP BY day, gpu_model, queue"""):
-        series.setdefault((r["gpu_model"], r["queue"]), {})[r["day"]] = r["gpu_hours"]
+    window = until - dt.timedelta(days=CAPACITY_DAYS)
+    daily_capacity: dict[str, dict[dt.date, float]] = {}
+    for r in usage:
+        if r["demand"]:
+            s = series.setdefault((r["model"], r["q"]), {})
+            s[r["day"]] = s.get(r["day"], 0.0) + r["gpu_hours"]
+        if r["day"] >= window:
+            c = daily_capacity.setdefault(r["model"], {})
+            c[r["day"]] = c.get(r["day"], 0.0) + r["gpu_hours"]
     for r in _query(client, f"""
             SELECT toDate(fromUnixTimestamp64Milli(ts_ms, 'UTC')) AS day, queue,
                    sum(pending_gpus * least(greatest(next_ms - ts_ms, 0), {SNAPSHOT_GAP_CAP_S * 1000})) / 3600000
@@ -107,12 +203,11 @@ def demand_history(client, database: str) -> tuple[dict[tuple[str, str], dict[dt
                          leadInFrame(ts_ms, 1, ts_ms) OVER (PARTITION BY cluster, queue ORDER BY ts_ms
                              ROWS BETWEEN CURRENT ROW AND 1 FOLLOWING) AS next_ms
                   FROM {db}.scheduler_snapshots)
-            GROUP BY day, queue HAVING gpu_hours > 0"""):
+            GROUP BY day, queue HAVING gpu_hours > 0 AND day < {{until:Date}}""", {"until": until}):
         series.setdefault((PENDING_MODEL, r["queue"]), {})[r["day"]] = r["gpu_hours"]
-    capacity = {r["gpu_model"]: r["gpu_hours"] for r in _query(client, f"""
-        SELECT gpu_model, sum(gpu_ms) / 3600000 / uniqExact(day) AS gpu_hours FROM {db}.usage_by_job_daily
-        WHERE day > (SELECT max(day) FROM {db}.usage_by_job_daily) - {CAPACITY_DAYS}
-        GROUP BY gpu_model""")}
+    # the median over the window, a day without records 0: a retired model fades out, one lost day does not count
+    capacity = {m: statistics.median([by_day.get(window + dt.timedelta(days=i), 0.0) for i in range(CAPACITY_DAYS)])
+                for m, by_day in daily_capacity.items()}
     return series, capacity
 
 
@@ -122,13 +217,16 @@ def _dense(by_day: dict[dt.date, float], first: dt.date, last: dt.date) -> list[
 
 def forecast_rows(series: dict[tuple[str, str], dict[dt.date, float]], capacity: dict[str, float], *,
                   horizon: int = HORIZON_DAYS, alpha: float = ALPHA, run_id: str | None = None,
-                  created_at: dt.datetime | None = None) -> list[dict]:
+                  created_at: dt.datetime | None = None, last: dt.date | None = None) -> list[dict]:
     """capacity_forecast rows: history and forecast of every (model, queue) series and every model's total.
-    Days without a record count as 0 demand between the first and last day of all the data."""
+    Days without a record count as 0 demand between the first day of all the data and `last` (default
+    the data's last day; run_forecast gives the last complete one), the forecast starts the day after."""
+    check_options(horizon, alpha)
     if not series:
-        raise ValueError("no demand in the warehouse (usage_by_job_daily, scheduler_snapshots): nothing to forecast")
+        raise ValueError("no demand on complete days in the warehouse (usage_raw, scheduler_snapshots): "
+                         "nothing to forecast")
     first = min(d for s in series.values() for d in s)
-    last = max(d for s in series.values() for d in s)
+    last = last or max(d for s in series.values() for d in s)
     totals: dict[tuple[str, str], dict[dt.date, float]] = {}
     for (model, _queue), by_day in series.items():
         t = totals.setdefault((model, "*"), {})
@@ -159,8 +257,11 @@ def forecast_rows(series: dict[tuple[str, str], dict[dt.date, float]], capacity:
 def run_forecast(client, database: str, *, horizon: int = HORIZON_DAYS, alpha: float = ALPHA) -> dict:
     from gpuledger.warehouse.client import insert_rows
 
-    series, capacity = demand_history(client, database)
-    rows = forecast_rows(series, capacity, horizon=horizon, alpha=alpha)
+    check_options(horizon, alpha)  # before reading anything
+    until = usage_horizon_day(client, database)
+    series, capacity = demand_history(client, database, until)
+    rows = forecast_rows(series, capacity, horizon=horizon, alpha=alpha,
+                         last=until - dt.timedelta(days=1) if until else None)
     if not rows:
         raise ValueError("every demand series is shorter than a forecast needs")
     insert_rows(client, "capacity_forecast", rows, database=database)
@@ -214,7 +315,8 @@ def forecast_report(client, database: str, **_opts):
     })
     report.sections = [
         Section("Demand against capacity per GPU model", summary, "sum over the quarter of the daily forecast and its "
-                "band (each model fitted on its own); capacity: the last 30 days' mean, held flat"),
+                "band (each model fitted on its own); capacity: the median of the daily GPU time in every state over "
+                f"the last {CAPACITY_DAYS} complete days (a day without records counts 0), held flat"),
         Section("Weekly demand, all GPU models", weekly, "history, then forecast with its band, against capacity",
                 Plot("line", "week", ["history_gpu_hours", "forecast_gpu_hours", "lower_gpu_hours", "upper_gpu_hours",
                                       "capacity_gpu_hours"])),

@@ -1,6 +1,8 @@
 """`gpuledger forecast run` and `gpuledger report forecast` on chDB: 42 days of usage (two queues on
 A100s, capacity 4 cards) and scheduler snapshots with pending GPUs; the stored run holds history equal
-to the usage, a quarter of forecast per series and per model with bands, and the report states it."""
+to the usage, a quarter of forecast per series and per model with bands, and the report states it.
+Then, each in its own database: the day still being written is left out, records written twice count
+once, and capacity is the median of the last complete days (retired and new models, an outage)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ from gpuledger import warehouse
 from gpuledger.config import Settings
 from gpuledger.schemas.models import QueueState, SchedulerSnapshot, UsageBatch, UsageRecord
 from gpuledger.sink.rows import Source, snapshot_rows, usage_rows
-from gpuledger.warehouse import forecast
+from gpuledger.warehouse import bills, forecast
+from gpuledger.warehouse.client import quoted_database
 from gpuledger.warehouse.periodic import commands as pr
+from warehouse_helpers import put_usage
 
 pytestmark = pytest.mark.integration  # the real engine (chDB)
 
@@ -27,11 +31,12 @@ def day_ms(i: int) -> int:
     return int((D0 + dt.timedelta(days=i)).timestamp() * 1000)
 
 
-def record(i: int, gpu: str, hours: float, state: str, queue: str = "") -> UsageRecord:
-    ms = round(hours * HOUR)
+def record(i: int, gpu: str, hours: float, state: str, queue: str = "", model: str = "A100-80GB",
+           start_h: float = 0.0) -> UsageRecord:
+    ms, start = round(hours * HOUR), day_ms(i) + round(start_h * HOUR)
     return UsageRecord(
-        record_id=f"{gpu}/{i}/{state}", cluster="c", node="n1", gpu_uuid=gpu, gpu_model="A100-80GB",
-        start_ms=day_ms(i), end_ms=day_ms(i) + ms, state=state, job_id=f"job-{queue}-{i}" if queue else "",
+        record_id=f"{gpu}/{i}/{state}", cluster="c", node="n1", gpu_uuid=gpu, gpu_model=model,
+        start_ms=start, end_ms=start + ms, state=state, job_id=f"job-{queue}-{i}" if queue else "",
         attempt=0, tenant="t" if queue else "", queue=queue, share_milli=1000, gpu_ms=ms, util_pct=None,
         energy_j=0.0, coefficient=2.3, coefficient_version="v", effective_gpu_ms=round(2.3 * ms), cost_micros=0,
         definition_version="d")
@@ -105,3 +110,89 @@ def test_report_forecast_reads_the_latest_run(client):
     assert report.summary["pending_gpu_hours"] == pytest.approx(models[forecast.PENDING_MODEL]["demand_gpu_hours"])
     html = pr.render_report(report, "html")
     assert "<svg" in html and "Capacity forecast" in html
+
+
+# --------------------------------------------------------------------------- complete days, each record once
+def cards(days, gpus, model: str = "A100-80GB", until_h: float = 24.0) -> list[UsageRecord]:
+    """Each card of `gpus` on each day of `days` from midnight to `until_h`: half executing for q1, then
+    unallocated (a whole day: 12 + 12 h, ending at the next midnight)."""
+    return [r for i in days for g in gpus for r in (
+        record(i, g, until_h / 2, "executing", "q1", model), record(i, g, until_h / 2, "unallocated", "", model,
+                                                                   until_h / 2))]
+
+
+def fresh(client, name: str) -> str:
+    """A new migrated database on the module's engine (one chDB directory per process)."""
+    warehouse.migrate(client, name)
+    return name
+
+
+def latest(client, db: str, model: str = "A100-80GB", queue: str = "*") -> dict[str, list[dict]]:
+    rows = list(client.query(f"SELECT * FROM {db}.capacity_forecast_latest WHERE gpu_model = {{m:String}} "
+                             "AND queue = {q:String} ORDER BY day", parameters={"m": model, "q": queue}).named_results())
+    return {k: [r for r in rows if r["kind"] == k] for k in ("history", "forecast")}
+
+
+A100S = ("g1", "g2", "g3", "g4")
+
+
+def test_the_day_still_being_written_is_left_out(client):
+    db = fresh(client, "ledger_forecast_open_day")
+    put_usage(client, db, cards(range(14), A100S), 0)  # the horizon: exactly midnight of day 14
+    snaps = [row for i in range(15) for hour, pending in ((0, 2.0), (1, 0.0)) for row in snapshot_rows(
+        SchedulerSnapshot(cluster="c", ts_ms=day_ms(i) + hour * HOUR, queues=[QueueState(
+            queue="q1", priority=0, quota_gpus=4, allocated_gpus=1, pending_jobs=1, pending_gpus=pending)]),
+        Source("s", 0, i * 2 + hour))["scheduler_snapshots"]]
+    warehouse.insert_rows(client, "scheduler_snapshots", snaps, database=db)
+    day = lambda i: (D0 + dt.timedelta(days=i)).date()  # noqa: E731
+    for step in ("midnight", "06:00"):
+        if step == "06:00":  # today's records so far: 4 cards x 6 h, half executing
+            put_usage(client, db, cards([14], A100S, until_h=6.0), 1)
+        forecast.run_forecast(client, db, horizon=28)
+        run = latest(client, db)
+        # day 13 is complete (the midnight horizon starts day 14); day 14 is not, in demand nor capacity
+        assert [r["day"] for r in run["history"]] == [day(i) for i in range(14)], step
+        assert {r["demand_gpu_hours"] for r in run["history"]} == {48.0}, step
+        assert run["forecast"][0]["day"] == day(14) and run["forecast"][0]["capacity_gpu_hours"] == 96.0, step
+        assert sum(r["demand_gpu_hours"] for r in run["forecast"]) == pytest.approx(48.0 * 28, rel=0.02), step
+        pending = latest(client, db, forecast.PENDING_MODEL, "q1")["history"]
+        assert [(r["day"], r["demand_gpu_hours"]) for r in pending] == [(day(i), 2.0) for i in range(14)], step
+
+
+def test_records_written_twice_count_once(client):
+    db = fresh(client, "ledger_forecast_twice")
+    put_usage(client, db, cards(range(14), A100S), 0)
+    # a close run notes the open days' exact hours (the reports' and the forecast's shortcut), then the last
+    # week is written again in another block (a replay), and day 3 reaches usage_by_job_daily twice only
+    # (as a copy merged away in usage_raw before sql/0027's back-fill would)
+    bills.record_exact_hours(client, db, {"c": [(D0 + dt.timedelta(days=i)).date() for i in range(14)]})
+    put_usage(client, db, cards(range(7, 14), A100S), 1)
+    client.command(f"INSERT INTO {db}.usage_by_job_daily SELECT * FROM {db}.usage_by_job_daily "
+                   f"WHERE day = toDate('{(D0 + dt.timedelta(days=3)).date()}')")
+    series, capacity = forecast.demand_history(client, db)
+    assert series[("A100-80GB", "q1")] == {(D0 + dt.timedelta(days=i)).date(): 48.0 for i in range(14)}
+    assert capacity == {"A100-80GB": 96.0}
+    # the days counted once are read from the daily aggregate, only the others from usage_raw
+    days = {"c": [(D0 + dt.timedelta(days=i)).date() for i in range(14)]}
+    assert forecast._exact_days(client, quoted_database(db), days) == {"c": [days["c"][i] for i in (0, 1, 2, 4, 5, 6)]}
+    forecast.run_forecast(client, db, horizon=28)
+    assert sum(r["demand_gpu_hours"] for r in latest(client, db)["forecast"]) == pytest.approx(48.0 * 28, rel=0.02)
+
+
+def test_capacity_is_the_median_of_the_last_complete_days(client):
+    db = fresh(client, "ledger_forecast_capacity")
+    put_usage(client, db, [
+        *cards(range(14), A100S),  # the window: days 7..13 (day 14 is the horizon's)
+        *cards(range(10), ("h1", "h2"), "H100"),  # retired 4 days ago: 4 of 7 days without records
+        *cards(range(11), ("v1", "v2"), "V100"),  # retired 3 days ago
+        *cards(range(10, 14), ("l1", "l2"), "L40S"),  # added 4 days ago
+        *cards(range(11, 14), ("t1", "t2"), "T4"),  # added 3 days ago
+        *cards([i for i in range(14) if i != 12], ("a1",), "A10"),  # its agent lost day 12
+    ], 0)
+    _series, capacity = forecast.demand_history(client, db)
+    got = {m: capacity.get(m, 0.0) for m in ("A100-80GB", "H100", "V100", "L40S", "T4", "A10")}
+    assert got == {"A100-80GB": 96.0, "H100": 0.0, "V100": 48.0, "L40S": 48.0, "T4": 0.0, "A10": 24.0}
+    forecast.run_forecast(client, db, horizon=28)
+    assert {r["capacity_gpu_hours"] for r in latest(client, db, "H100")["forecast"]} == {0.0}
+    note = pr.build_report(client, db, "forecast").section("Demand against capacity per GPU model").note
+    assert f"median of the daily GPU time in every state over the last {forecast.CAPACITY_DAYS} complete days" in note

@@ -142,3 +142,83 @@ def test_training_signals_in_the_job_report(client):
     assert hints == {"slow rank", "checkpoint time"}
     assert report.summary["cost_per_step"] == pytest.approx(0.08 / 500)
     assert "Training signals" in pr.render_report(report, "markdown")
+
+
+# ---------------------------------------------------------------- job ids shared by clusters
+# Slurm numbers jobs per cluster: job "shared-1" is the pilot on cluster a (2 A100-80GB, the golden
+# pilot's records and reports, its reports naming cluster a); cluster b's unrelated "shared-1" ran on 8
+# A100-80GB a week earlier and reported nothing. "shared-2": reports that name no cluster. "shared-3":
+# cluster b's job reported too, as attempt 1.
+def shared_job(client, job: str, progress_cluster: str | None, offset: int) -> None:
+    def recs(cluster: str, gpus: list[str], t0: int) -> list[UsageRecord]:
+        return [r.model_copy(update=dict(record_id=f"{job}/{cluster}/{g}/{m}", cluster=cluster, gpu_uuid=g,
+                                         job_id=job, start_ms=t0 + m * MIN, end_ms=t0 + (m + 1) * MIN))
+                for r in usage()[:1] for g in gpus for m in range(10)]
+    records = recs("a", ["gpu-A", "gpu-B"], T0) + recs("b", [f"h{k}" for k in range(8)], T0 - 7 * 86_400_000)
+    warehouse.insert_rows(client, "usage_raw", usage_rows(UsageBatch(node="n1", records=records),
+                                                          Source("u", 0, offset)), database=DB)
+    raws = [JobProgress(ts_ms=T0 + (i + 1) * MIN, cluster=progress_cluster, job_id=job, attempt=0, step=s
+                        ).model_dump_json().encode() for i, s in enumerate(STEPS)]
+    warehouse.insert_rows(client, "job_progress", [process_message(PROGRESS, raw, Source("p", 0, offset + i))
+                                                   ["job_progress"][0] for i, raw in enumerate(raws)], database=DB)
+
+
+@pytest.fixture(scope="module")
+def shared(client):
+    shared_job(client, "shared-1", "a", 100)
+    shared_job(client, "shared-2", None, 200)
+    shared_job(client, "shared-3", "a", 300)
+    b_reports = [JobProgress(ts_ms=T0 - 7 * 86_400_000 + (i + 1) * MIN, cluster="b", job_id="shared-3", attempt=1,
+                             step=10 * i).model_dump_json().encode() for i in range(4)]
+    warehouse.insert_rows(client, "job_progress", [process_message(PROGRESS, raw, Source("p", 0, 400 + i))
+                                                   ["job_progress"][0] for i, raw in enumerate(b_reports)], database=DB)
+    return client
+
+
+@pytest.mark.parametrize("job", ["shared-1", "shared-2", "shared-3"])
+def test_a_job_id_of_two_clusters_is_refused_without_its_cluster_and_counted_alone_with_it(shared, job):
+    ledger = load_ledger_config(LEDGER)
+    # merged, the estimate counted 10 GPUs: 100 GPU-hours, cost 53.04 (44.20 .. 66.30)
+    with pytest.raises(ValueError, match=f"job {job} ran in clusters a, b: give --cluster"):
+        est_mod.load_pilot(shared, DB, job)
+    pilot = est_mod.load_pilot(shared, DB, job, cluster="a")
+    # shared-3: cluster a's latest attempt (0) and only its reports, not b's attempt 1
+    assert (pilot.cluster, pilot.attempt, pilot.gpus, len(pilot.reports)) == ("a", 0, {"A100-80GB": 2.0}, 6)
+    assert pilot.power_w["A100-80GB"] == pytest.approx(300.0)
+    e = est_mod.estimate_run(pilot, "steps", 60_000, ledger, at_ms=T0)
+    # the golden pilot's figures (test_pilot_estimate_worked_by_hand)
+    assert e.gpu_hours == pytest.approx(20.0) and e.cluster == "a"
+    assert (e.cost, e.cost_low, e.cost_high) == pytest.approx((10.608, 8.84, 13.26))
+
+
+def test_the_cluster_of_a_job_id_seen_in_one_cluster_is_found(shared):
+    # the golden pilot ran only in cluster "c"
+    assert est_mod.load_pilot(shared, DB, "pilot-1").cluster == "c"
+    # shared-1's reports name cluster a: cluster b's job reported nothing
+    with pytest.raises(ValueError, match="job 'shared-1' in cluster 'b' reported no progress"):
+        est_mod.load_pilot(shared, DB, "shared-1", cluster="b")
+    # shared-2's name none: with --cluster b they are taken as b's, and only b's GPUs are counted
+    assert est_mod.load_pilot(shared, DB, "shared-2", cluster="b").gpus == {"A100-80GB": 8.0}
+
+
+def test_estimate_command_takes_the_cluster(shared, monkeypatch, capsys):
+    from gpuledger import warehouse as wh
+    from gpuledger.cli import main
+
+    class Held:  # the module's chDB session (one chDB directory per process), left open by the command
+        def __getattr__(self, name):
+            return getattr(shared, name)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(wh, "connect", lambda settings: Held())
+    monkeypatch.setenv("GPULEDGER_DATABASE", DB)
+    monkeypatch.setenv("GPULEDGER_LEDGER_CONFIG", str(LEDGER))
+    common = ["--target-steps", "60000", "--threshold", "20", "--no-publish"]
+    assert main(["estimate", "shared-1", *common]) == 2
+    assert "job shared-1 ran in clusters a, b: give --cluster" in capsys.readouterr().err
+    assert main(["estimate", "shared-1", "--cluster", "a", *common]) == 0
+    out = capsys.readouterr().out
+    # upper end 13.26 under the threshold of 20 (merged: 66.30, sent for approval)
+    assert "job shared-1 (cluster a) attempt 0" in out and "2 x A100-80GB" in out and "no approval needed" in out

@@ -1,0 +1,57 @@
+"""`gpuledger forecast run --band/--horizon`: a band outside (0, 1) or a horizon under one whole day is
+refused with a message saying so, by the library entry points (fit_forecast, forecast_rows,
+run_forecast before it reads anything) and so by the CLI, instead of a stored run labelled "8000%" or
+"every demand series is shorter than a forecast needs"."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from gpuledger import warehouse
+from gpuledger.cli import main
+from gpuledger.warehouse import forecast
+
+WEEKS = [(100.0 if i % 7 < 5 else 40.0) for i in range(28)]
+
+
+@pytest.mark.parametrize("horizon", [0, -5, 2.5, "7"])
+def test_a_horizon_under_one_whole_day_is_refused(horizon):
+    with pytest.raises(ValueError, match=r"horizon \(--horizon\) is a whole number of days, at least 1"):
+        forecast.fit_forecast(WEEKS, horizon=horizon)
+
+
+@pytest.mark.parametrize("band", [80.0, 1.0, 0.0, -0.2, float("nan")])
+def test_a_band_outside_0_1_is_refused(band):
+    with pytest.raises(ValueError, match=r"band \(--band\) is its coverage, between 0 and 1"):
+        forecast.fit_forecast(WEEKS, alpha=1 - band)
+
+
+def test_good_options_still_fit():
+    f = forecast.fit_forecast(WEEKS, horizon=1, alpha=1 - 0.95)
+    assert len(f.mean) == 1 and f.method.endswith("95%")
+
+
+def test_forecast_rows_and_run_forecast_refuse_before_anything():
+    series = {("A100", "q"): {dt.date(2026, 1, 1) + dt.timedelta(days=i): v for i, v in enumerate(WEEKS)}}
+    with pytest.raises(ValueError, match="horizon"):  # not skipped as "too short"
+        forecast.forecast_rows(series, {}, horizon=0)
+    with pytest.raises(ValueError, match="got 80"):  # checked before the warehouse is read: no client needed
+        forecast.run_forecast(None, "db", alpha=1 - 80)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--band", "80"], "the band (--band) is its coverage, between 0 and 1 (0.8 for 80 %), got 80"),
+    (["--horizon", "0"], "the horizon (--horizon) is a whole number of days, at least 1, got 0"),
+    (["--horizon", "-5"], "got -5"),
+])
+def test_the_cli_says_what_is_wrong(monkeypatch, capsys, argv, message):
+    class Unread:  # the warehouse is never read
+        def close(self):
+            pass
+
+    monkeypatch.setattr(warehouse, "connect", lambda settings: Unread())
+    assert main(["forecast", "run", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpuledger: error: ") and message in err
