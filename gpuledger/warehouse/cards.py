@@ -155,7 +155,9 @@ def build_card(client, database: str, gpu_uuid: str) -> Report:
                maxMerge(max_temperature_c) AS max_temperature_c, avgMerge(util_gpu_pct) AS avg_util_pct,
                avgMerge(power_w) AS avg_power_w, sum(xid_count) AS xid_errors
         FROM {db}.gpu_health_hourly WHERE gpu_uuid = {{u:String}} GROUP BY month""", p)}
-    months = _month_range(_at(first_ms).date(), _at(last_ms).date())
+    # health and usage outlive what sightings recall (sql/0020 back-filled them from 14-day gpu_health)
+    spans = [_at(first_ms).date(), _at(last_ms).date(), *health, *by_month_usage]
+    months = _month_range(min(spans), max(spans))
     monthly = []
     for m in months:
         u, h = by_month_usage.get(m, {}), health.get(m, {})
@@ -189,7 +191,7 @@ def build_card(client, database: str, gpu_uuid: str) -> Report:
         "first_seen_at": _at(first_ms), "last_seen_at": _at(last_ms), "nodes": len(places),
         "down_seconds": sum(r["gpu_ms"] for r in down) / 1000, "down_episodes": down_episodes(
             (r["start_ms"], r["end_ms"]) for r in down),
-        "xid_errors": sum(r["xid_errors"] or 0 for r in monthly), "repairs": len(repairs),
+        "xid_errors": sum(h["xid_errors"] or 0 for h in health.values()), "repairs": len(repairs),
         "busy_hours_per_kwh_trend_pct_per_month": trend, "flag": flag_of(len(repairs)),
     }
     return Report(

@@ -6,7 +6,11 @@ A day is worked out again whenever its number of idle records (job_idle_segments
 its stretches were made of (idle_stretch_days): a late record, or a day not worked out yet. The day's
 stretches are then written with a new version, with a deleted row for each stretch that is gone
 (ReplacingMergeTree(version, is_deleted)), and its record count last, so a run that dies half-way is
-redone by the next one."""
+redone by the next one.
+
+The views count each idle record once (sql/0037: job_idle_segments keeps every copy the sink delivers).
+The record count here is of rows, copies included: a copy that arrives makes its day worked out again,
+to the same stretches."""
 
 from __future__ import annotations
 

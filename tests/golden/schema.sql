@@ -1647,7 +1647,7 @@ FROM
             node,
             gpu_uuid,
             gpu_model,
-            arraySort(groupArray((start_ms, end_ms, gpu_ms))) AS segs
+            arraySort(groupUniqArray((start_ms, end_ms, gpu_ms))) AS segs
         FROM {db}.job_idle_segments
         GROUP BY
             job_id,
@@ -1797,7 +1797,7 @@ FROM
                 node,
                 gpu_uuid,
                 gpu_model,
-                arraySort(groupArray((start_ms, end_ms, gpu_ms))) AS segs
+                arraySort(groupUniqArray((start_ms, end_ms, gpu_ms))) AS segs
             FROM
             (
                 SELECT

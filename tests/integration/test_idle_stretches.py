@@ -10,6 +10,8 @@ The scenario, worked by hand (cluster "ic"; D1 = 2026-11-10, D2 = 2026-11-11 clo
   j3 gpu-3 idle D1 10:00-10:05 and 10:05-10:10      -> one stretch of 10 min
   gpu-4 unallocated D3 00:00-04:00: the horizon; with 1 h of grace D1 and D2 are due.
 Late: j3 gpu-3 idle D1 10:10-10:20 -> j3's stretch becomes 20 min once the next close has run.
+Copies (sql/0037): j3's two records delivered twice, and j5 idle on gpu-5 and gpu-6 at once, still
+give one stretch per attempt and GPU.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import pytest
 from gpuledger import warehouse
 from gpuledger.ledger_files import load_ledger_config
 from gpuledger.schemas.models import UsageRecord
-from gpuledger.warehouse import bills, migrations
+from gpuledger.warehouse import bills, idle_stretches, migrations
+from gpuledger.warehouse.periodic import commands as periodic
 
 from warehouse_helpers import migrated_warehouse, put_usage, usage_record, warehouse_before
 
@@ -129,5 +132,103 @@ def test_the_migration_works_out_the_days_closed_before_it():
         assert client.query(f"SELECT count() FROM {DB}.idle_stretches_daily").result_rows == [(5,)]
         assert client.query(f"SELECT count() FROM {DB}.idle_stretch_days").result_rows == [(2,)]
         assert stretches(client) == STRETCHES
+    finally:
+        client.close()
+
+
+# ----------------------------------------------------------------- a record delivered twice (sql/0037)
+# The sink delivers at least once and job_idle_segments keeps every copy: a copy of j3's first idle record
+# made a stretch 10:00-10:05 beside 10:00-10:10, a copy of its second one a stretch 10:05-10:10 (and a
+# "mid-run stalls" hint). j5 is idle on two GPUs over the same ten minutes: two records alike but for
+# the GPU, which stay a stretch each.
+COPIES = [USAGE[6], USAGE[7]]
+TWO_GPUS = [rec(gpu, T1 + start * MIN, T1 + (start + 5) * MIN, "allocated_idle", "j5")
+            for gpu in ("gpu-5", "gpu-6") for start in (700, 705)]
+#: (job, GPU, stretch start ms, minutes, idle GPU-seconds, offset minutes), one per stretch
+LISTED = sorted([("j1", "gpu-1", T2 - 10 * MIN, 20, 1200, 0), ("j1", "gpu-1", T2 + 20 * MIN, 10, 600, 30),
+                 ("j2", "gpu-2", T3 - 5 * MIN, 10, 600, 0), ("j3", "gpu-3", T1 + 600 * MIN, 10, 600, 0),
+                 ("j5", "gpu-5", T1 + 700 * MIN, 10, 600, 0), ("j5", "gpu-6", T1 + 700 * MIN, 10, 600, 0)])
+
+
+def listed(client) -> list:
+    """Every stretch of the view, copies and all (stretches() is a set)."""
+    return sorted((job, gpu, int(start.timestamp() * 1000), round(seconds / 60), round(gpu_s), offset // MIN)
+                  for job, gpu, start, seconds, gpu_s, offset in client.query(
+                      f"SELECT job_id, gpu_uuid, stretch_start, duration_seconds, idle_gpu_seconds, offset_ms "
+                      f"FROM {DB}.job_idle_stretches").result_rows)
+
+
+def kept_d1(client) -> list:
+    return client.query(f"SELECT job_id, gpu_uuid, start_ms, end_ms, gpu_ms FROM {DB}.idle_stretches_daily FINAL "
+                        f"WHERE day = '{D1}' ORDER BY ALL").result_rows
+
+
+KEPT_D1 = [("j1", "gpu-1", T2 - 10 * MIN, T2, 600_000), ("j3", "gpu-3", T1 + 600 * MIN, T1 + 610 * MIN, 600_000),
+           ("j5", "gpu-5", T1 + 700 * MIN, T1 + 710 * MIN, 600_000),
+           ("j5", "gpu-6", T1 + 700 * MIN, T1 + 710 * MIN, 600_000)]
+
+
+def test_a_record_delivered_twice_counts_once(ledger):
+    client, settings, ledger_cfg = ledger
+    put_usage(client, DB, TWO_GPUS, 1)
+    for n, record in enumerate(COPIES + TWO_GPUS[:1]):  # each again, in a message of its own
+        put_usage(client, DB, [record], 20 + n)
+    assert client.query(f"SELECT count() FROM {DB}.job_idle_segments WHERE job_id IN ('j3', 'j5')"
+                        ).result_rows == [(9,)]  # the copies are stored
+    assert listed(client) == LISTED  # open days: from the idle records
+    hints = periodic.build_report(client, DB, "job", job_id="j3").section("Hints").rows
+    assert [h["hint"] for h in hints] == ["loading stall"]  # no "mid-run stalls"
+    run = bills.close_due(client, settings, ledger_cfg, now=CLOSE_AT)
+    assert run.idle_stretch_days == {"ic": [D1, D2]}
+    assert kept_d1(client) == KEPT_D1
+    assert listed(client) == LISTED  # closed days: from idle_stretches_daily
+    # a copy delivered after the close: D1 is worked out again (its record count changed), to the same
+    put_usage(client, DB, [USAGE[7], TWO_GPUS[3]], 30)
+    again = bills.close_due(client, settings, ledger_cfg, now=CLOSE_AT + dt.timedelta(hours=1))
+    assert again.idle_stretch_days == {"ic": [D1]}
+    assert kept_d1(client) == KEPT_D1 and listed(client) == LISTED
+
+
+def test_two_gpus_of_a_job_idle_at_once_keep_a_stretch_each(ledger):
+    client, settings, ledger_cfg = ledger
+    put_usage(client, DB, TWO_GPUS, 1)
+    assert listed(client) == LISTED
+    bills.close_due(client, settings, ledger_cfg, now=CLOSE_AT)
+    assert kept_d1(client) == KEPT_D1 and listed(client) == LISTED
+
+
+def test_the_migration_works_out_again_the_closed_days_with_copies():
+    """A warehouse before 0037 whose D1 and D2 were worked out with copies among their idle records (the
+    stretches of 0028's views, phantoms included), and a late record of D1 since: 0037 works D1 out
+    again (its copies once, the late record in, its record count), leaves D2 as it is, and adds nothing
+    when run again."""
+    client = warehouse_before("0037", DB, prefix="idle-stretches-once-")
+    try:
+        put_usage(client, DB, USAGE + TWO_GPUS, 0)
+        for n, record in enumerate(COPIES + TWO_GPUS[:1]):
+            put_usage(client, DB, [record], 20 + n)
+        assert idle_stretches.refresh(client, DB, "ic", [D1, D2], version=7) == [D1, D2]
+        assert listed(client) != LISTED and kept_d1(client) != KEPT_D1  # the phantoms, as 0028 kept them
+        put_usage(client, DB, LATE, 10)
+        d2 = client.query(f"SELECT * FROM {DB}.idle_stretches_daily WHERE day = '{D2}' ORDER BY ALL").result_rows
+        assert migrations.migrate(client, DB) == ["0037"]
+        j3 = ("j3", "gpu-3", T1 + 600 * MIN, 10, 600, 0)
+        late = sorted([s for s in LISTED if s != j3] + [("j3", "gpu-3", T1 + 600 * MIN, 20, 1200, 0)])
+        late_d1 = sorted([k for k in KEPT_D1 if k[0] != "j3"] + [("j3", "gpu-3", T1 + 600 * MIN, T1 + 620 * MIN,
+                                                                  1_200_000)])
+        assert listed(client) == late and kept_d1(client) == late_d1
+        assert client.query(f"SELECT * FROM {DB}.idle_stretches_daily WHERE day = '{D2}' ORDER BY ALL"
+                            ).result_rows == d2  # no copy among D2's records: not written
+        # D1's record count as idle_stretches.refresh counts them (rows): the next close run leaves D1 be
+        assert client.query(f"SELECT day, argMax(segments, version) FROM {DB}.idle_stretch_days GROUP BY day "
+                            "ORDER BY day").result_rows == [(D1, 11), (D2, 3)]
+        assert idle_stretches.refresh(client, DB, "ic", [D1, D2]) == []
+        assert not client.query(f"EXISTS TABLE {DB}.idle_stretch_rework_days").result_rows[0][0]
+        counts = f"SELECT (SELECT count() FROM {DB}.idle_stretches_daily), (SELECT count() FROM {DB}.idle_stretch_days)"
+        before = client.query(counts).result_rows
+        client.command(f"DELETE FROM {DB}.{migrations.MIGRATIONS_TABLE} WHERE version = '0037'")
+        assert migrations.migrate(client, DB) == ["0037"]
+        assert client.query(counts).result_rows == before
+        assert listed(client) == late and kept_d1(client) == late_d1
     finally:
         client.close()
