@@ -6,9 +6,9 @@ second open with replayed records (its hourly sums count them twice, so it is re
 adjustment of the first booked into it, the third open and exact (read from usage_by_job_hourly):
 - the queues report's open cohorts, with the exact days' usage summed from the hourly sums and the
   running attempts' last ends from job_gpu_usage, equal the same report read from usage_raw alone;
-- the inventory's largest jobs (ranked from the usage sums first) equal job_cost's first rows;
-- the periodic reports' jobs (period_jobs: job_cost's usage side joined to its attempts side and the
-  money): the first rows equal the jobs report's, the failed and idle-heavy ones job_cost's rows."""
+- the periodic reports' jobs (period_job_rows: money on the period's days only) add up to the
+  period's bills, equal the jobs report's money over every day, and the top, largest and flagged
+  lists are their rows."""
 
 from __future__ import annotations
 
@@ -192,42 +192,64 @@ PERIODS = [(DAY0, DAY0 + dt.timedelta(days=2)), (DAY0 + dt.timedelta(days=1), DA
            (DAY0 + dt.timedelta(days=2), DAY0 + dt.timedelta(days=9)), (DAY0, DAY0)]
 
 
-@pytest.mark.parametrize("start,end", PERIODS)
-def test_largest_jobs_are_job_costs_first_rows(ledger, start, end):
-    for top in (1, 3, 10, 200):
-        expected = list(ledger.query(f"""
-            SELECT job_id, tenant, queue, attempts, gpu_hours, effective_gpu_hours, idle_gpu_hours, cost
-            FROM {DB}.job_cost WHERE last_day >= {{d0:Date}} AND first_day <= {{d1:Date}}
-            ORDER BY gpu_hours DESC, job_id, cluster, definition_version LIMIT {{top:UInt32}}""",
-            parameters={"d0": start, "d1": end, "top": top}).named_results())
-        assert expected
-        assert pr_queries.largest_jobs(ledger, DB, start, end, top) == expected, top
+def period_bills(ledger, start, end) -> dict[tuple[str, str], list[float]]:
+    """The bills report over [start, end] per cluster and definition version: [cost, failed-retry cost]."""
+    out: dict[tuple[str, str], list[float]] = {}
+    for b in reports.fetch(ledger, DB, "bills", day_from=start, day_to=end):
+        acc = out.setdefault((b["cluster"], b["definition_version"]), [0.0, 0.0])
+        acc[0] += b["total_cost"]
+        acc[1] += b["failed_retry_cost"]
+    return out
 
 
 @pytest.mark.parametrize("start,end", PERIODS)
-def test_period_jobs_first_rows_are_the_jobs_reports(ledger, start, end):
-    """The first rows equal the jobs report's over the period: its order over the money (closed rows, the
-    adjustment, the open days' usage each record once), not over job_cost's own sums."""
-    for top in (1, 3, 10, 500):
-        whole = reports.fetch(ledger, DB, "jobs", day_from=start, day_to=end)
-        expected = [{c: r[c] for c in pr_queries.TOP_JOB_COLUMNS} for r in whole[:top]]
-        first, flagged = pr_queries.period_jobs(ledger, DB, start, end, top)
-        assert expected and same(first, expected), top
-        assert flagged == []
+def test_period_jobs_add_up_to_the_periods_bills(ledger, start, end):
+    """A period's jobs are priced on its days only, as the bills are (closed rows, the adjustment booked
+    in it, the open days each record once): per cluster and version they add up to the period's bills;
+    every failed attempt's executing time is failed-retry there, and its cost is in failed_cost."""
+    with reports.one_reading(), reports.without_carbon():
+        rows = pr_queries.period_job_rows(ledger, DB, start, end)
+    bills_of = period_bills(ledger, start, end)
+    assert rows and bills_of
+    got: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        acc = got.setdefault((r["cluster"], r["definition_version"]), [0.0, 0.0])
+        acc[0] += r["cost"]
+        acc[1] += r["failed_cost"]
+        assert 0 <= r["failed_cost"] <= r["cost"] + 1e-9 and (r["failed_cost"] > 0) <= (r["failed_attempts"] > 0)
+    assert got.keys() == bills_of.keys()
+    for key, (cost, failed_cost) in bills_of.items():
+        assert got[key][0] == pytest.approx(cost, abs=1e-9), key
+        assert got[key][1] >= failed_cost - 1e-9, key  # failed attempts' idle too
+    assert rows == sorted(rows, key=lambda r: (-r["cost"], -r["gpu_hours"], r["cluster"], r["job_id"],
+                                               r["definition_version"]))
+
+
+def test_period_jobs_over_every_day_are_the_jobs_reports_money(ledger):
+    """Over every day with usage, each job's money is the jobs report's (which reads all of it)."""
+    with reports.one_reading(), reports.without_carbon():
+        rows = pr_queries.period_job_rows(ledger, DB, DAY0, DAY0 + dt.timedelta(days=DAYS))
+    whole = {(r["cluster"], r["job_id"], r["definition_version"]): r for r in reports.fetch(ledger, DB, "jobs")}
+    assert rows
+    for r in rows:
+        j = whole[(r["cluster"], r["job_id"], r["definition_version"])]
+        for col in ("cost", "gpu_hours", "idle_gpu_hours", "effective_gpu_hours"):
+            assert r[col] == pytest.approx(j[col], abs=1e-9), (r["job_id"], col)
 
 
 @pytest.mark.parametrize("start,end", PERIODS)
-def test_period_jobs_flagged_are_job_costs_rows(ledger, start, end):
-    for share in (0.1, 0.3, 0.6):
-        expected = list(ledger.query(f"""
-            SELECT job_id, tenant, failed_attempts, cost, idle_gpu_hours, gpu_hours,
-                   if(gpu_hours > 0, idle_gpu_hours / gpu_hours, 0) AS share
-            FROM {DB}.job_cost
-            WHERE (failed_attempts > 0 OR (gpu_hours > 0 AND idle_gpu_hours / gpu_hours > {{share:Float64}}))
-              AND last_day >= {{d0:Date}} AND first_day <= {{d1:Date}}""",
-            parameters={"d0": start, "d1": end, "share": share}).named_results())
-        first, got = pr_queries.period_jobs(ledger, DB, start, end, 3, share)
-        assert len(first) == 3
-        key = lambda r: tuple(str(v) for v in r.values())  # noqa: E731
-        assert sorted(got, key=key) == sorted(expected, key=key), share
-        assert any(r["tenant"] == "t9" for r in got) or start > DAY0  # a job known from its usage alone
+def test_top_largest_and_flagged_are_period_rows(ledger, start, end):
+    with reports.one_reading(), reports.without_carbon():
+        rows = pr_queries.period_job_rows(ledger, DB, start, end)
+        for top in (1, 3, 500):
+            first, flagged = pr_queries.period_jobs(ledger, DB, start, end, top)
+            assert first == [{c: r[c] for c in pr_queries.TOP_JOB_COLUMNS} for r in rows[:top]] and flagged == []
+            largest = pr_queries.largest_jobs(ledger, DB, start, end, top)
+            by_hours = sorted(rows, key=lambda r: (-r["gpu_hours"], r["job_id"], r["cluster"], r["definition_version"]))
+            assert [r["job_id"] for r in largest] == [r["job_id"] for r in by_hours[:top]]
+        for share in (0.1, 0.6):
+            _, got = pr_queries.period_jobs(ledger, DB, start, end, 3, share)
+            expected = [r for r in rows if r["failed_attempts"] > 0 or r["idle_share"] > share]
+            assert [(g["job_id"], g["cost"], g["job_cost"]) for g in got] == [
+                (r["job_id"], r["failed_cost"], r["cost"]) for r in expected], share
+            assert any(r["tenant"] == "t9" for r in got) or start > DAY0  # a job known from its usage alone

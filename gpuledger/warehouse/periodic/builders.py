@@ -9,6 +9,9 @@
   jobs, GPUs reclaimed on followed reclaim suggestions and the savings they made (docs/alerts.md).
 - `job`: utilization distribution, per-GPU balance score, loading-stall and straggler hints, cost by attempt.
 
+Why one file: the four reports share their period handling, capping and money summary helpers, and
+each is one function that reads top to bottom as the report does.
+
 Periods end at `as_of` (default: the last day with usage, so a replayed period reports as if it were
 now); every period report states how much of the period has data (`Report.coverage`).
 """
@@ -25,20 +28,24 @@ from gpuledger.warehouse.periodic.queries import (
     LAYERS,
     balance_score,
     coverage,
+    currencies,
+    fleet_layers,
     followed_suggestions,
     largest_jobs,
-    period_jobs,
+    money_total,
     period_end,
+    period_jobs,
     positive_int,
     query,
     stragglers,
     tenant_costs,
     total,
+    unsampled_cards,
 )
 
 
 def inventory(client, database: str, *, days: int = 30, as_of: Any = None, low_util_pct: float = 20.0,
-               top: int = 10, cards_listed: int = 50) -> Report:
+               top: int = 10, cards_listed: int = 50, currency: str = "") -> Report:
     days, top = positive_int("days", days), positive_int("top", top)
     cards_listed = positive_int("cards_listed (--cards)", cards_listed)
     end = period_end(client, database, as_of)
@@ -62,10 +69,16 @@ def inventory(client, database: str, *, days: int = 30, as_of: Any = None, low_u
         SELECT gpu_uuid, any(node) AS node, any(gpu_model) AS gpu_model,
                sumIf(util_weighted_gpu_ms, state = 'executing') / nullIf(sumIf(gpu_ms, state != 'down'), 0) AS util_pct,
                sumIf(gpu_ms, state != 'down') / 3600000 AS up_gpu_hours,
-               arrayStringConcat(arraySort(groupUniqArrayIf(toString(queue), queue != '')), ' ') AS queues
+               arrayStringConcat(arraySort(groupUniqArrayIf(toString(queue), queue != '')), ' ') AS queues,
+               sumIf(gpu_ms, state = 'executing') AS executing_ms
         FROM {db}.usage_gpu_daily WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}}
         GROUP BY gpu_uuid HAVING up_gpu_hours > 0 AND coalesce(util_pct, 0) < {{low:Float64}}
         ORDER BY util_pct, node, gpu_uuid""", p)
+    # executing time with no sample counts 0 above: such cards' utilization is unknown, not low
+    unknown = unsampled_cards(client, database, [c["gpu_uuid"] for c in per_card if c.pop("executing_ms")], start, end)
+    unsampled = [{**c, "util_pct": None} for c in per_card if c["gpu_uuid"] in unknown]
+    per_card = [c for c in per_card if c["gpu_uuid"] not in unknown]
+    p["unknown"] = sorted(unknown)
     low_queues = query(client, f"""
         SELECT queue, uniqExact(gpu_uuid) AS low_util_cards, sum(gpu_ms) / 3600000 AS held_gpu_hours
         FROM {db}.usage_gpu_daily
@@ -73,8 +86,9 @@ def inventory(client, database: str, *, days: int = 30, as_of: Any = None, low_u
             (SELECT gpu_uuid FROM {db}.usage_gpu_daily WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}} GROUP BY gpu_uuid
              HAVING coalesce(sumIf(util_weighted_gpu_ms, state = 'executing')
                     / nullIf(sumIf(gpu_ms, state != 'down'), 0), 0) < {{low:Float64}})
+          AND gpu_uuid NOT IN {{unknown:Array(String)}}
         GROUP BY queue ORDER BY held_gpu_hours DESC, queue""", p)
-    largest = largest_jobs(client, database, start, end, top)
+    largest = largest_jobs(client, database, start, end, top, currency)
     queues = base.fetch(client, database, "queues", day_from=start, day_to=end)
     req: dict[str, dict] = {}
     for r in queues:
@@ -91,10 +105,12 @@ def inventory(client, database: str, *, days: int = 30, as_of: Any = None, low_u
     report = Report("inventory", "GPU inventory", f"{start} .. {end} ({days} days)", summary={
         "cards": sum(r["cards"] for r in cards),
         "cards_under_threshold": len(per_card),
+        **({"cards_without_utilization_sample": len(unsampled)} if unsampled else {}),
         "threshold_pct": float(low_util_pct),
         "requested_gpu_hours": total(requested, "requested_gpu_hours"),
         "executed_gpu_hours": total(requested, "executed_gpu_hours"),
     })
+    report.currencies = currencies(largest) if largest and "currency" in largest[0] else []
     report.coverage = coverage(client, database, start, end)
     report.sections = [
         Section("Cards per GPU model and their utilization", cards,
@@ -105,9 +121,12 @@ def inventory(client, database: str, *, days: int = 30, as_of: Any = None, low_u
                        note=("queues", "not listed: their up GPU-hours")),
                 f"utilization over the time the card was up; idle and unallocated time count as 0; the "
                 f"{cards_listed} lowest listed, the rest summed"),
+        *([Section("Cards with no utilization sample", capped(unsampled, cards_listed, label="gpu_uuid",
+                                                              sums=("up_gpu_hours",)),
+                   "executing with no SM activity reported (e.g. MIG, vGPU): utilization unknown")] if unsampled else []),
         Section(f"Queues holding the cards under {low_util_pct:g}%", low_queues, "",
                 Plot("bar", "queue", ["held_gpu_hours"])),
-        Section(f"Largest {top} jobs by GPU-hours", largest, "", Plot("bar", "job_id", ["gpu_hours"])),
+        Section(f"Largest {top} jobs by GPU-hours", largest, _PERIOD_JOBS_NOTE, Plot("bar", "job_id", ["gpu_hours"])),
         Section("Requested vs used GPU-hours per queue", requested,
                 "requested = requested GPUs x (end - queued); used = executed", Plot("bar", "queue", [
                     "requested_gpu_hours", "allocated_gpu_hours", "executed_gpu_hours"])),
@@ -115,9 +134,27 @@ def inventory(client, database: str, *, days: int = 30, as_of: Any = None, low_u
     return report
 
 
+#: what the job rows of a period report are (queries.period_job_rows)
+_PERIOD_JOBS_NOTE = ("the period's days only, each usage record once (closed days as closed, adjustments booked "
+                     "in the period, open days live): a job running across periods shows its part")
 
 
-def monthly(client, database: str, *, month: str | None = None, as_of: Any = None, top: int = 10) -> Report:
+def _money_summary(tenants: list[dict], keys: tuple[str, ...]) -> dict[str, Any]:
+    """The tenants' money totals (per currency where several) and effective GPU-hours."""
+    shared = ("cluster_idle_cost", "billed_total_cost") if tenants and "billed_total_cost" in tenants[0] else ()
+    return {**{k: money_total(tenants, k) for k in (*keys, *shared)},
+            "effective_gpu_hours": total(tenants, "effective_gpu_hours")}
+
+
+def _tenant_rows(tenants: list[dict]) -> list[dict]:
+    """Tenant rows as shown: the currency column only where the period holds several."""
+    if len(currencies(tenants)) > 1:
+        return tenants
+    return [{k: v for k, v in t.items() if k != "currency"} for t in tenants]
+
+
+def monthly(client, database: str, *, month: str | None = None, as_of: Any = None, top: int = 10,
+            idle_redistribution: str = "none", currency: str = "") -> Report:
     top = positive_int("top", top)
     if month:
         try:
@@ -130,27 +167,27 @@ def monthly(client, database: str, *, month: str | None = None, as_of: Any = Non
     trend = base.fetch(client, database, "utilization", by="day", day_from=first, day_to=last)
     trend = [{"day": r["day"], **{k: r[k] for k in LAYERS},
               "executing_gpu_hours": (r["executing_gpu_seconds"] or 0) / 3600} for r in trend]
-    tenants = tenant_costs(client, database, first, last)
-    jobs, _ = period_jobs(client, database, first, last, top)
-    overall = base.fetch(client, database, "utilization", by="cluster", day_from=first, day_to=last)
+    tenants = tenant_costs(client, database, first, last, idle_redistribution=idle_redistribution,
+                           currency=currency)
+    jobs, _ = period_jobs(client, database, first, last, top, currency=currency)
     report = Report("monthly", f"Monthly report {first:%Y-%m}", f"{first} .. {last}", summary={
-        "total_cost": total(tenants, "total_cost"),
-        "idle_cost": total(tenants, "idle_cost"),
-        "failed_retry_cost": total(tenants, "failed_retry_cost"),
-        "effective_gpu_hours": total(tenants, "effective_gpu_hours"),
-        **({k: overall[0][k] for k in LAYERS} if len(overall) == 1 else {}),
+        **_money_summary(tenants, ("total_cost", "idle_cost", "failed_retry_cost")),
+        **fleet_layers(client, database, first, last),  # every cluster together
     })
+    report.currencies = currencies(tenants)
     report.coverage = coverage(client, database, first, last)
+    shared = idle_redistribution not in (None, "", "none")
     report.sections = [
         Section("Three utilization layers per day", trend, "each layer as a ratio of its parent",
                 Plot("line", "day", list(LAYERS))),
-        Section("Tenant cost composition", tenants, "compute / idle (allocated, not executing) / failed retry",
-                Plot("stacked", "tenant", ["compute_cost", "idle_cost", "failed_retry_cost"])),
-        Section(f"Top {top} jobs by cost", jobs, "", Plot("bar", "job_id", ["cost"])),
+        Section("Tenant cost composition", _tenant_rows(tenants),
+                "compute / idle (allocated, not executing) / failed retry" + (
+                    f" / cluster idle shared ({idle_redistribution}); billed total as `report bills`" if shared else ""),
+                Plot("stacked", "tenant", ["compute_cost", "idle_cost", "failed_retry_cost"]
+                     + (["cluster_idle_cost"] if shared else []))),
+        Section(f"Top {top} jobs by cost", jobs, _PERIOD_JOBS_NOTE, Plot("bar", "job_id", ["cost"])),
     ]
     return report
-
-
 
 
 def capped(rows: list[dict], limit: int, *, label: str, sums: tuple[str, ...], kind: str | None = None,
@@ -194,8 +231,8 @@ def longest_first_capped(stretches: list[dict], limit: int) -> list[dict]:
 def anomalies(client, database: str, start: dt.date, end: dt.date, idle_share: float,
               flagged: list[dict]) -> list[dict]:
     """One row per anomaly; its size in the column of its unit (GPU-hours down or idle, the cost of
-    failed attempts), never one column mixing hours, money and percent. `flagged`: the failed and
-    idle-heavy jobs (period_jobs)."""
+    failed attempts in the period), never one column mixing hours, money and percent. `flagged`: the
+    failed and idle-heavy jobs (period_jobs)."""
     db = quoted_database(database)
     p = {"d0": start, "d1": end}
     out = []
@@ -206,9 +243,11 @@ def anomalies(client, database: str, start: dt.date, end: dt.date, idle_share: f
         out.append({"kind": "GPU down", "subject": f"{r['node']} {r['gpu_uuid']}",
                     "detail": f"{r['gpu_model']} down {r['down_seconds'] / 60:.1f} min",
                     "gpu_hours": r["down_seconds"] / 3600, "cost": None})
+    several = len({r["currency"] for r in flagged}) > 1
     for r in sorted((r for r in flagged if r["failed_attempts"] > 0), key=lambda r: (-r["cost"], r["job_id"])):
         out.append({"kind": "Failed attempts", "subject": r["job_id"],
-                    "detail": f"{r['tenant']}: {r['failed_attempts']} failed attempt(s)", "gpu_hours": None,
+                    "detail": f"{r['tenant']}: {r['failed_attempts']} failed attempt(s), their cost this period"
+                              + (f" in {r['currency']}" if several else ""), "gpu_hours": None,
                     "cost": r["cost"]})
     for r in sorted((r for r in flagged if r["gpu_hours"] > 0 and r["share"] > idle_share),
                     key=lambda r: (-r["idle_gpu_hours"], r["job_id"])):
@@ -223,7 +262,8 @@ def anomalies(client, database: str, start: dt.date, end: dt.date, idle_share: f
 
 
 def weekly(client, database: str, *, as_of: Any = None, top: int = 10, idle_share: float = 0.3,
-           followed_within_s: float = 3600.0, anomalies_per_kind: int = 20) -> Report:
+           followed_within_s: float = 3600.0, anomalies_per_kind: int = 20, idle_redistribution: str = "none",
+           currency: str = "") -> Report:
     top = positive_int("top", top)
     anomalies_per_kind = positive_int("anomalies_per_kind (--anomalies)", anomalies_per_kind)
     end = period_end(client, database, as_of)
@@ -241,27 +281,33 @@ def weekly(client, database: str, *, as_of: Any = None, top: int = 10, idle_shar
         reclaimed.append({"queue": r["queue"], "job_id": r["job_id"], "suggested_at": when(r["suggested_ms"]),
                           "released_at": when(r["released_ms"]), "gpus_freed": r["gpus_freed"],
                           "reclaimed_gpu_hours": hours, "saved_cost": hours * r["idle_cost_per_gpu_hour"]})
-    tenants = tenant_costs(client, database, start, end)
+    tenants = tenant_costs(client, database, start, end, idle_redistribution=idle_redistribution,
+                           currency=currency)
+    for t in tenants:
+        t["avoidable_cost"] = t["idle_cost"] + t["failed_retry_cost"]
     savings = [
         {"item": "idle avoided by following reclaim suggestions", "cost": total(reclaimed, "saved_cost")},
-        {"item": "idle still allocated this week (reclaimable)", "cost": total(tenants, "idle_cost")},
-        {"item": "failed-retry GPU time this week (avoidable)", "cost": total(tenants, "failed_retry_cost")},
+        {"item": "idle still allocated this week (reclaimable)", "cost": money_total(tenants, "idle_cost")},
+        {"item": "failed-retry GPU time this week (avoidable)", "cost": money_total(tenants, "failed_retry_cost")},
     ]
+    money = _money_summary(tenants, ("total_cost",))
+    money.pop("effective_gpu_hours")
     report = Report("weekly", f"Weekly report, week ending {end}", f"{start} .. {end}", summary={
-        "total_cost": total(tenants, "total_cost"),
+        **money,
         "reclaimed_gpu_hours": total(reclaimed, "reclaimed_gpu_hours"),
         "estimated_savings": savings[0]["cost"],
-        "potential_savings": savings[1]["cost"] + savings[2]["cost"],
+        "potential_savings": money_total(tenants, "avoidable_cost"),
     })
+    report.currencies = currencies(tenants)
     report.coverage = coverage(client, database, start, end)
-    jobs, flagged = period_jobs(client, database, start, end, top, idle_share)
+    jobs, flagged = period_jobs(client, database, start, end, top, idle_share, currency)
     report.sections = [
         Section("Anomalies", capped(anomalies(client, database, start, end, idle_share, flagged), anomalies_per_kind,
                                     label="subject", sums=("gpu_hours", "cost"), kind="kind",
                                     note=("detail", "not listed: their total")),
                 f"GPUs down, failed attempts, jobs idle more than {idle_share:.0%} of their held time, stragglers; "
                 f"the {anomalies_per_kind} largest of each kind, the rest summed"),
-        Section(f"Top {top} costly jobs", jobs, "", Plot("bar", "job_id", ["cost"])),
+        Section(f"Top {top} costly jobs", jobs, _PERIOD_JOBS_NOTE, Plot("bar", "job_id", ["cost"])),
         Section("Reclaimed on followed reclaim suggestions", reclaimed,
                 f"jobs a suggestion named that released their GPUs within {followed_within_s / 60:g} min of it"),
         Section("Estimated savings", savings),
@@ -269,6 +315,26 @@ def weekly(client, database: str, *, as_of: Any = None, top: int = 10, idle_shar
     return report
 
 
+def job_summary(rows: list[dict]) -> dict[str, Any]:
+    """The jobs report's rows of one job id (one per cluster and definition version: a ledger updated
+    while it ran prices its records under two) as one: GPU-hours, idle GPU-hours and cost added up, its
+    first and last day; attempts per cluster (each version's row counts them all) added over clusters;
+    names that differ joined; `clusters` named where it ran in several (each its own job)."""
+    by_cluster: dict[str, list[dict]] = {}
+    for r in rows:
+        by_cluster.setdefault(str(r["cluster"]), []).append(r)
+    joined = lambda key: ", ".join(dict.fromkeys(str(r[key]) for r in rows if r[key] not in (None, "")))  # noqa: E731
+    latest = max(rows, key=lambda r: r["last_day"] or dt.date.min)  # a job with no usage has no days
+    out = {"tenant": joined("tenant"), "queue": joined("queue"),
+           "attempts": sum(max(r["attempts"] or 0 for r in rs) for rs in by_cluster.values()),
+           "failed_attempts": sum(max(r["failed_attempts"] or 0 for r in rs) for rs in by_cluster.values()),
+           "last_outcome": latest["last_outcome"], "gpu_hours": total(rows, "gpu_hours"),
+           "idle_gpu_hours": total(rows, "idle_gpu_hours"), "cost": total(rows, "cost"),
+           "first_day": min((r["first_day"] for r in rows if r["first_day"]), default=None),
+           "last_day": latest["last_day"]}
+    if len(by_cluster) > 1:
+        out["clusters"] = ", ".join(sorted(by_cluster))
+    return out
 
 
 def job(client, database: str, *, job_id: str, stall_s: float = 60.0, stretches_listed: int = 50) -> Report:
@@ -280,7 +346,7 @@ def job(client, database: str, *, job_id: str, stall_s: float = 60.0, stretches_
     summary_rows = base.fetch(client, database, "jobs", job_id=str(job_id))
     if not summary_rows:
         raise ValueError(f"no job {job_id!r} in the warehouse")
-    s = summary_rows[0]
+    s = job_summary(summary_rows)
     hist = query(client, f"""
         SELECT util_bucket, sum(gpu_seconds) / 3600 AS gpu_hours FROM {db}.job_util_histogram
         WHERE job_id = {{job:String}} GROUP BY util_bucket ORDER BY util_bucket""", p)
@@ -325,6 +391,7 @@ def job(client, database: str, *, job_id: str, stall_s: float = 60.0, stretches_
     executing = total(hist, "gpu_hours")
     low = sum(h["gpu_hours"] for h in hist if h["util_bucket"] < "30")
     report = Report("job", f"Job health report: {job_id}", f"{s['first_day']} .. {s['last_day']}", summary={
+        **({"clusters": s["clusters"]} if "clusters" in s else {}),
         "tenant": s["tenant"], "queue": s["queue"], "attempts": s["attempts"], "failed_attempts": s["failed_attempts"],
         "last_outcome": s["last_outcome"], "gpu_hours": s["gpu_hours"], "idle_gpu_hours": s["idle_gpu_hours"],
         "cost": s["cost"], "low_util_share": low / executing if executing else None,

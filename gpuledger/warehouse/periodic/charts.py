@@ -37,7 +37,9 @@ def svg_plot(rows: Sequence[dict], plot: Plot, currency: str = "", width_in: flo
         values = [[v / 100 for v in vs] for vs in values]
     positions = range(len(rows))
     with plt.rc_context({"svg.fonttype": "none", "svg.hashsalt": "gpuledger", "font.family": "sans-serif",
-                         "font.size": 9, "axes.spines.top": False, "axes.spines.right": False}):
+                         "font.size": 9, "axes.spines.top": False, "axes.spines.right": False,
+                         # names are text: "$...$" in a job id would be read as mathtext (and may not parse)
+                         "text.parse_math": False}):
         fig, ax = plt.subplots(figsize=(width_in, height_in), layout="constrained")
         names = [column(s).header() for s in plot.series]
         if plot.kind == "line":

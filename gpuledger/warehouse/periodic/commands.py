@@ -26,18 +26,27 @@ _BUILDERS = {"inventory": builders.inventory, "monthly": builders.monthly, "week
              "job": builders.job, "forecast": forecast.forecast_report}
 
 
+#: the reports whose money is read with its currency (the ledger's: for versions with none recorded)
+_PRICED = ("inventory", "monthly", "weekly")
+
+
 def build_report(client, database: str, name: str, **opts) -> Report:
     """Build one report. Options: inventory(days=30, as_of, low_util_pct=20, top=10, cards_listed=50),
-    monthly(month='YYYY-MM' or as_of, top=10), weekly(as_of, top=10, idle_share=0.3, anomalies_per_kind=20),
-    job(job_id, stall_s=60, stretches_listed=50)."""
+    monthly(month='YYYY-MM' or as_of, top=10, idle_redistribution='none'), weekly(as_of, top=10,
+    idle_share=0.3, anomalies_per_kind=20, idle_redistribution='none'), job(job_id, stall_s=60,
+    stretches_listed=50); `currency`: the ledger's."""
     if name not in _BUILDERS:
         raise ValueError(f"unknown report {name!r}; reports: {', '.join(REPORT_NAMES)}")
     opts = {k: v for k, v in opts.items() if v is not None}
     currency = opts.pop("currency", "")
+    if name in _PRICED:
+        opts["currency"] = currency
     # its sections read the open days once, and no carbon (no periodic report shows it)
     with base_reports.one_reading(), base_reports.without_carbon():
         report = _BUILDERS[name](client, database, **opts)
-    report.currency = currency
+    # the money's own currency where the report read it (one, or none where it holds several)
+    found = report.currencies
+    report.currency = currency if not found else found[0] if len(found) == 1 else ""
     return report
 
 
@@ -57,15 +66,36 @@ def register_report_cli(parser) -> None:
                              "(default 50)")
 
 
+#: parsed-argument names of the options only some reports take -> their flags
+_FLAGS = {"job_id": "JOB_ID", "days": "--days", "as_of": "--as-of", "month": "--month", "top": "--top",
+          "cards_listed": "--cards", "anomalies_per_kind": "--anomalies", "stretches_listed": "--stretches",
+          "idle_redistribution": "--idle-redistribution", "by": "--by"}
+#: what each report takes of them
+_TAKES = {"inventory": ("days", "as_of", "top", "cards_listed"),
+          "monthly": ("month", "as_of", "top", "idle_redistribution"),
+          "weekly": ("as_of", "top", "anomalies_per_kind", "idle_redistribution"),
+          "job": ("job_id", "stretches_listed"), "forecast": ()}
+
+
 def report_options(name: str, args) -> dict:
-    """The build_report options of `name` from parsed arguments (see register_report_cli)."""
+    """The build_report options of `name` from parsed arguments (see register_report_cli). An option
+    the report does not take is an error (as the filter flags are), not silently dropped; monthly and
+    weekly share the cluster idle as --idle-redistribution says, else as the ledger does (`report bills`)."""
     get = lambda k: getattr(args, k, None)  # noqa: E731
-    if name == "inventory":
-        return {"days": get("days"), "as_of": get("as_of"), "top": get("top"), "cards_listed": get("cards_listed")}
-    if name == "monthly":
-        return {"month": get("month"), "as_of": get("as_of"), "top": get("top")}
-    if name == "weekly":
-        return {"as_of": get("as_of"), "top": get("top"), "anomalies_per_kind": get("anomalies_per_kind")}
-    if name == "forecast":
-        return {}
-    return {"job_id": get("job_id"), "stretches_listed": get("stretches_listed")}
+    takes = _TAKES[name]
+    extra = [flag for key, flag in _FLAGS.items() if key not in takes and get(key) is not None]
+    if extra:
+        accepted = ", ".join(_FLAGS[k] for k in takes if k != "job_id") or "no options"
+        raise ValueError(f"report {name} takes no {', '.join(extra)} (it takes {accepted})")
+    options = {key: get(key) for key in takes}
+    if "idle_redistribution" in takes and options["idle_redistribution"] is None:
+        options["idle_redistribution"] = _ledger_idle_policy(args)
+    return options
+
+
+def _ledger_idle_policy(args) -> str:
+    """The [idle] redistribution of the ledger the command runs with (what `report bills` uses)."""
+    from gpuledger.cli import settings_from_args
+    from gpuledger.ledger_files import load_ledger_config
+
+    return load_ledger_config(settings_from_args(args).ledger_config).definitions.idle_redistribution

@@ -67,6 +67,9 @@ class Report:
     sections: list[Section] = field(default_factory=list)
     #: currency of every money figure (cost columns), shown in the header of every rendering
     currency: str = ""
+    #: the currencies of the period's money where the builder read them; with several, `currency` is
+    #: empty, money rows name theirs and totals are per currency
+    currencies: list[str] = field(default_factory=list)
     #: the period's data coverage; None for the job report (its period is the job's own span)
     coverage: Coverage | None = None
 
@@ -74,6 +77,8 @@ class Report:
     def units(self) -> str:
         """The header line that says what the figures are in."""
         money = f"Money in {self.currency}. " if self.currency else ""
+        if len(self.currencies) > 1:
+            money = f"Money in {', '.join(self.currencies)}: each figure in its row's currency, totals per currency. "
         return f"{money}Days are UTC days; GPU time in GPU-hours."
 
     def section(self, title: str) -> Section:

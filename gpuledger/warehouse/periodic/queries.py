@@ -23,7 +23,10 @@ def as_date(value: Any) -> dt.date:
         return value.date()
     if isinstance(value, dt.date):
         return value
-    return dt.date.fromisoformat(str(value))
+    try:
+        return dt.date.fromisoformat(str(value))
+    except ValueError:  # the flag named: a bare "day is out of range for month" says not which option
+        raise ValueError(f"as_of (--as-of) must be a UTC day YYYY-MM-DD, got {value!r}") from None
 
 
 def last_day(client, database: str) -> dt.date | None:
@@ -48,96 +51,205 @@ def total(rows: Sequence[dict], key: str) -> float:
     return float(sum(r.get(key) or 0 for r in rows))
 
 
-def tenant_costs(client, database: str, start: dt.date, end: dt.date) -> list[dict]:
-    out: dict[str, dict] = {}
-    for r in base.fetch(client, database, "bills", day_from=start, day_to=end):
-        t = out.setdefault(r["tenant"], {"tenant": r["tenant"], "compute_cost": 0.0, "idle_cost": 0.0,
-                                          "failed_retry_cost": 0.0, "total_cost": 0.0, "effective_gpu_hours": 0.0})
-        for k in ("compute_cost", "idle_cost", "failed_retry_cost", "total_cost"):
+def currencies(rows: Sequence[dict]) -> list[str]:
+    """The currencies of rows' money (their `currency`), sorted."""
+    return sorted({r["currency"] for r in rows})
+
+
+def fill_unknown_currency(rows: list[dict]) -> list[dict]:
+    """Rows whose currency is unknown ('': a version with none recorded, and no ledger currency given)
+    in the one currency the others have: a closed row carries the currency it was closed in, the open
+    days' rows of the same version none; with several known currencies they stay unknown."""
+    known = {r["currency"] for r in rows} - {""}
+    if len(known) == 1:
+        only = known.pop()
+        for r in rows:
+            r["currency"] = r["currency"] or only
+    return rows
+
+
+def money_total(rows: Sequence[dict], key: str) -> float | str:
+    """The sum of a money column: a number in one currency; in several, one sum per currency as text
+    ("0.06 EUR; 0.06 USD"), as sums of different currencies mean nothing."""
+    found = currencies(rows)
+    if len(found) <= 1:
+        return total(rows, key)
+    return "; ".join(f"{total([r for r in rows if r['currency'] == c], key):,.2f} {c}" for c in found)
+
+
+IDLE_POLICIES = ("none", "even", "usage")
+
+
+def tenant_costs(client, database: str, start: dt.date, end: dt.date, *, idle_redistribution: str = "none",
+                 currency: str = "") -> list[dict]:
+    """The bills report over [start, end] per tenant and currency (never adding two currencies), with
+    the cluster idle shared as `idle_redistribution` says (the ledger's [idle] policy, as `report
+    bills`): cluster_idle_cost and billed_total_cost where it is not none. `currency`: the ledger's,
+    for versions with none recorded."""
+    policy = idle_redistribution or "none"
+    if policy not in IDLE_POLICIES:
+        raise ValueError(f"idle_redistribution (--idle-redistribution) must be none, even or usage; got {policy!r}")
+    shared = policy != "none"
+    money = ["compute_cost", "idle_cost", "failed_retry_cost", "total_cost"] + (
+        ["cluster_idle_cost", "billed_total_cost"] if shared else [])
+    out: dict[tuple[str, str], dict] = {}
+    for r in fill_unknown_currency(base.fetch(client, database, "bills", day_from=start, day_to=end,
+                                              idle_redistribution=policy, **({"currency": currency} if currency else {}))):
+        t = out.setdefault((r["tenant"], r["currency"]), {"tenant": r["tenant"], "currency": r["currency"],
+                                                          **dict.fromkeys(money, 0.0), "effective_gpu_hours": 0.0})
+        for k in money[:4]:
             t[k] += r[k]
+        if shared:  # adjustment rows take no share (the bills report gives them none)
+            t["cluster_idle_cost"] += r.get("cluster_idle_cost") or 0.0
+            t["billed_total_cost"] += r.get("billed_total_cost", r["total_cost"])
         t["effective_gpu_hours"] += r["total_effective_gpu_hours"]
-    rows = sorted(out.values(), key=lambda r: (-r["total_cost"], r["tenant"]))
+    rank = "billed_total_cost" if shared else "total_cost"
+    rows = sorted(out.values(), key=lambda r: (-r[rank], r["tenant"], r["currency"]))
     for r in rows:
         r["idle_share"] = r["idle_cost"] / r["total_cost"] if r["total_cost"] else None
     return rows
 
 
-#: a job's usage sums per cluster, job and definition version from usage_by_job_daily, as job_cost's
-#: usage side adds them up (sql/0031), for the jobs whose usage reaches into [d0, d1]: job_cost's rows
-#: of a period are these (a job with usage in it is one row of that side)
-_PERIOD_USAGE = """
-    SELECT cluster, job_id, definition_version, min(tenant) AS u_tenant, min(queue) AS u_queue,
-           uniqExact(attempt) AS u_attempts, sum(gpu_ms) AS u_gpu_ms,
-           sumIf(gpu_ms, state = 'allocated_idle') AS u_idle_gpu_ms, sum(effective_gpu_ms) AS u_effective_gpu_ms,
-           sum(cost_micros) AS u_cost_micros
-    FROM {db}.usage_by_job_daily WHERE job_id != '' AND state IN ('executing', 'allocated_idle')
-    GROUP BY cluster, job_id, definition_version HAVING max(day) >= {{d0:Date}} AND min(day) <= {{d1:Date}}"""
+def fleet_layers(client, database: str, start: dt.date, end: dt.date) -> dict[str, float | None]:
+    """The three utilization layers of the whole fleet over [start, end] (every cluster together), as
+    the utilization report defines them (reports._utilization), which groups by at least one column."""
+    db = quoted_database(database)
+    (cap, down, alloc, execu, weighted, sampled), = client.query(f"""
+        SELECT sum(gpu_ms), sumIf(gpu_ms, state = 'down'), sumIf(gpu_ms, state IN ('allocated_idle', 'executing')),
+               sumIf(gpu_ms, state = 'executing'), sumIf(util_weighted_gpu_ms, state = 'executing'),
+               sumIf(util_gpu_ms, state = 'executing')
+        FROM {db}.usage_by_job_daily WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}}""",
+        parameters={"d0": start, "d1": end}).result_rows
+    return {"scheduling_utilization": alloc / (cap - down) if cap - down > 0 else None,
+            "execution_utilization": execu / alloc if alloc else None,
+            "hardware_utilization": weighted / sampled / 100 if sampled else None}
+
 
 #: the columns of the periodic reports' job rows (the jobs report's, `gpuledger report jobs`)
 TOP_JOB_COLUMNS = ("job_id", "tenant", "queue", "attempts", "failed_attempts", "gpu_hours", "effective_gpu_hours",
                    "idle_gpu_hours", "cost")
 
+#: a period's closed money per cluster, job, definition version and attempt: the closed rows of its
+#: days and the adjustments booked on them (where the bills report books them)
+_CLOSED_JOB_MONEY = """
+    SELECT cluster, job_id, definition_version, attempt, any(tenant) AS tenant, any(queue) AS queue,
+           sumIf(g, line != 'idle') AS x, sumIf(g, line = 'idle') AS i, sum(e) AS e, sum(c) AS c,
+           any(currency) AS currency
+    FROM (
+        SELECT toString(cluster) AS cluster, job_id, toString(definition_version) AS definition_version, attempt,
+               toString(tenant) AS tenant, toString(queue) AS queue, toString(line) AS line, toInt64(gpu_ms) AS g,
+               toInt64(effective_gpu_ms) AS e, cost_micros AS c, toString(currency) AS currency
+        FROM {db}.closed_job_cost WHERE {committed} AND day BETWEEN {{d0:Date}} AND {{d1:Date}}
+        UNION ALL
+        SELECT toString(cluster), job_id, toString(definition_version), attempt, toString(tenant), toString(queue),
+               toString(line), gpu_ms, effective_gpu_ms, cost_micros, toString(currency)
+        FROM {db}.bill_adjustments WHERE {committed} AND booked_day BETWEEN {{d0:Date}} AND {{d1:Date}})
+    GROUP BY cluster, job_id, definition_version, attempt"""
+
+
+def period_job_rows(client, database: str, start: dt.date, end: dt.date, currency: str = "") -> list[dict]:
+    """Every job's money on the days of [start, end] only, per cluster, job and definition version, in
+    the jobs report's order (reports.JOBS_ORDER): the parts the bills report adds up per tenant, so a
+    period's jobs add up to its bills, and a job running across periods shows each period its part:
+    - closed days: closed_job_cost, and the adjustments booked on the period's days;
+    - open days: the bill basis (each record id once) priced into lines as a close run does
+      (reports' open basis, bills.job_lines).
+    Each row: tenant, queue (of its first attempt), attempts and failed_attempts (attempts with usage
+    in the period, failed as job_attempts says now), gpu_hours, effective_gpu_hours, idle_gpu_hours,
+    cost, failed_cost (what its failed attempts cost in the period: every line of theirs), idle_share
+    (idle of held GPU-time) and currency (its definition version's; `currency` where none is recorded)."""
+    from gpuledger.warehouse import bills as b
+
+    db = quoted_database(database)
+    failed = b.fetch_outcomes(client, db, failed_only=True)
+    parts = [(r["cluster"], r["job_id"], r["definition_version"], int(r["attempt"]), r["tenant"], r["queue"],
+              int(r["x"]), int(r["i"]), int(r["e"]), int(r["c"]), r["currency"]) for r in query(
+        client, _CLOSED_JOB_MONEY.format(db=db, committed=b.committed(db)), {"d0": start, "d1": end})]
+    conds, params = base._where({"day_from": start, "day_to": end}, ("day_from", "day_to"))
+    basis, _, _ = base._open_basis_and_carbon(client, db, conds, params, with_carbon=False)
+    for (_day, cluster, tenant, queue, job_id, attempt, dv, line), (g, e, c) in b.job_lines(basis, failed).items():
+        parts.append((cluster, job_id, dv, attempt, tenant, queue, g if line != "idle" else 0,
+                      g if line == "idle" else 0, e, c, None))
+    named = base._currencies(client, db, currency or None)
+    jobs: dict[tuple[str, str, str], dict] = {}
+    for cluster, job_id, dv, attempt, tenant, queue, x, i, e, c, cur in parts:
+        j = jobs.setdefault((cluster, job_id, dv), {
+            "cluster": cluster, "job_id": job_id, "definition_version": dv, "first": None, "tenant": tenant,
+            "queue": queue, "attempts": set(), "failed": set(), "x": 0, "i": 0, "e": 0, "c": 0, "failed_c": 0,
+            "currency": None})
+        if j["first"] is None or attempt < j["first"]:
+            j.update(first=attempt, tenant=tenant, queue=queue)
+        j["attempts"].add(attempt)
+        if (cluster, job_id, attempt) in failed:
+            j["failed"].add(attempt)
+            j["failed_c"] += c
+        j["x"], j["i"], j["e"], j["c"] = j["x"] + x, j["i"] + i, j["e"] + e, j["c"] + c
+        j["currency"] = j["currency"] or cur
+    rows = []
+    for j in jobs.values():
+        held = j["x"] + j["i"]
+        rows.append({"cluster": j["cluster"], "job_id": j["job_id"], "definition_version": j["definition_version"],
+                     "tenant": j["tenant"], "queue": j["queue"], "attempts": len(j["attempts"]),
+                     "failed_attempts": len(j["failed"]), "gpu_hours": held / 3_600_000,
+                     "effective_gpu_hours": j["e"] / 3_600_000, "idle_gpu_hours": j["i"] / 3_600_000,
+                     "cost": j["c"] / 1e6, "failed_cost": j["failed_c"] / 1e6,
+                     "idle_share": j["i"] / held if held > 0 else 0.0,
+                     "currency": j["currency"] or base._currency_of(named, j["definition_version"])})
+    fill_unknown_currency(rows)
+    # JOBS_ORDER: the most expensive first
+    rows.sort(key=lambda r: (-r["cost"], -r["gpu_hours"], r["cluster"], r["job_id"], r["definition_version"]))
+    return rows
+
+
+def job_columns(rows: Sequence[dict], columns: Sequence[str]) -> list[dict]:
+    """`columns` of the rows, and each row's currency where they hold several."""
+    keep = [*columns, "currency"] if len(currencies(rows)) > 1 else list(columns)
+    return [{c: r[c] for c in keep} for r in rows]
+
 
 def period_jobs(client, database: str, start: dt.date, end: dt.date, top: int,
-                idle_share: float | None = None) -> tuple[list[dict], list[dict]]:
-    """The jobs with usage in [start, end], read once for two sections:
-    - the first `top` rows of the jobs report over the period (reports.fetch "jobs" with day_from, day_to
-      and limit: its order, its money of closed and open days), TOP_JOB_COLUMNS of them;
-    - with `idle_share`, job_cost's rows (job_id, tenant, failed_attempts, and cost, gpu_hours,
-      idle_gpu_hours and share from the job's usage sums) of the jobs that had a failed attempt or were
-      idle more than `idle_share` of their held GPU-time.
-    Joined from job_cost's usage side (the period's jobs), its attempts side and the money, as job_cost
-    and the jobs report join them, without job_cost's set of every job either side knows; one query
-    where the weekly report made three (0.2 s against 0.35 s at 100 M records)."""
-    db = quoted_database(database)
-    money, params = base.job_money_sql(client, db, "1", carbon_too=False)
-    fallback = {"gpu_hours": "u_gpu_ms / 3600000", "idle_gpu_hours": "u_idle_gpu_ms / 3600000",
-                "effective_gpu_hours": "u_effective_gpu_ms / 3600000", "cost": "u_cost_micros / 1e6"}
-    money_columns = ", ".join(f"if(m.money = 1, {base.JOB_MONEY_COLUMNS[col]}, {expr}) AS {col}"
-                              for col, expr in fallback.items())
-    # the flagged condition is stated here only: the query marks the rows, Python keeps the marked ones
-    flagged = "failed_attempts > 0 OR idle_share > {share:Float64}" if idle_share is not None else "0"
-    rows = query(client, f"""
-        WITH u AS ({_PERIOD_USAGE.format(db=db)}),
-        a AS (SELECT cluster, job_id, argMin(tenant, attempt) AS a_tenant, argMin(queue, attempt) AS a_queue,
-                     count() AS a_attempts, countIf(outcome = 'failed') AS failed_attempts
-              FROM {db}.job_attempts GROUP BY cluster, job_id)
-        SELECT *, {flagged} AS is_flagged FROM (
-            SELECT *, row_number() OVER (ORDER BY {base.JOBS_ORDER}) AS rank,
-                   if(usage_gpu_hours > 0, usage_idle_gpu_hours / usage_gpu_hours, 0.) AS idle_share FROM (
-                SELECT toString(u.cluster) AS cluster, u.job_id AS job_id,
-                       toString(u.definition_version) AS definition_version,
-                       if(a_tenant != '', a_tenant, u_tenant) AS tenant, if(a_queue != '', a_queue, u_queue) AS queue,
-                       greatest(a_attempts, u_attempts) AS attempts, failed_attempts, {money_columns},
-                       u_gpu_ms / 3600000 AS usage_gpu_hours, u_idle_gpu_ms / 3600000 AS usage_idle_gpu_hours,
-                       u_cost_micros / 1e6 AS usage_cost
-                FROM u LEFT JOIN a USING (cluster, job_id)
-                LEFT JOIN ({money}) AS m
-                  ON u.cluster = m.cluster AND u.job_id = m.job_id AND u.definition_version = m.definition_version))
-        WHERE rank <= {{top:UInt64}} OR is_flagged
-        ORDER BY rank""", {**params, "d0": start, "d1": end, "top": top, "share": idle_share or 0.0})
-    first = [{c: r[c] for c in TOP_JOB_COLUMNS} for r in rows if r["rank"] <= top]
+                idle_share: float | None = None, currency: str = "") -> tuple[list[dict], list[dict]]:
+    """The jobs' money on the period's days (period_job_rows), read once for two sections:
+    - the `top` most expensive, TOP_JOB_COLUMNS of them (and currency, where several);
+    - with `idle_share`, the jobs that had a failed attempt with usage in the period or were idle more
+      than `idle_share` of their held GPU-time in it: job_id, tenant, failed_attempts, cost (their
+      failed attempts' cost in the period), job_cost (the job's whole cost in the period), gpu_hours,
+      idle_gpu_hours, share, currency."""
+    rows = period_job_rows(client, database, start, end, currency)
+    first = job_columns(rows[:top], TOP_JOB_COLUMNS)
+    if idle_share is None:
+        return first, []
     marked = [{"job_id": r["job_id"], "tenant": r["tenant"], "failed_attempts": r["failed_attempts"],
-               "cost": r["usage_cost"], "idle_gpu_hours": r["usage_idle_gpu_hours"], "gpu_hours": r["usage_gpu_hours"],
-               "share": r["idle_share"]}
-              for r in rows if r["is_flagged"]]
+               "cost": r["failed_cost"], "job_cost": r["cost"], "idle_gpu_hours": r["idle_gpu_hours"],
+               "gpu_hours": r["gpu_hours"], "share": r["idle_share"], "currency": r["currency"]}
+              for r in rows if r["failed_attempts"] > 0 or r["idle_share"] > idle_share]
     return first, marked
 
 
-def largest_jobs(client, database: str, start: dt.date, end: dt.date, top: int) -> list[dict]:
-    """The `top` rows of job_cost by GPU-hours among the jobs with usage in [start, end]. Ranked from
-    the usage sums first, then only those jobs' rows read from job_cost (a filter on job_id reaches its
-    tables): 45,000 jobs' rows are not built to keep 10 (0.07 s against 0.15 s at 100 M records)."""
+def largest_jobs(client, database: str, start: dt.date, end: dt.date, top: int, currency: str = "") -> list[dict]:
+    """The `top` jobs with the most GPU-hours on the period's days (period_job_rows: each record once)."""
+    rows = sorted(period_job_rows(client, database, start, end, currency),
+                  key=lambda r: (-r["gpu_hours"], r["job_id"], r["cluster"], r["definition_version"]))
+    return job_columns(rows[:top], ("job_id", "tenant", "queue", "attempts", "gpu_hours", "effective_gpu_hours",
+                                    "idle_gpu_hours", "cost"))
+
+
+def unsampled_cards(client, database: str, cards: Sequence[str], start: dt.date, end: dt.date) -> set[str]:
+    """Of `cards` (each executing in [start, end]), those with no utilization sample while executing:
+    none in any attempt's executing time on them that reaches into the period (job_gpu_usage;
+    usage_gpu_daily keeps no sampled time). Their utilization is unknown, not 0 %. An attempt sampled
+    only outside the period counts as sampled: unknown is said only where it surely is."""
+    if not cards:
+        return set()
     db = quoted_database(database)
-    p = {"d0": start, "d1": end, "top": top}
-    order = "ORDER BY gpu_hours DESC, job_id, cluster, definition_version LIMIT {top:UInt32}"
-    ids = [r[0] for r in client.query(f"""
-        SELECT job_id, u_gpu_ms / 3600000 AS gpu_hours, cluster, definition_version
-        FROM ({_PERIOD_USAGE.format(db=db)}) {order}""", parameters=p).result_rows]
-    return query(client, f"""
-        SELECT job_id, tenant, queue, attempts, gpu_hours, effective_gpu_hours, idle_gpu_hours, cost
-        FROM {db}.job_cost WHERE job_id IN {{ids:Array(String)}} AND last_day >= {{d0:Date}} AND first_day <= {{d1:Date}}
-        {order}""", {**p, "ids": ids})
+    day_ms = lambda d: int(dt.datetime.combine(d, dt.time(), dt.timezone.utc).timestamp() * 1000)  # noqa: E731
+    sampled = {r[0] for r in client.query(f"""
+        SELECT gpu_uuid FROM {db}.job_gpu_usage
+        WHERE gpu_uuid IN {{cards:Array(String)}} AND state = 'executing'
+          AND last_end_ms > {{t0:Int64}} AND first_start_ms < {{t1:Int64}}
+        GROUP BY gpu_uuid HAVING sum(util_gpu_ms) > 0""",
+        parameters={"cards": list(cards), "t0": day_ms(start), "t1": day_ms(end + dt.timedelta(days=1))}).result_rows}
+    return set(cards) - sampled
 
 
 def idle_by_queue(client, database: str, start: dt.date, end: dt.date) -> dict[str, dict]:

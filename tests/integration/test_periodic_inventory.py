@@ -1,0 +1,56 @@
+"""Inventory on a small chDB filled by hand: a card that executed with no utilization sample (SM
+activity not reported, e.g. MIG or vGPU) is listed as unknown, not as a card at 0 %, and neither it
+nor its queue counts under the threshold; a card really at 5 % still does."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from gpuledger import warehouse
+from gpuledger.config import Settings
+from gpuledger.schemas.models import UsageBatch, UsageRecord
+from gpuledger.sink.rows import Source, usage_rows
+from gpuledger.warehouse.periodic import commands as pr
+
+pytestmark = pytest.mark.integration  # the real engine (chDB)
+
+DB = "periodic_inventory"
+T0 = int(dt.datetime(2026, 11, 2, tzinfo=dt.timezone.utc).timestamp() * 1000)
+MIN = 60_000
+
+
+def rec(gpu, model, util, job, queue, m0=0, m1=600):
+    g = (m1 - m0) * MIN
+    return UsageRecord(record_id=f"{gpu}/{m0}", cluster="c", node="n1", gpu_uuid=gpu, gpu_model=model,
+                       start_ms=T0 + m0 * MIN, end_ms=T0 + m1 * MIN, state="executing", job_id=job, attempt=0,
+                       tenant="t1", queue=queue, share_milli=1000, gpu_ms=g, util_pct=util, util_metric_pct=util,
+                       energy_j=0.0, coefficient=1.0, coefficient_version="v1", effective_gpu_ms=g,
+                       cost_micros=g // 1000, definition_version="d1")
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    c = warehouse.connect(Settings(warehouse=f"chdb:{tmp_path_factory.mktemp('inventory') / 'chdb'}", database=DB))
+    try:
+        warehouse.migrate(c, DB)
+        records = [rec("gpu-nosample", "H100", None, "j1", "q-mig"), rec("gpu-busy", "A100", 95.0, "j2", "q1"),
+                   rec("gpu-lazy", "A100", 5.0, "j3", "q1")]
+        warehouse.insert_rows(c, "usage_raw", usage_rows(UsageBatch(node="n", records=records), Source("u", 0, 0)),
+                              database=DB)
+        yield c
+    finally:
+        c.close()  # one chDB directory per process
+
+
+def test_cards_with_no_utilization_sample_are_unknown(client):
+    r = pr.build_report(client, DB, "inventory", days=7)
+    models = {c["gpu_model"]: c["hardware_utilization"] for c in r.section("Cards per GPU model and their utilization").rows}
+    assert models["H100"] is None  # the model's hardware layer says unknown too
+    assert [(c["gpu_uuid"], c["util_pct"]) for c in r.section("Cards under 20% utilization").rows] == [("gpu-lazy", 5.0)]
+    assert r.summary["cards_under_threshold"] == 1 and r.summary["cards_without_utilization_sample"] == 1
+    unknown = r.section("Cards with no utilization sample").rows
+    assert [(c["gpu_uuid"], c["util_pct"], c["queues"]) for c in unknown] == [("gpu-nosample", None, "q-mig")]
+    assert [q["queue"] for q in r.section("Queues holding the cards under 20%").rows] == ["q1"]
+    assert "Cards with no utilization sample" in pr.render_report(r, "markdown")
