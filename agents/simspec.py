@@ -121,8 +121,8 @@ class SimSpec:
             problems.append("cluster must not be empty")
         if self.start_ms < 0:
             problems.append(f"start_ms must be >= 0, got {self.start_ms}")
-        if self.hours <= 0:
-            problems.append(f"hours must be > 0, got {self.hours}")
+        if not 0 < self.hours < float("inf"):  # also refuses NaN (every comparison with it is false)
+            problems.append(f"hours must be > 0 and finite, got {self.hours}")
         if self.nodes < 1 or self.gpus_per_node < 1:
             problems.append(f"need at least 1 node and 1 GPU per node, got {self.nodes}×{self.gpus_per_node}")
         if not self.node_models:

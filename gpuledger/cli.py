@@ -7,9 +7,13 @@ same; each handler is a few lines that call into the package doing the work."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from gpuledger.config import Settings
@@ -194,7 +198,7 @@ def cmd_replay(args) -> int:
     from gpuledger.embedded.replay import publish, read_dump
 
     settings = settings_from_args(args)
-    lines = read_dump(Path(args.file))
+    lines = read_dump(Path(args.file), settings.topic_prefix)  # an unknown topic: refused with its line
     with KafkaPublisher(settings) as publisher:
         counts = publish(lines, publisher, settings, speedup=args.speedup,
                          progress=_progress_printer() if not args.quiet else None)
@@ -531,7 +535,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--output", help="periodic reports: write to this file")
     p.add_argument("--by", help="utilization: group by any of day,cluster,gpu_model,queue,tenant,job_id (comma-separated)")
     p.add_argument("--idle-redistribution", choices=["none", "even", "usage"],
-                   help="bills: share the cluster idle cost among tenants (default: the ledger definition)")
+                   help="bills, monthly, weekly: share the cluster idle cost among tenants (default: the ledger definition)")
     p.add_argument("--tenant", help="bills, jobs, queues, utilization: only this tenant")
     p.add_argument("--queue", help="bills, jobs, queues, utilization: only this queue")
     p.add_argument("--cluster", help="bills, jobs, queues, utilization, capacity, unmatched: only this cluster")
@@ -614,6 +618,30 @@ def error_message(exc: BaseException) -> str | None:
     return None
 
 
+#: commands that run the embedded pipeline (a broker and child processes) in this process
+PIPELINE_COMMANDS = ("demo", "replay-trace")
+
+
+@contextlib.contextmanager
+def exit_on_sigterm() -> Iterator[None]:
+    """For the block, SIGTERM (timeout, docker stop, CI cancel) raises SystemExit(143), so the
+    with-blocks stop the broker and the children; Python's default would exit without unwinding.
+    Only for PIPELINE_COMMANDS: the worker, watch and agents handle SIGTERM themselves."""
+    if threading.current_thread() is not threading.main_thread():  # signal.signal works in the main thread only
+        yield
+        return
+
+    def handler(signum, _frame) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up short
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(_command_word(argv)).parse_args(argv)
@@ -621,7 +649,8 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        return args.func(args) or 0
+        with exit_on_sigterm() if args.command in PIPELINE_COMMANDS else contextlib.nullcontext():
+            return args.func(args) or 0
     except KeyboardInterrupt:
         return 130
     except SystemExit as exc:

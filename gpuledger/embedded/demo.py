@@ -51,7 +51,7 @@ def load_dump(path: Path, prefix: str) -> list:
     from gpuledger.schemas.lines import LINE_JOB_EVENTS
     from gpuledger.embedded.replay import logical_line, read_dump
 
-    lines = read_dump(path)
+    lines = read_dump(path, prefix)
     if not lines:
         raise ValueError(f"{path}: the dump holds no message")
     say(f"[demo] replaying {len(lines)} messages from {path}")

@@ -9,12 +9,15 @@ Afterwards the chDB directory is free for reports."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import NamedTuple
 
 from gpuledger.embedded.broker import EmbeddedBroker
@@ -50,6 +53,62 @@ class PipelineRun:
     seconds: float = 0.0
 
 
+#: data directories this process holds (`hold_data_dir`), with how many holds each
+_HELD: dict[Path, int] = {}
+LOCK_FILE = ".pipeline.lock"
+
+
+@contextmanager
+def hold_data_dir(data_dir: Path) -> Iterator[None]:
+    """Hold DATA_DIR/.pipeline.lock (flock) for the block: a second demo or replay on the same data
+    directory is refused instead of emptying the warehouse under the first. Re-entrant within a
+    process (a GenAI replay holds its directory around its two runs); the kernel releases the lock
+    when the process dies."""
+    import fcntl
+
+    key = Path(data_dir).resolve()
+    if key in _HELD:
+        _HELD[key] += 1
+        try:
+            yield
+        finally:
+            _HELD[key] -= 1
+        return
+    key.mkdir(parents=True, exist_ok=True)
+    with open(key / LOCK_FILE, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            raise PipelineError(f"the data directory {key} is in use by {holder} (another demo or replay); "
+                                "wait for it to finish, or use another --data-dir") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"process {os.getpid()}")
+        fh.flush()
+        _HELD[key] = 1
+        try:
+            yield
+        finally:
+            del _HELD[key]
+
+
+class _SinkAlive:
+    """`alive` for wait_until_caught_up: a sink thread that failed or stopped ends the wait at once
+    (instead of after timeout_s)."""
+
+    def __init__(self, thread: threading.Thread, result: dict):
+        self.thread = thread
+        self.result = result
+
+    def check_alive(self) -> None:
+        if "error" in self.result:
+            raise self.result["error"]
+        if not self.thread.is_alive():
+            raise RuntimeError("the sink stopped before it caught up")
+
+
 def run_embedded(
     settings: Settings,
     emissions: Iterable,
@@ -63,7 +122,17 @@ def run_embedded(
     """Push `emissions` (simulator Emissions or dump lines) through broker, worker and sink
     into the embedded warehouse. `fresh` empties the warehouse first: the broker always
     starts empty, so old rows would otherwise mix with a new run. `log` gets one line per
-    step for people; `on_stage` gets each `Stage` for programs (e.g. a progress reporter)."""
+    step for people; `on_stage` gets each `Stage` for programs (e.g. a progress reporter).
+    Refuses (PipelineError) a data directory another run holds, or a warehouse another process has open."""
+    if settings.embedded_warehouse_dir is None:
+        raise PipelineError("this command runs on the embedded warehouse; unset GPULEDGER_WAREHOUSE (or set it to 'chdb')")
+    with hold_data_dir(settings.data_dir):
+        return _run_embedded(settings, emissions, fresh=fresh, progress=progress, log=log, on_stage=on_stage,
+                             timeout_s=timeout_s)
+
+
+def _run_embedded(settings: Settings, emissions: Iterable, *, fresh: bool, progress, log, on_stage,
+                  timeout_s: float) -> PipelineRun:
     stage = on_stage or (lambda _stage: None)
     from gpuledger.agents.publisher import KafkaPublisher
     from gpuledger.warehouse.library import sync_library
@@ -72,20 +141,25 @@ def run_embedded(
     from gpuledger.sink.loop import run_sink, sink_topics
     from gpuledger.topics import create_topics
     from gpuledger.warehouse import connect, migrate
+    from gpuledger.warehouse.client import _chdb_holder
     from gpuledger.watch import watch_group, watch_inputs
 
     started = time.monotonic()
     warehouse_dir = settings.embedded_warehouse_dir
-    if warehouse_dir is None:
-        raise PipelineError("this command runs on the embedded warehouse; unset GPULEDGER_WAREHOUSE (or set it to 'chdb')")
     logs = settings.data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     if fresh and warehouse_dir.exists():
+        holder = _chdb_holder(warehouse_dir)  # chDB would not notice once its flocked files are gone
+        if holder:
+            raise PipelineError(f"the embedded warehouse {warehouse_dir} is held by {holder}; stop it (a sink, a report, "
+                                "another demo) or use another --data-dir")
         shutil.rmtree(warehouse_dir)
     run = PipelineRun()
 
     with EmbeddedBroker(log_path=logs / "tansu.log") as broker:
-        s = settings.model_copy(update={"kafka_bootstrap": broker.bootstrap})
+        # metrics off: a production GPULEDGER_*_METRICS_PORT in the environment would clash
+        s = settings.model_copy(update={"kafka_bootstrap": broker.bootstrap, "worker_metrics_port": 0,
+                                        "sink_metrics_port": 0, "agent_metrics_port": 0})
         log(f"[pipeline] broker (Tansu) on {broker.bootstrap}; data in {settings.data_dir.resolve()}")
         create_topics(s)
         client = connect(s)
@@ -109,11 +183,11 @@ def run_embedded(
                 sink_result["error"] = exc
 
         t = s.topics
-        with ChildProcess(s, "worker", log_path=logs / "worker.log") as worker, \
-                ChildProcess(s, "watch", log_path=logs / "watch.log") as watcher:
-            sink = threading.Thread(target=sink_thread, name="sink", daemon=True)
-            sink.start()
-            try:
+        sink = threading.Thread(target=sink_thread, name="sink", daemon=True)
+        try:
+            with ChildProcess(s, "worker", log_path=logs / "worker.log") as worker, \
+                    ChildProcess(s, "watch", log_path=logs / "watch.log") as watcher:
+                sink.start()
                 stage(Stage("publishing", s))
                 with KafkaPublisher(s) as publisher:
                     run.published = publish(emissions, publisher, s, progress=progress)
@@ -125,17 +199,14 @@ def run_embedded(
                 stage(Stage("watch", s, watch_group(s), tuple(watch_inputs(s))))
                 # caught up = every input acknowledged = covered by a durable snapshot, alerts included
                 wait_until_caught_up(s, watch_group(s), watch_inputs(s), alive=watcher, timeout_s=timeout_s)
-            except BaseException:
-                stop_sink.set()
-                raise
-        log("[pipeline] watcher done; waiting for the sink ...")
-        stage(Stage("sink", s, f"{s.worker_app_id}-sink", tuple(sink_topics(s))))
-        try:
-            wait_until_caught_up(s, f"{s.worker_app_id}-sink", sink_topics(s),
+            log("[pipeline] watcher done; waiting for the sink ...")
+            stage(Stage("sink", s, f"{s.worker_app_id}-sink", tuple(sink_topics(s))))
+            wait_until_caught_up(s, f"{s.worker_app_id}-sink", sink_topics(s), alive=_SinkAlive(sink, sink_result),
                                  timeout_s=timeout_s)
         finally:
             stop_sink.set()
-            sink.join(timeout=120)
+            if sink.is_alive():  # before the broker goes: the sink closes its chDB client cleanly
+                sink.join(timeout=120)
         if "error" in sink_result:
             raise sink_result["error"]
         run.sink = sink_result

@@ -6,10 +6,12 @@ input partition up to the end offset."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,8 +33,32 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent():
+    """A `preexec_fn` for Popen: the child gets SIGTERM when this process dies, even by SIGKILL
+    (Linux prctl PR_SET_PDEATHSIG), so no broker or worker outlives a killed demo. None off Linux
+    and from a thread other than the main one (the signal follows the thread that forked)."""
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the child only calls it
+    except (OSError, AttributeError):
+        return None
+    parent, sigterm = os.getpid(), int(signal.SIGTERM)
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, sigterm, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), sigterm)
+
+    return preexec
+
+
 class ChildProcess:
-    """A `gpuledger <args>` child process; stopped with SIGTERM (then SIGKILL) on exit.
+    """A `gpuledger <args>` child process; stopped with SIGTERM (then SIGKILL) on exit, and
+    sent SIGTERM when this process dies (`die_with_parent`).
 
     `command` replaces `python -m gpuledger.cli` (a test's own entry point); `extra_env` is added
     to the environment that carries the settings."""
@@ -48,8 +74,12 @@ class ChildProcess:
 
     def start(self) -> "ChildProcess":
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen([*self.command, *self.args], env={**settings_env(self.settings), **self.extra_env},
-                                     stdout=out, stderr=subprocess.STDOUT)
+        try:
+            self.proc = subprocess.Popen([*self.command, *self.args], env={**settings_env(self.settings), **self.extra_env},
+                                         stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()  # the child has its own copy
         return self
 
     def check_alive(self) -> None:

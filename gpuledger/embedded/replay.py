@@ -93,15 +93,29 @@ def parse_dump_line(raw: bytes | str, where: str = "<line>") -> DumpLine:
     return DumpLine(topic, key, value)
 
 
-def read_dump(path: str | Path) -> list[DumpLine]:
+def read_dump(path: str | Path, prefix: str | None = None) -> list[DumpLine]:
     """Every line of a dump (blank lines skipped). Values are not schema-checked here: a dump may
-    carry malformed messages on purpose (dead-letter tests); `validate_dump_line` checks one."""
+    carry malformed messages on purpose (dead-letter tests); `validate_dump_line` checks one.
+    With `prefix` (the topic prefix it will be replayed under), a topic that is none of the three
+    lines is refused here, with its file and line (`publish` refuses it too, without them)."""
     lines = []
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
             if raw.strip():
-                lines.append(parse_dump_line(raw, f"{path}:{lineno}"))
+                where = f"{path}:{lineno}"
+                line = parse_dump_line(raw, where)
+                if prefix is not None:
+                    check_topic(line.topic, prefix, where)
+                lines.append(line)
     return lines
+
+
+def check_topic(topic: str, prefix: str, where: str) -> None:
+    """DumpError unless `topic` is one of the three lines (with or without `prefix`): Kafka would
+    create any other topic and nothing would read it, so its messages would be lost silently."""
+    if logical_line(topic, prefix) not in LINES:
+        with_prefix = f", optionally prefixed with {prefix!r}" if prefix else ""
+        raise DumpError(f"{where}: unknown topic {topic!r}; known: {', '.join(LINES)}{with_prefix}")
 
 
 def logical_line(topic: str, prefix: str = "") -> str:
@@ -150,7 +164,8 @@ def _ordered_dump(lines: list[DumpLine], prefix: str) -> list[_Out]:
     """Stable sort by event time; a line without ts_ms keeps the time of the line before it,
     so it stays where the dump put it."""
     out, last = [], None
-    for d in lines:
+    for i, d in enumerate(lines, start=1):
+        check_topic(d.topic, prefix, f"dump line {i}")
         o = _from_dump(d, prefix)
         last = o.ts_ms if o.ts_ms is not None else last
         out.append(o._replace(ts_ms=last))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import bisect
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -52,6 +53,8 @@ def read_genai_samples(path: str | Path) -> list[Sample]:
             raise TraceError(f"{where}: timestamp_anon and value must be numbers, got {row['timestamp_anon']!r}, {row['value']!r}") from None
         if value != value or ts != ts:  # NaN
             continue
+        if math.isinf(ts) or math.isinf(value):
+            raise TraceError(f"{where}: timestamp_anon and value must be finite, got {row['timestamp_anon']!r}, {row['value']!r}")
         out.append(Sample(ts, pod, value))
     if not out:
         raise TraceError(f"{path}: no samples")
@@ -89,16 +92,19 @@ def genai_ticks(duty: Sequence[Sample], memory: Sequence[Sample], *, base_ms: in
     (no telemetry for > 10 intervals) ends the pod's holding (stretch = attempt); the next
     sample starts a new attempt. Memory is joined by pod and the nearest timestamp within one
     median interval. Trace time is mapped so that the first duty sample is at `base_ms`.
-    `max_pods`: only the first N pods in order of first appearance in the duty file.
-    Returns (ticks sorted by time, median interval in ms, pods)."""
+    `max_pods`: only the first N pods (N >= 1) in order of first appearance in the duty file.
+    Samples of a pod at the same millisecond are one sample (the first is kept), so every tick
+    covers at least 1 ms. Returns (ticks sorted by time, median interval in ms, pods)."""
     if not duty:
         raise TraceError("no duty-cycle samples")
+    if max_pods is not None and max_pods < 1:
+        raise TraceError(f"max_pods must be a whole number >= 1, got {max_pods}")
     order: dict[str, None] = {}
     by_pod: dict[str, list[Sample]] = {}
     for s in duty:
         order.setdefault(s.pod)
         by_pod.setdefault(s.pod, []).append(s)
-    pods = list(order)[:max_pods] if max_pods else list(order)
+    pods = list(order)[:max_pods] if max_pods is not None else list(order)
     origin = min(s.ts_s for s in duty)
     gaps = []
     for p in by_pod.values():
@@ -127,21 +133,22 @@ def genai_ticks(duty: Sequence[Sample], memory: Sequence[Sample], *, base_ms: in
 
     ticks: list[GenaiTick] = []
     for pod in pods:
-        samples = by_pod[pod]
+        # de-duplicated before the next timestamps are taken: a duplicate would give a 0 ms tick
+        samples, times = [], []
+        for s in by_pod[pod]:
+            ts_ms = at_ms(base_ms, s.ts_s - origin)
+            if not times or ts_ms != times[-1]:
+                samples.append(s)
+                times.append(ts_ms)
         attempt = 0
         for k, s in enumerate(samples):
-            if k and samples[k - 1].ts_s == s.ts_s:
-                continue  # duplicate timestamp: keep the first
             nxt = samples[k + 1].ts_s if k + 1 < len(samples) else None
-            if nxt is not None and nxt - s.ts_s > gap_split_s:
+            if nxt is None or nxt - s.ts_s > gap_split_s:
                 interval = median_ms
-            elif nxt is not None:
-                interval = round((nxt - s.ts_s) * 1000)
             else:
-                interval = median_ms
+                interval = times[k + 1] - times[k]  # >= 1: times are distinct and sorted
             interval = min(interval, HOUR_MS)
-            ticks.append(GenaiTick(pod, attempt, at_ms(base_ms, s.ts_s - origin), interval,
-                                   min(100.0, max(0.0, s.value)), memory_at(pod, s.ts_s)))
+            ticks.append(GenaiTick(pod, attempt, times[k], interval, min(100.0, max(0.0, s.value)), memory_at(pod, s.ts_s)))
             if nxt is not None and nxt - s.ts_s > gap_split_s:
                 attempt += 1
     ticks.sort(key=lambda t: (t.ts_ms, t.pod))
@@ -165,7 +172,7 @@ def convert_genai(
     `watermark_every_ms` (5 min: a tick waits at most that long to be closed) and a final one."""
     ticks, median_ms, pods = genai_ticks(duty, memory, base_ms=base_ms, gap_split_s=gap_split_s, max_pods=max_pods)
     if not ticks:
-        raise TraceError("no ticks (max_pods=0?)")
+        raise TraceError("no ticks")
     uuids = {pod: gpu_uuid(cluster, pod, 0) for pod in pods}
     items: list[tuple] = []  # (ts_ms, class, seq, kind, payload)
     stretches: dict[tuple[str, int], list[int]] = {}

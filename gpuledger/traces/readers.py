@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import csv
+import gzip
 import io
+import math
 import sys
 import tarfile
 from collections.abc import Callable, Iterator, Sequence
@@ -39,7 +41,8 @@ def say(text: str) -> None:
 
 # =========================================================================== reading
 def open_text(path: Path) -> str:
-    """The text of a CSV file, or of the single CSV inside a .tar.gz/.tgz (read in memory)."""
+    """The text of a CSV file, of a gzipped one (.csv.gz, .gz), or of the single CSV inside a
+    .tar.gz/.tgz/.tar (read in memory)."""
     path = Path(path)
     if not path.is_file():
         raise TraceError(f"{path}: no such file")
@@ -52,10 +55,21 @@ def open_text(path: Path) -> str:
                     raise TraceError(f"{path}: expected exactly one .csv inside, found {[m.name for m in members]}")
                 fh = tar.extractfile(members[0])
                 assert fh is not None
-                return fh.read().decode("utf-8")
+                data = fh.read()
         except tarfile.TarError as exc:
             raise TraceError(f"{path}: not a readable tar archive: {exc}") from None
-    return path.read_text(encoding="utf-8")
+    elif name.endswith(".gz"):
+        try:
+            data = gzip.decompress(path.read_bytes())
+        except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
+            raise TraceError(f"{path}: not a readable gzip file: {exc}") from None
+    else:
+        data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{path}: not a UTF-8 CSV ({exc.reason} at byte {exc.start}); expected a plain .csv, .csv.gz, "
+                         ".tar.gz, .tgz or .tar") from None
 
 
 def csv_rows(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict[str, str]]]:
@@ -78,6 +92,8 @@ def parse_int(value: str, what: str, where: str, *, optional: bool = False) -> i
         number = float(text)
     except ValueError:
         raise TraceError(f"{where}: {what} must be a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise TraceError(f"{where}: {what} must be a finite number, got {value!r}")
     if number != int(number) or number < 0:
         raise TraceError(f"{where}: {what} must be a whole number >= 0, got {value!r}")
     return int(number)

@@ -12,11 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpuledger.embedded.pipeline import Stage
+from gpuledger.embedded.pipeline import Stage, hold_data_dir
 from gpuledger.embedded.processes import group_lag
 from gpuledger.traces.genai import convert_genai, read_genai_samples
 from gpuledger.traces.readers import CLUSTER_GENAI, CLUSTER_V2023, TRACES, Emissions, TraceError, say
-from gpuledger.traces.summary import genai_summary, v2023_summary
+from gpuledger.traces.summary import genai_summary, has_replay, v2023_summary
 from gpuledger.traces.v2023 import convert_v2023, read_nodes, read_pods
 
 
@@ -78,13 +78,23 @@ class DrainReporter:
 
 
 def _summarize(settings, fn: Callable[[Any, str], dict], cluster: str) -> dict:
+    """`fn`'s summary of `cluster`; TraceError when the warehouse holds no replay of it (a data
+    directory re-used by another replay or a demo would otherwise give an all-zero summary)."""
     from gpuledger.warehouse import connect
 
     client = connect(settings)
     try:
+        if not has_replay(client, cluster):
+            raise TraceError(f"no {cluster} replay in this data directory ({Path(settings.data_dir).resolve()}): "
+                             f"replay it first (gpuledger replay-trace {cluster} ...)")
         return fn(client, cluster)
     finally:
         client.close()
+
+
+def forget_genai_default(settings) -> None:
+    """Remove the GenAI default-definition figure: a new replay replaces the warehouse it belongs to."""
+    (Path(settings.data_dir) / GENAI_DEFAULT_RESULT).unlink(missing_ok=True)
 
 
 def replay_v2023(settings, pods_path: str | Path, nodes_path: str | Path, *, log: Callable[[str], None] = say) -> dict:
@@ -99,8 +109,10 @@ def replay_v2023(settings, pods_path: str | Path, nodes_path: str | Path, *, log
         "placement (synthetic GPUs)")
     drain = DrainReporter(log)
     try:
-        run = run_embedded(settings, replay.emissions, progress=_progress(replay.emissions, "alibaba-v2023", log), log=log,
-                           on_stage=drain.on_stage)
+        with hold_data_dir(settings.data_dir):
+            forget_genai_default(settings)
+            run = run_embedded(settings, replay.emissions, progress=_progress(replay.emissions, "alibaba-v2023", log),
+                               log=log, on_stage=drain.on_stage)
     finally:
         drain.stop()
     summary = _summarize(settings, v2023_summary, replay.cluster)
@@ -120,7 +132,6 @@ def replay_genai(settings, duty_path: str | Path, memory_path: str | Path, *, ma
     """Replay the GenAI trace twice through the real pipeline: first under the ledger's default
     execution definition (into DATA_DIR/default-definition, keeping only its idle figure), then under
     GENAI_EXECUTION into DATA_DIR, whose warehouse the summary reads."""
-    from gpuledger.embedded.pipeline import run_embedded
     from gpuledger.ledger_files import load_ledger_config, write_ledger_variant
 
     t0 = time.monotonic()
@@ -132,6 +143,16 @@ def replay_genai(settings, duty_path: str | Path, memory_path: str | Path, *, ma
     zero_duty_config = write_ledger_variant(settings.ledger_config, Path(settings.data_dir) / "ledger-zero-duty.toml",
                                             suffix="zero-duty", execution=GENAI_EXECUTION)
     default = load_ledger_config(settings.ledger_config).definitions
+    with hold_data_dir(settings.data_dir):  # both runs: no other replay or demo empties it in between
+        forget_genai_default(settings)
+        summary = _replay_genai_runs(settings, default_settings, zero_duty_config, default, replay, log)
+    log(f"[replay-trace] alibaba-genai: total {time.monotonic() - t0:.0f}s")
+    return summary
+
+
+def _replay_genai_runs(settings, default_settings, zero_duty_config, default, replay, log) -> dict:
+    from gpuledger.embedded.pipeline import run_embedded
+
     for label, run_settings in (("default definition", default_settings),
                                 ("zero-duty definition", settings.model_copy(update={"ledger_config": zero_duty_config}))):
         log(f"[replay-trace] alibaba-genai: replay under the {label}")
@@ -148,9 +169,7 @@ def replay_genai(settings, duty_path: str | Path, memory_path: str | Path, *, ma
                 "ledger_allocated_idle_gpu_hours": idle,
                 "execution": {"source": default.execution_source, "util_floor_pct": default.execution_util_floor_pct,
                               "min_idle_s": default.execution_min_idle_s}}))
-    summary = genai_summary_with_default(settings)
-    log(f"[replay-trace] alibaba-genai: total {time.monotonic() - t0:.0f}s")
-    return summary
+    return genai_summary_with_default(settings)
 
 
 def genai_summary_with_default(settings) -> dict:
@@ -197,6 +216,17 @@ def cmd_replay_trace(args) -> int:
     return 0
 
 
+def positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
+
+
 def register_cli(subparsers) -> argparse.ArgumentParser:
     """Add `replay-trace` to the gpuledger CLI (called from gpuledger/cli.py's build_parser)."""
     help_text = "replay a public GPU trace (alibaba-v2023, alibaba-genai) through the embedded pipeline and print a JSON summary"
@@ -208,7 +238,7 @@ def register_cli(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--nodes", help="alibaba-v2023: node list CSV (openb_node_list_all_node.csv)")
     p.add_argument("--duty", help="alibaba-genai: pod_gpu_duty_cycle_anon.tar.gz (or the CSV inside)")
     p.add_argument("--memory", help="alibaba-genai: pod_gpu_memory_used_bytes_anon.tar.gz (or the CSV inside)")
-    p.add_argument("--max-pods", type=int, help="alibaba-genai: replay only the first N pods (in order of first sample)")
+    p.add_argument("--max-pods", type=positive_int, help="alibaba-genai: replay only the first N pods (in order of first sample)")
     p.add_argument("--summary-only", action="store_true",
                    help="do not replay: print the summary of the replay already in the data directory")
     return p
@@ -219,7 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpuledger")
     register_cli(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    return args.func(args) or 0
+    from gpuledger.cli import exit_on_sigterm
+
+    with exit_on_sigterm():
+        return args.func(args) or 0
 
 
 if __name__ == "__main__":

@@ -16,6 +16,12 @@ def _scalar_rows(client, sql: str, params: dict) -> list[dict]:
     return list(client.query(sql, parameters=params).named_results())
 
 
+def has_replay(client, cluster: str) -> bool:
+    """Whether the warehouse holds a replay of `cluster` (every replay writes job attempts)."""
+    return bool(client.query("SELECT count() FROM job_attempts WHERE cluster = {cluster:String}",
+                             parameters={"cluster": cluster}).result_rows[0][0])
+
+
 # A v2023 pod's phase as the warehouse tells it: the terminal event decides; no terminal and
 # no allocation = never scheduled (Pending); allocated without a terminal = still running.
 _V2023_PODS = """

@@ -110,7 +110,8 @@ def parse_gpu_spec(text: str) -> tuple[str, ...]:
 
 
 def read_pods(path: str | Path) -> list[TracePod]:
-    """A v2023 pod list (openb_pod_list_*.csv; every list the repository publishes has this format)."""
+    """A v2023 pod list (openb_pod_list_*.csv with the time and phase columns: default, gpuspec*,
+    gpushare*, cpu*; the multigpu* lists lack them and are refused with the missing columns named)."""
     pods, seen = [], set()
     for lineno, row in csv_rows(Path(path), POD_COLUMNS):
         where = f"{path}:{lineno}"
@@ -133,6 +134,9 @@ def read_pods(path: str | Path) -> list[TracePod]:
         creation = parse_int(row["creation_time"], "creation_time", where)
         deletion = parse_int(row["deletion_time"], "deletion_time", where)
         scheduled = parse_int(row["scheduled_time"], "scheduled_time", where, optional=True)
+        if phase == "Pending" and scheduled is not None:  # the published lists have none; no event would end it
+            raise TraceError(f"{where}: pod {name!r} is Pending but has a scheduled_time ({scheduled}): a Pending pod "
+                             "must never have been scheduled (leave scheduled_time empty)")
         if scheduled is not None and not creation <= scheduled <= deletion:
             raise TraceError(f"{where}: expected creation <= scheduled <= deletion, got {creation}, {scheduled}, {deletion}")
         if deletion < creation:

@@ -2,6 +2,7 @@
 capacity equals GPUs x simulated time, and no process is left behind."""
 
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -55,16 +56,22 @@ def test_demo_conserves_capacity_and_leaves_no_process(tmp_path, capsys, assert_
 
 def test_demo_over_your_own_dump_prints_the_demos_reports(tmp_path, capsys, monkeypatch, assert_conserved):
     """`gpuledger demo --input DUMP`: a topic dump (here one `gpuledger simulate --dump` wrote) through
-    the same pipeline, the same reports printed; the warehouse holds exactly the dump's GPU-time."""
+    the same pipeline, the same reports printed; the warehouse holds exactly the dump's GPU-time.
+    A production metrics port in the environment, already taken here, does not reach the demo's worker."""
     dump = tmp_path / "mine.jsonl"
     assert main(["simulate", "--hours", "0.25", "--nodes", "1", "--dump", str(dump)]) == 0
+    taken = socket.socket()
+    taken.bind(("0.0.0.0", 0))
+    taken.listen()
+    port = str(taken.getsockname()[1])
     for name, value in [("PARTITIONS_GPU_SAMPLES", "2"), ("PARTITIONS_JOB_EVENTS", "2"), ("PARTITIONS_USAGE", "2"),
-                        ("WORKER_REBALANCE_TIMEOUT_S", "4")]:
+                        ("WORKER_REBALANCE_TIMEOUT_S", "4"), ("WORKER_METRICS_PORT", port), ("SINK_METRICS_PORT", port)]:
         monkeypatch.setenv(f"GPULEDGER_{name}", value)
     data = tmp_path / "data"
     capsys.readouterr()
 
-    assert main(["demo", "--input", str(dump), "--data-dir", str(data)]) == 0
+    with taken:
+        assert main(["demo", "--input", str(dump), "--data-dir", str(data)]) == 0
     captured = capsys.readouterr()
     assert f"replaying {len(read_dump(dump))} messages from {dump}" in captured.err
     for _, title, _, _ in DEMO_REPORTS:

@@ -1,0 +1,132 @@
+"""The embedded pipeline's guards that need no broker or engine: the data-directory lock, dump
+lines on an unknown topic, non-finite demo hours, the SIGTERM handler of the pipeline commands
+and the parent-death signal of child processes. (With the real Tansu and chDB:
+tests/integration/test_embedded_faults.py.)"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from gpuledger.agents.publisher import ListPublisher
+from gpuledger.cli import exit_on_sigterm, main
+from gpuledger.config import Settings
+from gpuledger.embedded.demo import load_dump
+from gpuledger.embedded.pipeline import LOCK_FILE, PipelineError, hold_data_dir, run_embedded
+from gpuledger.embedded.replay import DumpError, DumpLine, publish, read_dump
+
+GOOD = {"topic": "job-events", "key": None, "value": {"type": "watermark", "cluster": "c", "ts_ms": 5}}
+
+
+def write_dump(path: Path, *rows: dict) -> Path:
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    return path
+
+
+# --------------------------------------------------------------------------- the data-directory lock
+def test_a_data_directory_held_by_another_run_is_refused_before_anything_starts(tmp_path):
+    data = tmp_path / "data"
+    (data / "chdb").mkdir(parents=True)
+    (data / "chdb" / "keep").write_text("another run's warehouse")
+    with open(data / LOCK_FILE, "a+") as other:  # another open file = another holder, as another process would be
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        other.write("process 4242")
+        other.flush()
+        with pytest.raises(PipelineError, match=r"in use by process 4242 .*another --data-dir"):
+            run_embedded(Settings(data_dir=data), [])
+    assert (data / "chdb" / "keep").exists()  # nothing emptied
+
+
+def test_hold_data_dir_is_reentrant_and_released(tmp_path):
+    with hold_data_dir(tmp_path):
+        with hold_data_dir(tmp_path):  # a GenAI replay's two runs inside its own hold
+            pass
+        with open(tmp_path / LOCK_FILE) as probe, pytest.raises(OSError):
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # still held after the inner block
+        assert (tmp_path / LOCK_FILE).read_text() == f"process {os.getpid()}"
+    with open(tmp_path / LOCK_FILE) as probe:
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released
+
+
+# --------------------------------------------------------------------------- dump topics
+def test_a_dump_line_on_an_unknown_topic_is_refused_with_file_and_line(tmp_path):
+    dump = write_dump(tmp_path / "typo.jsonl", GOOD, {**GOOD, "topic": "gpu_samples"})
+    with pytest.raises(DumpError) as err:
+        read_dump(dump, "t1.")
+    text = str(err.value)
+    assert f"{dump}:2: unknown topic 'gpu_samples'" in text
+    assert "gpu-samples, job-events, scheduler-snapshots" in text
+    with pytest.raises(DumpError, match=r"typo.jsonl:2: unknown topic"):
+        load_dump(dump, "")
+    assert read_dump(write_dump(tmp_path / "ok.jsonl", {**GOOD, "topic": "t1.job-events"}), "t1.")  # prefixed: fine
+
+
+def test_publish_refuses_an_unknown_topic_too():
+    settings = Settings(topic_prefix="t1.")
+    with pytest.raises(DumpError, match="dump line 2: unknown topic 'GPU-samples'"):
+        publish([DumpLine("job-events", None, GOOD["value"]), DumpLine("GPU-samples", "n", {"ts_ms": 6})],
+                ListPublisher(), settings)
+
+
+def test_demo_and_replay_refuse_a_dump_with_an_unknown_topic(tmp_path, capsys):
+    dump = write_dump(tmp_path / "typo.jsonl", GOOD, {**GOOD, "topic": "gpu_samples"})
+    assert main(["replay", str(dump), "--bootstrap", "127.0.0.1:1"]) == 2
+    assert f"{dump}:2: unknown topic 'gpu_samples'" in capsys.readouterr().err
+    assert main(["demo", "--input", str(dump), "--data-dir", str(tmp_path / "data")]) == 2
+    assert f"{dump}:2: unknown topic 'gpu_samples'" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- demo --hours
+@pytest.mark.parametrize("hours", ["inf", "nan", "-inf"])
+def test_demo_refuses_non_finite_hours(tmp_path, capsys, hours):
+    assert main(["demo", f"--hours={hours}", "--data-dir", str(tmp_path)]) == 2
+    assert "invalid SimSpec: hours must be > 0 and finite" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- signals
+def test_sigterm_raises_system_exit_143_inside_the_block_only():
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as exited:
+        with exit_on_sigterm():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler interrupts this
+    assert exited.value.code == 143
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_child_started_with_die_with_parent_stops_when_its_parent_is_killed(tmp_path):
+    """The parent (a Python process that starts `sleep` as ChildProcess and EmbeddedBroker do) is
+    SIGKILLed: no clean-up runs, yet the child gets SIGTERM from the kernel."""
+    script = ("import subprocess, sys, time\n"
+              "from gpuledger.embedded.processes import die_with_parent\n"
+              "child = subprocess.Popen(['sleep', '60'], preexec_fn=die_with_parent())\n"
+              "print(child.pid, flush=True)\n"
+              "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    try:
+        parent.kill()
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and alive(child):
+            time.sleep(0.05)
+        assert not alive(child), "the child outlived its SIGKILLed parent"
+    finally:
+        if alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie, dead but not yet reaped by its new parent, is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
