@@ -13,6 +13,11 @@ chDB through clickhouse-connect (`get_client(interface="chdb", path=DIR)`), as f
 - server-side parameters (`{name:Type}` with `parameters=`) and `client.insert(..., column_names=)`
   work as with a server; a NULL for a non-Nullable column fails in the client-side encoder, so
   computed columns (`day`) are DEFAULT expressions and writers leave them out.
+
+On a ClickHouse cluster (GPULEDGER_CLICKHOUSE_CLUSTER) every client runs with
+`distributed_product_mode = 'global'`: the views, reports and bill runs read Distributed tables with
+`IN (SELECT ... FROM <another Distributed table>)`, which ClickHouse refuses on 2+ shards under its
+default 'deny' (Code 288, "Double-distributed IN/JOIN subqueries is denied"); see cluster.py.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import clickhouse_connect
 from clickhouse_connect.driver.exceptions import ProgrammingError
 
 from gpuledger.config import Settings
+from gpuledger.warehouse.cluster import DISTRIBUTED_PRODUCT_MODE
 
 
 
@@ -108,7 +114,22 @@ def _open(settings: Settings, *, create_dir: bool = True):
         raise WarehouseError(
             f"unknown warehouse {settings.warehouse!r}: use 'chdb', 'chdb:/abs/dir' or http(s)://host:port"
         )
+    if settings.clickhouse_cluster:
+        _cluster_session(client, settings.clickhouse_cluster)
     return client
+
+
+def _cluster_session(client, cluster: str) -> None:
+    """Session settings for a warehouse on a cluster: IN/JOIN subqueries over Distributed tables run
+    once on the initiator (`distributed_product_mode = 'global'`, cluster.py). A profile that has it
+    already needs nothing; an account whose profile forbids changing settings (readonly = 1) and does
+    not set it gets a warning: its queries over the views with IN subqueries fail on 2+ shards."""
+    try:
+        client.set_client_setting("distributed_product_mode", DISTRIBUTED_PRODUCT_MODE)
+    except ProgrammingError as exc:
+        log.warning("cluster %s: cannot set distributed_product_mode = '%s' for this ClickHouse user (%s); "
+                    "set it in the user's profile (docs/architecture.md, \"ClickHouse cluster\")",
+                    cluster, DISTRIBUTED_PRODUCT_MODE, exc)
 
 
 def connect(settings: Settings):

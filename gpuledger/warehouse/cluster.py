@@ -17,7 +17,15 @@ statement is parsed again, so a rendering ClickHouse cannot read never leaves th
   INSERT ... SELECT        -> run once, through the Distributed tables (back-fills), with
                               distributed_foreground_insert = 1: the rows are on the shards when
                               it returns, not queued, so a rebuild's EXCHANGE and DROP that follow
-                              cannot leave them in the table being dropped
+                              cannot leave them in the table being dropped; and with
+                              distributed_product_mode = 'global': an IN (SELECT ... FROM t) over a
+                              Distributed t inside a query reading a Distributed table (0023, 0028,
+                              0037) is otherwise refused on 2+ shards (Code 288); 'global' runs the
+                              subquery once on the initiator and sends its result to every shard
+                              ('local' would be wrong: the IN keys are not co-sharded). A source t
+                              whose columns the SELECT qualifies (t.col, sql/0018) is read as
+                              `FROM t AS t`: without the alias the query sent to the shards reads
+                              t_local and cannot resolve t.col (Code 47)
   TRUNCATE TABLE IF EXISTS t -> ON CLUSTER, t_local (a rebuild's copy starts empty: sql/0034)
   EXCHANGE TABLES a AND b  -> ON CLUSTER, of a_local and b_local (the Distributed tables name the
                               locals, so they follow); a table rebuild (sql/0022, sql/0034)
@@ -116,8 +124,13 @@ _ORDER_BY = re.compile(r"^ORDER BY (.+)$", re.MULTILINE)
 _EXCHANGE = re.compile(r"^EXCHANGE TABLES (`?\w+`?) AND (`?\w+`?)$")
 _DROP_TABLE = re.compile(r"^DROP TABLE IF EXISTS (`?\w+`?)( SYNC)?$")
 _TRUNCATE = re.compile(r"^TRUNCATE TABLE IF EXISTS (`?\w+`?)$")
-#: an INSERT ... SELECT through Distributed tables returns once every shard has its rows
-_FOREGROUND = "SETTINGS distributed_foreground_insert = 1"
+#: IN / JOIN subqueries over Distributed tables inside a query over a Distributed table: run the
+#: subquery once on the initiator and send its result to the shards. The ledger's own clients set it
+#: when a cluster is configured (client.py); readers' profiles must too (docs/architecture.md).
+DISTRIBUTED_PRODUCT_MODE = "global"
+#: an INSERT ... SELECT through Distributed tables returns once every shard has its rows, and may
+#: use IN subqueries over Distributed tables
+_INSERT_SETTINGS = f"distributed_foreground_insert = 1, distributed_product_mode = '{DISTRIBUTED_PRODUCT_MODE}'"
 _FROM = re.compile(r"\bFROM (`?\w+`?)")
 
 
@@ -195,13 +208,24 @@ class ClusterRenderer:
         self.tables.add(name)
         return [local, dist]
 
-    @staticmethod
-    def _insert(canonical: str) -> str:
+    def _insert(self, canonical: str) -> str:
+        canonical = self._alias_qualified_sources(canonical)
         # the SELECT's trailing SETTINGS apply to the whole INSERT (formatQuery prints them on both)
         body, _, last = canonical.rpartition("\n")
         if last.startswith("SETTINGS "):
-            return f"{body}\n{last}, {_FOREGROUND.removeprefix('SETTINGS ')}"
-        return f"{canonical}\n{_FOREGROUND}"
+            return f"{body}\n{last}, {_INSERT_SETTINGS}"
+        return f"{canonical}\n SETTINGS {_INSERT_SETTINGS}"
+
+    def _alias_qualified_sources(self, sql: str) -> str:
+        """`FROM t` -> `FROM t AS t` for every table t (a Distributed table here) whose columns the
+        statement qualifies as `t.col`: the query a Distributed table sends to its shards names
+        t_local, and an unaliased `t.col` no longer resolves there (Code 47, sql/0018's back-fills).
+        The alias keeps the qualifier bound; on one server it changes nothing."""
+        for table in sorted(self.tables):
+            if not re.search(rf"(?<![\w.`])`?{table}`?\.", sql):
+                continue
+            sql = re.sub(rf"\b(FROM|JOIN) `?{table}`?(?![\w`.])(?! AS )", rf"\1 `{table}` AS `{table}`", sql)
+        return sql
 
     def _known_table(self, name: str, what: str) -> None:
         if name not in self.tables:

@@ -151,7 +151,7 @@ def migrate(client, database: str, *, cluster: str | None = None,
                    if mg.version in applied and mg.recorded_as_earlier(applied[mg.version]["checksum"])]
         for mg in earlier:
             log.info("re-recording migration %s_%s under the comment-blind checksum", mg.version, mg.name)
-            _record(client, db, mg)
+            _record(client, db, mg, on_cluster=bool(cluster))
         now: list[str] = []
         for mg in migrations:
             # on a cluster every file is rendered, applied or not: the renderer learns the tables
@@ -169,7 +169,7 @@ def migrate(client, database: str, *, cluster: str | None = None,
                     client.command(statement)
                 except Exception as exc:
                     raise WarehouseError(f"migration {mg.version}_{mg.name} failed: {exc}") from exc
-            _record(client, db, mg)
+            _record(client, db, mg, on_cluster=bool(cluster))
             now.append(mg.version)
         if retention is not None:
             apply_retention(client, db, retention, local=(lambda t: t + LOCAL_SUFFIX) if cluster else (lambda t: t),
@@ -205,9 +205,12 @@ def _unspaced(key: str) -> str:
     return "".join(key.split())
 
 
-def _record(client, db: str, mg: Migration) -> None:
+def _record(client, db: str, mg: Migration, *, on_cluster: bool = False) -> None:
+    """Record `mg` as applied. On a cluster the table is Distributed, whose inserts are sent later by
+    default: a migrate run right after would not see the record and run the file again (its back-fills
+    twice), so the insert waits until the shard has it."""
     client.insert(MIGRATIONS_TABLE, [[mg.version, mg.name, mg.checksum]], column_names=["version", "name", "checksum"],
-                  database=db)
+                  database=db, settings={"distributed_foreground_insert": 1} if on_cluster else None)
 
 
 def migrate_configured(client, settings) -> list[str]:

@@ -150,7 +150,9 @@ def test_every_cluster_statement_parses_and_is_clustered(client, rendered):
     for sql in clustered:
         assert fmt(sql).strip() == sql.strip()  # ClickHouse reads it back to the same text
         if sql.startswith("INSERT"):  # synchronous: on the shards before the next statement runs
-            assert re.search(r"\nSETTINGS (.+, )?distributed_foreground_insert = 1\n", sql), sql
+            assert re.search(r"\nSETTINGS (.+, )?distributed_foreground_insert = 1(, .+)?\n", sql), sql
+            # IN subqueries over Distributed tables run once on the initiator (test_cluster_two_shards.py)
+            assert re.search(r"\nSETTINGS (.+, )?distributed_product_mode = 'global'(, .+)?\n", sql), sql
         else:
             assert re.search(r"ON CLUSTER `?ledger`?\b", sql), sql
         assert not re.search(r"ENGINE = (Replacing|Summing|Aggregating)?MergeTree", sql), sql
