@@ -1363,22 +1363,32 @@ AS WITH
     ),
     k AS
     (
-        SELECT DISTINCT
+        SELECT
             cluster,
-            job_id
+            job_id,
+            argMinIf(definition_version, (first_start_ms, definition_version), with_usage) AS k_first_version
         FROM
         (
             SELECT
                 cluster,
-                job_id
+                job_id,
+                definition_version,
+                first_start_ms,
+                toUInt8(1) AS with_usage
             FROM {db}.usage_by_job_daily
             WHERE (job_id != '') AND (state IN ('executing', 'allocated_idle'))
             UNION ALL
             SELECT
                 cluster,
-                job_id
+                job_id,
+                '',
+                toInt64(0),
+                toUInt8(0)
             FROM {db}.job_attempts_state
         )
+        GROUP BY
+            cluster,
+            job_id
     )
 SELECT
     cluster,
@@ -1386,8 +1396,8 @@ SELECT
     if(a_tenant != '', a_tenant, u_tenant) AS tenant,
     if(a_queue != '', a_queue, u_queue) AS queue,
     definition_version,
-    greatest(a_attempts, u_attempts) AS attempts,
-    a_failed_attempts AS failed_attempts,
+    if(definition_version = k_first_version, greatest(a_attempts, u_attempts), 0) AS attempts,
+    if(definition_version = k_first_version, a_failed_attempts, 0) AS failed_attempts,
     a_last_outcome AS last_outcome,
     a_requested_gpus AS requested_gpus,
     u_gpu_ms / 3600000 AS gpu_hours,
@@ -1399,8 +1409,8 @@ SELECT
     u_energy_j / 3600000 AS energy_kwh,
     if(u_seen = 1, u_first_day, NULL) AS first_day,
     if(u_seen = 1, u_last_day, NULL) AS last_day,
-    a_queue_wait_seconds AS queue_wait_seconds,
-    a_queue_wait_gpu_hours AS queue_wait_gpu_hours,
+    if(definition_version = k_first_version, a_queue_wait_seconds, 0) AS queue_wait_seconds,
+    if(definition_version = k_first_version, a_queue_wait_gpu_hours, 0) AS queue_wait_gpu_hours,
     u_priced_by_default_gpu_ms / 3600000 AS priced_by_default_gpu_hours
 FROM k
 LEFT JOIN u USING (cluster, job_id)

@@ -3,7 +3,8 @@ cluster or job_id reaches the tables) against 0015's definition (FULL OUTER JOIN
 random jobs: several clusters sharing job ids, jobs with usage under one or two definition versions,
 jobs with attempts but no usage yet, usage with no attempt events, attempts with no tenant or queue,
 failed and retried attempts, queue waits. Same columns, types and rows; a job read alone equals its
-rows in the whole view."""
+rows in the whole view. Then sql/0038's (the attempt-side columns on one row per job): the same
+rows, those columns equal to 0031's on one row of each job and 0 on its other rows."""
 
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ import random
 import pytest
 from warehouse_helpers import warehouse_before
 
-from gpuledger.warehouse.migrations import migrate
+from gpuledger.warehouse.migrations import load_migrations, migrate
 
 pytestmark = pytest.mark.integration
 
 DB = "job_cost_view"
 T0 = int(dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc).timestamp() * 1000)
 HOUR = 3_600_000
+#: attempts, failed_attempts, queue_wait_seconds, queue_wait_gpu_hours: on one row per job since sql/0038
+ATTEMPT_SIDE = (5, 6, 18, 19)
 USAGE_COLS = ["schema_version", "record_id", "cluster", "node", "gpu_uuid", "gpu_model", "start_ms", "end_ms",
               "state", "job_id", "attempt", "tenant", "queue", "share_milli", "gpu_ms", "util_pct", "energy_j",
               "coefficient", "coefficient_version", "effective_gpu_ms", "cost_micros", "definition_version",
@@ -81,10 +84,23 @@ def test_job_cost_per_job_equals_the_full_join_view(seed):
         write_jobs(client, seed)
         old_rows = rows(client)
         old_columns = client.query("DESCRIBE TABLE job_cost").result_rows
-        assert "0031" in migrate(client, DB)
+        for statement in next(mg for mg in load_migrations() if mg.version == "0031").statements():
+            client.command(statement)  # 0031 alone: the same rows as 0015's
+        assert client.query("DESCRIBE TABLE job_cost").result_rows == old_columns
+        assert same(rows(client), old_rows)
+        assert {"0031", "0038"} <= set(migrate(client, DB))
         assert client.query("DESCRIBE TABLE job_cost").result_rows == old_columns
         new_rows = rows(client)
-        assert same(new_rows, old_rows)
+        # 0038: the attempt-side columns on one row of each job (its first version's), 0 on the others
+        assert same([tuple(v for i, v in enumerate(r) if i not in ATTEMPT_SIDE) for r in new_rows],
+                    [tuple(v for i, v in enumerate(r) if i not in ATTEMPT_SIDE) for r in old_rows])
+        carried = {}
+        for new, old in zip(new_rows, old_rows):
+            if same([tuple(new[i] for i in ATTEMPT_SIDE)], [tuple(old[i] for i in ATTEMPT_SIDE)]):
+                carried[(new[0], new[1])] = carried.get((new[0], new[1]), 0) + 1
+            else:
+                assert all(new[i] == 0 for i in ATTEMPT_SIDE), new
+        assert carried == {(r[0], r[1]): 1 for r in new_rows}  # attempts >= 1 on the row that carries them
         # every kind of job is in the data: no usage yet (first_day NULL), no attempt events, two versions
         assert any(r[16] is None for r in new_rows) and any(r[8] == 0 for r in new_rows)
         per_job = {}
