@@ -211,7 +211,7 @@ def test_the_migration_works_out_again_the_closed_days_with_copies():
         assert listed(client) != LISTED and kept_d1(client) != KEPT_D1  # the phantoms, as 0028 kept them
         put_usage(client, DB, LATE, 10)
         d2 = client.query(f"SELECT * FROM {DB}.idle_stretches_daily WHERE day = '{D2}' ORDER BY ALL").result_rows
-        assert migrations.migrate(client, DB) == ["0037"]
+        assert migrations.migrate(client, DB)[0] == "0037"  # and any later file
         j3 = ("j3", "gpu-3", T1 + 600 * MIN, 10, 600, 0)
         late = sorted([s for s in LISTED if s != j3] + [("j3", "gpu-3", T1 + 600 * MIN, 20, 1200, 0)])
         late_d1 = sorted([k for k in KEPT_D1 if k[0] != "j3"] + [("j3", "gpu-3", T1 + 600 * MIN, T1 + 620 * MIN,
