@@ -120,7 +120,7 @@ def _query(client, sql: str, params: dict[str, Any]) -> list[dict]:
 
 
 # --------------------------------------------------------------------------- the reports
-def _currencies(client, db: str, fallback: str | None) -> dict[str, str]:
+def definition_currencies(client, db: str, fallback: str | None) -> dict[str, str]:
     """definition_version -> currency, as recorded with the definition (`gpuledger migrate`)."""
     try:
         rows = _query(client, f"SELECT definition_version, argMax(JSONExtractString(content, 'currency'), recorded_at) "
@@ -133,7 +133,7 @@ def _currencies(client, db: str, fallback: str | None) -> dict[str, str]:
     return out
 
 
-def _currency_of(currencies: dict[str, str], dv: str) -> str:
+def currency_of(currencies: dict[str, str], dv: str) -> str:
     return currencies.get(dv) or currencies.get("", "")
 
 
@@ -178,7 +178,7 @@ def _bills(client, db: str, filters: dict[str, Any]) -> list[dict]:
     names = sorted(REPORT_FILTERS["bills"] - ({"tenant"} if policy != "none" else set()))
     conds, params = _where(filters, names)
     adj_conds = [c.replace("day ", "booked_day ", 1) if c.startswith("day ") else c for c in conds]
-    currencies = _currencies(client, db, filters.get("currency"))
+    currencies = definition_currencies(client, db, filters.get("currency"))
     groups: dict[tuple, dict[str, list[int]]] = {}
     row_currency: dict[tuple, str] = {}
 
@@ -211,7 +211,7 @@ def _bills(client, db: str, filters: dict[str, Any]) -> list[dict]:
         head = {"day": day, "status": status, "cluster": cluster, "tenant": tenant, "definition_version": dv}
         if status == "adjustment":
             head.update(corrects_day=corrects, reason=reason)
-        rows.append(_bill_row(head, groups[key], row_currency.get(key) or _currency_of(currencies, dv)))
+        rows.append(_bill_row(head, groups[key], row_currency.get(key) or currency_of(currencies, dv)))
     _flag_priced_by_default(client, db, rows)
     for row in rows:  # carbon of the day's usage; none on adjustment rows (docs/carbon.md)
         kg = None if row["status"] == "adjustment" else carbon_of.get(
@@ -353,7 +353,7 @@ def _read_jobs(client, db: str, filters: dict[str, Any]) -> list[dict]:
         params["top_job_ids"] = sorted({key[1] for key in top})
     jobs = f"SELECT *, {opportunity} AS opportunity_cost FROM {db}.job_cost WHERE {_and(conds)}"
     money, more = job_money_sql(client, db, " AND ".join(scope) or "1", carbon_too=with_carbon)
-    currencies = _currencies(client, db, filters.get("currency"))
+    currencies = definition_currencies(client, db, filters.get("currency"))
     named = {dv: cur for dv, cur in currencies.items() if dv}
     params.update(more, currency_dv=list(named), currency=list(named.values()), currency_default=currencies.get("", ""))
     # job_cost's rows with the money of closed and open days and the carbon (job_money_sql), most
@@ -588,17 +588,23 @@ def job_money_sql(client, db: str, scope_cond: str, carbon_too: bool = True) -> 
     return sql, params
 
 
-def _open_basis_and_carbon(client, db: str, conds: Sequence[str], params: dict[str, Any], *,
-                           with_carbon: bool) -> tuple[list[dict], dict[tuple, float], str | None]:
-    """The open days' bill basis (jobs' usage per day, attempt and state, each record id once, as a close
-    run reads it: bills.fetch_day_usage) and the carbon (kg CO2e) per day, cluster, tenant and definition version of every
-    day `conds` select, with the carbon version (None without a definition). One query: the open days'
-    records are read once for both (GROUPING SETS); closed days' carbon comes from closed_energy
-    (docs/carbon.md). Without `with_carbon`, the basis only."""
-    from gpuledger.warehouse import bills as b
-    from gpuledger.warehouse import carbon
+def open_basis_sql(client, db: str, day_from: dt.date, day_to: dt.date) -> tuple[str, dict[str, Any]]:
+    """SQL and parameters of the open days' bill basis of [day_from, day_to] (as _open_basis_and_carbon
+    reads it, without carbon): per day, cluster, tenant, queue, job, attempt, definition version and
+    state, its gpu_ms, effective_gpu_ms, cost_micros and records, each record id once, as a close run
+    reads it. Closed days give no row."""
+    conds, params = _where({"day_from": day_from, "day_to": day_to}, ("day_from", "day_to"))
+    grouped, params, _ = _grouped_open_usage_sql(client, db, conds, params, None)
+    return f"SELECT * FROM ({grouped}) WHERE state != '' AND records > 0", params
 
-    definition = _carbon_definition(client, db) if with_carbon else None
+
+def _grouped_open_usage_sql(client, db: str, conds: Sequence[str], params: dict[str, Any],
+                            definition: dict | None) -> tuple[str, dict[str, Any], str]:
+    """The open days' usage grouped per attempt and state (and, with a carbon `definition`, also per day,
+    cluster, tenant, version and carbon bucket with state ''), its parameters and the record days'
+    condition (_open_basis_and_carbon)."""
+    from gpuledger.warehouse import bills as b
+
     exact_days, raw_days, is_open, bucket, record_days, day_params = _live_days(client, db, definition)
     params = {**params, **day_params}
     live = f"SELECT *, {is_open} AS is_open FROM ({b.live_usage_sql(db, exact_days, raw_days, bucket, conds)})"
@@ -621,6 +627,21 @@ def _open_basis_and_carbon(client, db: str, conds: Sequence[str], params: dict[s
             FROM ({live})
             GROUP BY day, cluster, tenant, queue, job_id, attempt, definition_version, state, bucket_ms)
         GROUP BY {grouping}"""
+    return grouped, params, record_days
+
+
+def _open_basis_and_carbon(client, db: str, conds: Sequence[str], params: dict[str, Any], *,
+                           with_carbon: bool) -> tuple[list[dict], dict[tuple, float], str | None]:
+    """The open days' bill basis (jobs' usage per day, attempt and state, each record id once, as a close
+    run reads it: bills.fetch_day_usage) and the carbon (kg CO2e) per day, cluster, tenant and definition version of every
+    day `conds` select, with the carbon version (None without a definition). One query: the open days'
+    records are read once for both (GROUPING SETS); closed days' carbon comes from closed_energy
+    (docs/carbon.md). Without `with_carbon`, the basis only."""
+    from gpuledger.warehouse import bills as b
+    from gpuledger.warehouse import carbon
+
+    definition = _carbon_definition(client, db) if with_carbon else None
+    grouped, params, record_days = _grouped_open_usage_sql(client, db, conds, params, definition)
     if definition is None:
         rows = _query(client, grouped, params)
     else:
@@ -692,9 +713,9 @@ def _capacity(client, db: str, filters: dict[str, Any]) -> list[dict]:
     conds, params = _where(filters, sorted(REPORT_FILTERS["capacity"]))
     sql = f"SELECT * FROM {db}.capacity_daily WHERE {_and(conds)} ORDER BY day, cluster, gpu_model, definition_version"
     rows = _query(client, sql + _limit(filters, params), params)
-    currencies = _currencies(client, db, filters.get("currency")) if rows else {}
+    currencies = definition_currencies(client, db, filters.get("currency")) if rows else {}
     for r in rows:
-        r["currency"] = _currency_of(currencies, r["definition_version"])
+        r["currency"] = currency_of(currencies, r["definition_version"])
     return rows
 
 

@@ -242,6 +242,8 @@ def test_top_largest_and_flagged_are_period_rows(ledger, start, end):
     with reports.one_reading(), reports.without_carbon():
         rows = pr_queries.period_job_rows(ledger, DB, start, end)
         for top in (1, 3, 500):
+            # the query that keeps the first `top` rows gives those rows, currencies included
+            assert pr_queries.period_job_rows(ledger, DB, start, end, top=top) == rows[:top]
             first, flagged = pr_queries.period_jobs(ledger, DB, start, end, top)
             assert first == [{c: r[c] for c in pr_queries.TOP_JOB_COLUMNS} for r in rows[:top]] and flagged == []
             largest = pr_queries.largest_jobs(ledger, DB, start, end, top)

@@ -69,3 +69,14 @@ def test_plot_labels_with_dollar_pairs_are_text(name):
     rows = [{"job_id": name, "cost": 2.0}, {"job_id": "plain", "cost": 1.0}]
     svg = svg_plot(rows, Plot("bar", "job_id", ["cost"]), "USD")
     assert name.replace("<", "&lt;") in svg  # drawn as written (svg.fonttype none keeps text as text)
+
+
+def test_an_unknown_currency_is_filled_from_every_row_of_the_period():
+    """Rows kept from a longer list (the top jobs) take the one currency of the whole list, and none
+    where the whole list knows two, even when the rows kept know only one."""
+    from gpuledger.warehouse.periodic.queries import fill_unknown_currency
+
+    kept = [{"currency": ""}, {"currency": "EUR"}]
+    assert [r["currency"] for r in fill_unknown_currency([dict(r) for r in kept])] == ["EUR", "EUR"]
+    assert [r["currency"] for r in fill_unknown_currency([dict(r) for r in kept], {"EUR", "USD", ""})] == ["", "EUR"]
+    assert [r["currency"] for r in fill_unknown_currency([{"currency": ""}], {"USD", ""})] == ["USD"]

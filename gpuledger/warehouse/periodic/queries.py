@@ -56,11 +56,12 @@ def currencies(rows: Sequence[dict]) -> list[str]:
     return sorted({r["currency"] for r in rows})
 
 
-def fill_unknown_currency(rows: list[dict]) -> list[dict]:
+def fill_unknown_currency(rows: list[dict], currencies_known: set[str] | None = None) -> list[dict]:
     """Rows whose currency is unknown ('': a version with none recorded, and no ledger currency given)
-    in the one currency the others have: a closed row carries the currency it was closed in, the open
-    days' rows of the same version none; with several known currencies they stay unknown."""
-    known = {r["currency"] for r in rows} - {""}
+    in the one currency the others have (or `currencies_known` holds, where rows are a part of them): a
+    closed row carries the currency it was closed in, the open days' rows of the same version none; with
+    several known currencies they stay unknown."""
+    known = ({r["currency"] for r in rows} if currencies_known is None else set(currencies_known)) - {""}
     if len(known) == 1:
         only = known.pop()
         for r in rows:
@@ -129,76 +130,98 @@ def fleet_layers(client, database: str, start: dt.date, end: dt.date) -> dict[st
 TOP_JOB_COLUMNS = ("job_id", "tenant", "queue", "attempts", "failed_attempts", "gpu_hours", "effective_gpu_hours",
                    "idle_gpu_hours", "cost")
 
-#: a period's closed money per cluster, job, definition version and attempt: the closed rows of its
-#: days and the adjustments booked on them (where the bills report books them)
-_CLOSED_JOB_MONEY = """
-    SELECT cluster, job_id, definition_version, attempt, any(tenant) AS tenant, any(queue) AS queue,
-           sumIf(g, line != 'idle') AS x, sumIf(g, line = 'idle') AS i, sum(e) AS e, sum(c) AS c,
-           any(currency) AS currency
+#: a period's money per cluster, job, definition version and attempt: the closed rows of its days, the
+#: adjustments booked on them (where the bills report books them) and the open days' basis ({open}: each
+#: record once, reports.open_basis_sql), idle where the bills have it (bills.line_of: allocated idle)
+_ATTEMPT_MONEY = """
+    SELECT cluster, job_id, definition_version, attempt, any(tenant) AS attempt_tenant,
+           any(queue) AS attempt_queue, sumIf(g, NOT idle) AS ax, sumIf(g, idle) AS ai, sum(e) AS ae,
+           sum(c) AS ac, anyIf(currency, currency != '') AS attempt_currency
     FROM (
         SELECT toString(cluster) AS cluster, job_id, toString(definition_version) AS definition_version, attempt,
-               toString(tenant) AS tenant, toString(queue) AS queue, toString(line) AS line, toInt64(gpu_ms) AS g,
-               toInt64(effective_gpu_ms) AS e, cost_micros AS c, toString(currency) AS currency
+               toString(tenant) AS tenant, toString(queue) AS queue, line = 'idle' AS idle, toInt64(gpu_ms) AS g,
+               toInt64(effective_gpu_ms) AS e, toInt128(cost_micros) AS c, toString(currency) AS currency
         FROM {db}.closed_job_cost WHERE {committed} AND day BETWEEN {{d0:Date}} AND {{d1:Date}}
         UNION ALL
         SELECT toString(cluster), job_id, toString(definition_version), attempt, toString(tenant), toString(queue),
-               toString(line), gpu_ms, effective_gpu_ms, cost_micros, toString(currency)
-        FROM {db}.bill_adjustments WHERE {committed} AND booked_day BETWEEN {{d0:Date}} AND {{d1:Date}})
+               line = 'idle', toInt64(gpu_ms), toInt64(effective_gpu_ms), toInt128(cost_micros), toString(currency)
+        FROM {db}.bill_adjustments WHERE {committed} AND booked_day BETWEEN {{d0:Date}} AND {{d1:Date}}
+        UNION ALL
+        SELECT cluster, job_id, definition_version, attempt, tenant, queue, state = 'allocated_idle',
+               toInt64(gpu_ms), toInt64(effective_gpu_ms), toInt128(cost_micros), ''
+        FROM ({open}))
     GROUP BY cluster, job_id, definition_version, attempt"""
 
+#: the period's money per cluster, job and definition version, ranked (rank 1 first, `{order}`), with
+#: every row's (currency, version) pair of the whole period (fill_unknown_currency looks at them all);
+#: an attempt is failed as job_attempts says now (bills.fetch_outcomes)
+_JOB_MONEY = """
+    SELECT *, row_number() OVER (ORDER BY {order}) AS rank,
+           groupUniqArray((currency, definition_version)) OVER () AS period_currencies
+    FROM (
+        SELECT cluster, job_id, definition_version, argMin(attempt_tenant, attempt) AS tenant,
+               argMin(attempt_queue, attempt) AS queue, count() AS attempts,
+               countIf(failed) AS failed_attempts, sum(ax) AS x, sum(ai) AS i, x + i AS held,
+               sum(ae) AS e, sum(ac) AS c, sumIf(ac, failed) AS failed_c,
+               anyIf(attempt_currency, attempt_currency != '') AS currency
+        FROM (
+            SELECT *, (cluster, job_id, attempt) IN (
+                SELECT toString(cluster), job_id, attempt FROM {db}.job_attempts WHERE outcome = 'failed') AS failed
+            FROM ({attempts}))
+        GROUP BY cluster, job_id, definition_version)"""
 
-def period_job_rows(client, database: str, start: dt.date, end: dt.date, currency: str = "") -> list[dict]:
+#: the orders of period_job_rows: the jobs report's (reports.JOBS_ORDER: the most expensive first) and
+#: the most GPU-hours first
+_JOB_ORDERS = {"cost": "c DESC, held DESC, cluster, job_id, definition_version",
+               "gpu_hours": "held DESC, job_id, cluster, definition_version"}
+
+
+def period_job_rows(client, database: str, start: dt.date, end: dt.date, currency: str = "", *,
+                    order: str = "cost", top: int | None = None, idle_share: float | None = None) -> list[dict]:
     """Every job's money on the days of [start, end] only, per cluster, job and definition version, in
-    the jobs report's order (reports.JOBS_ORDER): the parts the bills report adds up per tenant, so a
-    period's jobs add up to its bills, and a job running across periods shows each period its part:
+    `order` (cost: the jobs report's, reports.JOBS_ORDER; gpu_hours: the most GPU-hours first): the parts
+    the bills report adds up per tenant, so a period's jobs add up to its bills, and a job running across
+    periods shows each period its part:
     - closed days: closed_job_cost, and the adjustments booked on the period's days;
-    - open days: the bill basis (each record id once) priced into lines as a close run does
-      (reports' open basis, bills.job_lines).
+    - open days: the bill basis (each record id once, reports.open_basis_sql), its lines as a close run
+      makes them (bills.line_of).
+    With `top`, only the first `top` rows, and with `idle_share` also every later row of a job with a
+    failed attempt or idle more than `idle_share` of its held GPU-time (period_jobs). One query.
     Each row: tenant, queue (of its first attempt), attempts and failed_attempts (attempts with usage
     in the period, failed as job_attempts says now), gpu_hours, effective_gpu_hours, idle_gpu_hours,
     cost, failed_cost (what its failed attempts cost in the period: every line of theirs), idle_share
     (idle of held GPU-time) and currency (its definition version's; `currency` where none is recorded)."""
     from gpuledger.warehouse import bills as b
 
+    if order not in _JOB_ORDERS:
+        raise ValueError(f"order must be one of {', '.join(_JOB_ORDERS)}; got {order!r}")
     db = quoted_database(database)
-    failed = b.fetch_outcomes(client, db, failed_only=True)
-    parts = [(r["cluster"], r["job_id"], r["definition_version"], int(r["attempt"]), r["tenant"], r["queue"],
-              int(r["x"]), int(r["i"]), int(r["e"]), int(r["c"]), r["currency"]) for r in query(
-        client, _CLOSED_JOB_MONEY.format(db=db, committed=b.committed(db)), {"d0": start, "d1": end})]
-    conds, params = base._where({"day_from": start, "day_to": end}, ("day_from", "day_to"))
-    basis, _, _ = base._open_basis_and_carbon(client, db, conds, params, with_carbon=False)
-    for (_day, cluster, tenant, queue, job_id, attempt, dv, line), (g, e, c) in b.job_lines(basis, failed).items():
-        parts.append((cluster, job_id, dv, attempt, tenant, queue, g if line != "idle" else 0,
-                      g if line == "idle" else 0, e, c, None))
-    named = base._currencies(client, db, currency or None)
-    jobs: dict[tuple[str, str, str], dict] = {}
-    for cluster, job_id, dv, attempt, tenant, queue, x, i, e, c, cur in parts:
-        j = jobs.setdefault((cluster, job_id, dv), {
-            "cluster": cluster, "job_id": job_id, "definition_version": dv, "first": None, "tenant": tenant,
-            "queue": queue, "attempts": set(), "failed": set(), "x": 0, "i": 0, "e": 0, "c": 0, "failed_c": 0,
-            "currency": None})
-        if j["first"] is None or attempt < j["first"]:
-            j.update(first=attempt, tenant=tenant, queue=queue)
-        j["attempts"].add(attempt)
-        if (cluster, job_id, attempt) in failed:
-            j["failed"].add(attempt)
-            j["failed_c"] += c
-        j["x"], j["i"], j["e"], j["c"] = j["x"] + x, j["i"] + i, j["e"] + e, j["c"] + c
-        j["currency"] = j["currency"] or cur
+    open_sql, params = base.open_basis_sql(client, db, start, end)
+    sql = _JOB_MONEY.format(order=_JOB_ORDERS[order], db=db, attempts=_ATTEMPT_MONEY.format(
+        db=db, committed=b.committed(db), open=open_sql))
+    params = {**params, "d0": start, "d1": end}
+    if top is not None:
+        keep = ["rank <= {top:UInt64}"]
+        params["top"] = top
+        if idle_share is not None:
+            keep.append("failed_attempts > 0 OR if(held > 0, i / held, 0) > {idle_share:Float64}")
+            params["idle_share"] = float(idle_share)
+        sql = f"SELECT * FROM ({sql}) WHERE {' OR '.join(keep)}"
+    found = query(client, f"{sql} ORDER BY rank", params)
+    named = base.definition_currencies(client, db, currency or None)
     rows = []
-    for j in jobs.values():
-        held = j["x"] + j["i"]
+    for j in found:
+        held, i = int(j["held"]), int(j["i"])
         rows.append({"cluster": j["cluster"], "job_id": j["job_id"], "definition_version": j["definition_version"],
-                     "tenant": j["tenant"], "queue": j["queue"], "attempts": len(j["attempts"]),
-                     "failed_attempts": len(j["failed"]), "gpu_hours": held / 3_600_000,
-                     "effective_gpu_hours": j["e"] / 3_600_000, "idle_gpu_hours": j["i"] / 3_600_000,
-                     "cost": j["c"] / 1e6, "failed_cost": j["failed_c"] / 1e6,
-                     "idle_share": j["i"] / held if held > 0 else 0.0,
-                     "currency": j["currency"] or base._currency_of(named, j["definition_version"])})
-    fill_unknown_currency(rows)
-    # JOBS_ORDER: the most expensive first
-    rows.sort(key=lambda r: (-r["cost"], -r["gpu_hours"], r["cluster"], r["job_id"], r["definition_version"]))
-    return rows
+                     "tenant": j["tenant"], "queue": j["queue"], "attempts": int(j["attempts"]),
+                     "failed_attempts": int(j["failed_attempts"]), "gpu_hours": held / 3_600_000,
+                     "effective_gpu_hours": int(j["e"]) / 3_600_000, "idle_gpu_hours": i / 3_600_000,
+                     "cost": int(j["c"]) / 1e6, "failed_cost": int(j["failed_c"]) / 1e6,
+                     "idle_share": i / held if held > 0 else 0.0,
+                     "currency": j["currency"] or base.currency_of(named, j["definition_version"])})
+    # the currencies the period's rows know, the rows not kept included
+    known = {c or base.currency_of(named, dv) for c, dv in found[0]["period_currencies"]} if found else set()
+    return fill_unknown_currency(rows, known)
 
 
 def job_columns(rows: Sequence[dict], columns: Sequence[str]) -> list[dict]:
@@ -215,7 +238,7 @@ def period_jobs(client, database: str, start: dt.date, end: dt.date, top: int,
       than `idle_share` of their held GPU-time in it: job_id, tenant, failed_attempts, cost (their
       failed attempts' cost in the period), job_cost (the job's whole cost in the period), gpu_hours,
       idle_gpu_hours, share, currency."""
-    rows = period_job_rows(client, database, start, end, currency)
+    rows = period_job_rows(client, database, start, end, currency, top=top, idle_share=idle_share)
     first = job_columns(rows[:top], TOP_JOB_COLUMNS)
     if idle_share is None:
         return first, []
@@ -228,8 +251,7 @@ def period_jobs(client, database: str, start: dt.date, end: dt.date, top: int,
 
 def largest_jobs(client, database: str, start: dt.date, end: dt.date, top: int, currency: str = "") -> list[dict]:
     """The `top` jobs with the most GPU-hours on the period's days (period_job_rows: each record once)."""
-    rows = sorted(period_job_rows(client, database, start, end, currency),
-                  key=lambda r: (-r["gpu_hours"], r["job_id"], r["cluster"], r["definition_version"]))
+    rows = period_job_rows(client, database, start, end, currency, order="gpu_hours", top=top)
     return job_columns(rows[:top], ("job_id", "tenant", "queue", "attempts", "gpu_hours", "effective_gpu_hours",
                                     "idle_gpu_hours", "cost"))
 
