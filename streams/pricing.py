@@ -286,7 +286,13 @@ class LedgerConfig:
 
 def date_ms(value, where: str) -> int:
     if isinstance(value, datetime):
-        return int(value.replace(tzinfo=value.tzinfo or timezone.utc).timestamp() * 1000)
+        ms = int(value.replace(tzinfo=value.tzinfo or timezone.utc).timestamp() * 1000)
+        # A whole UTC day only: an entry's id is MODEL@DAY and the warehouse's valid_from is a Date, so
+        # two entries on one day would share an id (and the worker's caches keyed by it)
+        if ms % 86_400_000:
+            raise LedgerConfigError(f"{where}: valid_from must be a UTC date like 2026-01-01 (an entry starts at "
+                                    f"midnight UTC), got the time {value.isoformat()}")
+        return ms
     if isinstance(value, date):
         return int(datetime(value.year, value.month, value.day, tzinfo=timezone.utc).timestamp() * 1000)
     if isinstance(value, str):
@@ -365,14 +371,16 @@ def parse_prices(raw, source: str) -> dict[str, tuple[PriceEntry, ...]]:
         for name, p in raw.items():
             by_model[name] = [PriceEntry(name, _unit_price(p, f"{source}: prices.{name}"), 0)]
     elif isinstance(raw, list):
+        first: dict[str, int] = {}  # version -> index of the entry that has it
         for i, p in enumerate(raw):
             where = f"{source}: prices[{i}]"
             entry = PriceEntry(str(p["model"]), _unit_price(p, where, ("model", "valid_from")),
-                               date_ms(p["valid_from"], where))
-            entries = by_model.setdefault(entry.model, [])
-            if any(e.valid_from_ms == entry.valid_from_ms for e in entries):
-                raise LedgerConfigError(f"{where}: {entry.version} is listed twice")
-            entries.append(entry)
+                               date_ms(p["valid_from"], f"{where} (model {p['model']!r})"))
+            if entry.version in first:
+                raise LedgerConfigError(f"{where}: {entry.version} is listed twice (prices[{first[entry.version]}] "
+                                        "has the same model and valid_from)")
+            first[entry.version] = i
+            by_model.setdefault(entry.model, []).append(entry)
     else:
         raise LedgerConfigError(f"{source}: prices must be [prices.MODEL] tables or [[prices]] entries")
     if "default" not in by_model:
@@ -441,6 +449,7 @@ def parse_ledger_config(doc: dict, source: str = "<config>") -> LedgerConfig:
         coefficients = doc.get("coefficients", [])
         if not isinstance(coefficients, list):
             raise LedgerConfigError(f"{source}: coefficients must be [[coefficients]] entries")
+        first_coefficient: dict[str, int] = {}  # version -> index of the entry that has it
         for i, c in enumerate(coefficients):
             if not isinstance(c, dict):
                 raise LedgerConfigError(f"{source}: coefficients[{i}] must be a table, got {c!r}")
@@ -448,8 +457,14 @@ def parse_ledger_config(doc: dict, source: str = "<config>") -> LedgerConfig:
             coef = _number(c["coefficient"], f"{source}: coefficients[{i}].coefficient")
             if not (math.isfinite(coef) and coef > 0):
                 raise LedgerConfigError(f"{source}: coefficients[{i}] must be > 0, got {coef}")
-            by_model.setdefault(c["model"], []).append(
-                Coefficient(c["model"], coef, date_ms(c["valid_from"], f"{source}: coefficients[{i}]")))
+            entry = Coefficient(c["model"], coef,
+                                date_ms(c["valid_from"], f"{source}: coefficients[{i}] (model {c['model']!r})"))
+            # one entry per model and day: the version id names the entry in records and caches
+            if entry.version in first_coefficient:
+                raise LedgerConfigError(f"{source}: coefficients[{i}]: {entry.version} is listed twice (coefficients"
+                                        f"[{first_coefficient[entry.version]}] has the same model and valid_from)")
+            first_coefficient[entry.version] = i
+            by_model.setdefault(c["model"], []).append(entry)
         power = table(doc, "power", _POWER_KEYS, source)
         power_limits = doc.get("power_limits", {})
         if not isinstance(power_limits, dict):

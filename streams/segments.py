@@ -21,15 +21,18 @@ def holder_state(h: Holder) -> dict:
 def piece_key(template: dict, pieces: list[Piece]) -> tuple:
     """What must stay the same for samples to add up into one segment: the record template's entries
     and, per slot, state, holder and whether utilization and memory are measured at all (so that
-    views weighting util by gpu_ms over the records that have it stay exact)."""
+    views weighting util by gpu_ms over the records that have it stay exact). The definition version
+    too: a segment restored from a snapshot taken under another ledger never takes in samples priced
+    under this one (a record names one definition)."""
     return (template["cluster"], template["gpu_model"], template["coefficient_version"], template["price_version"],
-            tuple((p.state, p.holder, p.util_pct is None, p.mem_used_bytes is None) for p in pieces))
+            tuple((p.state, p.holder, p.util_pct is None, p.mem_used_bytes is None) for p in pieces),
+            template["definition_version"])
 
 
 def _segment_key(template: dict, slots: list[list]) -> tuple:
     """`piece_key` of the pieces a segment's slots started with (a restored segment)."""
     return (template["cluster"], template["gpu_model"], template["coefficient_version"], template["price_version"],
-            tuple((sl[0], sl[1], sl[7] is None, sl[9] is None) for sl in slots))
+            tuple((sl[0], sl[1], sl[7] is None, sl[9] is None) for sl in slots), template["definition_version"])
 
 
 #: a segment slot, as a list: state, holder, Σ share × ms, gpu_ms, energy_j, cost_micros,

@@ -1,3 +1,5 @@
+from datetime import datetime, timedelta, timezone
+
 import pytest
 
 from gpuledger.ledger_files import load_ledger_config
@@ -54,3 +56,37 @@ def test_bundled_defaults_load():
     cfg = load_ledger_config()
     assert cfg.reference_cost_per_gpu_hour() > 0
     assert cfg.coefficient_at(cfg.baseline_model, 1_800_000_000_000).coefficient == 1.0
+
+
+def _a100_prices(*valid_froms):
+    return [{"model": "default", "valid_from": "2020-01-01", "depreciation_per_hour": 1.0, "maintenance_per_hour": 0.0},
+            *({"model": "A100-80GB", "valid_from": v, "depreciation_per_hour": 1.0 + i, "maintenance_per_hour": 0.0}
+              for i, v in enumerate(valid_froms))]
+
+
+def test_valid_from_is_a_whole_utc_date():
+    # an entry's id is MODEL@DAY and the warehouse's valid_from is a Date: a TOML datetime at another
+    # time than midnight UTC would give two entries of one day one id (and one cost in the worker's caches)
+    noon = datetime(2026, 11, 2, 12, tzinfo=timezone.utc)
+    with pytest.raises(LedgerConfigError, match=r"prices\[2\] \(model 'A100-80GB'\): valid_from must be a UTC date.*"
+                                                r"2026-11-02T12:00:00\+00:00"):
+        parse_ledger_config(doc(prices=_a100_prices("2026-11-01", noon)))
+    with pytest.raises(LedgerConfigError, match=r"coefficients\[1\] \(model 'A'\): valid_from must be a UTC date"):
+        parse_ledger_config(doc(coefficients=[{"model": "A", "coefficient": 2.0, "valid_from": "2026-01-01"},
+                                              {"model": "A", "coefficient": 4.0, "valid_from": noon}]))
+    # midnight UTC is the day (a local datetime reads as UTC); midnight elsewhere is not a UTC day
+    with pytest.raises(LedgerConfigError, match="valid_from must be a UTC date"):
+        parse_ledger_config(doc(prices=_a100_prices(datetime(2026, 11, 2, tzinfo=timezone(timedelta(hours=2))))))
+    cfg = parse_ledger_config(doc(prices=_a100_prices(datetime(2026, 11, 2, tzinfo=timezone.utc)),
+                                  coefficients=[{"model": "A", "coefficient": 2.0, "valid_from": datetime(2026, 1, 1)}]))
+    assert cfg.price_history["A100-80GB"][0].version == "A100-80GB@2026-11-02"
+    assert cfg.coefficients["A"][0].version == "A@2026-01-01"
+
+
+def test_two_entries_of_one_model_on_one_day_are_refused():
+    with pytest.raises(LedgerConfigError, match=r"prices\[2\]: A100-80GB@2026-11-02 is listed twice \(prices\[1\]"):
+        parse_ledger_config(doc(prices=_a100_prices("2026-11-02", datetime(2026, 11, 2, tzinfo=timezone.utc))))
+    with pytest.raises(LedgerConfigError, match=r"coefficients\[1\]: A@2026-01-01 is listed twice \(coefficients\[0\]"):
+        parse_ledger_config(doc(coefficients=[{"model": "A", "coefficient": 2.0, "valid_from": "2026-01-01"},
+                                              {"model": "A", "coefficient": 4.0, "valid_from": "2026-01-01"}]))
+

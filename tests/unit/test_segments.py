@@ -259,19 +259,21 @@ def test_a_gpu_missing_from_a_tick_closes_its_segment_and_the_next_opens_a_new_o
 
 
 def test_a_price_or_coefficient_change_ends_the_segment_and_prices_each_side_as_per_tick():
-    # a new A100 price and coefficient from 2026-11-02 00:00:30 UTC: inside an hour-long window
+    # a new A100 price from 2026-11-02 and coefficient from 2026-11-03 (entries start on whole UTC days,
+    # pricing.py): hour-long windows, a minute of ticks across each midnight
     doc = {**DOC, "segments": {"window_s": 3600},
-           "prices": [*DOC["prices"], {"model": "A100-80GB", "valid_from": datetime(2026, 11, 2, 0, 0, 30, tzinfo=timezone.utc),
+           "prices": [*DOC["prices"], {"model": "A100-80GB", "valid_from": datetime(2026, 11, 2, tzinfo=timezone.utc),
                                        "depreciation_per_hour": 9.0, "maintenance_per_hour": 1.0}],
-           "coefficients": [*DOC["coefficients"], {"model": "A100-80GB", "valid_from": datetime(2026, 11, 2, 0, 0, 45, tzinfo=timezone.utc),
+           "coefficients": [*DOC["coefficients"], {"model": "A100-80GB", "valid_from": "2026-11-03",
                                                    "coefficient": 3.0}]}
     ledger = parse_ledger_config(doc, "price-change")
-    ticks = steady_ticks(2, interval=5 * S)
+    ticks = steady_ticks(1, start=MIDNIGHT - 30 * S) + steady_ticks(1, start=MIDNIGHT + DAY - 30 * S)
     segments = run_join(ticks, [], ledger)
     assert [(r["start_ms"] - MIDNIGHT, r["price_version"], r["coefficient_version"]) for r in segments] == [
-        (0, "A100-80GB@2020-01-01", "A100-80GB@2020-01-01"),
-        (30 * S, "A100-80GB@2026-11-02", "A100-80GB@2020-01-01"),
-        (45 * S, "A100-80GB@2026-11-02", "A100-80GB@2026-11-02")]
+        (-30 * S, "A100-80GB@2020-01-01", "A100-80GB@2020-01-01"),
+        (0, "A100-80GB@2026-11-02", "A100-80GB@2020-01-01"),
+        (DAY - 30 * S, "A100-80GB@2026-11-02", "A100-80GB@2020-01-01"),
+        (DAY, "A100-80GB@2026-11-02", "A100-80GB@2026-11-03")]
     per_tick = run_join(ticks, [], replace(ledger, segment_window_ms=1))
     assert bills(segments)[0] == bills(per_tick)[0]
 
@@ -440,6 +442,57 @@ def test_open_segments_are_part_of_the_snapshot():
     assert twin.snapshot(JOIN, 0) == blob and twin.joins[0] == core.joins[0]
     rest = encode_node_ticks("n1", ticks[18:])
     assert usage_of(twin.on_node(TOPICS.gpu_samples, 0, 1, rest)) == usage_of(core.on_node(TOPICS.gpu_samples, 0, 1, rest))
+
+
+def _redefined(pue: float = 3.0):
+    """The unit ledger under a new definition (PUE changed, definition_version bumped), 60-s windows."""
+    return parse_ledger_config({**DOC, "definition_version": "unit-2", "power": {**DOC["power"], "pue": pue},
+                                "segments": {"window_s": 60, "flush_after_s": 60}}, "unit-2")
+
+
+def _tick_cost(ledger, interval=5 * S, power_w=200.0):
+    return ledger.interval_cost_micros("A100-80GB", interval, power_w * interval / 1000, MIDNIGHT)
+
+
+def test_a_segment_restored_under_another_definition_takes_in_no_sample_of_the_new_one():
+    # the documented change: bump definition_version, restart the worker. The open segment of the
+    # minute comes back from the snapshot under unit-1; the samples after the restart are priced under
+    # unit-2 and start a segment of their own (a record names one definition; the GPU's time still tiles)
+    v1, v2 = windowed(60), _redefined()
+    join = NodeJoin(node="n1")
+    for t in steady_ticks(1):
+        join.add_tick(t)
+    assert join.close_until(MIDNIGHT + 30 * S, v1) == []
+    join = NodeJoin.from_state(orjson.loads(orjson.dumps(join.to_state())))
+    records = join.close_until(MIDNIGHT + DAY, v2)
+    assert [(r["record_id"], r["end_ms"] - MIDNIGHT, r["definition_version"], r["cost_micros"], r["sample_count"])
+            for r in records] == [
+        (f"GPU-a/{MIDNIGHT}/0", 30 * S, "unit-1", 6 * _tick_cost(v1), 6),
+        (f"GPU-a/{MIDNIGHT + 30 * S}/0", 60 * S, "unit-2", 6 * _tick_cost(v2), 6)]
+    assert_tiles(records)
+
+
+def test_a_worker_restarted_under_a_new_definition_keeps_the_versions_apart():
+    v1, v2 = windowed(60), _redefined()
+    core = WorkerCore(TOPICS, partitions_gpu_samples=1, partitions_job_events=1, ledger=v1)
+    ticks = steady_ticks(2)
+    out = usage_of(core.on_node(TOPICS.gpu_samples, 0, 0, encode_node_ticks("n1", ticks[:6])))
+    out += usage_of(core.on_node(TOPICS.node_allocations, 0, 0, encode(NodeWatermark(
+        ts_ms=MIDNIGHT + 30 * S, source_partition=0, source_partitions=1))))
+    assert out == []
+    blob = core.snapshot(JOIN, 0)
+    core = WorkerCore(TOPICS, partitions_gpu_samples=1, partitions_job_events=1, ledger=v2)
+    core.restore(JOIN, 0, blob)
+    out += usage_of(core.on_node(TOPICS.gpu_samples, 0, 1, encode_node_ticks("n1", ticks[6:])))
+    out += usage_of(core.on_node(TOPICS.node_allocations, 0, 1, encode(NodeWatermark(
+        ts_ms=MIDNIGHT + 2 * MIN, source_partition=0, source_partitions=1))))
+    records = [r.model_dump(mode="json") for r in out]
+    assert [(r["start_ms"] - MIDNIGHT, r["end_ms"] - MIDNIGHT, r["definition_version"], r["cost_micros"])
+            for r in records] == [
+        (0, 30 * S, "unit-1", 6 * _tick_cost(v1)),
+        (30 * S, 60 * S, "unit-2", 6 * _tick_cost(v2)),
+        (60 * S, 120 * S, "unit-2", 12 * _tick_cost(v2))]
+    assert_tiles(records)
 
 
 # --------------------------------------------------------------------------- crashes, with segments
