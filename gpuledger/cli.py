@@ -246,8 +246,9 @@ def cmd_report(args) -> int:
     ledger = load_ledger_config(settings.ledger_config)
     if args.report == "jobs":
         filters["reference_cost_per_gpu_hour"] = ledger.reference_cost_per_gpu_hour()
-    if args.report == "bills":
-        filters["idle_redistribution"] = args.idle_redistribution or ledger.definitions.idle_redistribution
+    if args.report == "bills":  # each row's idle as its definition version's [idle] policy; the flag: every row's
+        filters.update(idle_redistribution=args.idle_redistribution,
+                       ledger_idle_redistribution=ledger.definitions.idle_redistribution)
     if args.report in ("bills", "jobs", "capacity"):
         filters["currency"] = ledger.currency
     if args.report == "suggestions":
@@ -535,7 +536,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--output", help="periodic reports: write to this file")
     p.add_argument("--by", help="utilization: group by any of day,cluster,gpu_model,queue,tenant,job_id (comma-separated)")
     p.add_argument("--idle-redistribution", choices=["none", "even", "usage"],
-                   help="bills, monthly, weekly: share the cluster idle cost among tenants (default: the ledger definition)")
+                   help="bills, monthly, weekly: share the cluster idle cost among tenants, every row alike (default: "
+                        "each row's definition version's [idle] policy as recorded, the ledger's where none is)")
     p.add_argument("--tenant", help="bills, jobs, queues, utilization: only this tenant")
     p.add_argument("--queue", help="bills, jobs, queues, utilization: only this queue")
     p.add_argument("--cluster", help="bills, jobs, queues, utilization, capacity, unmatched: only this cluster")

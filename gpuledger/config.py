@@ -56,7 +56,7 @@ class Settings(BaseSettings):
     retention_load_5m_days: int = Field(90, ge=0, description="days the 5-minute per-GPU load history (usage_gpu_5m) keeps rows")
     retention_usage_days: int = Field(2557, ge=0, description="days usage_raw, job_events and job_idle_segments keep rows (bills, adjustments and re-bills are computed from them); 0 or more than BILLS_ADJUST_LOOKBACK_DAYS + 7")
     retention_ops_days: int = Field(400, ge=0, description="days scheduler_snapshots, scheduler_preemptions and node_inventory keep rows")
-    retention_bills_days: int = Field(0, ge=0, description="days the bill tables (daily bill grain, closed bills, adjustments, re-bills) keep rows")
+    retention_bills_days: int = Field(0, ge=0, description="days the bill tables (daily bill grain, closed bills, adjustments, re-bills) keep rows; 0 or more than BILLS_ADJUST_LOOKBACK_DAYS + 7")
     clickhouse_cluster: str = Field("", pattern=r"^[A-Za-z0-9_\-]*$", description="ClickHouse cluster name: `gpuledger migrate` renders every migration for it (Replicated tables, ON CLUSTER, Distributed tables); empty: one server")
     topic_retention_input_days: float = Field(62.0, gt=0, description="retention of the input topics (gpu-samples, job-events, scheduler-snapshots), days: long enough to rebuild any day a close run may still adjust")
     topic_retention_output_days: float = Field(14.0, gt=0, description="retention of the ledger's output and internal topics (usage, lifecycle-accepted, node-allocations), days")
@@ -120,6 +120,12 @@ class Settings(BaseSettings):
         # turn into bogus negative adjustments
         if 0 < self.retention_usage_days <= self.bills_adjust_lookback_days + 7:
             raise ValueError(f"GPULEDGER_RETENTION_USAGE_DAYS={self.retention_usage_days} must be 0 or more than "
+                             f"GPULEDGER_BILLS_ADJUST_LOOKBACK_DAYS + 7 = {self.bills_adjust_lookback_days + 7}")
+        # the closed rows of every day a close run may still adjust must be kept: a month's rows expire N
+        # days after its last day, so a month's last day is kept only N days (docs/retention.md); the
+        # same week of slack as the usage, for a close run that lags
+        if 0 < self.retention_bills_days <= self.bills_adjust_lookback_days + 7:
+            raise ValueError(f"GPULEDGER_RETENTION_BILLS_DAYS={self.retention_bills_days} must be 0 or more than "
                              f"GPULEDGER_BILLS_ADJUST_LOOKBACK_DAYS + 7 = {self.bills_adjust_lookback_days + 7}")
         return self
 

@@ -17,8 +17,11 @@ booked; the difference is booked into the cluster's next open day as `bill_adjus
 reason (`diff_adjustments`). Running the closer again with nothing new books nothing.
 
 Closing also writes each day's energy per hour into `closed_energy` (carbon of closed days, sql/0023);
-the adjustment pass writes the difference late records make there (`diff_energy`), keyed by the day
-they belong to, under the same run.
+the adjustment pass writes the difference late records make there (`diff_amounts`), keyed by the day
+they belong to, under the same run. Likewise each day's cluster idle (unallocated usage, each record
+once) into `closed_cluster_idle` (sql/0039), the idle `report bills --idle-redistribution` shares; the
+difference late records make to it is booked on the next open day (`diff_amounts`), as adjustments
+are, so a closed day's share never changes.
 
 After closing, a run notes the open days' hours whose hourly usage (sql/0027) it found exact
 (`record_exact_hours`, sql/0035), so that the reports count only the hours written since
@@ -150,9 +153,10 @@ EnergyKey = tuple
 ENERGY_KEYS = ("day", "cluster", "hour", "tenant", "queue", "job_id", "attempt", "definition_version", "state")
 
 
-def diff_energy(booked: Mapping[EnergyKey, Sequence[int]], now: Mapping[EnergyKey, Sequence[int]]) -> list[tuple]:
-    """The closed_energy rows that make booked + rows == now: [(key, [energy_mj, records])] for every key
-    whose whole millijoules or record count differ, in key order (sql/0023)."""
+def diff_amounts(booked: Mapping[tuple, Sequence[int]], now: Mapping[tuple, Sequence[int]]) -> list[tuple]:
+    """The rows that make booked + rows == now: [(key, [a, b])] for every key whose two amounts differ,
+    in key order. For closed_energy (sql/0023: whole millijoules and record count per EnergyKey) and
+    closed_cluster_idle (sql/0039: gpu_ms and cost_micros per day and definition version)."""
     out = []
     for key in sorted(set(booked) | set(now), key=lambda k: tuple(str(x) for x in k)):
         b, n = booked.get(key, (0, 0)), now.get(key, (0, 0))
@@ -354,25 +358,94 @@ def _energy_key(r: Mapping[str, Any]) -> EnergyKey:
             int(r["attempt"]), str(r["definition_version"]), str(r["state"]))
 
 
-def fetch_day_usage(client, db: str, cluster: str, day_from: dt.date, day_to: dt.date) -> list[dict]:
-    """The jobs' executing and allocated-idle usage of a cluster's days per hour, attempt and state,
-    each record id once: day, cluster, hour, tenant, queue, job_id, attempt, definition_version, state,
-    gpu_ms, effective_gpu_ms, cost_micros, energy_mj (whole millijoules, each record rounded), records.
-    The bill basis (job_lines sums the rows per line) and the closed days' energy (keyed per row) of a
-    close run, from one read: usage_by_job_hourly on the days where it is exact (exact_hourly_days),
-    usage_raw with FINAL on the others."""
+#: (condition of the days read from usage_by_job_hourly, of those read from usage_raw, their parameters)
+DayReads = tuple
+
+
+def day_reads(client, db: str, cluster: str, day_from: dt.date, day_to: dt.date) -> DayReads:
+    """Where a close run reads a cluster's days from: usage_by_job_hourly on the days where it is exact
+    (exact_hourly_days), usage_raw with FINAL on the others. Worked out once for both reads of the days
+    (fetch_day_usage, fetch_cluster_idle)."""
     days = days_between(day_from, day_to)
     exact = exact_hourly_days(client, db, {cluster: days}).get(cluster, [])
     exact_cond, params = days_condition({cluster: exact} if exact else {}, "exact_days")
     exact_days = set(exact)
     raw = [d for d in days if d not in exact_days]
     raw_cond, more = days_condition({cluster: raw} if raw else {}, "raw_days")
+    return exact_cond, raw_cond, {**params, **more}
+
+
+def fetch_day_usage(client, db: str, cluster: str, day_from: dt.date, day_to: dt.date,
+                    reads: DayReads | None = None) -> list[dict]:
+    """The jobs' executing and allocated-idle usage of a cluster's days per hour, attempt and state,
+    each record id once: day, cluster, hour, tenant, queue, job_id, attempt, definition_version, state,
+    gpu_ms, effective_gpu_ms, cost_micros, energy_mj (whole millijoules, each record rounded), records.
+    The bill basis (job_lines sums the rows per line) and the closed days' energy (keyed per row) of a
+    close run, from one read: usage_by_job_hourly on the days where it is exact (exact_hourly_days),
+    usage_raw with FINAL on the others (`reads`, else day_reads)."""
+    exact_cond, raw_cond, params = reads or day_reads(client, db, cluster, day_from, day_to)
     hourly = live_usage_sql(db, exact_cond, raw_cond, "intDiv(start_ms, 3600000) * 3600000")
     return _q(client, f"""
         SELECT day, toString(cluster) AS cluster, intDiv(bucket_ms, 3600000) AS hour, toString(tenant) AS tenant,
                toString(queue) AS queue, job_id, attempt, toString(definition_version) AS definition_version,
                toString(state) AS state, gpu_ms, effective_gpu_ms, cost_micros, energy_mj, records
-        FROM ({hourly})""", {**params, **more})
+        FROM ({hourly})""", params)
+
+
+def cluster_idle_sql(db: str, exact_days: str, raw_days: str, conds: Sequence[str] = ()) -> str:
+    """Each cluster's unallocated (cluster idle) usage per day and definition version, each record once:
+    day, cluster, definition_version, gpu_ms (Int64), cost_micros (Int128). Days where `exact_days` holds
+    come from usage_by_job_hourly (it holds every state), days where `raw_days` holds from usage_raw
+    deduplicated, as live_usage_sql. `conds`: more conditions on columns both tables have."""
+    keys = "day, cluster, definition_version"
+    sums = "toInt64(sum(gpu_ms)) AS gpu_ms, sum(toInt128(cost_micros)) AS cost_micros"
+    idle = "state = 'unallocated'"
+    raw = dedup_usage_sql(db, [idle, raw_days, *conds], f"{keys}, gpu_ms, cost_micros")
+    raw = f"SELECT {keys}, {sums} FROM ({raw}) GROUP BY {keys}"
+    hourly = f"SELECT {keys}, {sums} FROM {db}.usage_by_job_hourly WHERE {' AND '.join([idle, exact_days, *conds])} GROUP BY {keys}"
+    if raw_days == "0":
+        return hourly
+    return raw if exact_days == "0" else f"{hourly} UNION ALL {raw}"
+
+
+#: (day, definition_version) -> [gpu_ms, cost_micros] of a cluster
+IdleAmounts = dict
+
+
+def fetch_cluster_idle(client, db: str, reads: DayReads) -> IdleAmounts:
+    """A cluster's unallocated usage per day and definition version, each record once, of the days of
+    `reads` (day_reads): what a closed day shares as its cluster idle (sql/0039)."""
+    exact_cond, raw_cond, params = reads
+    return {(r["day"], str(r["definition_version"])): [int(r["gpu_ms"]), int(r["cost_micros"])]
+            for r in _q(client, cluster_idle_sql(db, exact_cond, raw_cond), params)}
+
+
+def _booked_cluster_idle(client, db: str, cluster: str, day_from: dt.date, day_to: dt.date) -> IdleAmounts:
+    """closed_cluster_idle of committed runs for a cluster's closed days in the range (what their close
+    stored plus the corrections booked since), per corrected day and definition version."""
+    sql = (f"SELECT corrects_day, toString(definition_version) AS definition_version, sum(gpu_ms) AS gpu_ms, "
+           f"sum(cost_micros) AS cost_micros FROM {db}.closed_cluster_idle WHERE cluster = {{cluster:String}} "
+           f"AND corrects_day BETWEEN {{day_from:Date}} AND {{day_to:Date}} AND {committed(db)} "
+           "GROUP BY corrects_day, definition_version")
+    return {(r["corrects_day"], r["definition_version"]): [int(r["gpu_ms"]), int(r["cost_micros"])]
+            for r in _q(client, sql, {"cluster": cluster, "day_from": day_from, "day_to": day_to})}
+
+
+def cluster_idle_by_day(client, db: str, exact_days: str, raw_days: str, params: Mapping[str, Any],
+                        day_from: dt.date, day_to: dt.date) -> dict[tuple, int]:
+    """{(day, cluster, definition_version): cost_micros} of the cluster idle each day shares (`report bills
+    --idle-redistribution`): the closed_cluster_idle rows booked on it by committed runs (a closed day's
+    own, stored when it closed, and corrections of earlier days booked on it), plus, on the open days
+    (`exact_days` / `raw_days`, conditions of days_condition), their unallocated usage each record once."""
+    span = ["day BETWEEN {idle_from:Date} AND {idle_to:Date}"]
+    live = cluster_idle_sql(db, exact_days, raw_days, span) if (exact_days, raw_days) != ("0", "0") else ""
+    closed = (f"SELECT booked_day AS day, cluster, definition_version, cost_micros FROM {db}.closed_cluster_idle "
+              f"WHERE {committed(db)} AND booked_day BETWEEN {{idle_from:Date}} AND {{idle_to:Date}}")
+    sql = closed + (f" UNION ALL SELECT day, cluster, definition_version, cost_micros FROM ({live})" if live else "")
+    return {(r["day"], r["cluster"], r["definition_version"]): int(r["cost_micros"]) for r in _q(
+        client, f"SELECT day, toString(cluster) AS cluster, toString(definition_version) AS definition_version, "
+                f"sum(cost_micros) AS cost_micros FROM ({sql}) GROUP BY day, cluster, definition_version",
+        {**params, "idle_from": day_from, "idle_to": day_to})}
 
 
 def day_energy(rows: Iterable[Mapping[str, Any]]) -> dict[EnergyKey, list[int]]:
@@ -508,6 +581,7 @@ class CloseResult:
     closed_rows: int = 0
     adjustment_rows: int = 0
     energy_rows: int = 0                                             # closed_energy rows (sql/0023)
+    cluster_idle_rows: int = 0                                       # closed_cluster_idle rows (sql/0039)
     idle_stretch_days: dict[str, list[dt.date]] = field(default_factory=dict)  # days worked out (sql/0028)
     exact_hours: int = 0                                             # open days' hours recorded (sql/0035)
     messages: list = field(default_factory=list)                     # BillRow, published or not
@@ -517,6 +591,7 @@ class CloseResult:
                 "closed": {c: [d.isoformat() for d in days] for c, days in self.closed.items()},
                 "horizons_ms": self.horizons, "closed_rows": self.closed_rows,
                 "adjustment_rows": self.adjustment_rows, "energy_rows": self.energy_rows,
+                "cluster_idle_rows": self.cluster_idle_rows,
                 "idle_stretch_days": {c: [d.isoformat() for d in days] for c, days in self.idle_stretch_days.items()},
                 "exact_hours": self.exact_hours, "messages": len(self.messages)}
 
@@ -572,7 +647,7 @@ def close_due(client, settings, ledger, now: dt.datetime | None = None, publishe
 
 
 def _close(client, settings, ledger, now: dt.datetime | None, publisher, database: str | None) -> CloseResult:
-    from gpuledger.warehouse import insert_rows
+    from gpuledger.warehouse import insert_rows, reports
 
     db_name = database or settings.database
     db = quoted_database(db_name)
@@ -580,7 +655,10 @@ def _close(client, settings, ledger, now: dt.datetime | None, publisher, databas
     run_id = f"br-{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
     grace = float(settings.bills_close_grace_s)
     lookback = int(settings.bills_adjust_lookback_days)
-    currency = ledger.currency
+    # each row in the currency of its own definition version (a new currency is a new version): usage
+    # priced under an older version keeps its currency when a run under a newer one closes it
+    currencies = reports.definition_currencies(client, db, ledger.currency)
+    kept_from = closed_rows_kept_from(settings.retention_bills_days, now.date())
     result = CloseResult(None)
 
     horizons = {str(r["cluster"]): r for r in _q(client, f"SELECT toString(cluster) AS cluster, max(end_ms) AS horizon_ms, "
@@ -592,49 +670,62 @@ def _close(client, settings, ledger, now: dt.datetime | None, publisher, databas
     closed_day_rows: list[dict] = []
     adjustment_rows: list[dict] = []
     energy_rows: list[dict] = []     # closed_energy: closed days' energy, and late records' difference
+    idle_rows: list[dict] = []       # closed_cluster_idle: closed days' cluster idle, and late records' difference
     for cluster in sorted(set(horizons) | set(closed)):
         h = horizons.get(cluster)
         horizon = int(h["horizon_ms"]) if h else 0
         result.horizons[cluster] = horizon
         already = closed.get(cluster, [])
         last_due = last_due_day(horizon, grace)
-        first = already[-1] + dt.timedelta(days=1) if already else (h["first_day"] if h else None)
+        # Days whose closed rows have already expired under the bills retention are not closed (again):
+        # also when every closed day of the cluster has expired, which leaves nothing closed
+        since = max(h["first_day"], kept_from) if h else None
+        first = max(already[-1] + dt.timedelta(days=1), kept_from) if already else since
         new_days = days_between(first, last_due) if (first and last_due and first <= last_due) else []
         # Usage that arrived late for days before the cluster's first closed day (a spool drained after
         # the first close): those days were never closed, so no bill changes if they close now, like
         # any due day (§6a: every day from the first usage day on closes). An adjustment corrects a
-        # closed bill; there is none to correct. Days whose closed rows have already expired under
-        # the bills retention are not closed again.
-        since = max(h["first_day"], closed_rows_kept_from(settings.retention_bills_days, now.date())) if h else None
+        # closed bill; there is none to correct.
         earlier = days_between(since, already[0] - dt.timedelta(days=1)) if (already and since is not None and since < already[0]) else []
         stretches = [s for s in (earlier, new_days) if s]  # read apart: the closed days between are not read
         new_days = earlier + new_days
         outcomes = fetch_outcomes(client, db, cluster)
         if new_days:
-            usage = [r for s in stretches for r in fetch_day_usage(client, db, cluster, s[0], s[-1])]
+            reads = [day_reads(client, db, cluster, s[0], s[-1]) for s in stretches]
+            usage = [r for s, rd in zip(stretches, reads) for r in fetch_day_usage(client, db, cluster, s[0], s[-1], rd)]
+            # the cluster idle the day shares (report bills --idle-redistribution), fixed with the bill
+            for rd in reads:
+                idle_rows.extend(dict(booked_day=day, corrects_day=day, cluster=cluster, definition_version=dv,
+                                      gpu_ms=g, cost_micros=c, bill_run_id=run_id)
+                                 for (day, dv), (g, c) in sorted(fetch_cluster_idle(client, db, rd).items(),
+                                                                 key=lambda kv: tuple(map(str, kv[0]))))
             lines = job_lines(usage, outcomes)
             for key, (g, e, c) in sorted(lines.items(), key=lambda kv: tuple(map(str, kv[0]))):
                 day, _, tenant, queue, job_id, attempt, dv, line = key
                 closed_job_rows.append(dict(day=day, cluster=cluster, tenant=tenant, queue=queue, job_id=job_id,
                                             attempt=attempt, outcome=outcomes.get((cluster, job_id, attempt), ""),
                                             line=line, definition_version=dv, gpu_ms=g, effective_gpu_ms=e,
-                                            cost_micros=c, currency=currency, bill_run_id=run_id))
+                                            cost_micros=c, currency=reports.currency_of(currencies, dv), bill_run_id=run_id))
             for (day, _, tenant, queue, line, dv), (g, e, c) in sorted(tenant_lines(lines).items(),
                                                                         key=lambda kv: tuple(map(str, kv[0]))):
                 closed_tenant_rows.append(dict(day=day, cluster=cluster, tenant=tenant, queue=queue, line=line,
                                                definition_version=dv, gpu_ms=g, effective_gpu_ms=e, cost_micros=c,
-                                               currency=currency, bill_run_id=run_id))
+                                               currency=reports.currency_of(currencies, dv), bill_run_id=run_id))
             for s in stretches:
                 closed_queue_rows.extend(_queue_rows(client, db, cluster, s[0], s[-1], run_id, ledger.definition_version))
             energy_rows.extend(_energy_rows(sorted(day_energy(usage).items(), key=lambda kv: tuple(map(str, kv[0]))),
                                             run_id))
             closed_day_rows.extend(dict(day=d, cluster=cluster, bill_run_id=run_id, horizon_ms=horizon) for d in new_days)
             result.closed[cluster] = new_days
-        # adjustments for days closed before this run, booked into the next open day
-        start = max(already[0], already[-1] - dt.timedelta(days=lookback - 1)) if already else None
-        if already:
+        # adjustments for days closed before this run, booked into the next open day; not for days whose
+        # closed rows have expired (a month's part is dropped whole while its closed_days markers wait
+        # for their own merge): recomputed against nothing booked, they would be booked again in full
+        start = max(already[0], already[-1] - dt.timedelta(days=lookback - 1), kept_from) if already else None
+        window = days_between(start, already[-1]) if already else []
+        if window:
             booked = _booked(client, db, cluster, start, already[-1])
-            usage = fetch_day_usage(client, db, cluster, start, already[-1])
+            reads = day_reads(client, db, cluster, start, already[-1])
+            usage = fetch_day_usage(client, db, cluster, start, already[-1], reads)
             now_lines = job_lines(usage, outcomes)
             booked_day = max([*new_days, already[-1]]) + dt.timedelta(days=1)  # after the last closed day
             for key, reason, (g, e, c) in diff_adjustments(booked, now_lines, outcomes):
@@ -642,32 +733,42 @@ def _close(client, settings, ledger, now: dt.datetime | None, publisher, databas
                 adjustment_rows.append(dict(booked_day=booked_day, corrects_day=day, cluster=cluster, tenant=tenant,
                                             queue=queue, job_id=job_id, attempt=attempt, line=line,
                                             definition_version=dv, reason=reason, gpu_ms=g, effective_gpu_ms=e,
-                                            cost_micros=c, currency=currency, bill_run_id=run_id))
-            energy_rows.extend(_energy_rows(diff_energy(_booked_energy(client, db, cluster, start, already[-1]),
+                                            cost_micros=c, currency=reports.currency_of(currencies, dv), bill_run_id=run_id))
+            energy_rows.extend(_energy_rows(diff_amounts(_booked_energy(client, db, cluster, start, already[-1]),
                                                         day_energy(usage)), run_id))
+            # late (or lost) unallocated records of a closed day: their difference is shared on the
+            # booked day, as the jobs' adjustments are booked there; the closed day keeps its figure
+            idle_rows.extend(dict(booked_day=booked_day, corrects_day=day, cluster=cluster, definition_version=dv,
+                                  gpu_ms=g, cost_micros=c, bill_run_id=run_id)
+                             for (day, dv), (g, c) in diff_amounts(
+                                 _booked_cluster_idle(client, db, cluster, start, already[-1]),
+                                 fetch_cluster_idle(client, db, reads)))
         # idle stretches of the days closed now and of those in the look-back whose idle records changed
-        worked = idle_stretches.refresh(client, db, cluster, (days_between(start, already[-1]) if already else []) + new_days)
+        worked = idle_stretches.refresh(client, db, cluster, window + new_days)
         if worked:
             result.idle_stretch_days[cluster] = worked
-    if not closed_day_rows and not adjustment_rows and not energy_rows:
+    if not closed_day_rows and not adjustment_rows and not energy_rows and not idle_rows:
         return result
     # data first, the run's row last: it commits the run
     for table, rows in (("closed_job_cost", closed_job_rows), ("closed_tenant_bill", closed_tenant_rows),
                         ("closed_queue_efficiency", closed_queue_rows), ("bill_adjustments", adjustment_rows),
-                        ("closed_energy", energy_rows), ("closed_days", closed_day_rows)):
+                        ("closed_energy", energy_rows), ("closed_cluster_idle", idle_rows),
+                        ("closed_days", closed_day_rows)):
         if rows:
             insert_rows(client, table, rows, database=db_name)
     days = sorted({r["day"] for r in closed_day_rows} | {r["booked_day"] for r in adjustment_rows}
-                  | {r["day"] for r in energy_rows})
+                  | {r["day"] for r in energy_rows} | {r["booked_day"] for r in idle_rows})
     insert_rows(client, "bill_runs", [dict(
         bill_run_id=run_id, created_at=now, days=days,
-        clusters=sorted(set(result.closed) | {r["cluster"] for r in adjustment_rows} | {r["cluster"] for r in energy_rows}),
+        clusters=sorted(set(result.closed) | {r["cluster"] for r in adjustment_rows} | {r["cluster"] for r in energy_rows}
+                        | {r["cluster"] for r in idle_rows}),
         definition_version=ledger.definition_version, grace_s=grace, horizons=result.horizons,
         closed_rows=len(closed_tenant_rows), adjustment_rows=len(adjustment_rows))], database=db_name)
     result.bill_run_id = run_id
     result.closed_rows = len(closed_tenant_rows)
     result.adjustment_rows = len(adjustment_rows)
     result.energy_rows = len(energy_rows)
+    result.cluster_idle_rows = len(idle_rows)
     result.messages = bill_messages(run_id, closed_tenant_rows, adjustment_rows)
     log.info("bill run %s: closed %s, %d adjustment rows", run_id,
              {c: [d.isoformat() for d in ds] for c, ds in result.closed.items()}, len(adjustment_rows))

@@ -48,7 +48,7 @@ REPORT_FILTERS: dict[str, frozenset[str]] = {
 }
 #: options that are not row filters
 _REPORT_OPTIONS: dict[str, frozenset[str]] = {
-    "bills": frozenset({"limit", "idle_redistribution", "currency"}),
+    "bills": frozenset({"limit", "idle_redistribution", "ledger_idle_redistribution", "currency"}),
     "jobs": frozenset({"limit", "reference_cost_per_gpu_hour", "currency"}),
     "queues": frozenset({"limit"}),
     "utilization": frozenset({"limit", "by"}),
@@ -137,6 +137,36 @@ def currency_of(currencies: dict[str, str], dv: str) -> str:
     return currencies.get(dv) or currencies.get("", "")
 
 
+IDLE_POLICIES = ("none", "even", "usage")
+
+
+def definition_idle_policies(client, db: str) -> dict[str, str]:
+    """definition_version -> its [idle] redistribution, as recorded with the definition (`gpuledger
+    migrate`: content.definitions.idle_redistribution); a version recorded without one is left out."""
+    try:
+        rows = _query(client, f"SELECT definition_version, argMax(JSONExtractString(content, 'definitions', "
+                              f"'idle_redistribution'), recorded_at) AS policy FROM {db}.definitions "
+                              "GROUP BY definition_version", {})
+    except Exception:  # an older warehouse without the accounting library
+        rows = []
+    return {r["definition_version"]: r["policy"] for r in rows if r["policy"] in IDLE_POLICIES}
+
+
+def idle_policy_of(client, db: str, filters: dict[str, Any]) -> tuple[Callable[[str], str], set[str]]:
+    """The cluster idle policy of a definition version's rows (docs/accounting.md §6): the
+    `idle_redistribution` filter where given (a what-if view over every row), else the policy recorded
+    with the version (§7: a versioned definition), else `ledger_idle_redistribution` (the running
+    ledger's), else none; and the policies a row can have."""
+    override, fallback = filters.get("idle_redistribution"), filters.get("ledger_idle_redistribution") or "none"
+    for name, value in (("idle_redistribution", override), ("ledger_idle_redistribution", fallback)):
+        if value is not None and value not in IDLE_POLICIES:
+            raise ValueError(f"{name} must be none, even or usage; got {value!r}")
+    if override:
+        return (lambda dv: override), {override}
+    recorded = definition_idle_policies(client, db)
+    return (lambda dv: recorded.get(dv, fallback)), {*recorded.values(), fallback}
+
+
 #: bill lines and the prefixes of their columns
 _BILL_LINES = (("compute", "compute"), ("idle", "idle"), ("failed_retry", "failed_retry"))
 
@@ -170,12 +200,11 @@ def _bills(client, db: str, filters: dict[str, Any]) -> list[dict]:
     Money carries its `currency`."""
     from gpuledger.warehouse import bills as b
 
-    policy = filters.get("idle_redistribution") or "none"
-    if policy not in ("none", "even", "usage"):
-        raise ValueError(f"idle_redistribution must be none, even or usage; got {policy!r}")
+    policy_of, policies = idle_policy_of(client, db, filters)
+    shares = policies != {"none"}
     # Redistribution shares depend on every tenant billed that day, so the tenant filter is
     # applied after the shares are computed.
-    names = sorted(REPORT_FILTERS["bills"] - ({"tenant"} if policy != "none" else set()))
+    names = sorted(REPORT_FILTERS["bills"] - ({"tenant"} if shares else set()))
     conds, params = _where(filters, names)
     adj_conds = [c.replace("day ", "booked_day ", 1) if c.startswith("day ") else c for c in conds]
     currencies = definition_currencies(client, db, filters.get("currency"))
@@ -218,13 +247,12 @@ def _bills(client, db: str, filters: dict[str, Any]) -> list[dict]:
             (row["day"], row["cluster"], row["tenant"], row["definition_version"]))
         row["co2e_kg"] = kg
         row["carbon_version"] = carbon_version if kg is not None else None
-    if policy == "none":
-        return rows[: filters["limit"]] if filters.get("limit") else rows
     billed = [r for r in rows if r["status"] != "adjustment"]
-    if filters.get("cluster") is not None or filters.get("queue") is not None:
-        # the shares are those of every tenant and queue of the day's cluster, whatever this report shows
-        units = _billed_units(client, db, filters)
-    _redistribute_cluster_idle(client, db, billed, policy, units, filters.get("queue"))
+    if any(policy_of(r["definition_version"]) != "none" for r in billed):  # else no cluster idle columns
+        if filters.get("cluster") is not None or filters.get("queue") is not None:
+            # the shares are those of every tenant and queue of the day's cluster, whatever this report shows
+            units = _billed_units(client, db, filters)
+        _redistribute_cluster_idle(client, db, billed, policy_of, units, filters.get("queue"))
     if filters.get("tenant") is not None:
         rows = [r for r in rows if r["tenant"] == filters["tenant"]]
     return rows[: filters["limit"]] if filters.get("limit") else rows
@@ -268,23 +296,33 @@ def _billed_units(client, db: str, filters: dict[str, Any]) -> dict[tuple, dict[
     return units
 
 
-def _redistribute_cluster_idle(client, db: str, rows: list[dict], policy: str,
+def _redistribute_cluster_idle(client, db: str, rows: list[dict], policy_of: Callable[[str], str],
                                units: dict[tuple, dict[tuple[str, str], int]], queue: str | None) -> None:
     """Add each tenant's part of its cluster's idle (unallocated) cost of the day: equal parts per tenant
-    ('even') or in proportion to the tenant's cost that day ('usage'); the parts of a cluster's day add
-    up to its idle cost exactly. The idle of a cluster goes to the tenants billed on that cluster only.
+    ('even') or in proportion to the tenant's cost that day ('usage'), each definition version's idle
+    as its own policy says (`policy_of`; 'none': no parts, the idle stays the platform's); the parts of
+    a cluster's day add up to its idle cost exactly. The idle of a cluster goes to the tenants billed on
+    that cluster only.
     The shares are worked out per tenant and queue over every tenant of the cluster's day (`units`),
     whatever the report filters, so that a report for one cluster or queue shows the same parts as the
     whole report and the per-queue reports add up to the cluster's idle: 'even' gives each tenant an
     equal part and splits it among the tenant's queues by their cost (equally when they cost nothing)."""
     from gpuledger.streams.attribution import split_integer
+    from gpuledger.warehouse import bills as b
 
-    idle = {(r["day"], r["cluster"], r["definition_version"]): r["cost_micros"] for r in _query(
-        client, f"SELECT day, toString(cluster) AS cluster, toString(definition_version) AS definition_version, "
-        f"sum(cost_micros) AS cost_micros FROM {db}.usage_capacity_daily "
-        "WHERE state = 'unallocated' GROUP BY day, cluster, definition_version", {})}
+    # closed days: the idle their close stored (sql/0039), open days: their unallocated usage, each
+    # record once (usage_capacity_daily sums every stored copy); corrections of a closed day's idle are
+    # shared on the day they are booked on, so a closed day's parts never change
+    days = [key[0] for key in units]
+    idle: dict[tuple, int] = {}
+    if days:
+        exact_days, raw_days, _open, _bucket, _record, day_params = _live_days(client, db, None)
+        idle = b.cluster_idle_by_day(client, db, exact_days, raw_days, day_params, min(days), max(days))
     parts: dict[tuple, int] = {}  # (day, cluster, dv, tenant, queue) -> part
     for key, costs in units.items():
+        policy = policy_of(key[2])
+        if policy == "none":
+            continue
         total = int(idle.get(key, 0))
         ordered = sorted(costs)
         if policy == "even":

@@ -77,6 +77,7 @@ RETENTION: dict[str, Retention] = {
     "closed_queue_efficiency": Retention("retention_bills_days", "day", "closed bills"),
     "closed_days": Retention("retention_bills_days", "day", "closed bills", partition="", month_end=True),
     "closed_energy": Retention("retention_bills_days", "day", "closed days' energy: their carbon (sql/0023)"),
+    "closed_cluster_idle": Retention("retention_bills_days", "booked_day", "closed days' cluster idle (sql/0039)"),
     "bill_adjustments": Retention("retention_bills_days", "booked_day", "adjustments"),
     "bill_runs": Retention("retention_bills_days", "toDate(created_at)", "close runs", partition="", month_end=True),
     "rebilled_usage": Retention("retention_bills_days", "day", "re-bills", partition=""),

@@ -369,6 +369,22 @@ WHERE (if(mapContains(d.zones, toString(c.cluster)), d.zones[toString(c.cluster)
     WHERE (valid_from_ms % 3600000) != 0
 );
 
+CREATE TABLE {db}.closed_cluster_idle
+(
+    `booked_day` Date,
+    `corrects_day` Date,
+    `cluster` LowCardinality(String),
+    `definition_version` LowCardinality(String),
+    `gpu_ms` Int64,
+    `cost_micros` Int128,
+    `bill_run_id` String,
+    `closed_at` DateTime64(3, 'UTC') DEFAULT now64(3)
+)
+ENGINE = MergeTree
+PARTITION BY toYYYYMM(booked_day)
+ORDER BY (cluster, booked_day, corrects_day, definition_version)
+SETTINGS index_granularity = 8192;
+
 CREATE TABLE {db}.closed_days
 (
     `day` Date,

@@ -1,13 +1,18 @@
 """Cluster idle shared among the tenants of that cluster only, with the same parts whatever the cluster
-and queue filters, and per-queue reports adding up to the cluster's idle (docs/accounting.md §6)."""
+and queue filters, and per-queue reports adding up to the cluster's idle (docs/accounting.md §6); each
+definition version's idle shared as the [idle] policy recorded with it says, whatever the running
+ledger's is (§7), unless --idle-redistribution names one for every row."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import pytest
 
-from gpuledger.warehouse import reports
+from gpuledger.ledger_files import load_ledger_config, write_ledger_variant
+from gpuledger.warehouse import library, reports
+from gpuledger.warehouse.periodic import commands as pr
 from warehouse_helpers import migrated_warehouse, put_usage, usage_record
 
 pytestmark = pytest.mark.integration
@@ -59,3 +64,73 @@ def test_idle_goes_to_its_cluster_and_filters_show_the_same_parts(tmp_path, poli
         assert sum(qa.values()) + sum(qb.values()) == 3660 + 420
         rows = reports.fetch(c, DB, "bills", idle_redistribution=policy, queue="qa")
         assert all(r["billed_total_cost_micros"] == r["total_cost_micros"] + r["cluster_idle_cost_micros"] for r in rows)
+
+
+def test_each_definition_version_shares_its_idle_as_its_recorded_policy(tmp_path, monkeypatch, capsys):
+    """A ledger moved from a version that shares the cluster idle evenly to one that keeps it with the
+    platform: the old version's rows keep their shares in `report bills` and the monthly report run with
+    the new ledger; a version with no recorded policy follows the running ledger; the flag overrides."""
+    even = write_ledger_variant(None, tmp_path / "even.toml", suffix="even", idle={"redistribution": "even"})
+    plain = write_ledger_variant(None, tmp_path / "none.toml", suffix="none", idle={"redistribution": "none"})
+    v_even, v_none = load_ledger_config(even).definition_version, load_ledger_config(plain).definition_version
+
+    def vrec(gpu, minutes, state, version, job="", tenant=""):
+        return usage_record("c1", gpu, B, B + minutes * MIN, state, job, tenant).model_copy(
+            update={"definition_version": version})
+
+    with migrated_warehouse(tmp_path, DB) as (c, settings):
+        for ledger in (even, plain):  # as `gpuledger migrate` records each version
+            library.sync_library(c, DB, load_ledger_config(ledger))
+        put_usage(c, DB, [
+            vrec("g1", 10, "executing", v_even, "j1", "alpha"),    # 600
+            vrec("g2", 30, "executing", v_even, "j2", "beta"),     # 1800
+            vrec("g3", 60, "unallocated", v_even),                 # v_even's idle 3600
+            vrec("g4", 20, "executing", v_none, "j3", "alpha"),    # 1200
+            vrec("g5", 40, "unallocated", v_none),                 # v_none's idle 2400
+            vrec("g6", 10, "executing", "d1", "j4", "gamma"),      # 600, a version with nothing recorded
+            vrec("g7", 7, "unallocated", "d1"),                    # d1's idle 420
+        ], 0)
+
+        def parts(**filters):
+            return {(r["definition_version"], r["tenant"]): (r.get("cluster_idle_cost_micros"),
+                                                             r.get("billed_total_cost_micros"))
+                    for r in reports.fetch(c, DB, "bills", **filters)}
+
+        # the running ledger's policy (none, or usage) reaches the unrecorded version only
+        assert parts(ledger_idle_redistribution="none") == {
+            (v_even, "alpha"): (1800, 2400), (v_even, "beta"): (1800, 3600),
+            (v_none, "alpha"): (0, 1200), ("d1", "gamma"): (0, 600)}
+        assert parts(ledger_idle_redistribution="usage")[("d1", "gamma")] == (420, 1020)
+        assert parts(ledger_idle_redistribution="usage")[(v_even, "alpha")] == (1800, 2400)
+        assert parts(ledger_idle_redistribution="none", tenant="alpha") == {
+            (v_even, "alpha"): (1800, 2400), (v_none, "alpha"): (0, 1200)}
+        # --idle-redistribution: every row alike (a what-if view)
+        assert parts(idle_redistribution="usage", ledger_idle_redistribution="none") == {
+            (v_even, "alpha"): (900, 1500), (v_even, "beta"): (2700, 4500),
+            (v_none, "alpha"): (2400, 3600), ("d1", "gamma"): (420, 1020)}
+        assert set(parts(idle_redistribution="none").values()) == {(None, None)}
+        # the monthly report shares it as the bills do
+        month = pr.build_report(c, DB, "monthly", month="2024-03", ledger_idle_redistribution="none")
+        tenants = {t["tenant"]: t for t in month.section("Tenant cost composition").rows}
+        assert tenants["alpha"]["cluster_idle_cost"] == pytest.approx(0.0018)
+        assert tenants["gamma"]["cluster_idle_cost"] == 0
+
+    # the CLI run with the new ledger (none) bills the old version's rows as that version does
+    monkeypatch.setenv("GPULEDGER_DATABASE", DB)
+    monkeypatch.setenv("GPULEDGER_LEDGER_CONFIG", str(plain))
+    from gpuledger.cli import main
+
+    assert main(["report", "bills", "--warehouse", settings.warehouse, "--format", "json"]) == 0
+    rows = {(r["definition_version"], r["tenant"]): r for r in json.loads(capsys.readouterr().out)}
+    old = rows[(v_even, "alpha")]
+    assert (old.get("cluster_idle_cost_micros"), old.get("billed_total_cost_micros")) == (1800, 2400), \
+        "report bills shares the old version's idle under the running ledger's policy"
+    assert rows[(v_none, "alpha")]["cluster_idle_cost_micros"] == 0
+    assert main(["report", "bills", "--warehouse", settings.warehouse, "--format", "json",
+                 "--idle-redistribution", "none"]) == 0
+    assert all("cluster_idle_cost_micros" not in r for r in json.loads(capsys.readouterr().out))
+    out = tmp_path / "monthly.md"
+    assert main(["report", "monthly", "--month", "2024-03", "--warehouse", settings.warehouse,
+                 "--format", "markdown", "--output", str(out)]) == 0
+    text = out.read_text()  # shared, though the running ledger's policy is none
+    assert "**Cluster idle cost (USD)**" in text and "cluster idle shared (each definition version's" in text

@@ -119,7 +119,7 @@ def test_reports_label_days_as_utc_in_every_format():
     assert render(rows, "csv").startswith("day,")  # the Python API keeps `day`
 
 
-def test_diff_energy_books_exact_differences_only():
+def test_diff_amounts_books_exact_differences_only():
     day = dt.date(2026, 11, 10)
     k1 = (day, "c", 493_000, "t", "q", "j1", 0, "d1", "executing")
     k2 = (day, "c", 493_001, "t", "q", "j1", 0, "d1", "allocated_idle")
@@ -127,7 +127,7 @@ def test_diff_energy_books_exact_differences_only():
     booked = {k1: [36_000_000, 1], k2: [5, 1]}
     now = {k1: [36_000_000, 1], k2: [5, 2], k3: [7, 1]}
     # k1 unchanged: nothing; k2: one more record of 0 mJ; k3: new
-    assert bills.diff_energy(booked, now) == [(k2, [0, 1]), (k3, [7, 1])]
-    assert bills.diff_energy(now, now) == []
+    assert bills.diff_amounts(booked, now) == [(k2, [0, 1]), (k3, [7, 1])]
+    assert bills.diff_amounts(now, now) == []
     # a record gone from the usage (expired, deleted) is written back out
-    assert bills.diff_energy(booked, {k1: [36_000_000, 1]}) == [(k2, [-5, -1])]
+    assert bills.diff_amounts(booked, {k1: [36_000_000, 1]}) == [(k2, [-5, -1])]

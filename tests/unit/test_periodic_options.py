@@ -50,7 +50,8 @@ def test_options_the_report_does_not_take_are_refused(argv, flag):
 
 def test_options_the_report_takes():
     assert pr.report_options("weekly", args("weekly", "--as-of", "2026-11-02", "--top", "3")) == {
-        "as_of": "2026-11-02", "top": 3, "anomalies_per_kind": None, "idle_redistribution": "none"}
+        "as_of": "2026-11-02", "top": 3, "anomalies_per_kind": None, "idle_redistribution": None,
+        "ledger_idle_redistribution": "none"}
     assert pr.report_options("job", args("job", "job-1", "--stretches", "5")) == {
         "job_id": "job-1", "stretches_listed": 5}
 
@@ -59,9 +60,11 @@ def test_monthly_and_weekly_share_cluster_idle_as_the_ledger_does(monkeypatch, t
     ledger = write_ledger_variant(None, tmp_path / "ledger.toml", suffix="even", idle={"redistribution": "even"})
     monkeypatch.setenv("GPULEDGER_LEDGER_CONFIG", str(ledger))
     for name in ("monthly", "weekly"):
-        assert pr.report_options(name, args(name))["idle_redistribution"] == "even"
-        # the flag wins, as for `report bills`
-        assert pr.report_options(name, args(name, "--idle-redistribution", "usage"))["idle_redistribution"] == "usage"
+        # each version's recorded policy, the ledger's where none is recorded; the flag for every row
+        got = pr.report_options(name, args(name))
+        assert (got["idle_redistribution"], got["ledger_idle_redistribution"]) == (None, "even")
+        got = pr.report_options(name, args(name, "--idle-redistribution", "usage"))
+        assert (got["idle_redistribution"], got["ledger_idle_redistribution"]) == ("usage", "even")
 
 
 @pytest.mark.parametrize("name", ["sweep_$a_b_c$", "run$\\x$", "train$lr=1e-4$"])

@@ -154,7 +154,8 @@ def _tenant_rows(tenants: list[dict]) -> list[dict]:
 
 
 def monthly(client, database: str, *, month: str | None = None, as_of: Any = None, top: int = 10,
-            idle_redistribution: str = "none", currency: str = "") -> Report:
+            idle_redistribution: str | None = None, ledger_idle_redistribution: str = "none",
+            currency: str = "") -> Report:
     top = positive_int("top", top)
     if month:
         try:
@@ -168,7 +169,7 @@ def monthly(client, database: str, *, month: str | None = None, as_of: Any = Non
     trend = [{"day": r["day"], **{k: r[k] for k in LAYERS},
               "executing_gpu_hours": (r["executing_gpu_seconds"] or 0) / 3600} for r in trend]
     tenants = tenant_costs(client, database, first, last, idle_redistribution=idle_redistribution,
-                           currency=currency)
+                           ledger_idle_redistribution=ledger_idle_redistribution, currency=currency)
     jobs, _ = period_jobs(client, database, first, last, top, currency=currency)
     report = Report("monthly", f"Monthly report {first:%Y-%m}", f"{first} .. {last}", summary={
         **_money_summary(tenants, ("total_cost", "idle_cost", "failed_retry_cost")),
@@ -176,13 +177,14 @@ def monthly(client, database: str, *, month: str | None = None, as_of: Any = Non
     })
     report.currencies = currencies(tenants)
     report.coverage = coverage(client, database, first, last)
-    shared = idle_redistribution not in (None, "", "none")
+    shared = any("cluster_idle_cost" in t for t in tenants)
+    how = idle_redistribution or "each definition version's [idle] policy"
     report.sections = [
         Section("Three utilization layers per day", trend, "each layer as a ratio of its parent",
                 Plot("line", "day", list(LAYERS))),
         Section("Tenant cost composition", _tenant_rows(tenants),
                 "compute / idle (allocated, not executing) / failed retry" + (
-                    f" / cluster idle shared ({idle_redistribution}); billed total as `report bills`" if shared else ""),
+                    f" / cluster idle shared ({how}); billed total as `report bills`" if shared else ""),
                 Plot("stacked", "tenant", ["compute_cost", "idle_cost", "failed_retry_cost"]
                      + (["cluster_idle_cost"] if shared else []))),
         Section(f"Top {top} jobs by cost", jobs, _PERIOD_JOBS_NOTE, Plot("bar", "job_id", ["cost"])),
@@ -262,8 +264,8 @@ def anomalies(client, database: str, start: dt.date, end: dt.date, idle_share: f
 
 
 def weekly(client, database: str, *, as_of: Any = None, top: int = 10, idle_share: float = 0.3,
-           followed_within_s: float = 3600.0, anomalies_per_kind: int = 20, idle_redistribution: str = "none",
-           currency: str = "") -> Report:
+           followed_within_s: float = 3600.0, anomalies_per_kind: int = 20, idle_redistribution: str | None = None,
+           ledger_idle_redistribution: str = "none", currency: str = "") -> Report:
     top = positive_int("top", top)
     anomalies_per_kind = positive_int("anomalies_per_kind (--anomalies)", anomalies_per_kind)
     end = period_end(client, database, as_of)
@@ -282,7 +284,7 @@ def weekly(client, database: str, *, as_of: Any = None, top: int = 10, idle_shar
                           "released_at": when(r["released_ms"]), "gpus_freed": r["gpus_freed"],
                           "reclaimed_gpu_hours": hours, "saved_cost": hours * r["idle_cost_per_gpu_hour"]})
     tenants = tenant_costs(client, database, start, end, idle_redistribution=idle_redistribution,
-                           currency=currency)
+                           ledger_idle_redistribution=ledger_idle_redistribution, currency=currency)
     for t in tenants:
         t["avoidable_cost"] = t["idle_cost"] + t["failed_retry_cost"]
     savings = [

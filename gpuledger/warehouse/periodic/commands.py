@@ -32,9 +32,11 @@ _PRICED = ("inventory", "monthly", "weekly")
 
 def build_report(client, database: str, name: str, **opts) -> Report:
     """Build one report. Options: inventory(days=30, as_of, low_util_pct=20, top=10, cards_listed=50),
-    monthly(month='YYYY-MM' or as_of, top=10, idle_redistribution='none'), weekly(as_of, top=10,
-    idle_share=0.3, anomalies_per_kind=20, idle_redistribution='none'), job(job_id, stall_s=60,
-    stretches_listed=50); `currency`: the ledger's."""
+    monthly(month='YYYY-MM' or as_of, top=10, idle_redistribution, ledger_idle_redistribution='none'),
+    weekly(as_of, top=10, idle_share=0.3, anomalies_per_kind=20, idle_redistribution,
+    ledger_idle_redistribution='none'), job(job_id, stall_s=60, stretches_listed=50); `currency`: the
+    ledger's. Cluster idle is shared as each definition version's recorded [idle] policy says
+    (ledger_idle_redistribution where none is recorded), or as idle_redistribution says for every row."""
     if name not in _BUILDERS:
         raise ValueError(f"unknown report {name!r}; reports: {', '.join(REPORT_NAMES)}")
     opts = {k: v for k, v in opts.items() if v is not None}
@@ -80,7 +82,8 @@ _TAKES = {"inventory": ("days", "as_of", "top", "cards_listed"),
 def report_options(name: str, args) -> dict:
     """The build_report options of `name` from parsed arguments (see register_report_cli). An option
     the report does not take is an error (as the filter flags are), not silently dropped; monthly and
-    weekly share the cluster idle as --idle-redistribution says, else as the ledger does (`report bills`)."""
+    weekly share the cluster idle as `report bills` does: as --idle-redistribution says for every row,
+    else as each definition version's recorded policy, the ledger's for a version with none."""
     get = lambda k: getattr(args, k, None)  # noqa: E731
     takes = _TAKES[name]
     extra = [flag for key, flag in _FLAGS.items() if key not in takes and get(key) is not None]
@@ -88,8 +91,8 @@ def report_options(name: str, args) -> dict:
         accepted = ", ".join(_FLAGS[k] for k in takes if k != "job_id") or "no options"
         raise ValueError(f"report {name} takes no {', '.join(extra)} (it takes {accepted})")
     options = {key: get(key) for key in takes}
-    if "idle_redistribution" in takes and options["idle_redistribution"] is None:
-        options["idle_redistribution"] = _ledger_idle_policy(args)
+    if "idle_redistribution" in takes:
+        options["ledger_idle_redistribution"] = _ledger_idle_policy(args)
     return options
 
 

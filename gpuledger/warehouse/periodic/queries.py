@@ -81,21 +81,26 @@ def money_total(rows: Sequence[dict], key: str) -> float | str:
 IDLE_POLICIES = ("none", "even", "usage")
 
 
-def tenant_costs(client, database: str, start: dt.date, end: dt.date, *, idle_redistribution: str = "none",
-                 currency: str = "") -> list[dict]:
+def tenant_costs(client, database: str, start: dt.date, end: dt.date, *, idle_redistribution: str | None = None,
+                 ledger_idle_redistribution: str = "none", currency: str = "") -> list[dict]:
     """The bills report over [start, end] per tenant and currency (never adding two currencies), with
-    the cluster idle shared as `idle_redistribution` says (the ledger's [idle] policy, as `report
-    bills`): cluster_idle_cost and billed_total_cost where it is not none. `currency`: the ledger's,
-    for versions with none recorded."""
-    policy = idle_redistribution or "none"
-    if policy not in IDLE_POLICIES:
-        raise ValueError(f"idle_redistribution (--idle-redistribution) must be none, even or usage; got {policy!r}")
-    shared = policy != "none"
+    the cluster idle shared as `report bills` shares it: each definition version's as its recorded
+    [idle] policy says (`ledger_idle_redistribution` for a version with none recorded), every row's as
+    `idle_redistribution` says where given; cluster_idle_cost and billed_total_cost where a row shares
+    it. `currency`: the ledger's, for versions with none recorded."""
+    for name, policy in (("idle_redistribution (--idle-redistribution)", idle_redistribution),
+                         ("ledger_idle_redistribution", ledger_idle_redistribution)):
+        if policy is not None and policy not in IDLE_POLICIES:
+            raise ValueError(f"{name} must be none, even or usage; got {policy!r}")
+    bills = fill_unknown_currency(base.fetch(client, database, "bills", day_from=start, day_to=end,
+                                             idle_redistribution=idle_redistribution or None,
+                                             ledger_idle_redistribution=ledger_idle_redistribution or "none",
+                                             **({"currency": currency} if currency else {})))
+    shared = any("cluster_idle_cost" in r for r in bills)
     money = ["compute_cost", "idle_cost", "failed_retry_cost", "total_cost"] + (
         ["cluster_idle_cost", "billed_total_cost"] if shared else [])
     out: dict[tuple[str, str], dict] = {}
-    for r in fill_unknown_currency(base.fetch(client, database, "bills", day_from=start, day_to=end,
-                                              idle_redistribution=policy, **({"currency": currency} if currency else {}))):
+    for r in bills:
         t = out.setdefault((r["tenant"], r["currency"]), {"tenant": r["tenant"], "currency": r["currency"],
                                                           **dict.fromkeys(money, 0.0), "effective_gpu_hours": 0.0})
         for k in money[:4]:
