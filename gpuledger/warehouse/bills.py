@@ -743,11 +743,14 @@ def _close(client, settings, ledger, now: dt.datetime | None, publisher, databas
                              for (day, dv), (g, c) in diff_amounts(
                                  _booked_cluster_idle(client, db, cluster, start, already[-1]),
                                  fetch_cluster_idle(client, db, reads)))
+            # queue efficiency is not money: a closed cohort day's figures are revised in place of the
+            # close's (readers take the latest run's rows), e.g. for an attempt allocated after the close
+            closed_queue_rows.extend(_revised_queue_rows(client, db, cluster, window, run_id, ledger.definition_version))
         # idle stretches of the days closed now and of those in the look-back whose idle records changed
         worked = idle_stretches.refresh(client, db, cluster, window + new_days)
         if worked:
             result.idle_stretch_days[cluster] = worked
-    if not closed_day_rows and not adjustment_rows and not energy_rows and not idle_rows:
+    if not closed_day_rows and not adjustment_rows and not energy_rows and not idle_rows and not closed_queue_rows:
         return result
     # data first, the run's row last: it commits the run
     for table, rows in (("closed_job_cost", closed_job_rows), ("closed_tenant_bill", closed_tenant_rows),
@@ -757,11 +760,12 @@ def _close(client, settings, ledger, now: dt.datetime | None, publisher, databas
         if rows:
             insert_rows(client, table, rows, database=db_name)
     days = sorted({r["day"] for r in closed_day_rows} | {r["booked_day"] for r in adjustment_rows}
-                  | {r["day"] for r in energy_rows} | {r["booked_day"] for r in idle_rows})
+                  | {r["day"] for r in energy_rows} | {r["booked_day"] for r in idle_rows}
+                  | {r["day"] for r in closed_queue_rows})
     insert_rows(client, "bill_runs", [dict(
         bill_run_id=run_id, created_at=now, days=days,
         clusters=sorted(set(result.closed) | {r["cluster"] for r in adjustment_rows} | {r["cluster"] for r in energy_rows}
-                        | {r["cluster"] for r in idle_rows}),
+                        | {r["cluster"] for r in idle_rows} | {r["cluster"] for r in closed_queue_rows}),
         definition_version=ledger.definition_version, grace_s=grace, horizons=result.horizons,
         closed_rows=len(closed_tenant_rows), adjustment_rows=len(adjustment_rows))], database=db_name)
     result.bill_run_id = run_id
@@ -777,10 +781,67 @@ def _close(client, settings, ledger, now: dt.datetime | None, publisher, databas
     return result
 
 
+#: closed_queue_efficiency's figures, per (day, cluster, queue, tenant)
+QUEUE_FIGURES = ("attempts", "requested_gpu_seconds", "allocated_gpu_seconds", "executed_gpu_seconds", "waits",
+                 "queue_wait_p50_s", "queue_wait_p90_s", "queue_wait_p99_s", "queue_wait_mean_s", "queue_wait_max_s")
+
+
+def latest_queue_rows_sql(db: str) -> str:
+    """closed_queue_efficiency as it stands (§6a): per cohort day and cluster, the rows of the latest
+    committed run that wrote any (the close, or a later run that revised the day's figures), not the
+    sum over runs."""
+    return (f"SELECT * FROM {db}.closed_queue_efficiency WHERE {committed(db)} AND (day, cluster, bill_run_id) IN ("
+            f"SELECT day, cluster, argMax(bill_run_id, (closed_at, bill_run_id)) FROM {db}.closed_queue_efficiency "
+            f"WHERE {committed(db)} GROUP BY day, cluster)")
+
+
+def _same_queue_figures(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    for k in QUEUE_FIGURES:
+        x, y = a.get(k), b.get(k)
+        if x is None or y is None:
+            if x is not y:
+                return False
+        elif abs(float(x) - float(y)) > 1e-6 + 1e-9 * abs(float(y)):
+            return False
+    return True
+
+
+def _revised_queue_rows(client, db: str, cluster: str, days: Sequence[dt.date], run_id: str, dv: str) -> list[dict]:
+    """The queue rows of the closed cohort days `days` (the look-back) whose figures differ from the rows
+    that stand for them (latest_queue_rows_sql): all of such a day's rows anew, under this run. An
+    attempt of a closed cohort day allocated (or running) after the close changes them; nothing new
+    writes nothing. A day with an attempt still open waits until every attempt of it has ended: its
+    figures grow while one runs, and revising them at every run would write the day's rows again
+    every 15 minutes for as long as the job lasts."""
+    if not days:
+        return []
+    running = {r["day"] for r in _q(client, f"""
+        SELECT DISTINCT {COHORT_DAY} AS day FROM {db}.job_attempts AS a
+        WHERE a.cluster = {{cluster:String}} AND a.ended_ms IS NULL AND day BETWEEN {{day_from:Date}} AND {{day_to:Date}}""",
+        {"cluster": cluster, "day_from": min(days), "day_to": max(days)})}
+    wanted = set(days) - running
+    if not wanted:
+        return []
+    now: dict[dt.date, dict[tuple, dict]] = {}
+    for row in _queue_rows(client, db, cluster, min(days), max(days), run_id, dv):
+        if row["day"] in wanted:
+            now.setdefault(row["day"], {})[(row["queue"], row["tenant"])] = row
+    stored: dict[dt.date, dict[tuple, dict]] = {}
+    sql = (f"SELECT day, toString(queue) AS queue, toString(tenant) AS tenant, {', '.join(QUEUE_FIGURES)} "
+           f"FROM ({latest_queue_rows_sql(db)}) "
+           "WHERE cluster = {cluster:String} AND day BETWEEN {day_from:Date} AND {day_to:Date}")
+    for r in _q(client, sql, {"cluster": cluster, "day_from": min(days), "day_to": max(days)}):
+        stored.setdefault(r["day"], {})[(r["queue"], r["tenant"])] = r
+    out = []
+    for day in sorted(now):
+        fresh, old = now[day], stored.get(day, {})
+        if fresh.keys() != old.keys() or not all(_same_queue_figures(fresh[k], old[k]) for k in fresh):
+            out.extend(fresh[k] for k in sorted(fresh))
+    return out
+
+
 def _queue_rows(client, db: str, cluster: str, day_from: dt.date, day_to: dt.date, run_id: str, dv: str) -> list[dict]:
-    keep = ("day", "cluster", "queue", "tenant", "attempts", "requested_gpu_seconds", "allocated_gpu_seconds",
-            "executed_gpu_seconds", "waits", "queue_wait_p50_s", "queue_wait_p90_s", "queue_wait_p99_s",
-            "queue_wait_mean_s", "queue_wait_max_s")
+    keep = ("day", "cluster", "queue", "tenant", *QUEUE_FIGURES)
     rows = []
     for by_tenant in (False, True):
         sql = queue_efficiency_sql(db, ["cluster = {cluster:String}"], ["a.cluster = {cluster:String}"], by_tenant,

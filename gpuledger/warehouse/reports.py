@@ -706,8 +706,8 @@ def _open_basis_and_carbon(client, db: str, conds: Sequence[str], params: dict[s
 
 def _queues(client, db: str, filters: dict[str, Any]) -> list[dict]:
     """Queue efficiency per cohort day, cluster and queue (and tenant, with the tenant filter):
-    closed rows (closed_queue_efficiency) for closed days, live figures from deduplicated usage for
-    open ones; `status` says which."""
+    closed rows (closed_queue_efficiency, as the latest run that wrote the cohort day left them) for
+    closed days, live figures from deduplicated usage for open ones; `status` says which."""
     from gpuledger.warehouse import bills as b
 
     conds, params = _where(filters, sorted(REPORT_FILTERS["queues"] - {"tenant"}))
@@ -721,8 +721,10 @@ def _queues(client, db: str, filters: dict[str, Any]) -> list[dict]:
             "if(allocated_gpu_seconds = 0, NULL, executed_gpu_seconds / allocated_gpu_seconds) AS executed_to_allocated, "
             "if(requested_gpu_seconds = 0, NULL, executed_gpu_seconds / requested_gpu_seconds) AS executed_to_requested, "
             "waits, queue_wait_p50_s, queue_wait_p90_s, queue_wait_p99_s, queue_wait_mean_s, queue_wait_max_s")
-    closed = (f"SELECT 'closed' AS status, {cols} FROM {db}.closed_queue_efficiency "
-              f"WHERE {b.committed(db)} AND {tenant_cond} AND {_and(conds)}")
+    # per cohort day and cluster the latest committed run's rows: a later run revises a closed cohort's
+    # figures (an attempt allocated after the close, §6a), it does not add to them
+    closed = (f"SELECT 'closed' AS status, {cols} FROM ({b.latest_queue_rows_sql(db)}) "
+              f"WHERE {tenant_cond} AND {_and(conds)}")
     attempt_conds = ["a.tenant = {tenant:String}"] if by_tenant else []
     if filters.get("cluster") is not None:
         attempt_conds.append("a.cluster = {cluster:String}")

@@ -136,7 +136,16 @@ def test_close_then_late_data_books_adjustments_in_the_next_open_day(ledger):
     put_usage(client, LATE_USAGE, 100)
     second = bills.close_due(client, settings, ledger_cfg, now=dt.datetime(2024, 3, 2, 3, tzinfo=dt.timezone.utc))
     assert second.closed == {} and second.adjustment_rows == 3
-    assert {t: closed_rows(client, t) for t in before} == before  # a closed row never changes
+    # a closed row never changes; queue efficiency (not money) is revised by rows added under the run (§6a)
+    after = {t: closed_rows(client, t) for t in before}
+    assert {t: rows for t, rows in after.items() if t != "closed_queue_efficiency"} == \
+           {t: rows for t, rows in before.items() if t != "closed_queue_efficiency"}
+    assert set(before["closed_queue_efficiency"]) <= set(after["closed_queue_efficiency"])
+    revised = {(r["queue"], r["tenant"]): r["allocated_gpu_seconds"] for r in client.query(
+        f"SELECT * FROM {DB}.closed_queue_efficiency WHERE bill_run_id = {{run:String}}",
+        parameters={"run": second.bill_run_id}).named_results()}
+    assert revised == {("train", ""): pytest.approx(1500), ("train", "alpha"): pytest.approx(1500),  # + gpu-C's
+                       ("infer", ""): pytest.approx(1800), ("infer", "beta"): pytest.approx(1800)}  # the day whole
     assert adjustments(client) == sorted([
         (D1, D, "alpha", "compute", "late_lifecycle_outcome", -600_000, -1_200_000, -600_000),
         (D1, D, "alpha", "failed_retry", "late_lifecycle_outcome", 600_000, 1_200_000, 600_000),
