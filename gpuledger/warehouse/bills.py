@@ -745,7 +745,9 @@ def _close(client, settings, ledger, now: dt.datetime | None, publisher, databas
                                  fetch_cluster_idle(client, db, reads)))
             # queue efficiency is not money: a closed cohort day's figures are revised in place of the
             # close's (readers take the latest run's rows), e.g. for an attempt allocated after the close
-            closed_queue_rows.extend(_revised_queue_rows(client, db, cluster, window, run_id, ledger.definition_version))
+            closed_queue_rows.extend(_revised_queue_rows(
+                client, db, cluster, window, run_id, ledger.definition_version,
+                {(r["job_id"], r["attempt"]) for r in adjustment_rows if r["cluster"] == cluster}))
         # idle stretches of the days closed now and of those in the look-back whose idle records changed
         worked = idle_stretches.refresh(client, db, cluster, window + new_days)
         if worked:
@@ -806,24 +808,38 @@ def _same_queue_figures(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     return True
 
 
-def _revised_queue_rows(client, db: str, cluster: str, days: Sequence[dt.date], run_id: str, dv: str) -> list[dict]:
+def _revised_queue_rows(client, db: str, cluster: str, days: Sequence[dt.date], run_id: str, dv: str,
+                        adjusted: set[tuple[str, int]]) -> list[dict]:
     """The queue rows of the closed cohort days `days` (the look-back) whose figures differ from the rows
     that stand for them (latest_queue_rows_sql): all of such a day's rows anew, under this run. An
     attempt of a closed cohort day allocated (or running) after the close changes them; nothing new
-    writes nothing. A day with an attempt still open waits until every attempt of it has ended: its
-    figures grow while one runs, and revising them at every run would write the day's rows again
-    every 15 minutes for as long as the job lasts."""
+    writes nothing. Only days that may have changed are worked out again (the figures come from a FINAL
+    read of the days' usage: ~15 s for 7 days of 100 M records, too much for every run): a day some
+    attempt of which was seen (job_attempts.last_seen_ms) after the horizon of the run whose rows stand
+    for it, or that has attempts and no rows, and the cohort days of the attempts this run books
+    adjustments for (`adjusted`: (job_id, attempt); late usage or a late outcome). A day with an attempt still open waits until every attempt
+    of it has ended: its figures grow while one runs, and revising them at every run would write the
+    day's rows again every 15 minutes for as long as the job lasts."""
     if not days:
         return []
-    running = {r["day"] for r in _q(client, f"""
-        SELECT DISTINCT {COHORT_DAY} AS day FROM {db}.job_attempts AS a
-        WHERE a.cluster = {{cluster:String}} AND a.ended_ms IS NULL AND day BETWEEN {{day_from:Date}} AND {{day_to:Date}}""",
-        {"cluster": cluster, "day_from": min(days), "day_to": max(days)})}
-    wanted = set(days) - running
+    span = {"cluster": cluster, "day_from": min(days), "day_to": max(days)}
+    wanted = {r["day"] for r in _q(client, f"""
+        SELECT j.day AS day
+        FROM (SELECT {COHORT_DAY} AS day, max(a.last_seen_ms) AS seen, countIf(a.ended_ms IS NULL) AS still_open,
+                     max((a.job_id, a.attempt) IN {{adjusted:Array(Tuple(String, UInt32))}}) AS adjusted
+              FROM {db}.job_attempts AS a WHERE a.cluster = {{cluster:String}}
+              GROUP BY day HAVING day BETWEEN {{day_from:Date}} AND {{day_to:Date}}) AS j
+        LEFT JOIN (SELECT q.day AS day, r.horizons[{{cluster:String}}] AS horizon
+                   FROM (SELECT day, argMax(bill_run_id, (closed_at, bill_run_id)) AS run
+                         FROM {db}.closed_queue_efficiency WHERE {committed(db)} AND cluster = {{cluster:String}}
+                           AND day BETWEEN {{day_from:Date}} AND {{day_to:Date}} GROUP BY day) AS q
+                   INNER JOIN {db}.bill_runs AS r ON r.bill_run_id = q.run) AS h ON h.day = j.day
+        WHERE j.still_open = 0 AND (j.seen > h.horizon OR j.adjusted)""",  # no rows: horizon 0
+        {**span, "adjusted": sorted(adjusted)})} & set(days)
     if not wanted:
         return []
     now: dict[dt.date, dict[tuple, dict]] = {}
-    for row in _queue_rows(client, db, cluster, min(days), max(days), run_id, dv):
+    for row in _queue_rows(client, db, cluster, min(wanted), max(wanted), run_id, dv):
         if row["day"] in wanted:
             now.setdefault(row["day"], {})[(row["queue"], row["tenant"])] = row
     stored: dict[dt.date, dict[tuple, dict]] = {}
