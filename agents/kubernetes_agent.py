@@ -21,6 +21,7 @@ promise about everything on the job-events topic (docs/kubernetes.md, "Deploymen
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import logging
 import os
@@ -84,13 +85,34 @@ class RoutingPublisher:
 
 
 class SpooledRoutes:
-    """`publish(topic, key, value, partition)` into the disk spool (one record per message)."""
+    """`publish(topic, key, value, partition)` into the disk spool (one record per message).
+
+    A message the spool refuses (disk full or failing) is held in memory, in order with the ones
+    after it, and spooled again at each `retry()`. While any is held the agent neither saves its
+    state nor sends a watermark (`KubernetesAgent.cycle`): the state file must only ever say what is
+    on disk, so a restart meanwhile derives the held events again from its last saved state."""
 
     def __init__(self, spooling: Any):
         self.spooling = spooling
+        self.held: collections.deque[tuple[bytes, bytes]] = collections.deque()
 
     def publish(self, topic: str, key: str | bytes | None, value: bytes, partition: int | None = None) -> None:
-        self.spooling.publish(SPOOL_TOPIC, encode_route(topic, key, partition), value)
+        self.held.append((encode_route(topic, key, partition), value))
+        if len(self.held) == 1 and self.retry():  # behind held ones it waits for the next retry: order is kept
+            log.error("the spool refused a message (disk full or failing?); holding it and what follows in "
+                      "memory, no state saved and no watermark sent until the spool takes them")
+
+    def retry(self) -> int:
+        """Spool the held messages in order until the spool refuses one; returns how many are held."""
+        was = len(self.held)
+        while self.held:
+            route, value = self.held[0]
+            if not self.spooling.publish(SPOOL_TOPIC, route, value):
+                break
+            self.held.popleft()
+        if was > 1 and not self.held:
+            log.warning("the spool takes messages again: %d held message(s) spooled", was)
+        return len(self.held)
 
     def poll(self, timeout: float = 0) -> int:
         return 0
@@ -560,12 +582,19 @@ class KubernetesAgent:
         elif tag == "fresh":
             self.fresh[kind] = max(self.fresh.get(kind, 0.0), item[2])
 
+    def _held(self) -> int:
+        """Messages the spool refused that wait in memory (SpooledRoutes), after trying them again."""
+        retry = getattr(self.publisher, "retry", None)
+        return retry() if retry is not None else 0
+
     def cycle(self) -> None:
         """The end of a cycle: retry pods waiting for device ids, snapshot, save state, watermark."""
         self.devices.begin_cycle()
         now = self.now_ms()
         for pod in self.core.waiting_pods():
             self._publish_events(self._apply("pod", "MODIFIED", pod))
+        if self._held():
+            return  # events the spool refused are not on disk: no state over them, no promise after them
         if not self.kinds or set(self.kinds) - self.synced:
             return  # no promise before every resource has been listed once
         if self.snapshots and self.clock() - self._last_snapshot >= self.snapshot_interval_s:
@@ -625,7 +654,11 @@ class KubernetesAgent:
                     self._handle(self.queue.get_nowait())
                 except queue.Empty:
                     break
-            if self.state_file is not None:
+            held = self._held()
+            if self.state_file is not None and held:
+                log.error("stopping with %d message(s) the spool refused: the state is not saved, so the "
+                          "next start derives them again from the last saved state", held)
+            elif self.state_file is not None:
                 self.state_file.save(self.core, whole=True)
                 self.dirty = False
 

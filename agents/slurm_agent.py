@@ -194,7 +194,12 @@ class SpoolSink:
             metrics.attach_spool(self.spool, self.forwarder)
 
     def put(self, line: str, key: str | None, value: bytes, partition: int | None = None) -> None:
-        self.spool.append(value, f"{line}{_SEP}{'' if partition is None else partition}{_SEP}{key or ''}")
+        """Raises SpoolRefused when the spool could not write the message (disk full or failing): the
+        poll must fail before its state file says the message was sent."""
+        from gpuledger.agents.spool import SpoolRefused
+
+        if not self.spool.append(value, f"{line}{_SEP}{'' if partition is None else partition}{_SEP}{key or ''}"):
+            raise SpoolRefused(f"spool {self.spool.directory} could not write a {line} message (disk full or failing?)")
         self.forwarder.wake()
 
     def close(self, timeout: float = 10.0) -> int:
@@ -249,7 +254,10 @@ class SlurmAgent:
                 "state_bytes_written": self.state_bytes_written}
 
     def poll_once(self) -> bool:
-        """One poll; False (logged, counted) when Slurm could not be read or its output used."""
+        """One poll; False (logged, counted) when Slurm could not be read or its output used, or when
+        the spool refused a message."""
+        from gpuledger.agents.spool import SpoolRefused
+
         started_ms = int(self.clock() * 1000)
         try:
             with gc_paused():
@@ -258,10 +266,16 @@ class SlurmAgent:
             self.failures += 1
             log.warning("poll failed (%d so far): %s", self.failures, exc)
             return False
+        except SpoolRefused as exc:
+            # The state is not saved: the next poll derives the same events again (same ids; the
+            # ones spooled before the refusal arrive twice and the worker drops the repeats).
+            self.failures += 1
+            log.error("poll failed (%d so far): %s; its events are published again at the next poll", self.failures, exc)
+            return False
 
     def _poll(self, started_ms: int) -> bool:
         """poll_once's work: Slurm read, translated and published; raises CommandFailed or
-        SlurmInputError before anything is published."""
+        SlurmInputError before anything is published, SpoolRefused before the state is saved."""
         squeue = load_json(self.run(["squeue", "--json", "--states=all"], self.command_timeout_s), "squeue")
         sinfo = load_json(self.run(["sinfo", "--json"], self.command_timeout_s), "sinfo")
         try:

@@ -27,7 +27,9 @@ A record is `<body_len u32><crc32 u32><seq u64><appended_ms i64><key_len u16>` +
 the CRC covers everything after itself. Sequence numbers are consecutive across segments and
 restarts. On open every segment is scanned; the first record that is torn (a crash in the
 middle of a write) or fails its CRC ends its segment, which is truncated there, so a torn tail
-costs at most the record being written when the agent died.
+costs at most the record being written when the agent died. The records cut away after a damaged
+one are counted in `corrupt` and their sequence numbers are not given out again; a damaged record
+met by a read cuts its segment the same way, and appends go on in a new segment.
 
 Bounded: when an append would take the spool over `max_bytes`, whole segments are deleted,
 oldest first; the unacknowledged records in them are counted in `dropped` (persisted in
@@ -74,6 +76,11 @@ class SpoolLocked(RuntimeError):
     """Another process holds this spool directory."""
 
 
+class SpoolRefused(RuntimeError):
+    """The spool could not write a message (disk full or failing; `Spool.append` returned 0). A
+    scheduler agent must not record it as published: its state file would say it was sent."""
+
+
 @dataclass(frozen=True, slots=True)
 class Record:
     seq: int
@@ -89,6 +96,7 @@ class _Segment:
     size: int = 0      # valid bytes
     last_seq: int = 0  # last valid record (first_seq - 1 when empty)
     first_ms: int = 0  # append time of its first record (0 when empty)
+    cut_to: int = 0    # on open: the last seq the bytes cut away at a damaged record held (0: nothing cut)
 
     @property
     def count(self) -> int:
@@ -102,6 +110,31 @@ def _segment_name(first_seq: int) -> str:
 def _encode(seq: int, appended_ms: int, key: bytes, value: bytes) -> bytes:
     tail = struct.pack("<QqH", seq, appended_ms, len(key)) + key + value
     return struct.pack("<II", len(key) + len(value), zlib.crc32(tail)) + tail
+
+
+def _last_seq_from(data: bytes, pos: int, last: int) -> int:
+    """The last sequence number held in data[pos:], the bytes from a torn or corrupt record on, where
+    `last` is the record before it (`last` when they hold no complete record: a torn tail). A record
+    whose length field is damaged too is stepped over by finding the next intact one by its seq."""
+    while pos < len(data):
+        record, nxt, why = _parse(data, pos)
+        if record is not None and record.seq > last:
+            last, pos = record.seq, nxt
+            continue
+        if why == "corrupt":
+            last += 1  # a whole record is there, only damaged
+        found = []
+        for seq in range(last + 1, last + 9):  # the next intact record, a few damaged ones on at most
+            at = data.find(struct.pack("<Q", seq), pos + 1)
+            while at != -1 and (at < _CRC_FROM or _parse(data, at - _CRC_FROM)[0] is None):
+                at = data.find(struct.pack("<Q", seq), at + 1)
+            if at != -1:
+                found.append((at - _CRC_FROM, seq))
+        if not found:
+            break
+        pos, seq = min(found)
+        last = seq - 1  # what lies between was damaged
+    return last
 
 
 def _parse(buf: bytes | memoryview, pos: int) -> tuple[Record | None, int, str | None]:
@@ -176,7 +209,7 @@ class Spool:
         self._cursor_fd = os.open(self.directory / _CURSOR, os.O_RDWR | os.O_CREAT, 0o644)
         self._segments: list[_Segment] = self._recover()
         last = self._segments[-1].last_seq if self._segments else 0
-        self._next_seq = max(last, self.acked) + 1
+        self._next_seq = max(last, self.acked, self._seen_seq) + 1
         self._read_seq = self.acked + 1
         self._read_at: tuple[int, int] | None = None  # (segment first_seq, byte offset) of _read_seq
         self._wfd: int | None = None
@@ -216,12 +249,17 @@ class Spool:
                 log.warning("spool %s: ignoring stray file %s", self.directory, path.name)
                 continue
             segments.append(self._scan(_Segment(first, path, last_seq=first - 1)))
-        # records lost inside a segment (corrupt middle) show as a gap before the next one
-        for seg, nxt in zip(segments, segments[1:]):
-            lost = nxt.first_seq - 1 - max(seg.last_seq, self.acked)
+        # Records cut away now (a corrupt middle) are counted once: those of an earlier open or of a read
+        # (`_skip_corrupt` cuts its segment too) were counted then. A middle segment's lost ones end
+        # where the next segment begins; the last segment's, at what its cut bytes held.
+        for seg, nxt in zip(segments, segments[1:] + [None]):
+            if not seg.cut_to:
+                continue
+            lost = (nxt.first_seq - 1 if nxt is not None else seg.cut_to) - max(seg.last_seq, self.acked)
             if lost > 0:
                 self.corrupt += lost
-                log.error("spool %s: %d record(s) lost to corruption before seq %d", self.directory, lost, nxt.first_seq)
+                log.error("spool %s: %d record(s) lost to corruption after seq %d", self.directory, lost, seg.last_seq)
+        self._seen_seq = max([s.cut_to for s in segments] + [0])  # never reuse a seq that may have been sent
         kept = []
         for seg in segments:
             if seg.size == 0 or seg.last_seq <= self.acked:
@@ -241,6 +279,7 @@ class Spool:
                 log.error("spool %s: %s record at byte %d of %s; truncating %d byte(s)",
                           self.directory, why, pos, seg.path.name, len(data) - pos)
                 os.truncate(seg.path, pos)
+                seg.cut_to = _last_seq_from(data, pos, expected - 1)
                 break
             if pos == 0:
                 seg.first_ms = record.appended_ms
@@ -291,7 +330,10 @@ class Spool:
                 return 0
             active = self._segments[-1] if self._segments else None
             try:
-                if active is None or (active.size and active.size + len(blob) > self.segment_bytes):
+                # A segment cut at a damaged record (on open, or by a read) ends there: the next seq
+                # does not follow its last record, and a seq gap inside a segment would read as corruption.
+                if (active is None or (active.size and active.size + len(blob) > self.segment_bytes)
+                        or active.last_seq != seq - 1):
                     active = self._roll(seq)
                 elif self._wfd is None:  # reopened: go on writing the last segment
                     self._wfd = os.open(active.path, os.O_WRONLY | os.O_APPEND)
@@ -419,7 +461,7 @@ class Spool:
                     if record is None and why == "torn" and pos > 0:
                         break  # the chunk ended inside a record: read on from there
                     if record is None or record.seq != self._read_seq:
-                        self._skip_corrupt(seg)
+                        self._skip_corrupt(seg, off + pos)
                         skipped = True
                         break
                     out.append(record)
@@ -463,12 +505,23 @@ class Spool:
             fd, self._rfd = self._rfd[1], None  # forget it first: never keep a closed fd
             self._close_quietly(fd)
 
-    def _skip_corrupt(self, seg: _Segment) -> None:
+    def _skip_corrupt(self, seg: _Segment, at: int) -> None:
+        """The record at byte `at` of `seg` (seq `_read_seq`) is damaged: what follows it in the
+        segment cannot be found reliably, so the segment is cut there and the rest counted lost. Cut,
+        disk and index agree: a rewind or a restart finds no corruption to count again, and appends go
+        on in a new segment (`append`), where reads find them."""
         lost = seg.last_seq - self._read_seq + 1
         log.error("spool %s: corrupt record at seq %d in %s; skipping %d record(s)",
                   self.directory, self._read_seq, seg.path.name, lost)
         self.corrupt += lost
-        self._read_seq, self._read_at = seg.last_seq + 1, None
+        try:
+            os.truncate(seg.path, at)
+        except OSError as exc:  # the index is cut all the same; a restart finds the damage and cuts it then
+            log.error("spool %s: cannot truncate %s: %s", self.directory, seg.path.name, exc)
+        else:
+            seg.size = at
+        seg.last_seq = self._read_seq - 1
+        self._read_seq, self._read_at = self._read_seq + lost, None
         self._write_state(sync=False)
 
     def ack(self, seq: int) -> None:
@@ -798,12 +851,16 @@ class SpoolingPublisher:
         self.spool = spool
         self.forwarder = forwarder
 
-    def publish(self, topic: str, key: str | bytes | None, value: bytes, partition: int | None = None) -> None:
+    def publish(self, topic: str, key: str | bytes | None, value: bytes, partition: int | None = None) -> int:
+        """Returns the record's seq, 0 when the spool dropped it (counted and logged there). The GPU
+        agent carries on without that tick (docs/reliability.md); a scheduler agent must not save its
+        state over it (agents/kubernetes_agent.py `SpooledRoutes`)."""
         if self.forwarder is not None and topic != self.forwarder.topic:
             raise ValueError(f"spooled agent publishes to {self.forwarder.topic}, not {topic}")
-        self.spool.append(value, key)
+        seq = self.spool.append(value, key)
         if self.forwarder is not None:
             self.forwarder.wake()
+        return seq
 
     def poll(self, timeout: float = 0) -> int:
         return 0

@@ -50,7 +50,8 @@ class BatchingSink:
     sleep: Callable[[float], None] = time.sleep
     should_stop: Callable[[], bool] = lambda: False
     #: called with (key, offset, table, rows, reason) for a message whose rows a table can never
-    #: take (found by splitting the failed block); the run loop dead-letters it
+    #: take (found by splitting the failed block), or for the rejected part of a message whose other
+    #: rows are kept (rows.py `Rows`: the bad ticks of a batch); the run loop dead-letters it
     on_poison: Callable[[tuple[str, int], int, str, list[dict], str], None] | None = None
     #: called once a write succeeds after failures (the run loop resumes its paused partitions)
     on_recovered: Callable[[], None] | None = None
@@ -115,6 +116,10 @@ class BatchingSink:
             return False
         if letter is not None:
             letter()
+        rejected = getattr(rows_by_table, "rejected", None)
+        if rejected is not None and self.on_poison is not None:
+            # part of the message was bad (rows.py `Rows`): its one letter goes like a whole message's
+            self.on_poison(key, source.offset, next(iter(rows_by_table), ""), rejected[1], rejected[0])
         if state.pending and buf is not None and source.offset >= state.pending[1]:
             self.flush_partition(key)  # the replayed range is complete (its end was a gap)
             buf = None

@@ -6,10 +6,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import orjson
 
 from gpuledger.schemas.models import JobEvent, JobProgress, LifecycleWatermark, NodeTick, SchedulerSnapshot, UsageBatch
 from gpuledger.schemas.models import Alert, ReclaimSuggestion
-from gpuledger.schemas.wire import DecodeError, decode, decode_lifecycle, decode_node_ticks
+from gpuledger.schemas.wire import DecodeError, decode, decode_lifecycle, decode_metered_ticks, decode_node_ticks
 from gpuledger.streams.checks import DAY_MS, rows_problem, time_problem
 
 
@@ -23,6 +24,14 @@ PROGRESS = "job_progress"  # line 4 (optional): training progress
 
 
 # --------------------------------------------------------------------------- pure conversion
+class Rows(dict):
+    """Rows per table of a message part of which was rejected (a NodeTickBatch with bad ticks):
+    `rejected` = (reason, the rejected parts as JSON objects), for one dead letter beside the rows
+    of the good parts (`BatchingSink.add` hands it to `on_poison`)."""
+
+    rejected: tuple[str, list] | None = None
+
+
 @dataclass(frozen=True)
 class Source:
     """Where a message came from; stored with every row it produced."""
@@ -183,13 +192,7 @@ def process_message(kind: str, raw: bytes | None, source: Source, *, now_ms: int
             raise DecodeError(problem)
         rows = snapshot_rows(snapshot, source)
     elif kind == SAMPLES:
-        ticks = decode_node_ticks(raw)  # one NodeTick or a node's NodeTickBatch
-        for tick in ticks:
-            problem = time_problem(f"tick of {tick.node}", tick.ts_ms, 0, max_ahead_ms, now_ms)
-            if problem:
-                raise DecodeError(problem)
-        rows = {"gpu_health": [row for tick in ticks for row in health_rows(tick, source)],
-                "node_inventory": [inventory_row(tick, source) for tick in ticks]}
+        return sample_rows(raw, source, now_ms=now_ms, max_ahead_ms=max_ahead_ms)
     elif kind == PROGRESS:  # straight from the jobs: the same time window as the snapshots
         report = decode(JobProgress, raw)
         problem = time_problem(f"progress of {report.job_id}", report.ts_ms, 0, max_ahead_ms, now_ms)
@@ -206,3 +209,64 @@ def process_message(kind: str, raw: bytes | None, source: Source, *, now_ms: int
     if problem:
         raise DecodeError(problem)
     return rows
+
+
+def _node_ticks(raw: bytes) -> list[tuple[NodeTick | None, str | None, object]]:
+    """The ticks of a gpu-samples message as (tick, None, JSON) or, for one that fails the schema,
+    (None, why, JSON). A message the worker cannot read whole (malformed, a tick it cannot meter, a
+    batch of another node's ticks) raises DecodeError, as in the worker: no tick of it is billed."""
+    try:
+        return [(tick, None, None) for tick in decode_node_ticks(raw)]  # one NodeTick or a node's NodeTickBatch
+    except DecodeError as whole:
+        try:
+            decode_metered_ticks(raw)
+        except DecodeError:
+            raise whole from None
+        obj = orjson.loads(raw)
+        if "ticks" not in obj:
+            raise whole from None
+    # The worker bills these ticks; only health fields of some fail the full schema: judge each alone.
+    out: list[tuple[NodeTick | None, str | None, object]] = []
+    for i, item in enumerate(obj["ticks"]):
+        try:
+            out.append((decode(NodeTick, orjson.dumps(item)), None, item))
+        except DecodeError as exc:  # named as a whole batch's violation would be: at ticks.<i>.…
+            why = str(exc)
+            head = "NodeTick: schema violation at "
+            why = f"NodeTickBatch: schema violation at ticks.{i}.{why[len(head):]}" if why.startswith(head) \
+                else f"NodeTickBatch ticks.{i}: {why}"
+            out.append((None, why, item))
+    return out
+
+
+def sample_rows(raw: bytes, source: Source, *, now_ms: int | None = None,
+                max_ahead_ms: int = 7 * DAY_MS) -> dict[str, list[dict]]:
+    """`gpu_health` and `node_inventory` rows of a gpu-samples message. Each tick of a batch is judged
+    on its own, as the worker does (streams/core.py `_on_ticks`): a bad tick does not cost the good
+    ones their rows. Rows of the good ones come back as `Rows` with one rejection naming the bad
+    ones; DecodeError when no tick is usable."""
+    ticks = _node_ticks(raw)
+    rows: dict[str, list[dict]] = {"gpu_health": [], "node_inventory": []}
+    problems: list[str] = []
+    bad: list[object] = []
+    for tick, problem, item in ticks:
+        if tick is not None:
+            problem = time_problem(f"tick of {tick.node}", tick.ts_ms, 0, max_ahead_ms, now_ms)
+        if problem is None:
+            mine = {"gpu_health": health_rows(tick, source), "node_inventory": [inventory_row(tick, source)]}
+            problem = rows_problem(mine)
+        if problem:
+            problems.append(problem)
+            bad.append(item if item is not None else tick.model_dump(mode="json", exclude_none=True))
+            continue
+        for table, more in mine.items():
+            rows[table] += more
+    if not problems:
+        return rows
+    reason = "; ".join(problems[:3])  # starts with the first problem: its first word is the metric's kind
+    if len(problems) == len(ticks):
+        raise DecodeError(reason + (f" (all {len(ticks)} ticks of the batch)" if len(ticks) > 1 else ""))
+    reason += f" ({len(problems)} of the batch's {len(ticks)} ticks rejected; the others stored)"
+    out = Rows(rows)
+    out.rejected = (reason, bad)
+    return out

@@ -194,3 +194,40 @@ def test_the_job_events_line_is_the_accepted_topic():
 
 def test_permanent_write_error_names_its_cause():
     assert "OverflowError" in str(PermanentWriteError(OverflowError("x")))
+
+
+def test_a_bad_tick_costs_only_itself_and_a_batch_the_worker_cannot_read_is_rejected_whole():
+    import orjson
+
+    from gpuledger.schemas.models import GpuSample, NodeTick, NodeTickBatch
+    from gpuledger.sink.rows import SAMPLES
+
+    def batch(spoil):
+        ticks = [NodeTick(cluster="c", node="n", ts_ms=T0 + k * 5000, interval_ms=5000,
+                          gpus=[GpuSample(gpu_uuid="G", index=0, model="A100", util_gpu_pct=5.0)]) for k in range(4)]
+        obj = orjson.loads(encode(NodeTickBatch(node="n", ticks=ticks)))
+        spoil(obj["ticks"][1]) and spoil(obj["ticks"][3])
+        return orjson.dumps(obj)
+
+    src, now = Source("p.gpu-samples", 0, 5), T0 + 60_000
+    rows = process_message(SAMPLES, batch(lambda t: t.update(ts_ms=631_152_000_000) or True), src, now_ms=now)
+    assert [r["ts_ms"] for r in rows["gpu_health"]] == [T0, T0 + 10_000]
+    assert len(rows["node_inventory"]) == 2
+    reason, bad = rows.rejected
+    assert reason.startswith("absurd timestamp") and reason.endswith("(2 of the batch's 4 ticks rejected; the others stored)")
+    assert [t["ts_ms"] for t in bad] == [631_152_000_000] * 2
+    class Tables:
+        def write(self, table, rows, token=None):
+            return len(rows)
+
+    letters = []
+    sink = BatchingSink(Tables(), MemoryProgress(), on_poison=lambda *a: letters.append(a),
+                        sleep=lambda s: pytest.fail("nothing here may be retried"))
+    assert sink.add(rows, src)
+    written, _ = sink.flush()
+    assert written == {"gpu_health": 2, "node_inventory": 2}
+    assert [(key, offset, reason_) for key, offset, _table, _rows, reason_ in letters] == [((src.topic, 0), 5, reason)]
+    assert not sink.add(rows, src) and len(letters) == 1  # a message read again: no second letter
+    # a metered field out of range: the worker rejects the whole message, so does the sink
+    with pytest.raises(DecodeError, match="ticks.1.gpus.0.util_gpu_pct"):
+        process_message(SAMPLES, batch(lambda t: t["gpus"][0].update(util_gpu_pct=500.0)), src, now_ms=now)
