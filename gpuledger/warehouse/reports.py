@@ -120,14 +120,21 @@ def _query(client, sql: str, params: dict[str, Any]) -> list[dict]:
 
 
 # --------------------------------------------------------------------------- the reports
-def definition_currencies(client, db: str, fallback: str | None) -> dict[str, str]:
-    """definition_version -> currency, as recorded with the definition (`gpuledger migrate`)."""
+def _recorded_by_version(client, db: str, *path: str) -> dict[str, str]:
+    """definition_version -> the string at `path` of its latest recorded content (`gpuledger migrate`
+    records the definitions); '' where the content has none."""
+    keys = ", ".join(f"'{k}'" for k in path)
     try:
-        rows = _query(client, f"SELECT definition_version, argMax(JSONExtractString(content, 'currency'), recorded_at) "
-                              f"AS currency FROM {db}.definitions GROUP BY definition_version", {})
+        rows = _query(client, f"SELECT definition_version, argMax(JSONExtractString(content, {keys}), recorded_at) "
+                              f"AS value FROM {db}.definitions GROUP BY definition_version", {})
     except Exception:  # an older warehouse without the accounting library
         rows = []
-    out = {r["definition_version"]: r["currency"] for r in rows if r["currency"]}
+    return {r["definition_version"]: r["value"] for r in rows}
+
+
+def definition_currencies(client, db: str, fallback: str | None) -> dict[str, str]:
+    """definition_version -> currency, as recorded with the definition (`gpuledger migrate`)."""
+    out = {dv: c for dv, c in _recorded_by_version(client, db, "currency").items() if c}
     if fallback:
         out.setdefault("", fallback)
     return out
@@ -143,13 +150,15 @@ IDLE_POLICIES = ("none", "even", "usage")
 def definition_idle_policies(client, db: str) -> dict[str, str]:
     """definition_version -> its [idle] redistribution, as recorded with the definition (`gpuledger
     migrate`: content.definitions.idle_redistribution); a version recorded without one is left out."""
-    try:
-        rows = _query(client, f"SELECT definition_version, argMax(JSONExtractString(content, 'definitions', "
-                              f"'idle_redistribution'), recorded_at) AS policy FROM {db}.definitions "
-                              "GROUP BY definition_version", {})
-    except Exception:  # an older warehouse without the accounting library
-        rows = []
-    return {r["definition_version"]: r["policy"] for r in rows if r["policy"] in IDLE_POLICIES}
+    return {dv: p for dv, p in _recorded_by_version(client, db, "definitions", "idle_redistribution").items()
+            if p in IDLE_POLICIES}
+
+
+def check_idle_policies(*named: tuple[str, str | None]) -> None:
+    """Each (name, policy) given (not None) is one of IDLE_POLICIES, else a ValueError naming it."""
+    for name, value in named:
+        if value is not None and value not in IDLE_POLICIES:
+            raise ValueError(f"{name} must be none, even or usage; got {value!r}")
 
 
 def idle_policy_of(client, db: str, filters: dict[str, Any]) -> tuple[Callable[[str], str], set[str]]:
@@ -158,9 +167,7 @@ def idle_policy_of(client, db: str, filters: dict[str, Any]) -> tuple[Callable[[
     with the version (§7: a versioned definition), else `ledger_idle_redistribution` (the running
     ledger's), else none; and the policies a row can have."""
     override, fallback = filters.get("idle_redistribution"), filters.get("ledger_idle_redistribution") or "none"
-    for name, value in (("idle_redistribution", override), ("ledger_idle_redistribution", fallback)):
-        if value is not None and value not in IDLE_POLICIES:
-            raise ValueError(f"{name} must be none, even or usage; got {value!r}")
+    check_idle_policies(("idle_redistribution", override), ("ledger_idle_redistribution", fallback))
     if override:
         return (lambda dv: override), {override}
     recorded = definition_idle_policies(client, db)

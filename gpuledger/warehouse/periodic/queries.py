@@ -78,7 +78,6 @@ def money_total(rows: Sequence[dict], key: str) -> float | str:
     return "; ".join(f"{total([r for r in rows if r['currency'] == c], key):,.2f} {c}" for c in found)
 
 
-IDLE_POLICIES = ("none", "even", "usage")
 
 
 def tenant_costs(client, database: str, start: dt.date, end: dt.date, *, idle_redistribution: str | None = None,
@@ -88,10 +87,8 @@ def tenant_costs(client, database: str, start: dt.date, end: dt.date, *, idle_re
     [idle] policy says (`ledger_idle_redistribution` for a version with none recorded), every row's as
     `idle_redistribution` says where given; cluster_idle_cost and billed_total_cost where a row shares
     it. `currency`: the ledger's, for versions with none recorded."""
-    for name, policy in (("idle_redistribution (--idle-redistribution)", idle_redistribution),
-                         ("ledger_idle_redistribution", ledger_idle_redistribution)):
-        if policy is not None and policy not in IDLE_POLICIES:
-            raise ValueError(f"{name} must be none, even or usage; got {policy!r}")
+    base.check_idle_policies(("idle_redistribution (--idle-redistribution)", idle_redistribution),
+                             ("ledger_idle_redistribution", ledger_idle_redistribution))
     bills = fill_unknown_currency(base.fetch(client, database, "bills", day_from=start, day_to=end,
                                              idle_redistribution=idle_redistribution or None,
                                              ledger_idle_redistribution=ledger_idle_redistribution or "none",
