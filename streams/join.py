@@ -55,7 +55,7 @@ from gpuledger.schemas.models import (
     NodeTick,
 )
 from gpuledger.streams.attribution import Holder, RecordMaker, whole_gpu_util, whole_pieces
-from gpuledger.streams.checks import DAY_MS, MIN_EVENT_MS, time_problem  # noqa: F401 (re-exported)
+from gpuledger.streams.checks import DAY_MS, MIN_EVENT_MS, tick_gpus_problem, time_problem  # noqa: F401 (re-exported)
 from gpuledger.streams.execution import ExecutionJudge
 from gpuledger.streams.pricing import LedgerConfig
 from gpuledger.streams.router import RUNNING_KINDS
@@ -66,7 +66,8 @@ log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------- input checks
-# The time window lives in streams/checks.py, shared with the sink (one set of rules).
+# The time window and a tick's GPU list are judged in streams/checks.py, shared with the sink
+# (one set of rules).
 
 
 def check_tick(tick: MeteredTick | NodeTick, watermark_ms: int, max_ahead_ms: int = 7 * DAY_MS,
@@ -74,17 +75,7 @@ def check_tick(tick: MeteredTick | NodeTick, watermark_ms: int, max_ahead_ms: in
     """Semantic checks the schema cannot make; returns the reason a tick is unusable, or None.
     `now_ms`: the caller's clock at receipt (judges the future also before the first watermark)."""
     problem = time_problem(f"tick of {tick.node}", tick.ts_ms, watermark_ms, max_ahead_ms, now_ms)
-    if problem:
-        return problem
-    seen: set[str] = set()
-    for gpu in tick.gpus:
-        if gpu.gpu_uuid in seen:
-            return f"inconsistent tick: {tick.node} ts_ms={tick.ts_ms} lists GPU {gpu.gpu_uuid} twice"
-        seen.add(gpu.gpu_uuid)
-        if gpu.mem_used_bytes is not None and gpu.mem_total_bytes is not None and gpu.mem_used_bytes > gpu.mem_total_bytes:
-            return (f"inconsistent tick: {tick.node} GPU {gpu.gpu_uuid} uses {gpu.mem_used_bytes} bytes of "
-                    f"{gpu.mem_total_bytes}")
-    return None
+    return problem or tick_gpus_problem(tick)
 
 
 def check_event(event: JobEvent, watermark_ms: int, max_ahead_ms: int = 7 * DAY_MS,

@@ -11,7 +11,7 @@ import orjson
 from gpuledger.schemas.models import JobEvent, JobProgress, LifecycleWatermark, NodeTick, SchedulerSnapshot, UsageBatch
 from gpuledger.schemas.models import Alert, ReclaimSuggestion
 from gpuledger.schemas.wire import DecodeError, decode, decode_lifecycle, decode_metered_ticks, decode_node_ticks
-from gpuledger.streams.checks import DAY_MS, rows_problem, time_problem
+from gpuledger.streams.checks import DAY_MS, rows_problem, tick_gpus_problem, time_problem
 
 
 
@@ -251,7 +251,8 @@ def sample_rows(raw: bytes, source: Source, *, now_ms: int | None = None,
     bad: list[object] = []
     for tick, problem, item in ticks:
         if tick is not None:
-            problem = time_problem(f"tick of {tick.node}", tick.ts_ms, 0, max_ahead_ms, now_ms)
+            problem = time_problem(f"tick of {tick.node}", tick.ts_ms, 0, max_ahead_ms, now_ms) \
+                or tick_gpus_problem(tick)
         if problem is None:
             mine = {"gpu_health": health_rows(tick, source), "node_inventory": [inventory_row(tick, source)]}
             problem = rows_problem(mine)

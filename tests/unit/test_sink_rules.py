@@ -4,6 +4,8 @@ errors retried through the polling wait, progress seq from offsets, and re-emitt
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from gpuledger.schemas.models import QueueState, SchedulerSnapshot
@@ -231,3 +233,32 @@ def test_a_bad_tick_costs_only_itself_and_a_batch_the_worker_cannot_read_is_reje
     # a metered field out of range: the worker rejects the whole message, so does the sink
     with pytest.raises(DecodeError, match="ticks.1.gpus.0.util_gpu_pct"):
         process_message(SAMPLES, batch(lambda t: t["gpus"][0].update(util_gpu_pct=500.0)), src, now_ms=now)
+
+
+def test_the_sink_rejects_the_ticks_the_worker_finds_inconsistent():
+    """A tick listing a GPU twice, or one using more memory than it has, is dead-lettered by the
+    worker (streams/join.py check_tick): the sink must not store its health and inventory rows
+    either, or gpu_health would hold a tick the bills never saw."""
+    from gpuledger.schemas.models import GpuSample, NodeTick, NodeTickBatch
+    from gpuledger.sink.rows import SAMPLES
+    from gpuledger.streams.join import check_tick
+
+    def gpu(uuid, used=None):
+        return GpuSample(gpu_uuid=uuid, index=0, model="A100", util_gpu_pct=5.0,
+                         mem_used_bytes=used, mem_total_bytes=80 if used is not None else None)
+
+    twice = NodeTick(cluster="c", node="n", ts_ms=T0 + 5000, interval_ms=5000, gpus=[gpu("G"), gpu("G")])
+    too_full = NodeTick(cluster="c", node="n", ts_ms=T0 + 10_000, interval_ms=5000, gpus=[gpu("G", used=81)])
+    good = NodeTick(cluster="c", node="n", ts_ms=T0, interval_ms=5000, gpus=[gpu("G", used=80)])
+    src, now = Source("p.gpu-samples", 0, 5), T0 + 60_000
+    for bad in (twice, too_full):
+        worker_says = check_tick(bad, 0, now_ms=now)
+        assert worker_says and worker_says.startswith("inconsistent tick")
+        with pytest.raises(DecodeError, match=re.escape(worker_says)):
+            process_message(SAMPLES, encode(bad), src, now_ms=now)
+    rows = process_message(SAMPLES, encode(NodeTickBatch(node="n", ticks=[good, twice, too_full])), src, now_ms=now)
+    assert [r["ts_ms"] for r in rows["gpu_health"]] == [T0] and len(rows["node_inventory"]) == 1
+    reason, bad_ticks = rows.rejected
+    assert reason.startswith("inconsistent tick: n ts_ms=") and "lists GPU G twice" in reason
+    assert reason.endswith("(2 of the batch's 3 ticks rejected; the others stored)")
+    assert [t["ts_ms"] for t in bad_ticks] == [T0 + 5000, T0 + 10_000]
