@@ -190,3 +190,39 @@ def test_unknown_report_and_job(client):
         pr.build_report(client, DB, "daily")
     with pytest.raises(ValueError, match="no job"):
         pr.build_report(client, DB, "job", job_id="nope")
+
+
+def test_a_release_named_by_two_suggestions_is_reclaimed_once(client):
+    """The watcher may name a job again in a later suggestion (the first withdrawn when the waiting work
+    went away, a second opened when it came back): the job's one release is reclaimed once, at the
+    latest suggestion's rate and follow span, not once per suggestion."""
+    from gpuledger.schemas.models import ReclaimSuggestion, SuggestedJob, WaitingDemand
+    from gpuledger.sink.rows import suggestion_row
+
+    db = "ledger_periodic_reclaim"  # its own database: the other tests' weekly figures stay as they are
+    warehouse.migrate(client, db)
+    warehouse.insert_rows(client, "usage_raw", usage_rows(UsageBatch(node="n", records=USAGE), Source("u", 0, 0)),
+                          database=db)
+    warehouse.insert_rows(client, "job_events", [job_event_row(e, Source("e", 0, i)) for i, e in enumerate(EVENTS)],
+                          database=db)
+
+    def suggestion(sid, minute, withdrawn, rate):  # job-1's attempt 0 fails at minute 25: both were followed
+        job = SuggestedJob(job_id="job-1", attempt=0, tenant="t1", gpus=["gpu-A", "gpu-B"], gpus_freed=2.0,
+                           execution_rate=rate, idle_cost_micros=10_000)
+        return ReclaimSuggestion(
+            suggestion_id=sid, definition_version="r/reclaim.v1", cluster="c", queue="q1", status="withdrawn",
+            opened_at_ms=T0 + minute * MIN, withdrawn_at_ms=T0 + withdrawn * MIN, execution_rate=rate,
+            window_ms=30 * MIN, jobs=[job], gpus_freed=2.0, currency="EUR", message="m", idle_cost_micros=10_000,
+            waiting_demand=WaitingDemand(gpus=2.0, jobs=1, priority=10, queues=["q2"], snapshot_ms=T0))
+
+    warehouse.insert_rows(client, "reclaim_suggestions", [
+        suggestion_row(s, Source("s", 0, i)) for i, s in enumerate(
+            [suggestion("first", 10, 15, 0.5), suggestion("second", 20, 26, 0.25)])], database=db)
+    wk = pr.build_report(client, db, "weekly", followed_within_s=3600.0)
+    # once, from the second suggestion: 2 GPUs x (1 - 0.25) from the release (25) to 20 + 60 min, at
+    # job-1's idle cost of 1000 micros a GPU-minute (0.06 a GPU-hour)
+    (row,) = wk.section("Reclaimed on followed reclaim suggestions").rows
+    assert (row["job_id"], row["suggested_at"]) == ("job-1", "2026-11-02 00:20")
+    assert row["reclaimed_gpu_hours"] == pytest.approx(2 * 0.75 * 55 / 60)
+    assert wk.summary["reclaimed_gpu_hours"] == pytest.approx(2 * 0.75 * 55 / 60)
+    assert wk.summary["estimated_savings"] == pytest.approx(2 * 0.75 * 55 / 60 * 0.06)

@@ -286,10 +286,12 @@ def idle_by_queue(client, database: str, start: dt.date, end: dt.date) -> dict[s
 
 
 def followed_suggestions(client, database: str, start: dt.date, end: dt.date, within_s: float) -> list[dict]:
-    """Jobs released on a reclaim suggestion (docs/alerts.md, "Followed suggestions"): every job a
-    suggestion opened in [start, end] named that ended (completed, failed, preempted, cancelled)
+    """Jobs released on a reclaim suggestion (docs/alerts.md, "Followed suggestions"): every job attempt
+    a suggestion opened in [start, end] named that ended (completed, failed, preempted, cancelled)
     within `within_s` after it opened, with its GPUs, its execution rate then, when it ended, and what
-    an idle GPU-hour of it cost (its idle cost / its idle GPU-hours, from usage)."""
+    an idle GPU-hour of it cost (its idle cost / its idle GPU-hours, from usage). One row per released
+    attempt, from the latest suggestion that named it before it ended: a job named again by a later
+    suggestion (the first withdrawn, then demand back) released its GPUs once."""
     db = quoted_database(database)
     return query(client, f"""
         WITH named AS (
@@ -311,13 +313,20 @@ def followed_suggestions(client, database: str, start: dt.date, end: dt.date, wi
             FROM {db}.usage_raw WHERE (cluster, job_id) IN (SELECT cluster, job_id FROM named)
             GROUP BY cluster, job_id, attempt
         )
-        SELECT n.queue AS queue, n.job_id AS job_id, n.attempt AS attempt, n.opened_at_ms AS suggested_ms,
-               e.end_ms AS released_ms, n.gpus_freed AS gpus_freed, n.rate AS execution_rate,
-               if(ifNull(i.idle_gpu_ms, 0) = 0, 0, i.idle_cost_micros / 1e6 / (i.idle_gpu_ms / 3600000)) AS idle_cost_per_gpu_hour
-        FROM named AS n
-        INNER JOIN ended AS e ON e.cluster = n.cluster AND e.job_id = n.job_id AND e.attempt = n.attempt
-        LEFT JOIN idle AS i ON i.cluster = n.cluster AND i.job_id = n.job_id AND i.attempt = n.attempt
-        WHERE e.end_ms >= n.opened_at_ms AND e.end_ms <= n.opened_at_ms + {{within:Int64}}
+        SELECT queue, job_id, attempt, suggested_ms, released_ms, gpus_freed, execution_rate, idle_cost_per_gpu_hour
+        FROM (
+            SELECT n.cluster AS cluster, n.queue AS queue, n.job_id AS job_id, n.attempt AS attempt,
+                   n.opened_at_ms AS suggested_ms, e.end_ms AS released_ms, n.gpus_freed AS gpus_freed,
+                   n.rate AS execution_rate,
+                   if(ifNull(i.idle_gpu_ms, 0) = 0, 0, i.idle_cost_micros / 1e6 / (i.idle_gpu_ms / 3600000))
+                       AS idle_cost_per_gpu_hour
+            FROM named AS n
+            INNER JOIN ended AS e ON e.cluster = n.cluster AND e.job_id = n.job_id AND e.attempt = n.attempt
+            LEFT JOIN idle AS i ON i.cluster = n.cluster AND i.job_id = n.job_id AND i.attempt = n.attempt
+            WHERE e.end_ms >= n.opened_at_ms AND e.end_ms <= n.opened_at_ms + {{within:Int64}}
+            ORDER BY suggested_ms DESC
+            LIMIT 1 BY cluster, job_id, attempt
+        )
         ORDER BY suggested_ms, queue, job_id, attempt""", {"d0": start, "d1": end, "within": int(within_s * 1000)})
 
 
