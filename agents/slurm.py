@@ -13,7 +13,8 @@ Rules (docs/slurm.md explains each):
   poll time, so the ledger's allocated GPU-seconds equal sacct's `gres/gpu × Elapsed`.
 - Canonical job id: the Slurm job id, or `<array_job_id>_<array_task_id>` for an array task.
 - Attempt: Slurm's restart count. A requeue (by an admin or by preemption) ends the attempt at the
-  requeue time (Slurm resets submit_time to it) with `preempted`, then `retried` opens the next.
+  requeue time (Slurm resets submit_time to it) with `preempted`, then `retried` opens the next
+  (only `retried` for a job requeued after it finished: its attempt has its outcome).
 - Event ids are deterministic (`slurm:<cluster>:<job>:<attempt>:<kind>`): a restarted agent that
   emits an event again produces a duplicate the ledger drops.
 - Watermark: the second the poll started (Slurm stamps events with the controller's clock when it
@@ -412,12 +413,15 @@ def parse_job(job: Mapping[str, Any]) -> SlurmJob | None:
         raise SlurmInputError(f"job {raw}: gres_detail is {gres_detail!r}, expected a list")
     priority = _int(job, "priority", 0) or 0
     requested = tres_gpus(str(job.get("tres_req_str") or "")) or tres_gpus(str(job.get("tres_alloc_str") or ""))
+    # A job submitted to several partitions is listed with all of them while it waits ('prod,batch'),
+    # with the one it runs in once it runs: a queue is one partition, so it waits in the first listed.
+    queue = str(job.get("partition") or "").split(",")[0].strip() or "unknown"
     return SlurmJob(
         job_id=f"{array_job}_{array_task}" if array_task is not None and array_job else str(raw),
         raw_id=raw, array_job_id=array_job, array_task_id=array_task, state=state,
         reason=str(job.get("state_reason") or "None"),
         tenant=str(job.get("account") or "") or "unknown",
-        queue=str(job.get("partition") or "") or "unknown",
+        queue=queue,
         priority=min(priority, PRIORITY_MAX), raw_priority=priority,
         requested_gpus=requested,
         attempt=_int(job, "restart_cnt", 0) or 0,
@@ -586,7 +590,7 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
     if js is None:
         js = state.jobs[job.job_id] = JobState(raw_id=job.raw_id, attempt=job.attempt, queue=job.queue,
                                                tenant=job.tenant)
-    if js.finished:
+    if js.finished and job.attempt <= js.attempt:
         return
     if not js.submitted:
         out.emit(job, JobEventKind.submitted, job.submit_ms)
@@ -600,7 +604,9 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
         # new restart count a moment before the new submit_time (seen: the old one, 4 s before the
         # requeue): then the requeue time is not known yet, so the job waits for the next poll and holds
         # the watermark; after REQUEUE_WAIT_POLLS the latest time already promised stands in for it.
-        stale = js.allocated and not js.ended and job.submit_ms <= js.alloc_start_ms
+        # A finished job can be requeued too (`scontrol requeue` of a COMPLETED/FAILED batch job,
+        # RequeueExit): it reopens; its old attempt has its outcome already, so no `preempted`.
+        stale = js.allocated and job.submit_ms <= js.alloc_start_ms
         if stale and js.requeue_wait_polls < REQUEUE_WAIT_POLLS:
             js.requeue_wait_polls += 1
             hold_ms.append(promised_ms)
@@ -664,6 +670,7 @@ def _requeue(job: SlurmJob, js: JobState, state: AgentState, out: _Emitter, *, r
     for attempt in range(js.attempt + 1, new_attempt + 1):
         out.emit(job, JobEventKind.retried, retried_ms, attempt=attempt, reason="requeued by Slurm")
     js.attempt, js.allocated, js.ended, js.nodes, js.alloc_start_ms = new_attempt, False, False, [], 0
+    js.finished = False  # a finished job requeued runs again
     js.queued_events, js.queued_reason = 0, ""  # `retried` queued it; reasons follow
 
 
@@ -768,9 +775,7 @@ def build_snapshot(squeue: Any, sinfo: Any, *, cluster: str, ts_ms: int, tiers: 
             allocated[job.queue] = allocated.get(job.queue, 0.0) + sum(
                 len(gpu_indices(d)) for d in job.gres_detail)
         elif job.state in PENDING_STATES:
-            # a job submitted to several partitions ('batch,prod') waits in the first
-            q = job.queue.split(",")[0]
-            slot = pending.setdefault(q, {}).setdefault(job.priority, [0, 0.0])
+            slot = pending.setdefault(job.queue, {}).setdefault(job.priority, [0, 0.0])
             slot[0] += 1
             slot[1] += job.requested_gpus
     queues = []

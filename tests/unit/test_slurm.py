@@ -98,6 +98,90 @@ def test_a_requeue_whose_submit_time_never_moves_ends_at_the_promised_watermark(
             assert not ends and r.watermark.ts_ms == promised
     assert [e.ts_ms for e in ends] == [promised]  # late rather than never; never behind the watermark
 
+
+# --------------------------------------------------------------------------- a finished job requeued
+def _job_42(state: str, attempt: int, submit: int, start: int = 0, end: int = 0, gres: tuple = (),
+            nodes: str = "", reason: str = "None") -> dict:
+    """A hand-made squeue record of batch job 42 (2 GPUs), as Slurm 22.05 writes one."""
+    return {"job_id": 42, "job_state": state, "state_reason": reason, "account": "teama", "partition": "batch",
+            "priority": 100, "restart_cnt": attempt, "submit_time": submit, "start_time": start, "end_time": end,
+            "nodes": nodes, "gres_detail": list(gres), "exit_code": 0,
+            "tres_req_str": "cpu=1,node=1,billing=1,gres/gpu=2", "array_job_id": 0, "array_task_id": None,
+            "array_task_string": "", "last_sched_evaluation": submit}
+
+
+T42 = 1796090000
+#: (agent clock in s, the record) of each poll: attempt 0 runs and completes, `scontrol requeue 42`
+#: (Slurm: PENDING, restart_cnt 1, submit_time = the requeue time), attempt 1 runs and completes
+REQUEUED_AFTER_IT_FINISHED = [
+    (T42 + 5, _job_42("RUNNING", 0, T42, T42 + 1, T42 + 1000, ["gpu:a100:2(IDX:0-1)"], "gpu01")),
+    (T42 + 20, _job_42("COMPLETED", 0, T42, T42 + 1, T42 + 15, [], "gpu01")),
+    (T42 + 30, _job_42("PENDING", 1, T42 + 25, reason="BeginTime")),
+    (T42 + 60, _job_42("RUNNING", 1, T42 + 25, T42 + 50, T42 + 2000, ["gpu:a100:2(IDX:2-3)"], "gpu01")),
+    (T42 + 90, _job_42("COMPLETED", 1, T42 + 25, T42 + 50, T42 + 85, [], "gpu01")),
+]
+
+
+def test_a_job_requeued_after_it_finished_gets_its_next_attempt():
+    """`scontrol requeue` of a finished batch job (or RequeueExit) keeps its id and runs it again:
+    the new attempt is retried, allocated its GPUs and ended; the old one keeps its outcome."""
+    state, polls = AgentState(), []
+    for now, record in REQUEUED_AFTER_IT_FINISHED:
+        state = AgentState.from_json(json.loads(json.dumps(state.to_json())))  # through the state file
+        r = translate({"jobs": [record]}, state, cluster="c", poll_started_ms=now * 1000)
+        polls.append([(e.event_id.removeprefix("slurm:c:42:"), e.ts_ms // 1000 - T42) for e in r.events])
+        state = r.state
+    assert polls[1] == [("0:completed", 15)]
+    assert polls[2] == [("1:retried", 25), ("1:queued", 25)]  # no `preempted`: attempt 0 had its outcome
+    assert polls[3] == [("1:allocated", 50), ("1:started", 50)]
+    assert polls[4] == [("1:completed", 85)]
+    assert state.jobs["42"].finished and state.jobs["42"].attempt == 1
+    again = translate({"jobs": [REQUEUED_AFTER_IT_FINISHED[-1][1]]}, state, cluster="c",
+                      poll_started_ms=(T42 + 95) * 1000)
+    assert again.events == []
+
+
+def test_a_finished_job_requeue_shown_before_its_new_submit_time_waits_for_it():
+    state = AgentState()
+    for now, record in REQUEUED_AFTER_IT_FINISHED[:2]:
+        state = translate({"jobs": [record]}, state, cluster="c", poll_started_ms=now * 1000).state
+    promised = state.watermark_ms
+    stale = translate({"jobs": [_job_42("PENDING", 1, T42, reason="BeginTime")]}, state, cluster="c",
+                      poll_started_ms=(T42 + 29) * 1000)
+    assert stale.events == [] and stale.watermark.ts_ms == promised  # no retry before attempt 0's end
+    now, record = REQUEUED_AFTER_IT_FINISHED[2]
+    r = translate({"jobs": [record]}, stale.state, cluster="c", poll_started_ms=now * 1000)
+    assert [(e.event_id, e.ts_ms) for e in r.events][0] == ("slurm:c:42:1:retried", (T42 + 25) * 1000)
+
+
+def test_a_finished_job_requeued_between_two_polls_gets_its_next_attempt():
+    """Requeued, run and finished again between two polls: retried, the allocation without GPU
+    indices (not seen), the outcome."""
+    state = AgentState()
+    for now, record in REQUEUED_AFTER_IT_FINISHED[:2]:
+        state = translate({"jobs": [record]}, state, cluster="c", poll_started_ms=now * 1000).state
+    now, record = REQUEUED_AFTER_IT_FINISHED[-1]
+    r = translate({"jobs": [record]}, state, cluster="c", poll_started_ms=now * 1000)
+    assert [e.event_id.removeprefix("slurm:c:42:") for e in r.events] == [
+        "1:retried", "1:allocated", "1:started", "1:completed"]
+
+
+def test_a_forgotten_finished_job_that_reappears_requeued_gets_only_its_new_attempt():
+    """A finished job that left squeue is forgotten; should it come back requeued (Slurm purges a
+    job before it can be requeued, so this takes squeue output that hid it), the new attempt is
+    published as a job first seen, and nothing of attempt 0 again."""
+    state = AgentState()
+    for now, record in REQUEUED_AFTER_IT_FINISHED[:2]:
+        state = translate({"jobs": [record]}, state, cluster="c", poll_started_ms=now * 1000).state
+    state = translate({"jobs": []}, state, cluster="c", poll_started_ms=(T42 + 22) * 1000).state
+    assert "42" not in state.jobs
+    emitted = []
+    for now, record in REQUEUED_AFTER_IT_FINISHED[2:]:
+        r = translate({"jobs": [record]}, state, cluster="c", poll_started_ms=now * 1000)
+        emitted += [e.event_id.removeprefix("slurm:c:42:") for e in r.events]
+        state = r.state
+    assert emitted == ["1:submitted", "1:queued", "1:allocated", "1:started", "1:completed"]
+
 # --------------------------------------------------------------------------- parsers
 @pytest.mark.parametrize("expr, names", [
     ("gpu01", ["gpu01"]),

@@ -1,6 +1,6 @@
 """The Slurm agent on Slurm output it must survive: bytes that are not UTF-8, GPUs on non-adjacent
-sockets, job records it cannot read, and the number objects of Slurm 23.02+ JSON
-(tests/fixtures/slurm/README.md says where each fixture comes from)."""
+sockets, job records it cannot read, the number objects of Slurm 23.02+ JSON, and a job submitted to
+several partitions (tests/fixtures/slurm/README.md says where each fixture comes from)."""
 
 from __future__ import annotations
 
@@ -133,3 +133,29 @@ def test_number_objects_of_slurm_23_02_read_as_plain_numbers():
     # Slurm 23.11 lists state and flags (["RUNNING"]): not read, and said so, rather than taken for no state
     with pytest.raises(SlurmInputError, match="job_state is"):
         parse_jobs({"jobs": [{"job_id": 9, "job_state": ["RUNNING"]}]})
+
+
+# --------------------------------------------------------------------------- several partitions
+def _multi_partition_job(state: str, partition: str, start: int = 0, gres: tuple = (), nodes: str = "") -> dict:
+    """Job 3, submitted with `-p prod,batch`: Slurm 22.05 lists both partitions while it pends,
+    the one it runs in once it runs."""
+    return {"job_id": 3, "job_state": state, "state_reason": "Resources" if state == "PENDING" else "None",
+            "account": "teamc", "partition": partition, "priority": 100, "restart_cnt": 0,
+            "submit_time": 1796084000, "start_time": start, "end_time": 0, "nodes": nodes, "gres_detail": list(gres),
+            "exit_code": 0, "tres_req_str": "cpu=1,node=1,billing=1,gres/gpu=1", "array_job_id": 0,
+            "array_task_id": None, "array_task_string": "", "last_sched_evaluation": 1796084000}
+
+
+@pytest.mark.parametrize("runs_in", ["prod", "batch"])
+def test_a_job_submitted_to_several_partitions_waits_in_the_first_listed(runs_in):
+    """Its queue is one partition, never the list: the first listed while it waits (where the
+    snapshot counts it), the one it runs in from its allocation on."""
+    pending = {"jobs": [_multi_partition_job("PENDING", "prod,batch")]}
+    first = translate(pending, AgentState(), cluster="c", poll_started_ms=1796084001_000)
+    assert [(e.kind, e.queue) for e in first.events] == [("submitted", "prod"), ("queued", "prod")]
+    sinfo = json.loads((FIXTURES / "sinfo_running.json").read_text())
+    snap = build_snapshot(pending, sinfo, cluster="c", ts_ms=1796084001_000)
+    assert {q.queue: q.pending_jobs for q in snap.queues} == {"batch": 0, "prod": 1}
+    running = {"jobs": [_multi_partition_job("RUNNING", runs_in, 1796084050, ["gpu:a100:1(IDX:0)"], "gpu01")]}
+    later = translate(running, first.state, cluster="c", poll_started_ms=1796084060_000)
+    assert [(e.kind, e.queue) for e in later.events] == [("allocated", runs_in), ("started", runs_in)]
