@@ -12,9 +12,9 @@ recorded one applies and its version is named beside every figure. Tables and vi
 Energy is summed per hour before the intensity is joined (docs/carbon.md "Closed days"): closed days
 from `closed_energy`, which the bill close writes (sql/0023, gpuledger/warehouse/bills.py), open days
 from usage_raw; only days whose zone's series changes within an hour (`carbon_record_days`) are worked
-out record by record. The definition and the series are applied when a figure is read. The pieces
-below build the reports' carbon (gpuledger/warehouse/reports.py), which read the open days' records
-once for money and carbon.
+out record by record, a closed one only while usage_raw still holds its records (sql/0041). The
+definition and the series are applied when a figure is read. The pieces below build the reports'
+carbon (gpuledger/warehouse/reports.py), which read the open days' records once for money and carbon.
 """
 
 from __future__ import annotations
@@ -147,8 +147,10 @@ def definition_params(definition: dict | None) -> dict:
 
 
 def record_days(client, database: str) -> dict[str, list[dt.date]]:
-    """{cluster: days} worked out record by record (sql/0023 carbon_record_days: the zone's series changes
-    within an hour on those days); empty without a definition, and wherever series change on the hour."""
+    """{cluster: days} worked out record by record (carbon_record_days, sql/0023 and 0041: the zone's series
+    changes within an hour on those days; a closed day only while usage_raw holds as many rows for it as
+    closed_energy counted records, else it is read from closed_energy like other closed days); empty
+    without a definition, and wherever series change on the hour."""
     from gpuledger.warehouse.bills import days_by_cluster
 
     return days_by_cluster(client, f"SELECT cluster, day FROM {quoted_database(database)}.carbon_record_days")

@@ -38,6 +38,9 @@ DEMAND_STATES = "('executing', 'allocated_idle')"
 SNAPSHOT_GAP_CAP_S = 3600
 PENDING_MODEL = "(pending: any model)"
 MIN_DAYS = 4
+#: a cluster whose usage horizon is this far behind the newest one stopped sending (decommissioned, or
+#: its agents down): its days are all it will send, so it does not hold the others' history back
+STOPPED_CLUSTER_MS = 2 * 86_400_000
 
 
 @dataclass
@@ -85,6 +88,8 @@ def fit_forecast(values: list[float], horizon: int = HORIZON_DAYS, alpha: float 
 def backtest(values: list[float], holdout: int = 30, alpha: float = ALPHA) -> dict:
     """Fit on all but the last `holdout` days, forecast them, compare: MAE, MAPE (days with demand),
     the share of actual days inside the band, and the error of the holdout's total."""
+    if isinstance(holdout, bool) or not isinstance(holdout, numbers.Integral) or holdout < 1:
+        raise ValueError(f"the holdout (--holdout) is a whole number of days, at least 1, got {holdout!r}")
     if len(values) <= holdout + MIN_DAYS:
         raise ValueError(f"a backtest of {holdout} days needs more than {holdout + MIN_DAYS} days, got {len(values)}")
     train, actual = values[:-holdout], values[-holdout:]
@@ -107,11 +112,15 @@ def _query(client, sql: str, params: dict | None = None) -> list[dict]:
 
 
 def usage_horizon_day(client, database: str) -> dt.date | None:
-    """The first day not complete: the day of the usage horizon (max end_ms of usage_raw, as bills close
-    reads it), still being written. A horizon at exactly midnight starts a day with no usage yet, so the
-    day before is complete. Without usage, the latest scheduler snapshot's day; None without either."""
+    """The first day not complete: the earliest of the clusters' horizon days. A cluster's usage horizon
+    (max end_ms of its usage_raw, as bills close reads it per cluster) lies in the day it is still
+    writing; a cluster whose sink is behind still writes an earlier day than the others, so the history
+    ends before it for all — unless its horizon is STOPPED_CLUSTER_MS behind the newest: it stopped
+    sending. A horizon at exactly midnight starts a day with no usage yet, so the day before is
+    complete. Without usage, the latest scheduler snapshot's day; None without either."""
     db = quoted_database(database)
-    for sql in (f"SELECT count(), max(end_ms) FROM {db}.usage_raw",
+    horizons = f"SELECT h, max(h) OVER () AS newest FROM (SELECT max(end_ms) AS h FROM {db}.usage_raw GROUP BY cluster)"
+    for sql in (f"SELECT count(), min(h) FROM ({horizons}) WHERE h >= newest - {STOPPED_CLUSTER_MS}",
                 f"SELECT count(), max(ts_ms) FROM {db}.scheduler_snapshots"):
         n, horizon_ms = client.query(sql).result_rows[0]
         if n:

@@ -556,8 +556,9 @@ def _exact_days(client, db: str, days: dict[str, list[dt.date]]) -> dict[str, li
 def _read_live_days(client, db: str, definition: dict | None) -> tuple[str, str, str, str, str, dict[str, Any]]:
     """How a report reads live usage (bills.live_usage_sql), the days resolved first (days_condition: no
     per-row set lookups): (days read from usage_by_job_hourly: open days where it is exact, not record
-    days; days read from usage_raw: the other open days, and the days of carbon_record_days; whether a
-    row's day is open; the raw rows' carbon time bucket; the record days; their parameters)."""
+    days; days read from usage_raw: the other open days, and the days of carbon_record_days (closed ones
+    only while usage_raw holds their records: carbon.record_days); whether a row's day is open; the raw
+    rows' carbon time bucket; the record days; their parameters)."""
     from gpuledger.warehouse import bills as b
     from gpuledger.warehouse import carbon
 

@@ -1,7 +1,8 @@
 """Training signals in the job health report (docs/planning.md, "Training signals").
 
-The views of sql/0021 join a job's progress reports (line 4) to its usage and lifecycle events; this
-module reads them for one job and turns them into report sections. The judgement ("busy but not
+The views of sql/0021 (keyed by cluster since sql/0042) join a job's progress reports (line 4) to its
+usage and lifecycle events; this module reads them for one job id, a row per cluster it ran in, and turns
+them into report sections. The judgement ("busy but not
 productive", "rank spread") is pure (`busy_not_productive`, `rank_spread`) and tested on plain rows.
 """
 
@@ -59,45 +60,50 @@ def training_sections(client, database: str, job_id: str) -> tuple[dict, list]:
 
     db = quoted_database(database)
     p = {"job": str(job_id)}
+    # Slurm numbers jobs per cluster: a job id of two clusters is two jobs, each with its own rows (sql/0042)
     signals = _query(client, f"""
-        SELECT attempt, reports, steps, tokens, span_seconds, span_gpu_hours, span_cost, cost_per_step,
+        SELECT cluster, attempt, reports, steps, tokens, span_seconds, span_gpu_hours, span_cost, cost_per_step,
                cost_per_million_tokens, last_loss, checkpoints, checkpoint_seconds,
-               checkpoint_seconds / nullIf(span_seconds, 0) AS checkpoint_share
-        FROM {db}.job_training_signals WHERE job_id = {{job:String}} ORDER BY attempt""", p)
+               checkpoint_seconds / nullIf(span_seconds, 0) AS checkpoint_share, last_ms
+        FROM {db}.job_training_signals WHERE job_id = {{job:String}} ORDER BY cluster, attempt""", p)
     if not signals:
         return {}, []
     windows = _query(client, f"""
-        SELECT attempt, window_start, steps, seconds, steps_per_s, tokens_per_s, util_pct
-        FROM {db}.job_progress_windows WHERE job_id = {{job:String}} ORDER BY attempt, window_start""", p)
+        SELECT cluster, attempt, window_start, steps, seconds, steps_per_s, tokens_per_s, util_pct
+        FROM {db}.job_progress_windows WHERE job_id = {{job:String}} ORDER BY cluster, attempt, window_start""", p)
     ranks = _query(client, f"""
-        SELECT attempt, rank, mean_step_time_ms, reports FROM {db}.job_rank_step_times
-        WHERE job_id = {{job:String}} ORDER BY attempt, rank""", p)
+        SELECT cluster, attempt, rank, mean_step_time_ms, reports FROM {db}.job_rank_step_times
+        WHERE job_id = {{job:String}} ORDER BY cluster, attempt, rank""", p)
     hints, spreads = [], []
     for s in signals:
-        a = s["attempt"]
-        found = busy_not_productive([w for w in windows if w["attempt"] == a])
+        key = (s["cluster"], s["attempt"])
+        where = {"cluster": s["cluster"], "attempt": s["attempt"]}
+        found = busy_not_productive([w for w in windows if (w["cluster"], w["attempt"]) == key])
         if found:
-            hints.append({"attempt": a, "hint": "busy but not productive",
+            hints.append({**where, "hint": "busy but not productive",
                           "detail": f"{found['last_steps_per_s']:.3g} steps/s in the last window vs "
                                     f"{found['best_steps_per_s']:.3g} at best ({found['rate_share']:.0%}) while the "
                                     f"GPUs stay {found['util_pct']:.0f}% busy"})
-        spread = rank_spread([r for r in ranks if r["attempt"] == a])
+        spread = rank_spread([r for r in ranks if (r["cluster"], r["attempt"]) == key])
         if spread:
-            spreads.append({"attempt": a, **spread})
+            spreads.append({**where, **spread})
             if spread["spread"] >= RANK_SPREAD_HINT:
-                hints.append({"attempt": a, "hint": "slow rank",
+                hints.append({**where, "hint": "slow rank",
                               "detail": f"rank {spread['slowest_rank']} takes {spread['slowest_step_time_ms']:.0f} ms "
                                         f"per step, {spread['spread']:.0%} more than rank {spread['fastest_rank']}"})
         if s["checkpoint_share"] and s["checkpoint_share"] >= 0.1:
-            hints.append({"attempt": a, "hint": "checkpoint time",
+            hints.append({**where, "hint": "checkpoint time",
                           "detail": f"{s['checkpoint_seconds'] / 60:.1f} min in {s['checkpoints']} checkpoint(s), "
                                     f"{s['checkpoint_share']:.0%} of the reported span"})
-    last = signals[-1]
+    # the summary's figures: the attempt that reported last (of any cluster the job id ran in)
+    last = max(signals, key=lambda s: (s["last_ms"], s["attempt"]))
+    for s in signals:
+        del s["last_ms"]
     summary = {"cost_per_step": last["cost_per_step"], "cost_per_million_tokens": last["cost_per_million_tokens"],
                "checkpoint_share": last["checkpoint_share"]}
     sections = [
-        Section("Training signals", signals, "per attempt, between its first and last progress report: cost of "
-                "its GPU time over that span per step and per million tokens; time in checkpoints"),
+        Section("Training signals", signals, "per cluster and attempt, between its first and last progress report: "
+                "cost of its GPU time over that span per step and per million tokens; time in checkpoints"),
         Section("Step rate per window", windows, "10-minute windows: steps per second beside the GPUs' "
                 "utilization (busy vs productive)", Plot("line", "window_start", ["steps_per_s"])),
         Section("Rank step-time spread", spreads, "(slowest - fastest) / fastest mean step time per attempt"),

@@ -356,17 +356,69 @@ CREATE VIEW {db}.carbon_record_days
     `cluster` LowCardinality(String),
     `day` Date
 )
-AS SELECT DISTINCT
-    c.cluster AS cluster,
-    c.day AS day
-FROM {db}.usage_capacity_daily AS c
-CROSS JOIN {db}.carbon_definition_current AS d
-WHERE (if(mapContains(d.zones, toString(c.cluster)), d.zones[toString(c.cluster)], toString(c.cluster)), c.day) IN (
+AS WITH
+    within_hour AS
+    (
+        SELECT DISTINCT
+            c.cluster AS cluster,
+            c.day AS day
+        FROM {db}.usage_capacity_daily AS c
+        CROSS JOIN {db}.carbon_definition_current AS d
+        WHERE (if(mapContains(d.zones, toString(c.cluster)), d.zones[toString(c.cluster)], toString(c.cluster)), c.day) IN (
+            SELECT
+                zone,
+                toDate(fromUnixTimestamp64Milli(valid_from_ms, 'UTC'))
+            FROM {db}.carbon_intensity_current
+            WHERE (valid_from_ms % 3600000) != 0
+        )
+    ),
+    closed AS
+    (
+        SELECT
+            cluster,
+            day,
+            sum(records) AS records
+        FROM {db}.closed_energy
+        WHERE (bill_run_id IN (
+            SELECT bill_run_id
+            FROM {db}.bill_runs
+        )) AND ((cluster, day) IN (
+            SELECT
+                cluster,
+                day
+            FROM within_hour
+        ))
+        GROUP BY
+            cluster,
+            day
+    )
+SELECT
+    cluster,
+    day
+FROM within_hour
+WHERE (cluster, day) NOT IN (
     SELECT
-        zone,
-        toDate(fromUnixTimestamp64Milli(valid_from_ms, 'UTC'))
-    FROM {db}.carbon_intensity_current
-    WHERE (valid_from_ms % 3600000) != 0
+        e.cluster,
+        e.day
+    FROM closed AS e
+    LEFT JOIN
+    (
+        SELECT
+            cluster,
+            day,
+            count() AS held
+        FROM {db}.usage_raw
+        WHERE (cluster, day) IN (
+            SELECT
+                cluster,
+                day
+            FROM closed
+        )
+        GROUP BY
+            cluster,
+            day
+    ) AS r ON (e.cluster = r.cluster) AND (e.day = r.day)
+    WHERE r.held < e.records
 );
 
 CREATE TABLE {db}.closed_cluster_idle
@@ -1284,12 +1336,14 @@ SETTINGS index_granularity = 8192, non_replicated_deduplication_window = 1000;
 
 CREATE VIEW {db}.job_checkpoint_time
 (
+    `cluster` String,
     `job_id` String,
     `attempt` UInt32,
     `checkpoints` UInt64,
     `checkpoint_seconds` Float64
 )
 AS SELECT
+    cluster,
     job_id,
     attempt,
     length(ends) AS checkpoints,
@@ -1297,13 +1351,25 @@ AS SELECT
 FROM
 (
     SELECT
+        cluster,
         job_id,
         attempt,
         arraySort(groupArrayIf(ts_ms, kind = 'checkpoint_begin')) AS begins,
         arraySlice(arraySort(groupArrayIf(ts_ms, kind = 'checkpoint_end')), 1, countIf(kind = 'checkpoint_begin')) AS ends
-    FROM {db}.job_events
-    WHERE kind IN ('checkpoint_begin', 'checkpoint_end')
+    FROM
+    (
+        SELECT DISTINCT
+            cluster,
+            job_id,
+            attempt,
+            kind,
+            ts_ms,
+            event_id
+        FROM {db}.job_events
+        WHERE kind IN ('checkpoint_begin', 'checkpoint_end')
+    )
     GROUP BY
+        cluster,
         job_id,
         attempt
 );
@@ -1786,7 +1852,17 @@ FROM
         gpu_ms
     FROM {db}.idle_stretches_daily
     FINAL
-    WHERE (start_ms != (toInt64(toUInt16(day)) * 86400000)) AND (end_ms != ((toInt64(toUInt16(day)) + 1) * 86400000))
+    WHERE (start_ms != (toInt64(toUInt16(day)) * 86400000)) AND (end_ms < ((toInt64(toUInt16(day)) + 1) * 86400000)) AND ((cluster, job_id, attempt, gpu_uuid, start_ms) NOT IN (
+        SELECT
+            cluster,
+            job_id,
+            attempt,
+            gpu_uuid,
+            end_ms
+        FROM {db}.idle_stretches_daily
+        FINAL
+        WHERE end_ms >= ((toInt64(toUInt16(day)) + 1) * 86400000)
+    ))
     UNION ALL
     SELECT
         cluster,
@@ -1840,7 +1916,17 @@ FROM
                     gpu_ms
                 FROM {db}.idle_stretches_daily
                 FINAL
-                WHERE (start_ms = (toInt64(toUInt16(day)) * 86400000)) OR (end_ms = ((toInt64(toUInt16(day)) + 1) * 86400000))
+                WHERE (start_ms = (toInt64(toUInt16(day)) * 86400000)) OR (end_ms >= ((toInt64(toUInt16(day)) + 1) * 86400000)) OR ((cluster, job_id, attempt, gpu_uuid, start_ms) IN (
+                    SELECT
+                        cluster,
+                        job_id,
+                        attempt,
+                        gpu_uuid,
+                        end_ms
+                    FROM {db}.idle_stretches_daily
+                    FINAL
+                    WHERE end_ms >= ((toInt64(toUInt16(day)) + 1) * 86400000)
+                ))
                 UNION ALL
                 SELECT
                     cluster,
@@ -1927,8 +2013,73 @@ PARTITION BY toYYYYMM(day)
 ORDER BY (job_id, attempt, ts_ms)
 SETTINGS index_granularity = 8192;
 
+CREATE VIEW {db}.job_progress_clustered
+(
+    `cluster` String,
+    `job_id` String,
+    `attempt` UInt32,
+    `ts_ms` Int64,
+    `step` Int64,
+    `samples` Nullable(Int64),
+    `tokens` Nullable(Int64),
+    `epoch` Nullable(Float64),
+    `loss` Nullable(Float64),
+    `step_time_ms` Nullable(Float64),
+    `rank_ids` Array(UInt32),
+    `rank_step_time_ms` Array(Float64)
+)
+AS SELECT
+    if((p.cluster = '') AND (length(k.clusters) = 1), k.clusters[1], toString(p.cluster)) AS cluster,
+    p.job_id AS job_id,
+    p.attempt AS attempt,
+    p.ts_ms AS ts_ms,
+    p.step AS step,
+    p.samples AS samples,
+    p.tokens AS tokens,
+    p.epoch AS epoch,
+    p.loss AS loss,
+    p.step_time_ms AS step_time_ms,
+    p.rank_ids AS rank_ids,
+    p.rank_step_time_ms AS rank_step_time_ms
+FROM {db}.job_progress AS p
+LEFT JOIN
+(
+    SELECT
+        job_id,
+        attempt,
+        groupUniqArray(c) AS clusters
+    FROM
+    (
+        SELECT
+            job_id,
+            attempt,
+            toString(cluster) AS c
+        FROM {db}.job_gpu_usage
+        WHERE job_id IN (
+            SELECT job_id
+            FROM {db}.job_progress
+            WHERE cluster = ''
+        )
+        UNION ALL
+        SELECT
+            job_id,
+            attempt,
+            toString(cluster) AS c
+        FROM {db}.job_progress
+        WHERE (cluster != '') AND (job_id IN (
+            SELECT job_id
+            FROM {db}.job_progress
+            WHERE cluster = ''
+        ))
+    )
+    GROUP BY
+        job_id,
+        attempt
+) AS k ON (p.job_id = k.job_id) AND (p.attempt = k.attempt);
+
 CREATE VIEW {db}.job_progress_deltas
 (
+    `cluster` String,
     `job_id` String,
     `attempt` UInt32,
     `ts_ms` Int64,
@@ -1944,6 +2095,7 @@ CREATE VIEW {db}.job_progress_deltas
     `d_tokens` Int64
 )
 AS SELECT
+    cluster,
     job_id,
     attempt,
     ts_ms,
@@ -1960,6 +2112,7 @@ AS SELECT
 FROM
 (
     SELECT
+        cluster,
         job_id,
         attempt,
         ts_ms,
@@ -1972,12 +2125,13 @@ FROM
         lagInFrame(ts_ms, 1, 0) OVER w AS prev_ts,
         lagInFrame(step, 1, 0) OVER w AS prev_step,
         lagInFrame(coalesce(tokens, 0), 1, 0) OVER w AS prev_tokens
-    FROM {db}.job_progress
-    WINDOW w AS (PARTITION BY job_id, attempt ORDER BY ts_ms ASC ROWS BETWEEN 1 PRECEDING AND CURRENT ROW)
+    FROM {db}.job_progress_clustered
+    WINDOW w AS (PARTITION BY cluster, job_id, attempt ORDER BY ts_ms ASC ROWS BETWEEN 1 PRECEDING AND CURRENT ROW)
 );
 
 CREATE VIEW {db}.job_progress_windows
 (
+    `cluster` String,
     `job_id` String,
     `attempt` UInt32,
     `window_start` DateTime('UTC'),
@@ -1989,6 +2143,7 @@ CREATE VIEW {db}.job_progress_windows
     `util_pct` Nullable(Float64)
 )
 AS SELECT
+    p.cluster AS cluster,
     p.job_id AS job_id,
     p.attempt AS attempt,
     p.window_start AS window_start,
@@ -2001,6 +2156,7 @@ AS SELECT
 FROM
 (
     SELECT
+        cluster,
         job_id,
         attempt,
         window_start,
@@ -2011,6 +2167,7 @@ FROM
     FROM {db}.job_progress_deltas
     WHERE d_ms > 0
     GROUP BY
+        cluster,
         job_id,
         attempt,
         window_start
@@ -2018,24 +2175,28 @@ FROM
 LEFT JOIN
 (
     SELECT
+        toString(cluster) AS cluster,
         job_id,
         attempt,
         toStartOfInterval(fromUnixTimestamp64Milli(start_ms, 'UTC'), toIntervalMinute(10)) AS window_start,
         sumIf(assumeNotNull(util_pct) * gpu_ms, (state = 'executing') AND (util_pct IS NOT NULL)) / nullIf(sumIf(gpu_ms, (state = 'executing') AND (util_pct IS NOT NULL)), 0) AS util_pct
     FROM {db}.usage_raw
+    FINAL
     WHERE job_id IN (
         SELECT DISTINCT job_id
         FROM {db}.job_progress
     )
     GROUP BY
+        cluster,
         job_id,
         attempt,
         window_start
-) AS u ON (p.job_id = u.job_id) AND (p.attempt = u.attempt) AND (p.window_start = u.window_start)
+) AS u ON (p.cluster = u.cluster) AND (p.job_id = u.job_id) AND (p.attempt = u.attempt) AND (p.window_start = u.window_start)
 WHERE p.seconds > 0;
 
 CREATE VIEW {db}.job_rank_step_times
 (
+    `cluster` String,
     `job_id` String,
     `attempt` UInt32,
     `rank` UInt32,
@@ -2043,22 +2204,25 @@ CREATE VIEW {db}.job_rank_step_times
     `reports` UInt64
 )
 AS SELECT
+    cluster,
     job_id,
     attempt,
     rank,
     avg(rank_time) AS mean_step_time_ms,
     count() AS reports
-FROM {db}.job_progress
+FROM {db}.job_progress_clustered
 ARRAY JOIN
     rank_ids AS rank,
     rank_step_time_ms AS rank_time
 GROUP BY
+    cluster,
     job_id,
     attempt,
     rank;
 
 CREATE VIEW {db}.job_training_signals
 (
+    `cluster` String,
     `job_id` String,
     `attempt` UInt32,
     `first_ms` Int64,
@@ -2077,6 +2241,7 @@ CREATE VIEW {db}.job_training_signals
     `checkpoint_seconds` Float64
 )
 AS SELECT
+    p.cluster AS cluster,
     p.job_id AS job_id,
     p.attempt AS attempt,
     p.first_ms AS first_ms,
@@ -2096,6 +2261,7 @@ AS SELECT
 FROM
 (
     SELECT
+        cluster,
         job_id,
         attempt,
         min(ts_ms) AS first_ms,
@@ -2104,14 +2270,16 @@ FROM
         argMax(step, ts_ms) - argMin(step, ts_ms) AS steps,
         coalesce(argMax(tokens, ts_ms), 0) - coalesce(argMin(tokens, ts_ms), 0) AS tokens,
         argMax(loss, ts_ms) AS last_loss
-    FROM {db}.job_progress
+    FROM {db}.job_progress_clustered
     GROUP BY
+        cluster,
         job_id,
         attempt
 ) AS p
 LEFT JOIN
 (
     SELECT
+        r.cluster AS cluster,
         r.job_id AS job_id,
         r.attempt AS attempt,
         sum(r.gpu_ms * r.part) AS gpu_ms,
@@ -2120,32 +2288,52 @@ LEFT JOIN
     FROM
     (
         SELECT
+            u.cluster AS cluster,
             u.job_id AS job_id,
             u.attempt AS attempt,
             u.gpu_ms AS gpu_ms,
             u.cost_micros AS cost_micros,
             u.energy_j AS energy_j,
             greatest(least(u.end_ms, s.last_ms) - greatest(u.start_ms, s.first_ms), 0) / greatest(u.end_ms - u.start_ms, 1) AS part
-        FROM {db}.usage_raw AS u
+        FROM
+        (
+            SELECT
+                toString(cluster) AS cluster,
+                job_id,
+                attempt,
+                start_ms,
+                end_ms,
+                gpu_ms,
+                cost_micros,
+                energy_j
+            FROM {db}.usage_raw
+            FINAL
+            WHERE (state IN ('executing', 'allocated_idle')) AND (job_id IN (
+                SELECT DISTINCT job_id
+                FROM {db}.job_progress
+            ))
+        ) AS u
         INNER JOIN
         (
             SELECT
+                cluster,
                 job_id,
                 attempt,
                 min(ts_ms) AS first_ms,
                 max(ts_ms) AS last_ms
-            FROM {db}.job_progress
+            FROM {db}.job_progress_clustered
             GROUP BY
+                cluster,
                 job_id,
                 attempt
-        ) AS s ON (u.job_id = s.job_id) AND (u.attempt = s.attempt)
-        WHERE u.state IN ('executing', 'allocated_idle')
+        ) AS s ON (u.cluster = s.cluster) AND (u.job_id = s.job_id) AND (u.attempt = s.attempt)
     ) AS r
     GROUP BY
+        r.cluster,
         r.job_id,
         r.attempt
-) AS u ON (p.job_id = u.job_id) AND (p.attempt = u.attempt)
-LEFT JOIN {db}.job_checkpoint_time AS c ON (p.job_id = c.job_id) AND (p.attempt = c.attempt);
+) AS u ON (p.cluster = u.cluster) AND (p.job_id = u.job_id) AND (p.attempt = u.attempt)
+LEFT JOIN {db}.job_checkpoint_time AS c ON (p.cluster = c.cluster) AND (p.job_id = c.job_id) AND (p.attempt = c.attempt);
 
 CREATE TABLE {db}.job_util_buckets
 (

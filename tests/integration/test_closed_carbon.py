@@ -1,7 +1,8 @@
 """Carbon of closed days from closed_energy (sql/0023, docs/carbon.md "Closed days"), on the real engine
 (chDB): the same figures before and after the close (open days: usage_raw summed per hour; closed days:
 closed_energy, not usage_raw); a day whose zone's intensity changes within an hour is worked out record
-by record, open or closed; late records correct a closed day's energy once; the migration back-fills days
+by record, open or closed, while usage_raw holds its records, and from closed_energy per hour once they
+have expired (sql/0041); late records correct a closed day's energy once; the migration back-fills days
 closed before it.
 
 The scenario, worked by hand (cluster and zone "cc", day D = 2026-11-10 UTC, PUE 1.5, default 500 g/kWh,
@@ -130,6 +131,51 @@ def test_an_intensity_change_within_an_hour_reads_the_records(ledger):
     assert figures(client) == pytest.approx(expected(16.5, 12.0, 16.5, 12.0))  # open
     close(client, settings, ledger_cfg)
     assert figures(client) == pytest.approx(expected(16.5, 12.0, 16.5, 12.0))  # closed
+
+
+def drop_records(client, keep: str = "0") -> None:
+    """D's usage records gone from usage_raw, as usage retention drops them (except those `keep` selects)."""
+    client.command(f"ALTER TABLE {DB}.usage_raw DELETE WHERE day = '{D}' AND NOT ({keep}) SETTINGS mutations_sync = 2")
+
+
+def test_a_closed_record_days_carbon_outlives_its_records(ledger):
+    """A closed day of a zone with a within-the-hour value is read record by record while usage_raw holds
+    its records; once they have expired, from closed_energy per hour (the hour's start: j2's 01:00 hour at
+    200 g/kWh, 6 g instead of 12), never empty."""
+    client, settings, ledger_cfg = ledger
+    carbon.load_intensity(client, DB, WITHIN_AN_HOUR, "15min.csv", "ops")
+    close(client, settings, ledger_cfg)
+    assert ("cc", D) in record_days(client)
+    assert figures(client) == pytest.approx(expected(16.5, 12.0, 16.5, 12.0))
+    drop_records(client)
+    assert figures(client) == pytest.approx(expected(16.5, 6.0, 16.5, 6.0))
+    assert ("cc", D) not in record_days(client)
+
+
+def test_a_within_hour_value_loaded_after_the_records_expired(ledger):
+    """A finer series loaded for a closed day whose records have already gone: its carbon still comes from
+    closed_energy per hour."""
+    client, settings, ledger_cfg = ledger
+    close(client, settings, ledger_cfg)
+    drop_records(client)
+    carbon.load_intensity(client, DB, WITHIN_AN_HOUR, "corrected.csv", "ops")
+    assert figures(client) == pytest.approx(expected(16.5, 6.0, 16.5, 6.0))
+    assert ("cc", D) not in record_days(client)
+
+
+def test_a_closed_record_day_with_only_its_late_records_left(ledger):
+    """The day's records expired but a later-written one (its own part, waiting for its newer month) is
+    still there: fewer records than closed_energy counted, so the day comes from closed_energy (with the
+    late record's energy, booked by the second close), not from the one record left."""
+    client, settings, ledger_cfg = ledger
+    carbon.load_intensity(client, DB, WITHIN_AN_HOUR, "15min.csv", "ops")
+    close(client, settings, ledger_cfg)
+    put(client, LATE, 20)
+    close(client, settings, ledger_cfg, CLOSE_AT + dt.timedelta(hours=1))
+    assert figures(client) == pytest.approx(expected(16.5, 15.0, 16.5, 15.0))  # late: 01:00 < 01:45, 200 g/kWh
+    drop_records(client, keep="gpu_uuid = 'gpu-4'")
+    assert figures(client) == pytest.approx(expected(16.5, 9.0, 16.5, 9.0))
+    assert ("cc", D) not in record_days(client)
 
 
 def test_late_records_correct_a_closed_days_energy_once(ledger):

@@ -196,3 +196,25 @@ def test_capacity_is_the_median_of_the_last_complete_days(client):
     assert {r["capacity_gpu_hours"] for r in latest(client, db, "H100")["forecast"]} == {0.0}
     note = pr.build_report(client, db, "forecast").section("Demand against capacity per GPU model").note
     assert f"median of the daily GPU time in every state over the last {forecast.CAPACITY_DAYS} complete days" in note
+
+
+def test_a_cluster_still_writing_an_earlier_day_ends_the_history_for_all(client):
+    db = fresh(client, "ledger_forecast_cluster_horizons")
+    day = lambda i: (D0 + dt.timedelta(days=i)).date()  # noqa: E731
+    # cluster c is written up to day 14 06:00; cluster b's sink is behind: day 13 to 06:00 so far
+    put_usage(client, db, cards(range(14), A100S) + cards([14], A100S, until_h=6.0), 0)
+    b = cards(range(13), ("b1", "b2", "b3", "b4")) + cards([13], ("b1", "b2", "b3", "b4"), until_h=6.0)
+    put_usage(client, db, [r.model_copy(update={"cluster": "b", "record_id": "b/" + r.record_id}) for r in b], 1)
+    # one horizon for the warehouse (day 14) counted b's day 13 as complete: 48 + 12 = 60 GPU-hours
+    assert forecast.usage_horizon_day(client, db) == day(13)
+    series, capacity = forecast.demand_history(client, db)
+    assert series[("A100-80GB", "q1")] == {day(i): 96.0 for i in range(13)}
+    assert capacity == {"A100-80GB": 192.0}
+    forecast.run_forecast(client, db, horizon=28)
+    run = latest(client, db)
+    assert run["history"][-1]["day"] == day(12) and run["forecast"][0]["day"] == day(13)
+    # a cluster that stopped sending three days ago (its horizon day 11 06:00) holds no one back
+    gone = [r.model_copy(update={"cluster": "gone", "record_id": "gone/" + r.record_id})
+            for r in cards(range(11), ("g1",)) + cards([11], ("g1",), until_h=6.0)]
+    put_usage(client, db, gone, 2)
+    assert forecast.usage_horizon_day(client, db) == day(13)

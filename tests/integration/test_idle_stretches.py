@@ -232,3 +232,74 @@ def test_the_migration_works_out_again_the_closed_days_with_copies():
         assert listed(client) == late and kept_d1(client) == late_d1
     finally:
         client.close()
+
+
+# ------------------------------------------------------- a record that crosses midnight (sql/0040)
+# A tick goes whole to the window it starts in (streams/join.py) and agents stamp ticks with the wall
+# clock, so a day's last idle record may end a few seconds after midnight. The close split such a
+# stretch in two: D1's piece ended at 00:00:03, not at midnight, and D2's started there, not at midnight.
+#   j1 gpu-1 idle D1 23:50:03-D2 00:00:03 (a record of D1), D2 00:00:03-00:10:03  -> 20 min, closed/closed
+#   j2 gpu-2 idle D2 23:55:02-D3 00:00:02 (a record of D2), D3 00:00:02-00:05:02  -> 10 min, closed/open
+#   j3 gpu-3 idle D1 23:55:01 to D3 00:08:01, records crossing both midnights      -> one stretch of 1,453 min
+#   j4 gpu-4 idle D1 23:58:00-D2 00:00:04, then D2 00:00:10-00:05:10 (a gap)       -> two stretches
+S = 1000
+ACROSS = [
+    rec("gpu-1", T2 - 10 * MIN + 3 * S, T2 + 3 * S, "allocated_idle", "j1"),
+    rec("gpu-1", T2 + 3 * S, T2 + 10 * MIN + 3 * S, "allocated_idle", "j1"),
+    rec("gpu-2", T3 - 5 * MIN + 2 * S, T3 + 2 * S, "allocated_idle", "j2"),
+    rec("gpu-2", T3 + 2 * S, T3 + 5 * MIN + 2 * S, "allocated_idle", "j2"),
+    rec("gpu-3", T2 - 5 * MIN + S, T2 + S, "allocated_idle", "j3"),
+    rec("gpu-3", T2 + S, T3 - 2 * MIN + S, "allocated_idle", "j3"),
+    rec("gpu-3", T3 - 2 * MIN + S, T3 + 3 * MIN + S, "allocated_idle", "j3"),
+    rec("gpu-3", T3 + 3 * MIN + S, T3 + 8 * MIN + S, "allocated_idle", "j3"),
+    rec("gpu-4", T2 - 2 * MIN, T2 + 4 * S, "allocated_idle", "j4"),
+    rec("gpu-4", T2 + 10 * S, T2 + 5 * MIN + 10 * S, "allocated_idle", "j4"),
+    rec("gpu-5", T3, T3 + 240 * MIN, "unallocated"),
+]
+#: (job, stretch start ms, stretch end ms), one per stretch
+ACROSS_STRETCHES = sorted([("j1", T2 - 10 * MIN + 3 * S, T2 + 10 * MIN + 3 * S),
+                           ("j2", T3 - 5 * MIN + 2 * S, T3 + 5 * MIN + 2 * S),
+                           ("j3", T2 - 5 * MIN + S, T3 + 8 * MIN + S),
+                           ("j4", T2 - 2 * MIN, T2 + 4 * S), ("j4", T2 + 10 * S, T2 + 5 * MIN + 10 * S)])
+
+
+def spans(client) -> list:
+    return sorted((job, int(start.timestamp() * 1000), int(end.timestamp() * 1000)) for job, start, end in
+                  client.query(f"SELECT job_id, stretch_start, stretch_end FROM {DB}.job_idle_stretches").result_rows)
+
+
+@pytest.fixture
+def empty(tmp_path):
+    with migrated_warehouse(tmp_path, DB, bills_close_grace_s=3600) as (client, settings):
+        yield client, settings, load_ledger_config(None)
+
+
+def test_a_stretch_whose_record_crosses_midnight_stays_one_after_the_close(empty):
+    client, settings, ledger_cfg = empty
+    put_usage(client, DB, ACROSS, 0)
+    assert spans(client) == ACROSS_STRETCHES  # every day open
+    run = bills.close_due(client, settings, ledger_cfg, now=CLOSE_AT)
+    assert run.idle_stretch_days == {"ic": [D1, D2]}
+    # D1's pieces end after midnight, as their last records do
+    assert client.query(f"SELECT job_id, end_ms FROM {DB}.idle_stretches_daily FINAL WHERE day = '{D1}' "
+                        "ORDER BY job_id").result_rows == [("j1", T2 + 3 * S), ("j3", T2 + S), ("j4", T2 + 4 * S)]
+    assert spans(client) == ACROSS_STRETCHES  # D1/D2 closed, D3 open
+    hints = periodic.build_report(client, DB, "job", job_id="j1").section("Hints").rows
+    assert "mid-run stalls" not in [h["hint"] for h in hints]
+
+
+def test_a_closed_days_stretch_crossing_midnight_joins_the_open_day(empty):
+    """D1 closed, D2 still open (the records reach D2 23:58:01): D2's idle records that start where D1's
+    last record ended join its stretch; then D2 closed and D3 open, likewise."""
+    client, settings, ledger_cfg = empty
+    until_d2 = [r for r in ACROSS if r.end_ms < T3]
+    put_usage(client, DB, until_d2, 0)
+    run = bills.close_due(client, settings, ledger_cfg, now=CLOSE_AT)
+    assert run.idle_stretch_days == {"ic": [D1]}
+    assert spans(client) == sorted([("j1", T2 - 10 * MIN + 3 * S, T2 + 10 * MIN + 3 * S),
+                                    ("j3", T2 - 5 * MIN + S, T3 - 2 * MIN + S),
+                                    ("j4", T2 - 2 * MIN, T2 + 4 * S), ("j4", T2 + 10 * S, T2 + 5 * MIN + 10 * S)])
+    put_usage(client, DB, [r for r in ACROSS if r not in until_d2], 1)
+    run = bills.close_due(client, settings, ledger_cfg, now=CLOSE_AT + dt.timedelta(hours=1))
+    assert run.idle_stretch_days == {"ic": [D2]}
+    assert spans(client) == ACROSS_STRETCHES

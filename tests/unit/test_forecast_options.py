@@ -41,6 +41,13 @@ def test_forecast_rows_and_run_forecast_refuse_before_anything():
         forecast.run_forecast(None, "db", alpha=1 - 80)
 
 
+@pytest.mark.parametrize("holdout", [0, -3, 1.5])
+def test_a_backtest_holdout_under_one_whole_day_is_refused_as_such(holdout):
+    # not as a bad --horizon (the holdout is the forecast's horizon inside), nor an IndexError
+    with pytest.raises(ValueError, match=r"holdout \(--holdout\) is a whole number of days, at least 1"):
+        forecast.backtest(WEEKS, holdout=holdout)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--band", "80"], "the band (--band) is its coverage, between 0 and 1 (0.8 for 80 %), got 80"),
     (["--horizon", "0"], "the horizon (--horizon) is a whole number of days, at least 1, got 0"),
