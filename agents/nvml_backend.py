@@ -21,10 +21,14 @@ Agents running in a container need the host's PID namespace (NVML reports host p
 the host's /proc mounted somewhere: pass it as `proc_root`.
 
 MIG: a MIG-enabled GPU is reported as one whole GPU (its parent device), measured as a whole,
-with its MIG instances listed in `mig_devices` (UUID, profile, share of the parent = the instance's
-compute slices / the GPU's). Schedulers hand out MIG UUIDs; the worker bills an allocation of one as
-that share of the parent. The layout changes only when an operator reconfigures the GPU, so it is
-read at start and every MIG_REFRESH_S, not every tick.
+with its MIG devices listed in `mig_devices` (UUID, profile, share of the parent = the device's
+compute slices / the GPU's). NVML lists one MIG device per *compute instance*: the compute instances
+of one GPU instance share its slices, so each is billed its own compute slices (three 1c.3g.40gb
+compute instances of a 3g GPU instance: 1/7 each), never the GPU instance's. Schedulers hand out MIG
+UUIDs; the worker bills an allocation of one as that share of the parent. The layout changes only
+when an operator reconfigures the GPU, so it is not read every tick: at start, at once after NVML's
+MIG configuration-change event for the GPU (registered on MIG-enabled GPUs, drained with the Xid
+events), and every MIG_REFRESH_S in case no event comes (no event set, the event unsupported).
 """
 
 from __future__ import annotations
@@ -45,8 +49,11 @@ from gpuledger.schemas.models import GpuHealth, GpuSample, MigDevice, ProcessSam
 log = logging.getLogger(__name__)
 
 _UINT_MAX = 0xFFFFFFFF  # NVLink throughput scopeId that sums every link (nvml.h)
-#: How often the MIG layout of a GPU is read again, seconds (it changes only on reconfiguration).
-MIG_REFRESH_S = 300.0
+#: How often the MIG layout of a GPU is read again, seconds, when no MIG configuration-change event
+#: says it changed. A job placed on a new MIG device is billed only once the layout lists it, so this
+#: bounds the unbilled time where events are missing; a read is ~2 calls per MIG device slot, a few
+#: percent of a MIG GPU's per-tick calls at 60 s.
+MIG_REFRESH_S = 60.0
 #: Whole-GPU instance profiles, largest first: their slice count is the GPU's (7 on A100/H100/H200, 4 on A30).
 _WHOLE_GPU_PROFILES = ("NVML_GPU_INSTANCE_PROFILE_7_SLICE", "NVML_GPU_INSTANCE_PROFILE_4_SLICE")
 
@@ -182,7 +189,8 @@ class _Gpu:
     unsupported: set[str] = field(default_factory=set)
     warned: set[str] = field(default_factory=set)
     mig: list[MigDevice] = field(default_factory=list)   # MIG instances, as last read
-    mig_read_at: float = -math.inf                        # backend clock of that read
+    mig_read_at: float = -math.inf                        # backend clock of that read (-inf: read next tick)
+    mig_events: bool = False                              # MIG configuration-change events registered
     power_limit_w: float | None = None                    # enforced power limit, read with the MIG layout
     identity: dict[str, str] = field(default_factory=dict)  # serial, board_part_number, vbios_version: read once
 
@@ -376,10 +384,16 @@ class NvmlBackend:
                 if getattr(exc, "value", None) != nv.NVML_ERROR_TIMEOUT:  # TIMEOUT = queue empty
                     log.warning("reading NVML events failed: %s", exc)
                 return
+            gpu = self._by_key.get(_handle_key(data.device))
+            if int(data.eventType) & getattr(nv, "nvmlEventMigConfigChange", 0):
+                # A MIG device was created or destroyed: read the layout next tick (all GPUs if NVML
+                # names a device this agent does not know, e.g. a MIG device handle).
+                for changed in [gpu] if gpu is not None else self._gpus:
+                    changed.mig_read_at = -math.inf
+                continue
             if not int(data.eventType) & nv.nvmlEventTypeXidCriticalError:
                 continue
             xid = int(data.eventData)
-            gpu = self._by_key.get(_handle_key(data.device))
             if gpu is None:
                 log.warning("Xid %d on a device this agent does not know", xid)
                 continue
@@ -439,6 +453,8 @@ class NvmlBackend:
         mode = self._query(gpu, "mig", "nvmlDeviceGetMigMode")
         if not mode or mode[0] != getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1):
             return []
+        if not gpu.mig_events:
+            self._register_mig_events(gpu)
         whole = 7
         for name in _WHOLE_GPU_PROFILES:
             const = getattr(nv, name, None)
@@ -460,13 +476,34 @@ class NvmlBackend:
                 if getattr(exc, "value", None) != nv.NVML_ERROR_NOT_FOUND:  # NOT_FOUND: an empty slot
                     self._warn_once(gpu, f"MIG device {i}", exc)
                 continue
-            slices = int(attrs.gpuInstanceSliceCount)
-            found.append(MigDevice(uuid=uuid, profile=f"{slices}g.{math.ceil(int(attrs.memorySizeMB) / 1024)}gb",
-                                   share_milli=max(1, min(1000, slices * 1000 // whole))))
+            # One MIG device per compute instance: its share is its own compute slices (the compute
+            # instances of a GPU instance split its slices); a pynvml without the field: the GPU instance's.
+            gi_slices = int(attrs.gpuInstanceSliceCount)
+            ci_slices = int(getattr(attrs, "computeInstanceSliceCount", 0) or gi_slices)
+            memory = f"{gi_slices}g.{math.ceil(int(attrs.memorySizeMB) / 1024)}gb"
+            found.append(MigDevice(uuid=uuid, profile=memory if ci_slices == gi_slices else f"{ci_slices}c.{memory}",
+                                   share_milli=max(1, min(1000, ci_slices * 1000 // whole))))
         if found:
             log.info("GPU %d (%s): MIG instances %s", gpu.index, gpu.uuid,
                      ", ".join(f"{m.uuid} {m.profile}" for m in found))
         return found
+
+    def _register_mig_events(self, gpu: _Gpu) -> None:
+        """Watch a MIG-enabled GPU for MIG reconfiguration (once per GPU). Registered apart from the Xid
+        events: NVML refuses a whole registration when one of its event types is unsupported."""
+        nv = self._nvml
+        gpu.mig_events = True  # tried once: a refusal is not asked again
+        event = getattr(nv, "nvmlEventMigConfigChange", None)
+        if self._event_set is None or event is None:
+            return
+        try:
+            self._call("nvmlDeviceRegisterEvents", gpu.handle, event, self._event_set)
+        except nv.NVMLError as exc:
+            lost = self._is_lost(exc)
+            if lost:
+                raise _GpuLost(lost) from None
+            log.info("GPU %d (%s): no MIG configuration events (%s); layout read every %g s",
+                     gpu.index, gpu.uuid, exc, MIG_REFRESH_S)
 
     def _warn_once(self, gpu: _Gpu, what: str, exc: Exception) -> None:
         if what not in gpu.warned:

@@ -33,6 +33,12 @@ Late, duplicate and out-of-order input (docs/reliability.md, "Late, duplicate an
   late and rejected (its GPU-time would otherwise be counted after newer records of the GPU); a
   tick overlapping a pending one is rejected (the first received is kept: no GPU-time twice).
 
+An assignment naming a GPU the node's tick does not report (yet) is counted when its change is
+applied and kept with that change: each later tick of the node tries it again, and it holds its GPU
+from the first tick that resolves it (docs/accounting.md §1b) — a MIG device created after the
+agent last read its GPU's MIG layout, an index of a GPU unreadable until now. The router does not
+send an allocation again, so dropping it would leave the job unbilled for its whole life.
+
 Every piece of state here can be turned into plain JSON-able data (`to_state`) and back
 (`from_state`), which is how the worker snapshots itself (docs/reliability.md, "Worker state").
 """
@@ -175,6 +181,9 @@ class NodeJoin:
     #: start times of the pending ticks a restored snapshot left out, until they are read again: no
     #: flush may close a segment such a tick would have extended (sorted)
     awaiting_ms: list[int] = field(default_factory=list)
+    #: (job_id, attempt) -> (its latest change, that change's assignments no GPU of the node answered to):
+    #: tried again at each tick, held from the first that resolves them (insertion order: deterministic)
+    unresolved: dict[tuple[str, int], tuple[AllocationChange, list[GpuAssignment]]] = field(default_factory=dict)
     #: the record maker of the last close (its templates and price lookups are reused; not state)
     _maker: RecordMaker | None = field(default=None, compare=False, repr=False)
 
@@ -276,34 +285,70 @@ class NodeJoin:
         if change.kind in TERMINAL_KINDS:
             for held in self.holders.values():
                 held.pop(key, None)
+            self.unresolved.pop(key, None)
             return
         if change.kind == JobEventKind.allocated:
             for held in self.holders.values():
                 held.pop(key, None)
-        running = change.kind in RUNNING_KINDS
+            self.unresolved.pop(key, None)
         # Several assignments of one change may name the same GPU (two MIG instances of it): the
         # attempt holds the sum of their shares (at most the whole GPU), not the last one's.
         per_gpu: dict[str, list] = {}  # uuid -> [share, container_id]
+        missing: list[GpuAssignment] = []
         for gpu in change.gpus:
             resolved = self._resolve(gpu, tick)
             if resolved is None:
-                # Billed to no GPU: counted, logged, listed by `gpuledger report unmatched`.
+                # Billed to no GPU until a later tick resolves it: counted, logged, listed by
+                # `gpuledger report unmatched` while it stays unbilled.
                 self._count("allocation_gpu_not_reporting")
-                log.warning("%s of %s/%s names GPU %s, which node %s does not report", change.kind, change.job_id,
-                            change.attempt, gpu.ref, self.node)
+                log.warning("%s of %s/%s names GPU %s, which node %s does not report (tried again at each tick)",
+                            change.kind, change.job_id, change.attempt, gpu.ref, self.node)
+                missing.append(gpu)
                 continue
             uuid, share = resolved
             got = per_gpu.setdefault(uuid, [0, None])
             got[0] = min(1000, got[0] + share)
             got[1] = got[1] or gpu.container_id
+        if change.gpus:  # every change carries the attempt's GPUs on the node: the latest one says what is missing
+            if missing:
+                self.unresolved[key] = (change, missing)
+            else:
+                self.unresolved.pop(key, None)
         for uuid, (share, container_id) in per_gpu.items():
-            held = self.holders.setdefault(uuid, {})
-            previous = held.get(key)
-            held[key] = Holder(
-                job_id=change.job_id, attempt=change.attempt, tenant=change.tenant, queue=change.queue,
-                share_milli=share, running=running if change.kind != JobEventKind.allocated else False,
-                container_id=container_id or (previous.container_id if previous else None),
-            )
+            self._hold(change, uuid, share, container_id, replace=True)
+
+    def _hold(self, change: AllocationChange, uuid: str, share: int, container_id: str | None,
+              replace: bool) -> None:
+        """The attempt of `change` holds `share` of GPU `uuid`; `replace=False` adds the share to what the
+        attempt already holds there (another instance of that GPU resolved later), at most the whole GPU."""
+        key = (change.job_id, change.attempt)
+        held = self.holders.setdefault(uuid, {})
+        previous = held.get(key)
+        if not replace and previous is not None:
+            share = min(1000, previous.share_milli + share)
+        held[key] = Holder(
+            job_id=change.job_id, attempt=change.attempt, tenant=change.tenant, queue=change.queue,
+            share_milli=share, running=change.kind in RUNNING_KINDS,
+            container_id=container_id or (previous.container_id if previous else None),
+        )
+
+    def _retry_unresolved(self, tick: MeteredTick) -> None:
+        """Try the kept unresolved assignments against this tick: those that resolve hold their GPU from
+        its start (the time before stays unbilled, counted when their change was applied)."""
+        for key, (change, missing) in list(self.unresolved.items()):
+            still: list[GpuAssignment] = []
+            for gpu in missing:
+                resolved = self._resolve(gpu, tick)
+                if resolved is None:
+                    still.append(gpu)
+                    continue
+                log.info("%s/%s: GPU %s named at %d resolves on node %s from %d on", change.job_id, change.attempt,
+                         gpu.ref, change.ts_ms, self.node, tick.ts_ms)
+                self._hold(change, resolved[0], resolved[1], gpu.container_id, replace=False)
+            if still:
+                self.unresolved[key] = (change, still)
+            else:
+                del self.unresolved[key]
 
     def report_unknown_node(self, watermark_ms: int, grace_ms: int) -> int:
         """Allocation changes for this node older than watermark - grace while the node has never
@@ -378,6 +423,8 @@ class NodeJoin:
             start, end = tick.ts_ms, tick.ts_ms + tick.interval_ms
             while self.pending_changes and self.pending_changes[0].ts_ms <= start:
                 self._apply(self.pending_changes.pop(0), tick)
+            if self.unresolved:
+                self._retry_unresolved(tick)
             cuts = [start]
             inside: list[AllocationChange] = []
             while self.pending_changes and self.pending_changes[0].ts_ms < end:
@@ -538,6 +585,8 @@ class NodeJoin:
             "segments": {gpu: seg.to_state() for gpu, seg in self.segments.items()},
             "awaiting_ms": sorted({*self.awaiting_ms, *(t.ts_ms for t, o in zip(self.pending_ticks, self.pending_offsets)
                                                          if o is not None)}),
+            "unresolved": [[c.model_dump(mode="json"), [g.model_dump(mode="json") for g in missing]]
+                           for c, missing in self.unresolved.values()],
         }
 
     @classmethod
@@ -564,4 +613,7 @@ class NodeJoin:
             unknown_reported_ms=state.get("unknown_reported_ms", 0),
             segments={gpu: Segment.from_state(seg) for gpu, seg in state.get("segments", {}).items()},
             awaiting_ms=list(state.get("awaiting_ms", [])),
+            unresolved={(c.job_id, c.attempt): (c, [GpuAssignment.model_validate(g) for g in missing])
+                        for c, missing in ((AllocationChange.model_validate(c), m)
+                                           for c, m in state.get("unresolved", []))},
         )

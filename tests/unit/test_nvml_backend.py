@@ -556,6 +556,72 @@ def test_mig_instances_are_listed_with_their_share_and_read_only_now_and_then() 
     assert fake.calls["nvmlDeviceGetMigMode"] == reads + 2
 
 
+class FakeCiNvml(FakeMigNvml):
+    """FakeMigNvml whose MIG devices are compute instances: three 1c.3g.40gb in one 3g GPU instance and a
+    4g.40gb; MIG configuration-change events as NVML 12+ has them (pynvml names the constant apart)."""
+
+    nvmlEventMigConfigChange = real_pynvml.nvmlEventMigConfigChange
+
+    def __init__(self, devices: list[FakeDevice]):
+        super().__init__(devices)
+        # slot -> (uuid, GPU-instance slices, compute-instance slices, MB)
+        self.cis = {("mig", 0): ("MIG-CI-1", 3, 1, 40_448), ("mig", 1): ("MIG-CI-2", 3, 1, 40_448),
+                    ("mig", 2): ("MIG-CI-3", 3, 1, 40_448), ("mig", 3): ("MIG-4G", 4, 4, 40_448)}
+        self.reconfigure(self.cis)
+
+    def reconfigure(self, cis: dict) -> None:
+        self.cis = cis
+        self.mig_handles = {k: (uuid, gi, mb) for k, (uuid, gi, _, mb) in cis.items()}
+
+    def nvmlDeviceGetAttributes(self, handle: Any) -> SimpleNamespace:
+        self._hit("nvmlDeviceGetAttributes")
+        _, gi, ci, mb = self.cis[handle]
+        return SimpleNamespace(gpuInstanceSliceCount=gi, computeInstanceSliceCount=ci, memorySizeMB=mb)
+
+    def mig_config_changed(self, device_index: int) -> None:
+        self.events.append(SimpleNamespace(device=self.handles[device_index], eventType=self.nvmlEventMigConfigChange,
+                                           eventData=0, gpuInstanceId=0, computeInstanceId=0))
+
+
+def test_mig_compute_instances_get_their_compute_slices_not_the_gpu_instances() -> None:
+    fake = FakeCiNvml([a100(), h100()])
+    migs = NvmlBackend(fake, clock=Clock()).sample(0)[0].mig_devices
+    # 1 compute slice of 7 each (NVIDIA's name 1c.3g.40gb), not 3 of 7 three times over
+    assert [(m.uuid, m.profile, m.share_milli) for m in migs] == [
+        ("MIG-CI-1", "1c.3g.40gb", 142), ("MIG-CI-2", "1c.3g.40gb", 142), ("MIG-CI-3", "1c.3g.40gb", 142),
+        ("MIG-4G", "4g.40gb", 571)]
+    assert sum(m.share_milli for m in migs) <= 1000  # the join never has to scale the holders down
+
+
+def test_a_mig_reconfiguration_is_read_at_the_next_tick_after_its_event() -> None:
+    clock = Clock()
+    fake = FakeCiNvml([a100(), h100()])
+    backend = NvmlBackend(fake, clock=clock)
+    assert [m.uuid for m in backend.sample(0)[0].mig_devices] == ["MIG-CI-1", "MIG-CI-2", "MIG-CI-3", "MIG-4G"]
+    # watched on the MIG GPU only, apart from the Xid registration
+    assert (fake.handles[0], fake.nvmlEventMigConfigChange) in fake.registered
+    assert all(types != fake.nvmlEventMigConfigChange for h, types in fake.registered if h == fake.handles[1])
+    reads = fake.calls["nvmlDeviceGetMigMode"]
+    # operator: the 4g instance destroyed, a new 4g instance created
+    fake.reconfigure({**{k: v for k, v in fake.cis.items() if k != ("mig", 3)}, ("mig", 4): ("MIG-5555", 4, 4, 40_448)})
+    clock.t += 10
+    assert "MIG-5555" not in [m.uuid for m in backend.sample(10_000)[0].mig_devices]  # no event: not read yet
+    fake.mig_config_changed(0)
+    clock.t += 10
+    assert [m.uuid for m in backend.sample(20_000)[0].mig_devices][-1] == "MIG-5555"
+    assert fake.calls["nvmlDeviceGetMigMode"] == reads + 1  # that GPU only, once
+
+
+def test_without_mig_events_the_layout_is_read_again_within_a_minute() -> None:
+    clock = Clock()
+    fake = FakeMigNvml([a100(), h100()])  # its pynvml has no MIG configuration-change event
+    backend = NvmlBackend(fake, clock=clock)
+    backend.sample(0)
+    fake.mig_handles = {("mig", 0): ("MIG-3333", 3, 40_448), ("mig", 2): ("MIG-5555", 4, 40_448)}
+    clock.t += 60
+    assert [m.uuid for m in backend.sample(60_000)[0].mig_devices] == ["MIG-3333", "MIG-5555"]
+
+
 class FakeLimitNvml(FakeNvml):
     """A pynvml with nvmlDeviceGetEnforcedPowerLimit (mW); limits per device index, None: NOT_SUPPORTED."""
 
