@@ -68,8 +68,6 @@ def cmd_migrate(args) -> int:
 
 
 def cmd_coefficients(args) -> int:
-    from datetime import date
-
     from gpuledger.warehouse.library import add_coefficient, history_rows, sync_library
     from gpuledger.warehouse.report_text import render
     from gpuledger.ledger_files import load_ledger_config
@@ -80,9 +78,9 @@ def cmd_coefficients(args) -> int:
         print(render(history_rows(load_ledger_config(settings.ledger_config)), args.format), end="")
         return 0
     if args.action == "add":
-        if not (args.model and args.coefficient and args.valid_from):
+        if not (args.model and args.coefficient is not None and args.valid_from):  # 0 is a value (refused below)
             raise SystemExit("coefficients add needs --model, --coefficient and --valid-from")
-        ledger = add_coefficient(settings.ledger_config, args.model, args.coefficient, date.fromisoformat(args.valid_from))
+        ledger = add_coefficient(settings.ledger_config, args.model, args.coefficient, _day("--valid-from", args.valid_from))
         print(f"added {args.model}@{args.valid_from} = {args.coefficient} to {settings.ledger_config}; "
               "restart workers to use it for new records")
     else:
@@ -97,20 +95,19 @@ def cmd_coefficients(args) -> int:
 
 
 def cmd_rebill(args) -> int:
-    from datetime import date
-
     from gpuledger.warehouse.library import rebill, rebill_bill, sync_library
     from gpuledger.warehouse.report_text import render
     from gpuledger.ledger_files import load_ledger_config
     from gpuledger.warehouse import connect
 
     settings = settings_from_args(args)
+    # dates are checked, each by its flag, before anything is opened
+    day_from, day_to, as_of = _day("--from", args.day_from), _day("--to", args.day_to), _day("--as-of", args.as_of)
     ledger = load_ledger_config(settings.ledger_config)
     client = connect(settings)
     try:
         sync_library(client, settings.database, ledger)
-        rebill_id = rebill(client, settings.database, ledger, date.fromisoformat(args.day_from),
-                           date.fromisoformat(args.day_to), date.fromisoformat(args.as_of), cost=args.cost)
+        rebill_id = rebill(client, settings.database, ledger, day_from, day_to, as_of, cost=args.cost)
         rows = rebill_bill(client, settings.database, rebill_id)
     finally:
         client.close()
@@ -223,6 +220,8 @@ def cmd_report(args) -> int:
                          else f"--limit must be a positive number of rows, got {args.limit}")
     if args.busy_floor_pct is not None and args.report != "unmatched":
         raise ValueError(f"report {args.report} takes no --busy-floor-pct (report unmatched does)")
+    if args.report not in PERIODIC_REPORTS:  # those refuse theirs in report_options
+        _refuse_options_not_taken(args)
     if args.report in PERIODIC_REPORTS:
         return _periodic_report(args, settings)
     if args.report in CARD_REPORTS:
@@ -241,7 +240,11 @@ def cmd_report(args) -> int:
         filters["limit"] = args.limit
     if args.busy_floor_pct is not None:
         filters["busy_floor_pct"] = args.busy_floor_pct
-    if args.report == "utilization" and args.by:
+    if args.by is not None:  # utilization only (_refuse_options_not_taken)
+        if not args.by.strip(", "):  # an empty --by is a mistake, not a request for the default grouping
+            from gpuledger.warehouse.reports import UTILIZATION_DIMENSIONS
+            raise ValueError(f"--by needs at least one of {','.join(UTILIZATION_DIMENSIONS)} (comma-separated), "
+                             f"got {args.by!r}")
         filters["by"] = args.by
     ledger = load_ledger_config(settings.ledger_config)
     if args.report == "jobs":
@@ -258,7 +261,7 @@ def cmd_report(args) -> int:
         rows = fetch(client, settings.database, args.report, **filters)
     finally:
         client.close()
-    print(render(rows, args.format, utc_days=True), end="")
+    _print_or_write(render(rows, args.format, utc_days=True), args.output)
     return 0
 
 
@@ -274,8 +277,42 @@ def _storage_report(args, settings: Settings) -> int:
         rows = storage_rows(client, settings.database, settings)
     finally:
         client.close()
-    print(render(rows, args.format, utc_days=True), end="")
+    _print_or_write(render(rows, args.format, utc_days=True), args.output)
     return 0
+
+
+def _print_or_write(text: str, output: str | None) -> None:
+    """A report's text on stdout, or in the --output file (every report's --output does the same)."""
+    if output:
+        Path(output).write_text(text)
+        print(f"wrote {output}", file=sys.stderr)
+    else:
+        print(text, end="" if not text or text.endswith("\n") else "\n")
+
+
+#: the options of register_report_cli, --by, --idle-redistribution and JOB_ID that a table, storage or
+#: card report takes (the periodic reports' are in gpuledger/warehouse/periodic/commands.py _TAKES)
+OTHER_REPORTS_TAKE = {"bills": ("idle_redistribution",), "utilization": ("by",), "gpu": ("job_id",),
+                      "gpu-fleet": ("job_id",)}  # cards.report_command says gpu-fleet needs no UUID
+
+
+def _refuse_options_not_taken(args) -> None:
+    """An option the report does not take is an error, worded as the periodic reports' (report_options),
+    not silently dropped: `report jobs j1` is not one job's report, `report bills --as-of D` not one day's."""
+    from gpuledger.warehouse.periodic.commands import REPORT_OPTION_FLAGS
+    from gpuledger.warehouse.reports import REPORT_FILTERS
+
+    takes = OTHER_REPORTS_TAKE.get(args.report, ())
+    extra = [flag for key, flag in REPORT_OPTION_FLAGS.items() if key not in takes and getattr(args, key, None) is not None]
+    if not extra:
+        return
+    accepted = [flag for name, flag in REPORT_FILTER_FLAGS.items() if name in REPORT_FILTERS.get(args.report, ())]
+    accepted += ["--limit"] if args.report in REPORT_FILTERS else []
+    accepted += ["--busy-floor-pct"] if args.report == "unmatched" else []
+    accepted += [REPORT_OPTION_FLAGS[k] for k in takes if k != "job_id"]
+    hint = "; `report job JOB_ID` is one job's report" if args.report == "jobs" and args.job_id is not None else ""
+    raise ValueError(f"report {args.report} takes no {', '.join(extra)} (it takes {', '.join(accepted) or 'no options'})"
+                     + hint)
 
 
 #: report filter flags -> fetch filter names (bills, jobs and queues take all of them)
@@ -329,12 +366,7 @@ def _periodic_report(args, settings: Settings) -> int:
         report = pr.build_report(client, settings.database, args.report, **options, currency=ledger.currency)
     finally:
         client.close()
-    text = pr.render_report(report, args.format)
-    if args.output:
-        Path(args.output).write_text(text)
-        print(f"wrote {args.output}", file=sys.stderr)
-    else:
-        print(text, end="" if text.endswith("\n") else "\n")
+    _print_or_write(pr.render_report(report, args.format), args.output)
     return 0
 
 
@@ -392,7 +424,7 @@ def cmd_bills(args) -> int:
         elif args.action == "show":
             rows = bills.show(client, settings.database, day, cluster=args.cluster)
         else:  # audit
-            rows = bills.audit(client, settings.database, day_from, day_to)
+            rows = bills.audit(client, settings.database, day_from, day_to, cluster=args.cluster)
             bills.export_audit(rows)
             if args.textfile:
                 from prometheus_client import REGISTRY, write_to_textfile
@@ -533,14 +565,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["table", "json", "csv", "markdown", "html"], default="table",
                    help="bills/jobs/queues/utilization/capacity/unmatched/storage: table|json|csv; inventory/monthly/weekly/job: "
                         "table|markdown|html (self-contained, with plots); gpu/gpu-fleet: table|json|markdown|html")
-    p.add_argument("--output", help="periodic reports: write to this file")
+    p.add_argument("--output", help="write the report to this file instead of printing it")
     p.add_argument("--by", help="utilization: group by any of day,cluster,gpu_model,queue,tenant,job_id (comma-separated)")
     p.add_argument("--idle-redistribution", choices=["none", "even", "usage"],
                    help="bills, monthly, weekly: share the cluster idle cost among tenants, every row alike (default: "
                         "each row's definition version's [idle] policy as recorded, the ledger's where none is)")
-    p.add_argument("--tenant", help="bills, jobs, queues, utilization: only this tenant")
-    p.add_argument("--queue", help="bills, jobs, queues, utilization: only this queue")
-    p.add_argument("--cluster", help="bills, jobs, queues, utilization, capacity, unmatched: only this cluster")
+    p.add_argument("--tenant", help="bills, jobs, queues, utilization, alerts: only this tenant")
+    p.add_argument("--queue", help="bills, jobs, queues, utilization, alerts, suggestions: only this queue")
+    p.add_argument("--cluster", help="bills, jobs, queues, utilization, capacity, unmatched, alerts, suggestions: "
+                                     "only this cluster")
     p.add_argument("--from", dest="day_from", help="first UTC day, YYYY-MM-DD (inclusive)")
     p.add_argument("--to", dest="day_to", help="last UTC day, YYYY-MM-DD (inclusive)")
     p.add_argument("--limit", type=int, help="bills, jobs, queues, utilization, capacity, unmatched, alerts, suggestions: "
@@ -555,7 +588,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             kafka=True, warehouse=True)
     p.add_argument("action", choices=["close", "list", "show", "audit", "publish"])
     p.add_argument("--day", help="show: the UTC day, YYYY-MM-DD")
-    p.add_argument("--cluster", help="show: only this cluster")
+    p.add_argument("--cluster", help="show, audit: only this cluster (audit's metrics then count this cluster's records)")
     p.add_argument("--from", dest="day_from", help="audit: first UTC day, YYYY-MM-DD")
     p.add_argument("--to", dest="day_to", help="audit: last UTC day, YYYY-MM-DD")
     p.add_argument("--run", help="publish: the bill run to send again")

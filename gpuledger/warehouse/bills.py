@@ -975,8 +975,11 @@ def show(client, database: str, day: dt.date, cluster: str | None = None) -> lis
 
 
 # --------------------------------------------------------------------------- dedup audit
-def audit(client, database: str, day_from: dt.date | None = None, day_to: dt.date | None = None) -> list[dict]:
-    """Rows vs distinct (cluster, record_id) per UTC day and table (view usage_dedup_audit, sql/0014)."""
+def audit(client, database: str, day_from: dt.date | None = None, day_to: dt.date | None = None,
+          cluster: str | None = None) -> list[dict]:
+    """Rows vs distinct (cluster, record_id) per UTC day and table: the query of the view usage_dedup_audit
+    (sql/0014, kept for outside readers), each table it reads filtered for the days and `cluster` (the
+    view has no cluster column, and a filter outside it would not reach the tables' sort keys)."""
     db = quoted_database(database)
     conds, params = [], {}
     if day_from is not None:
@@ -985,9 +988,26 @@ def audit(client, database: str, day_from: dt.date | None = None, day_to: dt.dat
     if day_to is not None:
         conds.append("day <= {day_to:Date}")
         params["day_to"] = day_to
+    if cluster is not None:
+        conds.append("cluster = {cluster:String}")
+        params["cluster"] = cluster
     where = " AND ".join(conds) or "1"
-    return _q(client, f"SELECT day, source_table, rows, distinct_records, duplicates FROM {db}.usage_dedup_audit "
-                      f"WHERE {where} ORDER BY day, source_table", params)
+    return _q(client, f"""
+        WITH ids AS (SELECT day, uniqExact(cluster, record_id) AS distinct_records FROM {db}.usage_raw
+                     WHERE {where} GROUP BY day)
+        SELECT t.day AS day, t.source_table AS source_table, t.rows AS rows, ids.distinct_records AS distinct_records,
+               toInt64(t.rows) - toInt64(ids.distinct_records) AS duplicates
+        FROM (
+            SELECT day, 'usage_raw' AS source_table, count() AS rows FROM {db}.usage_raw WHERE {where} GROUP BY day
+            UNION ALL
+            SELECT day, 'usage_by_job_daily' AS source_table, sum(slices) AS rows FROM {db}.usage_by_job_daily
+            WHERE {where} GROUP BY day
+            UNION ALL
+            SELECT day, 'usage_capacity_daily' AS source_table, sum(slices) AS rows FROM {db}.usage_capacity_daily
+            WHERE {where} GROUP BY day
+        ) AS t
+        INNER JOIN ids ON ids.day = t.day
+        ORDER BY day, source_table""", params)
 
 
 def export_audit(rows: Sequence[Mapping]) -> dict[str, int]:

@@ -69,9 +69,9 @@ def register_report_cli(parser) -> None:
 
 
 #: parsed-argument names of the options only some reports take -> their flags
-_FLAGS = {"job_id": "JOB_ID", "days": "--days", "as_of": "--as-of", "month": "--month", "top": "--top",
-          "cards_listed": "--cards", "anomalies_per_kind": "--anomalies", "stretches_listed": "--stretches",
-          "idle_redistribution": "--idle-redistribution", "by": "--by"}
+REPORT_OPTION_FLAGS = {"job_id": "JOB_ID", "days": "--days", "as_of": "--as-of", "month": "--month", "top": "--top",
+                       "cards_listed": "--cards", "anomalies_per_kind": "--anomalies", "stretches_listed": "--stretches",
+                       "idle_redistribution": "--idle-redistribution", "by": "--by"}
 #: what each report takes of them
 _TAKES = {"inventory": ("days", "as_of", "top", "cards_listed"),
           "monthly": ("month", "as_of", "top", "idle_redistribution"),
@@ -86,9 +86,9 @@ def report_options(name: str, args) -> dict:
     else as each definition version's recorded policy, the ledger's for a version with none."""
     get = lambda k: getattr(args, k, None)  # noqa: E731
     takes = _TAKES[name]
-    extra = [flag for key, flag in _FLAGS.items() if key not in takes and get(key) is not None]
+    extra = [flag for key, flag in REPORT_OPTION_FLAGS.items() if key not in takes and get(key) is not None]
     if extra:
-        accepted = ", ".join(_FLAGS[k] for k in takes if k != "job_id") or "no options"
+        accepted = ", ".join(REPORT_OPTION_FLAGS[k] for k in takes if k != "job_id") or "no options"
         raise ValueError(f"report {name} takes no {', '.join(extra)} (it takes {accepted})")
     options = {key: get(key) for key in takes}
     if "idle_redistribution" in takes:
