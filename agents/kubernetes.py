@@ -25,11 +25,13 @@ The model, in short:
 
 from __future__ import annotations
 
+import copy
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from decimal import Decimal
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import orjson
 
@@ -68,7 +70,8 @@ SUSPENDING_PARENT_ANNOTATION = "kueue.x-k8s.io/pod-suspending-parent"
 GROUP_WORKLOAD_ANNOTATION = "kueue.x-k8s.io/is-group-workload"
 
 #: devices_for(node, namespace, pod_name, host_ip) -> {container name: [device id, ...]} for the
-#: pod's GPU resources, or None when the node has not (yet) reported the pod.
+#: pod's GPU resources, or None when the node has not (yet) reported the pod (no device ids at all
+#: counts the same: the kubelet lists a pod before its devices are allocated).
 DeviceLookup = Callable[[str, str, str, "str | None"], "dict[str, list[str]] | None"]
 
 
@@ -249,11 +252,16 @@ def parse_device_id(device_id: str, mapping: KubernetesMapping) -> tuple[str | N
     """(gpu_uuid, gpu_index, share_milli) of one device id from the NVIDIA device plugin:
     'GPU-<uuid>' (whole GPU), 'MIG-<uuid>' (a MIG instance: the worker finds its parent and share),
     '<uuid>::<n>' (time-slicing replica n: 1/replicas of the GPU), or a bare index ('0') when the
-    plugin runs with DEVICE_ID_STRATEGY=index."""
-    base, replica = device_id, False
+    plugin runs with DEVICE_ID_STRATEGY=index.
+
+    Replica n (0..R-1) gets (n+1)*1000//R - n*1000//R: the R replicas of a device add up to exactly
+    1000 (3 replicas: 333, 333, 334), so a device fully held is fully billed to its holders."""
+    base, share = device_id, 1000
     if REPLICA_SEPARATOR in device_id:
-        base, replica = device_id.split(REPLICA_SEPARATOR, 1)[0], True
-    share = 1000 // max(1, mapping.time_slicing_replicas) if replica else 1000
+        base, n = device_id.split(REPLICA_SEPARATOR, 1)
+        replicas = max(1, mapping.time_slicing_replicas)
+        share = ((int(n) + 1) * 1000 // replicas - int(n) * 1000 // replicas if n.isdigit()
+                 else 1000 // replicas)  # a replica without a number: the floor, as before
     if base.isdigit():
         return None, int(base), share
     return base, None, share
@@ -319,6 +327,31 @@ class ClusterQueueInfo:
 
 def _gpu_key(g: list) -> tuple:
     return tuple("" if v is None else v for v in g)
+
+
+def _put_back(entries: dict, key: str, saved: Any) -> None:
+    if saved is None:
+        entries.pop(key, None)
+    else:
+        entries[key] = saved
+
+
+def _merge_by_gpu(rows: list[list]) -> list[list]:
+    """One row per GPU (node, uuid or index) of sorted [node, uuid, index, share, container, id]
+    rows: the worker refuses an event that lists a GPU twice, and time-sliced replicas of one GPU
+    (or MIG instance) can sit in two containers or two pods of one attempt. The shares add up (at
+    most the whole device); the first row's container with an id stands for the GPU (an event
+    carries one)."""
+    merged: dict[tuple, list] = {}
+    for g in rows:
+        got = merged.get((g[0], g[1], g[2]))
+        if got is None:
+            merged[(g[0], g[1], g[2])] = list(g)
+        else:
+            got[3] = min(1000, got[3] + g[3])
+            if got[5] is None and g[5] is not None:
+                got[4], got[5] = g[4], g[5]
+    return list(merged.values())
 
 
 # --------------------------------------------------------------------------- the core
@@ -406,11 +439,11 @@ class KubernetesLedger:
     # ------------------------------------------------------------------ pods
     def observe_pod(self, pod: dict, now_ms: int, devices_for: DeviceLookup) -> list[JobEvent]:
         """A pod as listed or watched (ADDED / MODIFIED). Pods asking for no GPU are ignored."""
-        return self._pod(pod, now_ms, devices_for, deleted=False)
+        return self._pod_all_or_nothing(pod, now_ms, devices_for, deleted=False)
 
     def pod_deleted(self, pod: dict, now_ms: int, devices_for: DeviceLookup) -> list[JobEvent]:
         """A pod is gone (DELETED, or missing from a relist): its attempt ends if it had not."""
-        out = self._pod(pod, now_ms, devices_for, deleted=True)
+        out = self._pod_all_or_nothing(pod, now_ms, devices_for, deleted=True)
         _, uid, _, _ = metadata(pod)
         self.pods.pop(uid, None)
         self._waiting.pop(uid, None)
@@ -422,6 +455,13 @@ class KubernetesLedger:
 
     def waiting_count(self) -> int:
         return len(self._waiting)
+
+    def _pod_all_or_nothing(self, pod: dict, now_ms: int, devices_for: DeviceLookup, *,
+                            deleted: bool) -> list[JobEvent]:
+        _, uid, namespace, name = metadata(pod)
+        track = self.pods.get(uid)
+        with self._all_or_nothing(track.job_id if track else job_identity(pod, namespace, name), uid):
+            return self._pod(pod, now_ms, devices_for, deleted=deleted)
 
     def _pod(self, pod: dict, now_ms: int, devices_for: DeviceLookup, *, deleted: bool) -> list[JobEvent]:
         meta, uid, namespace, name = metadata(pod)
@@ -454,6 +494,35 @@ class KubernetesLedger:
         self._advance(out, track, job, pod, meta, spec, status, created, now_ms, devices_for, deleted)
         return out
 
+    @contextmanager
+    def _all_or_nothing(self, job_id: str, uid: str | None = None, workload: str | None = None) -> Iterator[None]:
+        """Fields are read as the translation goes, so an object found malformed part-way would leave
+        its first changes without their events, and its next good version would not derive them
+        again. One object changes one job, its pod (or Workload) and the waiting list: those are
+        copied (cheap, unlike the whole state) and put back when it fails, so it is truly skipped."""
+        job, track = self.jobs.get(job_id), self.pods.get(uid) if uid else None
+        saved_job = (copy.copy(job), list(job.live)) if job else None
+        saved_track = copy.copy(track) if track else None
+        waiting = self._waiting.get(uid) if uid else None
+        info = self.workloads.get(workload) if workload else None
+        clamped, preemptions = self.clamped, len(self.preemptions)
+        try:
+            yield
+        except Exception:
+            if saved_job:
+                self.jobs[job_id] = saved_job[0]
+                saved_job[0].live = saved_job[1]
+            else:
+                self.jobs.pop(job_id, None)
+            if uid:
+                _put_back(self.pods, uid, saved_track)
+                _put_back(self._waiting, uid, waiting)
+            if workload:
+                _put_back(self.workloads, workload, info)
+            self.clamped = clamped
+            del self.preemptions[preemptions:]
+            raise
+
     def _advance(self, out, track: PodTrack, job: JobTrack, pod: dict, meta: dict, spec: dict, status: dict,
                  created: int, now_ms: int, devices_for: DeviceLookup, deleted: bool) -> None:
         conds = conditions(status)
@@ -477,7 +546,9 @@ class KubernetesLedger:
             gpus: list[list] | None = []
             if self.mapping.devices_expected:
                 devices = devices_for(node, track.namespace, track.name, status.get("hostIP"))
-                if devices is None:
+                # the kubelet lists a pod before admission has run the device plugin's Allocate: a
+                # pod that asks for GPUs and shows none of them is not known yet, not GPU-less
+                if devices is None or not any(devices.values()):
                     waited = now_ms - (track.waiting_since_ms if track.waiting_since_ms is not None else now_ms)
                     if not terminal and waited < self.mapping.device_wait_ms:
                         if track.waiting_since_ms is None:
@@ -535,8 +606,9 @@ class KubernetesLedger:
 
     def _reallocate(self, out: list[JobEvent], job: JobTrack, ts_ms: int) -> None:
         """Send the attempt's GPU set again when it changed (and `started` again if it runs)."""
-        gpus = sorted((g for uid in job.live for p in [self.pods.get(uid)] if p and p.allocated and not p.ended
+        held = sorted((g for uid in job.live for p in [self.pods.get(uid)] if p and p.allocated and not p.ended
                        for g in p.gpus), key=_gpu_key)
+        gpus = _merge_by_gpu(held)
         if gpus == job.emitted_gpus:
             return
         job.emitted_gpus = gpus
@@ -605,6 +677,12 @@ class KubernetesLedger:
     # ------------------------------------------------------------------ Kueue
     def observe_workload(self, workload: dict, now_ms: int) -> list[JobEvent]:
         """A Kueue Workload: submitted / queued events, evictions, and what snapshots count."""
+        _, _, namespace, name = metadata(workload)
+        job_id = workload_job_identity(workload, namespace, name)
+        with self._all_or_nothing(job_id, workload=f"{namespace}/{name}"):
+            return self._workload(workload)
+
+    def _workload(self, workload: dict) -> list[JobEvent]:
         meta, uid, namespace, name = metadata(workload)
         spec = _dict(workload.get("spec"), "spec")
         status = _dict(workload.get("status"), "status")
@@ -667,9 +745,22 @@ class KubernetesLedger:
             self.preemptions.append(PreemptionFired(job_id=job.job_id, queue=queue,
                                                     rule=str(evicted.get("message") or "Preempted")))
 
-    def workload_deleted(self, workload: dict) -> None:
-        _, _, namespace, name = metadata(workload)
+    def workload_deleted(self, workload: dict, now_ms: int) -> list[JobEvent]:
+        """A Workload is gone. One deleted before it finished, while its job has no pod (cancelled in
+        the queue, or after an eviction requeued it), ends the open attempt as `cancelled`: no pod
+        will end it, and an attempt never ended would keep the job for ever."""
+        meta, _, namespace, name = metadata(workload)
+        status = _dict(workload.get("status"), "status")
+        finished = conditions(status).get("Finished", {}).get("status") == "True"
+        deletion = parse_time_ms(meta.get("deletionTimestamp"))
+        job = self.jobs.get(workload_job_identity(workload, namespace, name))
         self.workloads.pop(f"{namespace}/{name}", None)
+        out: list[JobEvent] = []
+        if finished or job is None or job.attempt_ended or job.live:
+            return out
+        self._emit(out, job, K.cancelled, deletion or now_ms, reason="deleted")
+        job.attempt_ended, job.last_outcome, job.running, job.emitted_gpus = True, K.cancelled.value, False, None
+        return out
 
     def observe_cluster_queue(self, cq: dict) -> None:
         _, _, _, name = metadata(cq)

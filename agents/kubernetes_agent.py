@@ -500,9 +500,11 @@ class KubernetesAgent:
 
     def _apply(self, kind: str, change: str, obj: dict) -> list:
         """One ADDED/MODIFIED/DELETED object into the core. A malformed one is logged and skipped."""
+        known, uid, remembered = None, None, None
         try:
             _, uid, namespace, name = metadata(obj)
             known = self.known.setdefault(kind, {})
+            remembered = known.get(uid)
             if change == "DELETED":
                 known.pop(uid, None)
             else:
@@ -520,8 +522,9 @@ class KubernetesAgent:
                 return events
             if kind == "workload":
                 if change == "DELETED":
-                    self.core.workload_deleted(obj)
-                    return []
+                    events = self.core.workload_deleted(obj, now)
+                    self.dirty = self.dirty or bool(events)
+                    return events
                 events = self.core.observe_workload(obj, now)
                 self.dirty = self.dirty or bool(events) or self.core.jobs.get(workload_job_of(obj)) is not None
                 return events
@@ -537,6 +540,11 @@ class KubernetesAgent:
         except Exception:  # a shape the core did not foresee: skip the object, keep the agent up
             self.skipped += 1
             log.exception("skipped a %s the agent could not read", kind)
+        # skipped: a relist that misses the object ends it from the last version the core took
+        if known is not None and remembered is not None:
+            known[uid] = remembered
+        elif known is not None:
+            known.pop(uid, None)
         return []
 
     def _sync(self, kind: str, items: list) -> list:

@@ -36,7 +36,8 @@ class PodResourcesClient:
 
     def list(self, wanted: Callable[[str], bool] = lambda name: True) -> PodDevices:
         """Every pod on the node with the devices of the `wanted` resources, by container
-        (pods holding none of them map to {})."""
+        (pods holding none of them map to {}: also a pod listed before its devices are allocated,
+        which the core therefore takes for one not reported yet)."""
         response = self._stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.timeout_s)
         return {(pod.namespace, pod.name): _containers(pod, wanted) for pod in response.pod_resources}
 
