@@ -1,7 +1,7 @@
-"""Defects a review of the Kubernetes core found (agents/kubernetes.py, and where the verdict is the
-worker's, through the real WorkerCore): time-sliced replicas of one GPU in one attempt, a pod the
-kubelet lists before its devices are allocated, an object found malformed part-way, replica shares
-that must add up to one GPU, and a Workload deleted while it waits in the queue."""
+"""Edge cases of the Kubernetes core (agents/kubernetes.py, and where the verdict is the worker's, through
+the real WorkerCore): time-sliced replicas of one GPU in one attempt, a pod the kubelet lists before its
+devices are allocated, an object found malformed part-way, replica shares that must add up to one GPU,
+and a Workload deleted while it waits in the queue."""
 
 from __future__ import annotations
 
