@@ -21,7 +21,7 @@ from gpuledger.schemas.models import (
     NodeTick,
 )
 from gpuledger.traces.readers import (CLUSTER_GENAI, EPOCH_BASE_MS, HOUR_MS, KIND_ORDER, ORDER_LIFECYCLE, ORDER_SNAPSHOT,
-                                    ORDER_WATERMARK, TENANT, Emissions, TraceError, at_ms, csv_rows, watermark_times)
+                                    ORDER_WATERMARK, TENANT, Emissions, TraceError, at_ms, csv_rows, say, watermark_times)
 
 
 
@@ -31,7 +31,8 @@ GENAI_GPU_MODEL = "undisclosed"
 
 @dataclass(frozen=True)
 class Sample:
-    """One GenAI sample: trace time (s), pod (container_ip hash), value."""
+    """One GenAI sample: trace time (s), pod (container_ip hash), value (NaN: the row has no usable
+    value; it still marks its slot)."""
 
     ts_s: float
     pod: str
@@ -40,8 +41,12 @@ class Sample:
 
 def read_genai_samples(path: str | Path) -> list[Sample]:
     """pod_gpu_duty_cycle_anon / pod_gpu_memory_used_bytes_anon (.tar.gz or the CSV inside):
-    columns value, timestamp_anon, container_ip in any order."""
+    columns value, timestamp_anon, container_ip in any order. A row with a NaN value is kept with
+    value NaN (its slot is known, its measurement is not); a row with a NaN timestamp is skipped.
+    Both are counted on stderr with their first line."""
     out = []
+    nan_values: list[int] = []  # line numbers
+    nan_times: list[int] = []
     for lineno, row in csv_rows(Path(path), ("value", "timestamp_anon", "container_ip")):
         where = f"{path}:{lineno}"
         pod = (row["container_ip"] or "").strip()
@@ -51,12 +56,20 @@ def read_genai_samples(path: str | Path) -> list[Sample]:
             ts, value = float(row["timestamp_anon"]), float(row["value"])
         except (TypeError, ValueError):
             raise TraceError(f"{where}: timestamp_anon and value must be numbers, got {row['timestamp_anon']!r}, {row['value']!r}") from None
-        if value != value or ts != ts:  # NaN
-            continue
         if math.isinf(ts) or math.isinf(value):
             raise TraceError(f"{where}: timestamp_anon and value must be finite, got {row['timestamp_anon']!r}, {row['value']!r}")
+        if math.isnan(ts):  # no slot to put it in
+            nan_times.append(lineno)
+            continue
+        if math.isnan(value):
+            nan_values.append(lineno)
         out.append(Sample(ts, pod, value))
-    if not out:
+    if nan_times:
+        say(f"[replay-trace] {path}: skipped {len(nan_times)} row(s) with a NaN timestamp_anon (first at line {nan_times[0]})")
+    if nan_values:
+        say(f"[replay-trace] {path}: {len(nan_values)} row(s) with a NaN value (first at line {nan_values[0]}): "
+            "kept as slots without a measurement")
+    if not any(not math.isnan(s.value) for s in out):
         raise TraceError(f"{path}: no samples")
     return out
 
@@ -81,7 +94,7 @@ class GenaiTick:
     attempt: int
     ts_ms: int
     interval_ms: int
-    duty_pct: float
+    duty_pct: float | None  # None: the row's value was NaN
     mem_bytes: int | None
 
 
@@ -90,21 +103,24 @@ def genai_ticks(duty: Sequence[Sample], memory: Sequence[Sample], *, base_ms: in
     """Per-pod ticks: each duty-cycle sample covers the time to the pod's next sample; the last
     sample of a stretch covers the median sampling interval. A gap longer than `gap_split_s`
     (no telemetry for > 10 intervals) ends the pod's holding (stretch = attempt); the next
-    sample starts a new attempt. Memory is joined by pod and the nearest timestamp within one
-    median interval. Trace time is mapped so that the first duty sample is at `base_ms`.
-    `max_pods`: only the first N pods (N >= 1) in order of first appearance in the duty file.
+    sample starts a new attempt. A row with a NaN value is a tick of its own with no duty cycle
+    (held, unmeasured), so the sample before it is not stretched over its slot. Memory is joined
+    by pod and the nearest timestamp within one median interval (NaN or negative: unknown; negatives
+    counted on stderr). Trace time is mapped so that the first duty sample is at `base_ms`.
+    `max_pods`: only the first N pods (N >= 1) in order of their earliest sample (ties in file
+    order), so a re-sorted file replays the same pods.
     Samples of a pod at the same millisecond are one sample (the first is kept), so every tick
     covers at least 1 ms. Returns (ticks sorted by time, median interval in ms, pods)."""
     if not duty:
         raise TraceError("no duty-cycle samples")
     if max_pods is not None and max_pods < 1:
         raise TraceError(f"max_pods must be a whole number >= 1, got {max_pods}")
-    order: dict[str, None] = {}
     by_pod: dict[str, list[Sample]] = {}
     for s in duty:
-        order.setdefault(s.pod)
         by_pod.setdefault(s.pod, []).append(s)
-    pods = list(order)[:max_pods] if max_pods is not None else list(order)
+    # sorted() is stable: pods whose first samples tie keep their order of appearance in the file
+    order = sorted(by_pod, key=lambda pod: min(s.ts_s for s in by_pod[pod]))
+    pods = order[:max_pods] if max_pods is not None else order
     origin = min(s.ts_s for s in duty)
     gaps = []
     for p in by_pod.values():
@@ -113,6 +129,9 @@ def genai_ticks(duty: Sequence[Sample], memory: Sequence[Sample], *, base_ms: in
     median_s = statistics.median(gaps) if gaps else 60.0
     median_ms = max(1, round(median_s * 1000))
 
+    negative_memory = sum(1 for s in memory if s.value < 0)  # NaN ones were reported when read
+    if negative_memory:
+        say(f"[replay-trace] {negative_memory} memory sample(s) are negative: memory unknown for their ticks")
     mem_by_pod: dict[str, tuple[list[float], list[float]]] = {}
     for s in sorted(memory, key=lambda s: (s.pod, s.ts_s)):
         ts_list, values = mem_by_pod.setdefault(s.pod, ([], []))
@@ -129,7 +148,7 @@ def genai_ticks(duty: Sequence[Sample], memory: Sequence[Sample], *, base_ms: in
         for j in (i - 1, i):
             if 0 <= j < len(ts_list) and abs(ts_list[j] - ts) <= median_s and (best is None or abs(ts_list[j] - ts) < abs(ts_list[best] - ts)):
                 best = j
-        return None if best is None or values[best] < 0 else int(values[best])
+        return None if best is None or not values[best] >= 0 else int(values[best])
 
     ticks: list[GenaiTick] = []
     for pod in pods:
@@ -148,7 +167,8 @@ def genai_ticks(duty: Sequence[Sample], memory: Sequence[Sample], *, base_ms: in
             else:
                 interval = times[k + 1] - times[k]  # >= 1: times are distinct and sorted
             interval = min(interval, HOUR_MS)
-            ticks.append(GenaiTick(pod, attempt, times[k], interval, min(100.0, max(0.0, s.value)), memory_at(pod, s.ts_s)))
+            duty_pct = None if math.isnan(s.value) else min(100.0, max(0.0, s.value))
+            ticks.append(GenaiTick(pod, attempt, times[k], interval, duty_pct, memory_at(pod, s.ts_s)))
             if nxt is not None and nxt - s.ts_s > gap_split_s:
                 attempt += 1
     ticks.sort(key=lambda t: (t.ts_ms, t.pod))

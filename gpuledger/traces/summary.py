@@ -22,8 +22,9 @@ def has_replay(client, cluster: str) -> bool:
                              parameters={"cluster": cluster}).result_rows[0][0])
 
 
-# A v2023 pod's phase as the warehouse tells it: the terminal event decides; no terminal and
-# no allocation = never scheduled (Pending); allocated without a terminal = still running.
+# A v2023 pod's phase as the warehouse tells it: completed / failed decide; no allocation =
+# never scheduled (Pending, ended by `cancelled` at its deletion); allocated and cancelled =
+# deleted while running, allocated without a terminal = still running (both Running).
 _V2023_PODS = """
     SELECT job_id, queue, requested_gpus, allocated_gpus, queued_ms, allocated_ms, ended_ms,
            multiIf(outcome = 'completed', 'Succeeded', outcome = 'failed', 'Failed',

@@ -137,6 +137,9 @@ def read_pods(path: str | Path) -> list[TracePod]:
         if phase == "Pending" and scheduled is not None:  # the published lists have none; no event would end it
             raise TraceError(f"{where}: pod {name!r} is Pending but has a scheduled_time ({scheduled}): a Pending pod "
                              "must never have been scheduled (leave scheduled_time empty)")
+        if phase == "Running" and scheduled is None:  # nothing would allocate it: the ledger would call it Pending
+            raise TraceError(f"{where}: pod {name!r} is Running but has no scheduled_time: a Running pod must have been "
+                             "scheduled (give its scheduled_time, or its phase Pending)")
         if scheduled is not None and not creation <= scheduled <= deletion:
             raise TraceError(f"{where}: expected creation <= scheduled <= deletion, got {creation}, {scheduled}, {deletion}")
         if deletion < creation:
@@ -260,8 +263,9 @@ def convert_v2023(
       `gpu_spec=...` when the pod restricts GPU models); `allocated` (first-fit placement, each
       GPU with share_milli = gpu_milli) + `started` at scheduled; at deletion the final phase's
       terminal event (Succeeded: completed, Failed: failed, Running: cancelled = deleted while
-      running), except Running pods still running when the trace ends (no terminal event) and
-      never-scheduled pods (no GPU events). Queue = qos.
+      running), except Running pods still running when the trace ends (no terminal event); a
+      never-scheduled pod gets no GPU events, only `cancelled` ("deleted while Pending") at its
+      deletion before the trace end, which ends its wait. Queue = qos.
     - line 3: a snapshot of every queue (qos) each `snapshot_every_ms` and at the trace end.
     - LifecycleWatermarks every `watermark_every_ms` and a final one at the trace end.
     """
@@ -276,17 +280,23 @@ def convert_v2023(
         items.append((base_ms, ORDER_TICK, i, 0, Emission(LINE_SAMPLES, tick.node, tick)))
 
     # Placement runs on trace time: releases before allocations at equal times ([scheduled, deletion)).
+    # A pod scheduled and deleted in the same second is released right after its own placement:
+    # sorted with the other releases it would find nothing to free and keep its GPUs for ever.
     placer = FirstFitPlacer(cluster, nodes)
-    sweep: list[tuple[int, int, int]] = []  # (time, 0 release / 1 place, pod index)
+    sweep: list[tuple[int, int, int, int]] = []  # (time, 0 release / 1 place, pod index, 0 place / 1 own release)
     for i, pod in enumerate(pods):
         if pod.scheduled_s is not None and pod.is_gpu:
-            sweep.append((pod.scheduled_s, 1, i))
-            if not still_running_at_end(pod, end_s):
-                sweep.append((pod.deletion_s, 0, i))
+            sweep.append((pod.scheduled_s, 1, i, 0))
+            if still_running_at_end(pod, end_s):
+                continue
+            if pod.deletion_s == pod.scheduled_s:
+                sweep.append((pod.deletion_s, 1, i, 1))
+            else:
+                sweep.append((pod.deletion_s, 0, i, 0))
     sweep.sort()
     assignments: dict[int, list[GpuAssignment]] = {}
-    for _, action, i in sweep:
-        if action:
+    for _, action, i, own_release in sweep:
+        if action and not own_release:
             assignments[i] = placer.place(pods[i])
         else:
             placer.release(pods[i].name)
@@ -301,7 +311,8 @@ def convert_v2023(
                           attempt=0, tenant=TENANT, queue=pod.qos, priority=priority, requested_gpus=requested,
                           gpus=gpus or [], reason=reason)
             # a release at a time when other pods take GPUs goes first; a pod's own events keep their order
-            release_first = 0 if kind in PHASE_TERMINAL.values() and (pod.scheduled_s is None or pod.scheduled_s < pod.deletion_s) else 1
+            last_start_s = pod.scheduled_s if pod.scheduled_s is not None else pod.creation_s
+            release_first = 0 if kind in PHASE_TERMINAL.values() and last_start_s < pod.deletion_s else 1
             items.append((ts_ms, ORDER_LIFECYCLE, release_first, (i, KIND_ORDER[kind]), Emission(LINE_JOB_EVENTS, pod.name, ev)))
             counts["events"] += 1
 
@@ -317,6 +328,9 @@ def convert_v2023(
                 event(PHASE_TERMINAL[pod.phase], at_ms(base_ms, pod.deletion_s), reason=reason)
         elif pod.phase in ("Succeeded", "Failed"):  # not in the published lists, but keep the outcome
             event(PHASE_TERMINAL[pod.phase], at_ms(base_ms, pod.deletion_s), reason=f"pod_phase={pod.phase} (never scheduled)")
+        elif pod.deletion_s < end_s:  # Pending, deleted: that ends its wait (else its waiting demand is lost);
+            # one still pending when the trace was cut keeps waiting, as a Running pod then keeps running
+            event(JobEventKind.cancelled, at_ms(base_ms, pod.deletion_s), reason="deleted while Pending")
 
     queues = sorted({p.qos for p in pods}, key=lambda q: (-QOS_PRIORITY.get(q, 0), q))
     quota = sum(n.gpus for n in nodes)

@@ -111,7 +111,8 @@ def expected_genai(duty_path: Path, max_pods: int | None = None, default_executi
     samples: dict[str, list[tuple[float, float]]] = {}
     for row in read_trace_csv(duty_path):
         samples.setdefault(row["container_ip"], []).append((float(row["timestamp_anon"]), float(row["value"])))
-    pods = list(samples)[:max_pods] if max_pods else list(samples)
+    by_first_sample = sorted(samples, key=lambda pod: min(ts for ts, _ in samples[pod]))  # stable: ties in file order
+    pods = by_first_sample[:max_pods] if max_pods else by_first_sample
     gaps = []
     for series in samples.values():
         series.sort()
@@ -167,6 +168,31 @@ def assert_matches(actual, expected, where: str = "summary") -> None:
         assert actual == expected, f"{where}: {actual} != {expected}"
     else:
         assert actual == pytest.approx(expected, rel=1e-6, abs=6e-4), f"{where}: {actual} != {expected}"
+
+
+def warehouse_rows(settings, sql: str) -> list[dict]:
+    from gpuledger.warehouse import connect
+
+    client = connect(settings)
+    try:
+        return list(client.query(sql).named_results())
+    finally:
+        client.close()
+
+
+def expected_requested_gpu_seconds(pods_csv: Path) -> dict[str, float]:
+    """Per queue (qos): GPUs asked for x (deletion - creation), the time from submission to the end of
+    the pod whether it waited, ran or both; pods still running at the trace end are left out (their
+    end is the observation's)."""
+    with open(pods_csv, newline="") as f:
+        pods = list(csv.DictReader(f))
+    end = max(max(int(p["deletion_time"]), int(p["creation_time"]), int(p["scheduled_time"] or 0)) for p in pods)
+    out: dict[str, float] = defaultdict(float)
+    for p in pods:
+        if p["pod_phase"] == "Running" and p["scheduled_time"].strip() and int(p["deletion_time"]) >= end:
+            continue
+        out[p["qos"]] += int(p["num_gpu"]) * int(p["gpu_milli"]) / 1000 * (int(p["deletion_time"]) - int(p["creation_time"]))
+    return dict(out)
 
 
 def capacity_rows(settings) -> list[dict]:
@@ -227,6 +253,12 @@ def test_v2023_any_pod_list_of_the_format_via_the_cli(tmp_path, make_settings, c
     assert summary["gpu_spec_share_of_gpu_pods"] == pytest.approx(5 / 8, abs=1e-4)
     assert summary["phases"] == {"Running": 4, "Succeeded": 2, "Failed": 2, "Pending": 1}
     assert summary["gpus_by_model"] == {"G2": 8, "T4": 2, "V100M32": 4}
+    # p5 was deleted while Pending: its attempt ends then, and its 700 s wait for 1 GPU counts as requested
+    (p5,) = warehouse_rows(settings, "SELECT ended_ms, outcome FROM job_attempts WHERE cluster = 'alibaba-v2023' AND job_id = 'p5'")
+    assert (p5["ended_ms"], p5["outcome"]) == (1_672_531_200_000 + 900_000, "cancelled")  # trace time 0 = 2023-01-01
+    requested = {r["queue"]: r["s"] for r in warehouse_rows(settings, """
+        SELECT queue, sum(requested_gpu_seconds) AS s FROM queue_efficiency WHERE cluster = 'alibaba-v2023' GROUP BY queue""")}
+    assert requested["BE"] == pytest.approx(expected_requested_gpu_seconds(pods_csv)["BE"], abs=1e-3)
     # the summary can be printed again from the warehouse alone
     assert main(["replay-trace", "alibaba-v2023", "--summary-only"]) == 0
     assert json.loads(capsys.readouterr().out) == summary

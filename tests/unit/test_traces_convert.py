@@ -156,7 +156,7 @@ def test_v2023_lines(small):
         "p-share-a": ["submitted", "queued", "allocated", "started", "cancelled"],  # deleted while Running
         "p-share-b": ["submitted", "queued", "allocated", "started", "completed"],
         "p-multi": ["submitted", "queued", "allocated", "started", "failed"],
-        "p-pending": ["submitted", "queued"],                                     # never scheduled
+        "p-pending": ["submitted", "queued", "cancelled"],                        # never scheduled, deleted
         "p-cpu": ["submitted", "queued", "allocated", "started", "completed"],
     }
     multi = {ev.kind: ev for ev in events["p-multi"]}
