@@ -9,7 +9,11 @@ migrated schema (a throw-away chDB), every chart placed in its dashboard's `posi
 
 Numbers read like the periodic reports': column headers and units from gpuledger.warehouse.periodic.columns,
 raw tables rounded per column, axes titled with their units, money metrics, columns and axes in the
-currency of the shipped ledger (gpuledger/ledger_defaults.toml; re-run after changing it).
+currency of the shipped ledger (gpuledger/ledger_defaults.toml), which `gpuledger superset import` rewrites
+to the configured ledger's. The bill datasets (CURRENCY_DATASETS) add money of one definition version's
+currency only: they carry a `currency` column (the version's recorded currency, as `report bills`), their
+money has no fixed symbol, and the cockpit's Currency filter (one currency, default the ledger's) keeps
+its money charts to one currency.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from gpuledger.warehouse.periodic.columns import column as report_column  # noqa: E402  (headers and units: the same as the reports')
+from gpuledger.integrations.superset import currency_column_sql  # noqa: E402  (the import rewrites it per warehouse)
 
 BUNDLE = HERE / "bundle"
 NS = uuid.UUID("5f0c6a52-8d8e-4a53-9a57-0b6c1d3a7e11")
@@ -36,6 +41,9 @@ PLACEHOLDER_URI = "clickhousedb:///gpuledger?interface=chdb&path=/path/to/chdb"
 #: the currency of the shipped ledger: every money metric, column and axis is labelled with it
 CURRENCY = tomllib.loads((HERE.parent / "gpuledger" / "ledger_defaults.toml").read_text())["currency"]
 CURRENCY_FORMAT = {"symbol": CURRENCY, "symbolPosition": "suffix"}
+#: datasets whose rows span definition versions of different currencies: a calculated `currency` column
+#: (the version's recorded currency, else the ledger's) and money without a fixed symbol
+CURRENCY_DATASETS = ("tenant_daily_bill", "job_cost")
 #: d3 number format of a column of each unit (gpuledger.periodic.columns): numbers rounded for reading
 D3_FORMAT = {"money": ",.2f", "gpu_hours": ",.2f", "seconds": ",.0f", "pct": ".1f", "ratio": ".1%", "count": ",d",
              "score": ".2f", "number": ",.1f"}
@@ -48,7 +56,8 @@ def uid(*parts: str) -> str:
 # --------------------------------------------------------------------------- datasets and metrics
 def m(name: str, expression: str, label: str | None = None, fmt: str | None = None, description: str | None = None,
       money: bool = False) -> dict:
-    """A metric; `money` ones carry the ledger's currency (in the label and Superset's currency format)."""
+    """A metric; `money` ones carry the ledger's currency (in the label and Superset's currency format).
+    A bill dataset's money (CURRENCY_DATASETS) is plain: its rows say their currency."""
     return {"metric_name": name, "expression": expression, "verbose_name": f"{label} ({CURRENCY})" if money else label,
             "d3format": fmt, "description": description, "currency": CURRENCY_FORMAT if money else None}
 
@@ -56,6 +65,7 @@ def m(name: str, expression: str, label: str | None = None, fmt: str | None = No
 LAYERS = {
     "scheduling_utilization": "sum(allocated_gpu_ms) / nullIf(sum(capacity_gpu_ms) - sum(down_gpu_ms), 0)",
     "execution_utilization": "sum(executing_gpu_ms) / nullIf(sum(allocated_gpu_ms), 0)",
+    # utilization_hourly's util columns weight util_metric_pct, the [utilization] definition's (sql/0043), as the report
     "hardware_utilization": "sum(util_weighted_gpu_ms) / nullIf(sum(util_gpu_ms), 0) / 100",
 }
 
@@ -110,10 +120,11 @@ DATASETS: dict[str, tuple[str, str | None, list[dict], bool]] = {
         m("cluster_idle_share", "sum(unallocated_gpu_ms) / nullIf(sum(capacity_gpu_ms), 0)", "Cluster idle (share of capacity)", ".1%"),
     ], False),
     "tenant_daily_bill": ("Tenant bill per day: compute / idle / failed-retry", "day", [
-        m("compute_cost_sum", "sum(compute_cost)", "Compute", ",.2f", money=True),
-        m("idle_cost_sum", "sum(idle_cost)", "Idle", ",.2f", money=True),
-        m("failed_retry_cost_sum", "sum(failed_retry_cost)", "Failed retry", ",.2f", money=True),
-        m("total_cost_sum", "sum(total_cost)", "Total cost", ",.2f", money=True),
+        # money of one currency only where the dashboard's Currency filter or a group by currency keeps it so
+        m("compute_cost_sum", "sum(compute_cost)", "Compute", ",.2f"),
+        m("idle_cost_sum", "sum(idle_cost)", "Idle", ",.2f"),
+        m("failed_retry_cost_sum", "sum(failed_retry_cost)", "Failed retry", ",.2f"),
+        m("total_cost_sum", "sum(total_cost)", "Total cost", ",.2f"),
         m("idle_share", "sum(idle_cost) / nullIf(sum(total_cost), 0)", "Idle share", ".1%"),
         m("effective_gpu_hours", "sum(total_effective_gpu_hours)", "Effective GPU-hours", ",.1f"),
     ], True),
@@ -122,7 +133,7 @@ DATASETS: dict[str, tuple[str, str | None, list[dict], bool]] = {
         m("idle_cost_sum", "sum(idle_cost)", "Idle cost", ",.2f", money=True),
     ], True),
     "job_cost": ("Job cost over all attempts and GPUs, with queue waiting", "first_day", [
-        m("cost_sum", "sum(cost)", "Cost", ",.2f", money=True),
+        m("cost_sum", "sum(cost)", "Cost", ",.2f"),
     ], True),
     "capacity_daily": ("Capacity per day and GPU model: down + unallocated + allocated idle + executing", "day", [
         m("unallocated_gpu_hours", "sum(unallocated_gpu_seconds) / 3600", "Unallocated GPU-hours", ",.2f"),
@@ -199,21 +210,23 @@ def bar_chart(x: str, metrics: list[str], groupby=(), stack=False, fmt=None, **e
     return params
 
 
-def column_config(columns: list[str]) -> dict:
-    """Per-column number formats of a raw table: rounded for reading, money with its currency."""
+def column_config(columns: list[str], symbol: bool = True) -> dict:
+    """Per-column number formats of a raw table: rounded for reading, money with its currency (unless `symbol`
+    is False: a bill dataset's rows, whose currency the dashboard's Currency filter picks)."""
     config = {}
     for name in columns:
         unit = report_column(name).unit
         if unit in D3_FORMAT:
-            config[name] = {"d3NumberFormat": D3_FORMAT[unit], **({"currencyFormat": CURRENCY_FORMAT} if unit == "money" else {})}
+            config[name] = {"d3NumberFormat": D3_FORMAT[unit],
+                            **({"currencyFormat": CURRENCY_FORMAT} if unit == "money" and symbol else {})}
     return config
 
 
-def table_raw(columns: list[str], order_by: tuple[str, bool], limit: int) -> dict:
+def table_raw(columns: list[str], order_by: tuple[str, bool], limit: int, symbol: bool = True) -> dict:
     return {"viz_type": "table", "query_mode": "raw", "all_columns": columns, "groupby": [], "metrics": [],
             "percent_metrics": [], "order_by_cols": [f'["{order_by[0]}", {str(order_by[1]).lower()}]'],
             "adhoc_filters": [], "row_limit": limit, "server_pagination": False, "table_timestamp_format": "smart_date",
-            "include_search": True, "show_cell_bars": True, "color_pn": True, "column_config": column_config(columns)}
+            "include_search": True, "show_cell_bars": True, "color_pn": True, "column_config": column_config(columns, symbol)}
 
 
 def table_agg(groupby: list[str], metrics: list[str], sort_by: str, limit: int) -> dict:
@@ -235,7 +248,14 @@ def pie(groupby: list[str], metric: str) -> dict:
             "show_legend": True, "legendOrientation": "top", "donut": True, "number_format": "SMART_NUMBER"}
 
 
-#: dashboard -> (title, slug, description, filters [(column, label, dataset)], rows of (chart key, title, dataset, params, width))
+#: a native filter that always holds one currency, the ledger's unless picked (the import writes the configured one)
+ONE_CURRENCY = {"controlValues": {"enableEmptyFilter": True, "defaultToFirstItem": False, "multiSelect": False,
+                                  "searchAllOptions": False, "inverseSelection": False},
+                "defaultDataMask": {"extraFormData": {"filters": [{"col": "currency", "op": "IN", "val": [CURRENCY]}]},
+                                    "filterState": {"value": [CURRENCY], "label": CURRENCY}, "ownState": {}}}
+
+#: dashboard -> (title, slug, description, filters [(column, label, dataset[, overrides])], rows of (chart key, title,
+#: dataset, params, width))
 DASHBOARDS = {
     "operations": (
         "GPU Ledger — Operations", "gpuledger-operations",
@@ -302,28 +322,31 @@ DASHBOARDS = {
     ),
     "cockpit": (
         "GPU Ledger — Management cockpit", "gpuledger-cockpit",
-        "Effective GPU-hours, the three utilization layers, cost by tenant, idle waste, the costliest jobs, cluster idle.",
-        [("tenant", "Tenant", "tenant_daily_bill")],
+        "Effective GPU-hours, the three utilization layers, cost by tenant, idle waste, the costliest jobs, cluster idle. "
+        "Money is in the currency the Currency filter picks (the ledger's unless picked): never two currencies in one total.",
+        [("tenant", "Tenant", "tenant_daily_bill"), ("currency", "Currency", "tenant_daily_bill", ONE_CURRENCY)],
         [
             [("effective_gpu_hours", "Effective GPU-hours delivered", "utilization_hourly",
               big_number("effective_gpu_hours", ",.1f", "GPU-hours executing, in baseline-card hours"), 3),
              ("cluster_idle_share", "Cluster idle", "utilization_hourly",
               big_number("cluster_idle_share", ".1%", "unallocated share of capacity"), 3),
              ("total_cost", "Billed cost", "tenant_daily_bill",
-              big_number("total_cost_sum", ",.2f", f"{CURRENCY}: compute + idle + failed retry", money=True), 3),
+              big_number("total_cost_sum", ",.2f", "compute + idle + failed retry, in the Currency filter's currency"), 3),
              ("idle_share", "Idle share of the bill", "tenant_daily_bill", big_number("idle_share", ".1%", "allocated but not executing"), 3)],
             [("utilization_layers", "Three utilization layers (scheduling, execution, hardware)", "utilization_hourly",
               ts_chart("echarts_timeseries_line", "hour", "PT1H", list(LAYERS), fmt=".0%", y_axis_bounds=[0, 1],
                        **axes("Hour (UTC)", "Utilization (%)")), 12)],
             [("tenant_cost_split", "Cost by tenant: compute / idle / failed retry", "tenant_daily_bill",
-              bar_chart("tenant", ["compute_cost_sum", "idle_cost_sum", "failed_retry_cost_sum"], stack=True, fmt=",.0f",
-                        **axes("Tenant", f"Cost ({CURRENCY})", money=True)), 6),
+              bar_chart("tenant", ["compute_cost_sum", "idle_cost_sum", "failed_retry_cost_sum"], ["currency"], stack=True,
+                        fmt=",.0f", **axes("Tenant", "Cost (in the Currency filter's currency)")), 6),
              ("idle_waste_by_queue", "Idle waste by queue (GPU-hours)", "idle_waste_daily",
               bar_chart("queue", ["idle_gpu_hours_sum"], ["tenant"], stack=True, fmt=",.1f",
                         **axes("Queue", "Idle GPU-hours")), 6)],
+            # in the Currency filter's currency, without a symbol: a raw table cannot list the calculated currency
+            # column (Superset 6.1 selects it as a literal name, which ClickHouse does not know)
             [("top_costly_jobs", "Top-10 costly jobs", "job_cost",
               table_raw(["job_id", "tenant", "queue", "attempts", "gpu_hours", "effective_gpu_hours", "idle_gpu_hours", "cost"],
-                        ("cost", False), 10), 7),
+                        ("cost", False), 10, symbol=False), 7),
              ("cluster_idle_by_model", "Cluster idle (unallocated GPU-hours) by GPU model", "capacity_daily",
               bar_chart("gpu_model", ["unallocated_gpu_hours"], fmt=",.1f",
                         **axes("GPU model", "Unallocated GPU-hours")), 5)],
@@ -335,8 +358,8 @@ DASHBOARDS = {
                                                                  "fleet_capacity"], fmt=",.0f",
                        **axes("Day (UTC)", "GPU-hours")), 12)],
             [("tenant_ranking", "Tenant ranking", "tenant_daily_bill",
-              table_agg(["tenant"], ["total_cost_sum", "compute_cost_sum", "idle_cost_sum", "failed_retry_cost_sum", "idle_share",
-                                     "effective_gpu_hours"], "total_cost_sum", 100), 12)],
+              table_agg(["tenant", "currency"], ["total_cost_sum", "compute_cost_sum", "idle_cost_sum", "failed_retry_cost_sum",
+                                                 "idle_share", "effective_gpu_hours"], "total_cost_sum", 100), 12)],
         ],
     ),
 }
@@ -360,11 +383,31 @@ def describe_views() -> dict[str, list[tuple[str, str]]]:
         client = connect(settings)
         try:
             migrate(client, settings.database)
-            return {name: [(r[0], r[1]) for r in client.query(f"DESCRIBE TABLE `{name}`").result_rows] for name in DATASETS}
+            described = {name: [(r[0], r[1]) for r in client.query(f"DESCRIBE TABLE `{name}`").result_rows] for name in DATASETS}
+            for name in CURRENCY_DATASETS:
+                described[name].append(("currency", "String"))  # calculated by Superset (dataset_columns)
+            return described
         finally:
             client.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def dataset_columns(name: str, columns: list[tuple[str, str]]) -> list[dict]:
+    """A dataset's columns; a bill dataset's `currency` is calculated (each row's definition version's currency)
+    and its money headers name no currency."""
+    currency = "" if name in CURRENCY_DATASETS else CURRENCY
+    out = []
+    for col, typ in columns:
+        calculated = name in CURRENCY_DATASETS and col == "currency"
+        out.append({"column_name": col, "verbose_name": "Currency" if calculated else report_column(col).header(currency),
+                    "is_dttm": _ch_type_is_dttm(typ), "is_active": True,
+                    "type": typ, "advanced_data_type": None, "groupby": True, "filterable": True,
+                    "expression": currency_column_sql("gpuledger", CURRENCY) if calculated else None,
+                    "description": ("the currency of the row's definition version, as recorded (`gpuledger migrate`), "
+                                    "else the ledger's" if calculated else None),
+                    "python_date_format": None, "extra": {}})
+    return out
 
 
 def dump(path: Path, data: dict) -> None:
@@ -396,11 +439,7 @@ def build(out: Path = BUNDLE) -> None:
             "metrics": [{"metric_name": x["metric_name"], "verbose_name": x["verbose_name"], "metric_type": None,
                          "expression": x["expression"], "description": x["description"], "d3format": x["d3format"],
                          "currency": x["currency"], "extra": {}, "warning_text": None} for x in metrics],
-            "columns": [{"column_name": col, "verbose_name": report_column(col).header(CURRENCY),
-                         "is_dttm": _ch_type_is_dttm(typ), "is_active": True,
-                         "type": typ, "advanced_data_type": None, "groupby": True, "filterable": True,
-                         "expression": None, "description": None, "python_date_format": None, "extra": {}}
-                        for col, typ in columns[name]],
+            "columns": dataset_columns(name, columns[name]),
             "version": "1.0.0", "database_uuid": db_uuid,
         })
     for dash_key, (title, slug, description, filters, rows) in DASHBOARDS.items():
@@ -434,7 +473,7 @@ def build(out: Path = BUNDLE) -> None:
                     "dataset_uuid": uid("dataset", dataset),
                 })
         native = []
-        for column, label, dataset in filters:
+        for column, label, dataset, *overrides in filters:
             columns_of = {name: {c for c, _ in columns[name]} for name in DATASETS}
             excluded = sorted(i for i, ds in chart_ids.values() if column not in columns_of[ds])
             native.append({
@@ -446,6 +485,7 @@ def build(out: Path = BUNDLE) -> None:
                 "cascadeParentIds": [], "scope": {"rootPath": ["ROOT_ID"], "excluded": excluded},
                 "type": "NATIVE_FILTER", "description": "", "chartsInScope": sorted(
                     i for i, ds in chart_ids.values() if column in columns_of[ds]),
+                **(overrides[0] if overrides else {}),
             })
         dump(out / "dashboards" / f"{dash_key}.yaml", {
             "dashboard_title": title, "description": description, "css": "", "slug": slug,

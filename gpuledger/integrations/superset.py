@@ -13,6 +13,11 @@ the configured warehouse, and turn per-tenant grants into Superset row-level sec
   `clickhousedb://user:…@host:port/DB` (the password travels in the import's `passwords` field).
   `--database-uri` overrides this when Superset reaches the warehouse under another name.
 - Each dataset's schema becomes the configured database.
+- Money is labelled with the configured ledger's currency: the bundle is built with the shipped ledger's
+  (its currency formats, "(USD)" labels and the cockpit's Currency filter default), and the import writes
+  the configured one in their place. The bill datasets' calculated `currency` column
+  (`currency_column_sql`: each row's definition version's recorded currency, as `report bills`) falls
+  back to it for a version recorded without one, and reads the configured database's `definitions`.
 - Superset skips a chart whose dataset is missing without failing the import, so after importing
   every dashboard's charts are counted against the bundle (`verify_import`).
 - Row-level security: `--grant ROLE=TENANT[,TENANT]` (or `--grants-from-warehouse`: the active rows of
@@ -29,6 +34,7 @@ import argparse
 import http.cookiejar
 import io
 import json
+import re
 import sys
 import time
 import urllib.error
@@ -43,7 +49,7 @@ from typing import Any, Iterable, Mapping
 import yaml
 
 from gpuledger.config import Settings
-
+from gpuledger.ledger_files import load_ledger_config
 
 
 def _default_bundle() -> Path:
@@ -108,16 +114,54 @@ def bundle_charts(files: Mapping[str, dict]) -> dict[str, list[dict]]:
     return out
 
 
-def build_zip(files: Mapping[str, dict], uri: str, database: str) -> bytes:
-    """The bundle as Superset's import zip, its database URI and dataset schemas set."""
+def currency_column_sql(database: str, fallback: str) -> str:
+    """The currency of a row's definition version (a dataset's calculated column): its recorded currency
+    (reports.definition_currencies: the latest recorded content's), else `fallback`, the ledger's."""
+    recorded = (f"(SELECT CAST((groupArray(v), groupArray(c)), 'Map(String, String)') FROM (SELECT toString(definition_version) "
+                f"AS v, argMax(JSONExtractString(content, 'currency'), recorded_at) AS c FROM `{database}`.`definitions` GROUP BY v))")
+    return f"ifNull(nullIf({recorded}[toString(definition_version)], ''), '{fallback}')"
+
+
+def bundle_currency(files: Mapping[str, dict]) -> str | None:
+    """The currency the bundle's money is labelled with (superset/build_bundle.py: the shipped ledger's)."""
+    for name, data in files.items():
+        if name.startswith("datasets/"):
+            for metric in data.get("metrics") or []:
+                if metric.get("currency"):
+                    return metric["currency"]["symbol"]
+    return None
+
+
+def _relabel(value: Any, word: re.Pattern, currency: str) -> Any:
+    """`value` with the bundle's currency code, as a word in any string, replaced by `currency`."""
+    if isinstance(value, str):
+        return word.sub(currency, value)
+    if isinstance(value, list):
+        return [_relabel(v, word, currency) for v in value]
+    if isinstance(value, dict):
+        return {k: _relabel(v, word, currency) for k, v in value.items()}
+    return value
+
+
+def build_zip(files: Mapping[str, dict], uri: str, database: str, currency: str | None = None) -> bytes:
+    """The bundle as Superset's import zip, its database URI and dataset schemas set, its money labelled
+    with `currency` (None: as built) and its calculated currency columns reading `database`."""
+    shipped = bundle_currency(files)
+    word = re.compile(rf"\b{re.escape(shipped)}\b") if shipped and currency and currency != shipped else None
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
         for name, data in files.items():
             data = dict(data)
             if name.startswith("databases/"):
                 data["sqlalchemy_uri"] = uri
-            elif name.startswith("datasets/"):
-                data["schema"] = database
+            else:
+                if word is not None:
+                    data = _relabel(data, word, currency)
+                if name.startswith("datasets/"):
+                    data["schema"] = database
+                    data["columns"] = [{**c, "expression": currency_column_sql(database, currency or shipped or "")}
+                                       if c.get("column_name") == "currency" and c.get("expression") else c
+                                       for c in data.get("columns") or []]
             zf.writestr(f"gpuledger_bundle/{name}", yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
     return buf.getvalue()
 
@@ -256,7 +300,8 @@ def import_bundle(api: SupersetAPI, settings: Settings, *, bundle: Path = DEFAUL
     the chart names Superset now has on it. Raises SupersetError when a chart is missing."""
     files = load_bundle(bundle)
     password = settings.clickhouse_password.get_secret_value()
-    zipped = build_zip(files, uri or database_uri(settings), settings.database)
+    currency = load_ledger_config(settings.ledger_config).currency
+    zipped = build_zip(files, uri or database_uri(settings), settings.database, currency)
     fields: dict[str, str] = {}
     if uri is None and settings.embedded_warehouse_dir is None and password:
         fields["passwords"] = json.dumps({DATABASE_FILE: password})

@@ -3697,7 +3697,9 @@ CREATE TABLE {db}.usage_gpu_hourly
     `effective_gpu_ms` UInt64,
     `cost_micros` Int128,
     `util_weighted_gpu_ms` Float64,
-    `util_gpu_ms` UInt64
+    `util_gpu_ms` UInt64,
+    `util_metric_weighted_gpu_ms` Float64 DEFAULT 0,
+    `util_metric_gpu_ms` UInt64 DEFAULT 0
 )
 ENGINE = SummingMergeTree
 PARTITION BY toYYYYMM(day)
@@ -3717,7 +3719,9 @@ CREATE MATERIALIZED VIEW {db}.usage_gpu_hourly_mv TO {db}.usage_gpu_hourly
     `effective_gpu_ms` UInt64,
     `cost_micros` Int128,
     `util_weighted_gpu_ms` Float64,
-    `util_gpu_ms` UInt64
+    `util_gpu_ms` UInt64,
+    `util_metric_weighted_gpu_ms` Float64,
+    `util_metric_gpu_ms` UInt64
 )
 AS SELECT
     toStartOfHour(fromUnixTimestamp64Milli(start_ms, 'UTC')) AS hour,
@@ -3731,7 +3735,9 @@ AS SELECT
     sum(usage_raw.effective_gpu_ms) AS effective_gpu_ms,
     sum(toInt128(usage_raw.cost_micros)) AS cost_micros,
     sum(if(util_pct IS NULL, 0., assumeNotNull(util_pct) * usage_raw.gpu_ms)) AS util_weighted_gpu_ms,
-    sum(if(util_pct IS NULL, toUInt64(0), usage_raw.gpu_ms)) AS util_gpu_ms
+    sum(if(util_pct IS NULL, toUInt64(0), usage_raw.gpu_ms)) AS util_gpu_ms,
+    sum(if(util_metric_pct IS NULL, 0., assumeNotNull(util_metric_pct) * usage_raw.gpu_ms)) AS util_metric_weighted_gpu_ms,
+    sum(if(util_metric_pct IS NULL, toUInt64(0), usage_raw.gpu_ms)) AS util_metric_gpu_ms
 FROM {db}.usage_raw
 GROUP BY
     hour,
@@ -3869,8 +3875,8 @@ AS SELECT
     sumIf(gpu_ms, (state IN ('allocated_idle', 'executing'))) AS allocated_gpu_ms,
     sumIf(gpu_ms, state = 'executing') AS executing_gpu_ms,
     sumIf(effective_gpu_ms, state = 'executing') AS executing_effective_gpu_ms,
-    sumIf(util_weighted_gpu_ms, state = 'executing') AS util_weighted_gpu_ms,
-    sumIf(util_gpu_ms, state = 'executing') AS util_gpu_ms,
+    sumIf(util_metric_weighted_gpu_ms, state = 'executing') AS util_weighted_gpu_ms,
+    sumIf(util_metric_gpu_ms, state = 'executing') AS util_gpu_ms,
     toFloat64(sumIf(cost_micros, state = 'unallocated')) / 1000000. AS unallocated_cost
 FROM {db}.usage_gpu_hourly
 GROUP BY

@@ -86,7 +86,8 @@ def ledger():
         series = {("A100-80GB", "batch"): {start + dt.timedelta(days=i): 100.0 + 10 * (i % 7) for i in range(28)}}
         insert_rows(client, "capacity_forecast", forecast_rows(series, {"A100-80GB": 192.0}), database=db)
         expected = {
-            "bills": reports.fetch(client, db, "bills"),
+            # each row in its version's currency, the ledger's where none was recorded (as `report bills`)
+            "bills": reports.fetch(client, db, "bills", currency=load_ledger_config(settings.ledger_config).currency),
             "jobs": reports.fetch(client, db, "jobs"),
             "top10": reports.fetch(client, db, "jobs", limit=10),
             "util_day": reports.fetch(client, db, "utilization", by="day"),
@@ -230,10 +231,19 @@ def bundle_charts() -> dict[str, dict]:
     return {f["slice_name"]: {**f, "dataset": datasets[f["dataset_uuid"]]} for n, f in files.items() if n.startswith("charts/")}
 
 
-def chart_rows(api, title: str, grain: str | None = None) -> list[dict]:
+def chart_rows(api, title: str, grain: str | None = None, filters: list[dict] | None = None) -> list[dict]:
     chart = bundle_charts()[title]
     ds = api.dataset_ids([chart["dataset"]])[chart["dataset"]]
-    return api.chart_data(ds, query_for(chart["params"], grain))
+    return api.chart_data(ds, {**query_for(chart["params"], grain), **({"filters": filters} if filters else {})})
+
+
+def cockpit_currency_default() -> list[str]:
+    """The value the cockpit's Currency filter opens with (the ledger's currency)."""
+    from gpuledger.integrations.superset import load_bundle
+
+    cockpit = load_bundle()["dashboards/cockpit.yaml"]
+    (flt,) = [f for f in cockpit["metadata"]["native_filter_configuration"] if f["name"] == "Currency"]
+    return flt["defaultDataMask"]["filterState"]["value"]
 
 
 def close(a, b) -> bool:
@@ -272,7 +282,16 @@ def test_cockpit_numbers_equal_the_ledger_reports(ledger, imported):
     # effective GPU-hours delivered = executing effective hours = bills' compute + failed retry
     eff = chart_rows(api, "Effective GPU-hours delivered")[0]["effective_gpu_hours"]
     assert close(eff, sum(b["compute_effective_gpu_hours"] + b["failed_retry_effective_gpu_hours"] for b in bills))
-    assert close(chart_rows(api, "Billed cost")[0]["total_cost_sum"], sum(b["total_cost"] for b in bills))
+    # money per currency (docs/accounting.md: never two currencies into one total): billed cost under the
+    # cockpit's Currency filter at its default (the ledger's currency), the ranking per tenant and currency
+    (currency,) = cockpit_currency_default()
+    billed = chart_rows(api, "Billed cost", filters=[{"col": "currency", "op": "IN", "val": [currency]}])
+    assert close(billed[0]["total_cost_sum"], sum(b["total_cost"] for b in bills if b["currency"] == currency))
+    ranking: dict[tuple[str, str], float] = {}
+    for b in bills:
+        ranking[(b["tenant"], b["currency"])] = ranking.get((b["tenant"], b["currency"]), 0.0) + b["total_cost"]
+    got_r = {(r["tenant"], r["currency"]): r["total_cost_sum"] for r in chart_rows(api, "Tenant ranking")}
+    assert got_r == pytest.approx(ranking, rel=REL)
     # top-10 costly jobs
     top = chart_rows(api, "Top-10 costly jobs")
     assert [r["job_id"] for r in top] == [j["job_id"] for j in exp["top10"]]
@@ -389,7 +408,9 @@ def test_screenshots(ledger, imported, superset):
         # numbers rounded for reading: no 12.339622222222221 in a table or a big number
         unrounded = [m for text in r["texts"] for m in re.findall(r"\d+\.\d{5,}", text)]
         assert not unrounded, (r["slug"], unrounded[:5])
-        if r["slug"] == "gpuledger-cockpit":  # money says its currency (the shipped ledger's)
+        if r["slug"] == "gpuledger-cockpit":  # the bill tables say each row's currency
+            assert "Currency" in "\n".join(r["texts"]) and "USD" in "\n".join(r["texts"]), r["texts"]
+        if r["slug"] == "gpuledger-algorithm":  # money says its currency (the ledger's)
             assert "Cost (USD)" in "\n".join(r["texts"]), r["texts"]
         stats = _png_stats(Path(r["file"]))
         _log(f"{r['file']}: {stats}")
