@@ -16,10 +16,14 @@ DEFAULT_DATA_DIR = Path(".gpuledger")
 #: GPULEDGER_KAFKA_SECURITY_PROTOCOL values (any case; stored upper-case: the SASL settings are sent
 #: only for SASL_*, so a lower-case value must not drop them)
 KAFKA_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+#: the shortest topic retention, days (an hour): a smaller one would round to retention.ms=0
+MIN_TOPIC_RETENTION_DAYS = 1 / 24
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="GPULEDGER_", frozen=True, extra="ignore")
+    # allow_inf_nan=False: "inf" passes gt=0 / ge=0 and would crash the ms conversions with a bare
+    # OverflowError; refused here it stops the process with the field's name
+    model_config = SettingsConfigDict(env_prefix="GPULEDGER_", frozen=True, extra="ignore", allow_inf_nan=False)
 
     # --- Kafka
     kafka_bootstrap: str = Field("localhost:9092", description="Kafka bootstrap servers, host:port[,host:port]")
@@ -58,9 +62,9 @@ class Settings(BaseSettings):
     retention_ops_days: int = Field(400, ge=0, description="days scheduler_snapshots, scheduler_preemptions and node_inventory keep rows")
     retention_bills_days: int = Field(0, ge=0, description="days the bill tables (daily bill grain, closed bills, adjustments, re-bills) keep rows; 0 or more than BILLS_ADJUST_LOOKBACK_DAYS + 7")
     clickhouse_cluster: str = Field("", pattern=r"^[A-Za-z0-9_\-]*$", description="ClickHouse cluster name: `gpuledger migrate` renders every migration for it (Replicated tables, ON CLUSTER, Distributed tables); empty: one server")
-    topic_retention_input_days: float = Field(62.0, gt=0, description="retention of the input topics (gpu-samples, job-events, scheduler-snapshots), days: long enough to rebuild any day a close run may still adjust")
-    topic_retention_output_days: float = Field(14.0, gt=0, description="retention of the ledger's output and internal topics (usage, lifecycle-accepted, node-allocations), days")
-    topic_retention_diagnostics_days: float = Field(30.0, gt=0, description="retention of dead-letters, late-events, bills, alerts and reclaim suggestions, days")
+    topic_retention_input_days: float = Field(62.0, ge=MIN_TOPIC_RETENTION_DAYS, description="retention of the input topics (gpu-samples, job-events, scheduler-snapshots), days: long enough to rebuild any day a close run may still adjust")
+    topic_retention_output_days: float = Field(14.0, ge=MIN_TOPIC_RETENTION_DAYS, description="retention of the ledger's output and internal topics (usage, lifecycle-accepted, node-allocations), days")
+    topic_retention_diagnostics_days: float = Field(30.0, ge=MIN_TOPIC_RETENTION_DAYS, description="retention of dead-letters, late-events, bills, alerts and reclaim suggestions, days")
 
     # --- Worker / agent
     worker_app_id: str = Field("gpuledger-worker", description="Faust application id (consumer group)")

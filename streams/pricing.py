@@ -50,6 +50,13 @@ UNPRICED_POLICIES = ("default", "zero")
 #: samples of other nodes are this far past its window's end
 DEFAULT_SEGMENT_WINDOW_S = 60
 DEFAULT_SEGMENT_FLUSH_AFTER_S = 60
+#: [execution] min_idle_s at most a week: a quiet stretch longer than that is idle (and a non-finite
+#: value would break the join's arithmetic)
+MAX_MIN_IDLE_S = 7 * 86400.0
+#: [shared_gpu] weights are relative; this bound keeps their sum finite
+MAX_SHARED_WEIGHT = 1_000_000.0
+#: [approvals] threshold, currency: far above any estimate the config's prices can give, and finite
+MAX_APPROVAL_THRESHOLD = 1e15
 
 
 class LedgerConfigError(ValueError):
@@ -154,28 +161,26 @@ def parse_definitions(doc: dict, source: str) -> Definitions:
         include_power=_flag(cost.get("include_power", True), f"{source}: cost.include_power"),
         include_cooling=_flag(cost.get("include_cooling", True), f"{source}: cost.include_cooling"),
         utilization_aggregation=_text(util.get("aggregation", "mean"), f"{source}: utilization.aggregation"),
-        utilization_threshold_pct=_number(util.get("threshold_pct", 20.0), f"{source}: utilization.threshold_pct"),
+        utilization_threshold_pct=_bounded(util.get("threshold_pct", 20.0), 0, 100, f"{source}: utilization.threshold_pct"),
         shared_split=_text(shared.get("split", "measured"), f"{source}: shared_gpu.split"),
-        shared_sm_weight=_number(shared.get("sm_weight", 0.5), f"{source}: shared_gpu.sm_weight"),
-        shared_memory_weight=_number(shared.get("memory_weight", 0.5), f"{source}: shared_gpu.memory_weight"),
+        shared_sm_weight=_bounded(shared.get("sm_weight", 0.5), 0, MAX_SHARED_WEIGHT, f"{source}: shared_gpu.sm_weight"),
+        shared_memory_weight=_bounded(shared.get("memory_weight", 0.5), 0, MAX_SHARED_WEIGHT,
+                                      f"{source}: shared_gpu.memory_weight"),
         shared_unused=_text(shared.get("unused", "holders"), f"{source}: shared_gpu.unused"),
         idle_redistribution=_text(idle.get("redistribution", "none"), f"{source}: idle.redistribution"),
         execution_source=_text(execution.get("source", "both"), f"{source}: execution.source"),
-        execution_util_floor_pct=_number(execution.get("util_floor_pct", 1.0), f"{source}: execution.util_floor_pct"),
-        execution_min_idle_s=_number(execution.get("min_idle_s", 300.0), f"{source}: execution.min_idle_s"),
+        execution_util_floor_pct=_bounded(execution.get("util_floor_pct", 1.0), 0, 100,
+                                          f"{source}: execution.util_floor_pct"),
+        execution_min_idle_s=_bounded(execution.get("min_idle_s", 300.0), 0, MAX_MIN_IDLE_S,
+                                      f"{source}: execution.min_idle_s"),
     )
     for key, allowed in _CHOICES.items():
         if values[key] not in allowed:
             raise LedgerConfigError(f"{source}: {key.replace('_', '.', 1)} must be one of {', '.join(allowed)}; got {values[key]!r}")
-    if values["shared_sm_weight"] < 0 or values["shared_memory_weight"] < 0 or \
-            values["shared_sm_weight"] + values["shared_memory_weight"] <= 0:
+    if values["shared_sm_weight"] + values["shared_memory_weight"] <= 0:
         raise LedgerConfigError(f"{source}: shared_gpu weights must be >= 0 and not both 0")
-    if not 0 <= values["utilization_threshold_pct"] <= 100:
-        raise LedgerConfigError(f"{source}: utilization.threshold_pct must be within 0..100")
-    if not 0 <= values["execution_util_floor_pct"] < 100:
+    if values["execution_util_floor_pct"] == 100:
         raise LedgerConfigError(f"{source}: execution.util_floor_pct must be within 0..100 (100 excluded)")
-    if values["execution_min_idle_s"] < 0:
-        raise LedgerConfigError(f"{source}: execution.min_idle_s must be >= 0")
     return Definitions(**values)
 
 
@@ -194,9 +199,15 @@ class LedgerConfig:
     definitions: Definitions = field(default_factory=Definitions)
     # sha256 of everything but the coefficient and price histories: a changed definition must change the version
     fingerprint: str = ""
+    #: the fingerprint as computed before [alerts] and [reclaim] were left out of it: a warehouse that
+    #: recorded this version then still matches (gpuledger/warehouse/library.py)
+    legacy_fingerprint: str = ""
     #: model -> price entries sorted by valid_from_ms (the old `[prices.MODEL]` tables: one entry
     #: valid from the epoch)
     price_history: dict[str, tuple[PriceEntry, ...]] = field(default_factory=dict)
+    #: the prices came as undated [prices.MODEL] tables: they belong to the definition version (in the
+    #: fingerprint), so a recorded row may be replaced; dated [[prices]] entries are append-only history
+    prices_undated: bool = False
     #: model -> the most a card of it can draw, watts (`default`: every other model); a sample's own
     #: power_limit_w comes first (streams/join.py)
     power_limits: dict[str, float] = field(default_factory=dict)
@@ -211,6 +222,8 @@ class LedgerConfig:
     watch: WatchDefinitions = field(default_factory=WatchDefinitions)
     #: [carbon]: energy -> gCO2e (streams/carbondefs.py; docs/carbon.md), versioned on its own
     carbon: CarbonDefinition = field(default_factory=CarbonDefinition)
+    #: [approvals] threshold (currency) when the file sets one; None: the estimator's default
+    approval_threshold: float | None = None
 
     def price(self, model: str) -> UnitPrice:
         return self.prices.get(model) or self.prices["default"]
@@ -401,12 +414,15 @@ def _segments(seg: dict, source: str) -> dict:
     return {"segment_window_ms": window * 1000 or 1, "segment_flush_after_ms": round(flush * 1000)}
 
 
-def _fingerprint(doc: dict) -> str:
+def _fingerprint(doc: dict, *, legacy: bool = False) -> str:
     """sha256 of the definitions: everything but the histories (coefficients; prices given as
-    [[prices]] entries), which records name entry by entry. Old [prices.MODEL] tables stay in it."""
+    [[prices]] entries), which records name entry by entry. Old [prices.MODEL] tables stay in it.
+    `legacy`: as computed before [alerts] and [reclaim] were left out (recorded by older warehouses)."""
     # [segments] is left out too: it changes how GPU time is cut into records, never what it costs
-    # [carbon] too: it has its own version (carbon.version) and changes no cost
-    histories = {"coefficients", "segments", "carbon"} | ({"prices"} if isinstance(doc.get("prices"), list) else set())
+    # [carbon], [alerts] and [reclaim] too: each has its own version and changes no cost; [approvals]
+    # changes no cost either (and no older version could load it)
+    histories = {"coefficients", "segments", "carbon", "approvals"} | \
+        ({"prices"} if isinstance(doc.get("prices"), list) else set()) | (set() if legacy else {"alerts", "reclaim"})
     return hashlib.sha256(
         json.dumps({k: v for k, v in doc.items() if k not in histories}, sort_keys=True, default=str).encode()
     ).hexdigest()
@@ -435,9 +451,47 @@ _BASELINE = Coefficient("default", 1.0, 0)
 #: would otherwise leave its values at their defaults)
 LEDGER_TOP_LEVEL_KEYS = ("definition_version", "currency", "baseline_model", "reference_model", "prices",
                          "coefficients", "power", "power_limits", "unpriced", "segments", "carbon", "alerts",
-                         "reclaim", *_DEFINITION_KEYS)
+                         "reclaim", "approvals", *_DEFINITION_KEYS)
 _POWER_KEYS = ("electricity_price_per_kwh", "pue", "limit_tolerance")
 _COEFFICIENT_KEYS = ("model", "coefficient", "valid_from")
+
+
+def _name(value, where: str) -> str:
+    """A non-empty string (a number is refused: `definition_version = 3` is not guessed at)."""
+    if not isinstance(value, str) or not value.strip():
+        raise LedgerConfigError(f"{where} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _reference_model(doc: dict, price_history: dict, source: str) -> str:
+    """reference_model must name a priced model: a typo would price waiting with the default card."""
+    model = _name(doc.get("reference_model", "default"), f"{source}: reference_model")
+    if model not in price_history:
+        raise LedgerConfigError(f"{source}: reference_model {model!r} has no price; it must name a model of "
+                                f"the price list ({', '.join(sorted(price_history))})")
+    return model
+
+
+def _baseline_model(doc: dict, coefficients: dict, source: str) -> str:
+    """baseline_model, when set, must have coefficient 1.0 (its own entries, else the default ones it
+    falls back to): it is the unit of effective GPU-hours."""
+    if "baseline_model" not in doc:
+        return ""
+    model = _name(doc["baseline_model"], f"{source}: baseline_model")
+    entries = coefficients.get(model) or coefficients.get("default") or (_BASELINE,)
+    wrong = [e.version for e in entries if e.coefficient != 1.0]
+    if wrong:
+        raise LedgerConfigError(f"{source}: baseline_model {model!r} must have coefficient 1.0 (it defines the unit "
+                                f"of effective GPU-hours), but {', '.join(wrong)} is not 1.0")
+    return model
+
+
+def _approval_threshold(doc: dict, source: str) -> float | None:
+    """[approvals] threshold (currency, finite, >= 0), None when not set."""
+    approvals = table(doc, "approvals", ("threshold",), source)
+    if "threshold" not in approvals:
+        return None
+    return _bounded(approvals["threshold"], 0, MAX_APPROVAL_THRESHOLD, f"{source}: approvals.threshold")
 
 
 def parse_ledger_config(doc: dict, source: str = "<config>") -> LedgerConfig:
@@ -479,25 +533,29 @@ def parse_ledger_config(doc: dict, source: str = "<config>") -> LedgerConfig:
         segments = doc.get("segments", {})
         if not isinstance(segments, dict):
             raise LedgerConfigError(f"{source}: segments must be a table ([segments]), got {segments!r}")
+        coefficient_history = {m: tuple(sorted(v, key=lambda e: e.valid_from_ms)) for m, v in by_model.items()}
         return LedgerConfig(
-            definition_version=str(doc["definition_version"]),
-            currency=str(doc.get("currency", "USD")),
-            baseline_model=str(doc.get("baseline_model", "")),
-            reference_model=str(doc.get("reference_model", "default")),
+            definition_version=_name(doc["definition_version"], f"{source}: definition_version"),
+            currency=_name(doc.get("currency", "USD"), f"{source}: currency"),
+            baseline_model=_baseline_model(doc, coefficient_history, source),
+            reference_model=_reference_model(doc, price_history, source),
             electricity_price_per_kwh=_bounded(power.get("electricity_price_per_kwh", 0.0), 0, MAX_PRICE_PER_KWH,
                                                f"{source}: power.electricity_price_per_kwh"),
             pue=pue,
             prices=prices,
-            coefficients={m: tuple(sorted(v, key=lambda e: e.valid_from_ms)) for m, v in by_model.items()},
+            coefficients=coefficient_history,
             definitions=parse_definitions(doc, source),
             fingerprint=_fingerprint(doc),
+            legacy_fingerprint=_fingerprint(doc, legacy=True),
             price_history=price_history,
+            prices_undated=isinstance(doc["prices"], dict),
             power_limits=limits,
             power_limit_tolerance=_bounded(power.get("limit_tolerance", DEFAULT_POWER_LIMIT_TOLERANCE), 1.0, 2.0,
                                            f"{source}: power.limit_tolerance"),
             unpriced_policy=policy,
             watch=parse_watch_definitions(doc),
             carbon=parse_carbon(doc, pue),
+            approval_threshold=_approval_threshold(doc, source),
             **_segments(segments, source),
         )
     except KeyError as exc:

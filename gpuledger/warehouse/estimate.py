@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -164,14 +163,12 @@ def estimate_run(pilot: Pilot, target: str, value: float, ledger: LedgerConfig, 
 
 
 def approval_threshold(path: Path | None) -> float:
-    """`[approvals] threshold` of the ledger TOML (currency), else DEFAULT_THRESHOLD."""
-    from gpuledger.ledger_files import BUNDLED_CONFIG
+    """`[approvals] threshold` of the ledger TOML (currency), else DEFAULT_THRESHOLD. Read by the ledger
+    loader, so a misspelt key or a non-finite threshold is refused like any other (LedgerConfigError)."""
+    from gpuledger.ledger_files import load_ledger_config
 
-    doc = tomllib.loads(Path(path or BUNDLED_CONFIG).read_text())
-    value = doc.get("approvals", {}).get("threshold", DEFAULT_THRESHOLD)
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"[approvals] threshold must be a number >= 0 (currency), got {value!r}")
-    return float(value)
+    threshold = load_ledger_config(path).approval_threshold
+    return DEFAULT_THRESHOLD if threshold is None else threshold
 
 
 # --------------------------------------------------------------------------- warehouse

@@ -96,16 +96,18 @@ def add_coefficient(config_path: Path | None, model: str, coefficient: float, va
 def sync_library(client, database: str, ledger: LedgerConfig) -> dict:
     """Copy the coefficient history and the definition version into the warehouse.
 
-    Refuses a definition version already recorded with different content."""
+    Refuses a definition version already recorded with different content. A version recorded with the
+    legacy fingerprint (which held [alerts] and [reclaim]) still matches: its current fingerprint is
+    recorded beside it, so a later change of those tables alone is accepted too."""
     recorded = client.query(
         f"SELECT DISTINCT fingerprint FROM `{database}`.definitions WHERE definition_version = {{v:String}}",
         parameters={"v": ledger.definition_version}).result_rows
     fingerprints = {row[0] for row in recorded}
-    if fingerprints and ledger.fingerprint not in fingerprints:
+    if fingerprints and not fingerprints & {ledger.fingerprint, ledger.legacy_fingerprint}:
         raise LedgerConfigError(
             f"definition_version {ledger.definition_version!r} is already recorded with different content; "
             "bump definition_version in the ledger config so old bills keep their meaning")
-    if not fingerprints:
+    if ledger.fingerprint not in fingerprints:
         content = json.dumps({"definitions": asdict(ledger.definitions), "currency": ledger.currency,
                               "prices": {m: asdict(p) for m, p in ledger.prices.items()},
                               "electricity_price_per_kwh": ledger.electricity_price_per_kwh, "pue": ledger.pue},
@@ -125,8 +127,9 @@ def sync_library(client, database: str, ledger: LedgerConfig) -> dict:
 def sync_prices(client, database: str, ledger: LedgerConfig) -> int:
     """Copy the price history into the warehouse's `prices` table. A dated entry ([[prices]]) already
     recorded with other values is refused: history is append-only (add an entry with a later
-    valid_from). Undated [prices.MODEL] tables belong to their definition version instead (a changed
-    one needs a new definition_version, checked by the fingerprint): their row is replaced."""
+    valid_from), whatever its date (1970-01-01 too). Undated [prices.MODEL] tables belong to their
+    definition version instead (a changed one needs a new definition_version, checked by the
+    fingerprint): their row is replaced."""
     rows = price_rows(ledger)
     recorded = {(m, str(d)): (dep, maint) for m, d, dep, maint in client.query(
         f"SELECT model, valid_from, depreciation_per_hour, maintenance_per_hour FROM `{database}`.prices FINAL"
@@ -137,7 +140,7 @@ def sync_prices(client, database: str, ledger: LedgerConfig) -> int:
         before = recorded.get((r["model"], r["valid_from"]))
         if before == values:
             continue
-        if before is not None and r["valid_from"] != "1970-01-01":
+        if before is not None and not ledger.prices_undated:
             raise LedgerConfigError(
                 f"price {r['version']} is recorded as depreciation {before[0]}, maintenance {before[1]} per hour but the "
                 f"ledger config now says {values[0]}, {values[1]}; price history is append-only: add a [[prices]] entry "

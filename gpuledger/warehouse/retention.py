@@ -36,8 +36,9 @@ class Retention:
     #: checks each against the table's partition key.
     partition: str = "month"
     #: count from the last day of the expiry's month although the table has no monthly partition: the
-    #: markers that commit closed bills (closed_days, bill_runs) must not expire before the rows they
-    #: commit, which expire with their month; else a closed day would read as open (docs/retention.md)
+    #: markers that commit closed bills (closed_days, bill_runs) or kept idle stretches (idle_stretch_days)
+    #: must not expire before the rows they commit, which expire with their month; else a closed day
+    #: would read as open (docs/retention.md)
     month_end: bool = False
 
 
@@ -64,7 +65,10 @@ RETENTION: dict[str, Retention] = {
     "job_events": Retention("retention_usage_days", _RAW, "job lifecycle: attempt outcomes decide the bill lines"),
     "job_idle_segments": Retention("retention_usage_days", "day", "idle records behind the idle-stretch views"),
     "idle_stretches_daily": Retention("retention_usage_days", "day", "idle stretches of closed days (sql/0028)"),
-    "idle_stretch_days": Retention("retention_usage_days", "day", "the days whose idle stretches are kept (sql/0028)", partition=""),
+    # month_end: the marker must outlive the stretches it marks (they expire with their month); else
+    # job_idle_stretches would read the day's kept stretches and its raw idle records again
+    "idle_stretch_days": Retention("retention_usage_days", "day", "the days whose idle stretches are kept (sql/0028)",
+                                   partition="", month_end=True),
     "scheduler_snapshots": Retention("retention_ops_days", _RAW, "queue snapshots"),
     "scheduler_preemptions": Retention("retention_ops_days", _RAW, "preemptions"),
     "node_inventory": Retention("retention_ops_days", _RAW, "node inventory (a node unseen this long is dropped)", partition=""),

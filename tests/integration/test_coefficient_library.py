@@ -1,6 +1,7 @@
 """The coefficient library and versioned definitions against the real engine (chDB)."""
 
 import shutil
+import tomllib
 from datetime import date
 
 import pytest
@@ -8,7 +9,7 @@ import pytest
 from gpuledger.cli import main
 from gpuledger.warehouse.library import add_coefficient, history_rows, sync_library
 from gpuledger.ledger_files import BUNDLED_CONFIG, load_ledger_config
-from gpuledger.streams.pricing import LedgerConfigError
+from gpuledger.streams.pricing import LedgerConfigError, parse_ledger_config
 from gpuledger.warehouse import connect, migrate
 
 pytestmark = pytest.mark.integration
@@ -91,5 +92,63 @@ def test_price_history_is_synced_and_append_only(config, tmp_path):
         config.write_text(config.read_text().replace("depreciation_per_hour = 0.40", "depreciation_per_hour = 0.39"))
         with pytest.raises(LedgerConfigError, match="append-only"):
             sync_library(client, "gpuledger", load_ledger_config(config))
+    finally:
+        client.close()
+
+
+def test_alerts_and_reclaim_thresholds_need_no_new_definition_version(config, tmp_path):
+    """[alerts] and [reclaim] are versioned on their own (docs/alerts.md): a new threshold keeps the
+    definition version, also in a warehouse that recorded it with the old fingerprint, which held them."""
+    import dataclasses
+
+    from gpuledger.config import Settings
+
+    client = connect(Settings(data_dir=tmp_path / "data"))
+    try:
+        migrate(client, "gpuledger")
+        ledger = load_ledger_config(config)
+        # recorded by an older ledger: its fingerprint covered [alerts] and [reclaim]
+        assert ledger.legacy_fingerprint != ledger.fingerprint
+        assert sync_library(client, "gpuledger", dataclasses.replace(ledger, fingerprint=ledger.legacy_fingerprint))[
+            "definition_recorded"]
+        assert not sync_library(client, "gpuledger", ledger)["definition_recorded"]  # the legacy one matches
+        config.write_text(config.read_text().replace('version = "alerts-1"', 'version = "alerts-2"', 1)
+                          .replace('version = "reclaim-1"', 'version = "reclaim-2"', 1))
+        changed = load_ledger_config(config)
+        assert changed.watch != ledger.watch and changed.fingerprint == ledger.fingerprint
+        assert not sync_library(client, "gpuledger", changed)["definition_recorded"]
+        config.write_text(config.read_text().replace("pue = 1.4", "pue = 1.2"))
+        with pytest.raises(LedgerConfigError, match="bump definition_version"):
+            sync_library(client, "gpuledger", load_ledger_config(config))
+    finally:
+        client.close()
+
+
+def test_a_dated_price_from_1970_is_append_only_too(config, tmp_path):
+    """Only undated [prices.MODEL] tables may replace their recorded row (they are in the fingerprint);
+    a [[prices]] entry dated 1970-01-01 is history like any other."""
+    from gpuledger.config import Settings
+
+    client = connect(Settings(data_dir=tmp_path / "data"))
+    try:
+        migrate(client, "gpuledger")
+        config.write_text(config.read_text().replace('valid_from = "2020-01-01"\ndepreciation_per_hour',
+                                                     'valid_from = "1970-01-01"\ndepreciation_per_hour'))
+        sync_library(client, "gpuledger", load_ledger_config(config))
+        config.write_text(config.read_text().replace("depreciation_per_hour = 0.43", "depreciation_per_hour = 4.3"))
+        with pytest.raises(LedgerConfigError, match="append-only"):
+            sync_library(client, "gpuledger", load_ledger_config(config))
+        rows = client.query("SELECT version, depreciation_per_hour FROM gpuledger.prices FINAL "
+                            "WHERE model = 'A100-80GB'").result_rows
+        assert rows == [("A100-80GB@1970-01-01", 0.43)]
+        # the undated form belongs to its definition version: a new version may replace the row
+        doc = tomllib.loads(BUNDLED_CONFIG.read_text())
+        undated = {p["model"]: {"depreciation_per_hour": p["depreciation_per_hour"],
+                                "maintenance_per_hour": p["maintenance_per_hour"]} for p in doc["prices"]}
+        undated["A100-80GB"]["depreciation_per_hour"] = 4.3
+        sync_library(client, "gpuledger", parse_ledger_config(dict(doc, prices=undated, definition_version="v-old")))
+        rows = client.query("SELECT version, depreciation_per_hour FROM gpuledger.prices FINAL "
+                            "WHERE model = 'A100-80GB'").result_rows
+        assert rows == [("A100-80GB@1970-01-01", 4.3)]
     finally:
         client.close()

@@ -14,6 +14,7 @@ from gpuledger.ledger_files import load_ledger_config
 from gpuledger.progress import ProgressReporter
 from gpuledger.schemas.wire import DecodeError
 from gpuledger.sink.rows import PROGRESS, Source, process_message
+from gpuledger.streams.pricing import LedgerConfigError
 from gpuledger.traces.v2023 import TracePod
 from gpuledger.warehouse import estimate, forecast, training
 
@@ -80,6 +81,19 @@ def test_approval_threshold_from_the_ledger_toml(tmp_path):
     path.write_text(LEDGER.read_text() + "\n[approvals]\nthreshold = -1\n")
     with pytest.raises(ValueError, match="threshold"):
         estimate.approval_threshold(path)
+
+
+def test_approvals_table_loads_with_the_ledger_and_is_checked_like_it(tmp_path):
+    # the worker and reports load the same file: [approvals] must not make it unloadable
+    path = tmp_path / "l.toml"
+    path.write_text(LEDGER.read_text() + "\n[approvals]\nthreshold = 2500\n")
+    assert load_ledger_config(path).approval_threshold == 2500.0
+    for body, message in (("treshold = 2500", r"\[approvals\]: unknown key\(s\) treshold"),
+                          ("threshold = nan", "approvals.threshold must be"),
+                          ("threshold = inf", "approvals.threshold must be")):
+        path.write_text(LEDGER.read_text() + f"\n[approvals]\n{body}\n")
+        with pytest.raises(LedgerConfigError, match=message):
+            estimate.approval_threshold(path)
 
 
 def test_forecast_follows_a_weekly_pattern_with_a_band():
