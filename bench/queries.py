@@ -155,15 +155,25 @@ def _metric_exprs(dataset: dict) -> dict[str, str]:
     return {m["metric_name"]: m["expression"] for m in dataset.get("metrics") or []}
 
 
+def _calculated_columns(dataset: dict) -> dict[str, str]:
+    """The dataset's columns that Superset computes (an `expression`, e.g. the bill datasets' currency)."""
+    return {c["column_name"]: c["expression"] for c in dataset.get("columns") or [] if c.get("expression")}
+
+
 def chart_sql(chart: dict, dataset: dict) -> str:
     """The SQL Superset sends for the bundle's chart types (table raw/aggregate, pie, big number,
     timeseries bar/line/area), without a time filter."""
     p = chart["params"]
     table = f"{DATABASE}.{dataset['table_name']}"
     metrics = _metric_exprs(dataset)
+    calculated = _calculated_columns(dataset)
+
+    def column(name: str) -> str:  # as Superset selects it: a calculated column by its expression
+        return f"{calculated[name]} AS {name}" if name in calculated else name
+
     limit = p.get("row_limit") or 10000
     if p.get("query_mode") == "raw":
-        cols = ", ".join(p["all_columns"])
+        cols = ", ".join(column(c) for c in p["all_columns"])
         order = ""
         if p.get("order_by_cols"):
             import json
@@ -178,7 +188,7 @@ def chart_sql(chart: dict, dataset: dict) -> str:
     if x:
         grain = _GRAINS.get(p.get("time_grain_sqla") or "")
         dims.append(f"{grain}(toDateTime({x})) AS {x}" if grain else x)
-    dims += groups
+    dims += [column(g) for g in groups]
     keys = ([x] if x else []) + groups
     sql = f"SELECT {', '.join(dims + select_metrics)} FROM {table}"
     if keys:
