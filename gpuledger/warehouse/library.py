@@ -107,6 +107,9 @@ def sync_library(client, database: str, ledger: LedgerConfig) -> dict:
         raise LedgerConfigError(
             f"definition_version {ledger.definition_version!r} is already recorded with different content; "
             "bump definition_version in the ledger config so old bills keep their meaning")
+    rows = history_rows(ledger)
+    if fingerprints:  # the version is recorded: its coefficient entries are what its records were priced with
+        _refuse_edited_coefficients(client, database, ledger, rows)
     if ledger.fingerprint not in fingerprints:
         content = json.dumps({"definitions": asdict(ledger.definitions), "currency": ledger.currency,
                               "prices": {m: asdict(p) for m, p in ledger.prices.items()},
@@ -114,7 +117,6 @@ def sync_library(client, database: str, ledger: LedgerConfig) -> dict:
                              sort_keys=True)
         client.insert("definitions", [[ledger.definition_version, ledger.fingerprint, content]],
                       column_names=["definition_version", "fingerprint", "content"], database=database)
-    rows = history_rows(ledger)
     if rows:
         client.insert("coefficients",
                       [[r["model"], r["coefficient"], date.fromisoformat(r["valid_from"]), r["version"]] for r in rows],
@@ -122,6 +124,22 @@ def sync_library(client, database: str, ledger: LedgerConfig) -> dict:
     prices = sync_prices(client, database, ledger)
     return {"coefficients": len(rows), "prices": prices, "definition_version": ledger.definition_version,
             "definition_recorded": not fingerprints}
+
+
+def _refuse_edited_coefficients(client, database: str, ledger: LedgerConfig, rows: list[dict]) -> None:
+    """A coefficient entry recorded with another value under a definition version already recorded is
+    refused: records name the entry (`coefficient_version`, MODEL@DAY), not its value, so one id would
+    stand for two coefficients. Recomputing a past period with other coefficients takes a new
+    definition_version (docs/configuration.md, `[[coefficients]]`)."""
+    recorded = {(m, str(d)): c for m, d, c in client.query(
+        f"SELECT model, valid_from, coefficient FROM `{database}`.coefficients FINAL").result_rows}
+    for r in rows:
+        before = recorded.get((r["model"], r["valid_from"]))
+        if before is not None and before != r["coefficient"]:
+            raise LedgerConfigError(
+                f"coefficient {r['version']} is recorded as {before} but the ledger config now says {r['coefficient']} "
+                f"under the same definition_version {ledger.definition_version!r}: add a [[coefficients]] entry with "
+                "a later valid_from, or bump definition_version to recompute a past period with it")
 
 
 def sync_prices(client, database: str, ledger: LedgerConfig) -> int:

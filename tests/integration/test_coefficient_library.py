@@ -72,6 +72,30 @@ def test_a_changed_definition_needs_a_new_version(config, tmp_path):
         client.close()
 
 
+def test_an_edited_coefficient_needs_a_new_version(config, tmp_path):
+    """Records name the coefficient entry they used (MODEL@DAY): an entry edited under the same
+    definition_version would make one id stand for two coefficients; under a new version it is the
+    documented way to recompute a past period (docs/configuration.md)."""
+    from gpuledger.config import Settings
+
+    client = connect(Settings(data_dir=tmp_path / "data"))
+    try:
+        migrate(client, "gpuledger")
+        sync_library(client, "gpuledger", load_ledger_config(config))
+        config.write_text(config.read_text().replace("coefficient = 2.3", "coefficient = 2.5"))
+        with pytest.raises(LedgerConfigError, match="A100-80GB@2020-01-01 is recorded as 2.3 .* now says 2.5"):
+            sync_library(client, "gpuledger", load_ledger_config(config))
+        rows = client.query("SELECT coefficient FROM gpuledger.coefficients FINAL WHERE model = 'A100-80GB'").result_rows
+        assert rows == [(2.3,)]  # refused before anything was written
+        config.write_text(config.read_text().replace('definition_version = "defaults-2026.3"',
+                                                     'definition_version = "defaults-2026.3-a100"'))
+        assert sync_library(client, "gpuledger", load_ledger_config(config))["definition_recorded"]
+        rows = client.query("SELECT coefficient FROM gpuledger.coefficients FINAL WHERE model = 'A100-80GB'").result_rows
+        assert rows == [(2.5,)]
+    finally:
+        client.close()
+
+
 def test_price_history_is_synced_and_append_only(config, tmp_path):
     """[[prices]] entries are history like coefficients: a new entry needs no new definition version,
     an edited one is refused (docs/accounting.md §4c)."""
