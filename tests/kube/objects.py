@@ -49,6 +49,18 @@ def ms(seconds: int) -> int:
 STAGES = ("pending", "scheduled", "running", "succeeded", "failed-oom", "preempted", "deleting")
 
 
+def at_time(wl: dict, seconds: int) -> dict:
+    """The Workload with every condition's lastTransitionTime at T0 + seconds."""
+    for c in wl["status"]["conditions"]:
+        c["lastTransitionTime"] = at(seconds)
+    return wl
+
+
+def kinds(events) -> list[str]:
+    """The kinds of a list of job events, in order, as strings."""
+    return [e.kind.value for e in events]
+
+
 def gpu_pod(name: str = "train-0", uid: str = "uid-train-0", *, job: str | None = "train", stage: str = "running",
             gpus: int = 1, node: str = "kube-worker-1", namespace: str = "default", created: int = 0,
             started: int = 4, finished: int = 60, labels: dict | None = None, resource: str = "nvidia.com/gpu",

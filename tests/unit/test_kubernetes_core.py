@@ -10,7 +10,7 @@ import pytest
 from gpuledger.agents.kubernetes import KubernetesLedger, KubernetesMapping, MalformedObject, parse_device_id
 from gpuledger.schemas.models import JobEventKind as K
 from gpuledger.schemas.wire import encode
-from kube.objects import at, cluster_queue, gpu_pod, local_queue, ms, workload
+from kube.objects import at, cluster_queue, gpu_pod, kinds, local_queue, ms, workload
 
 UUID = "GPU-8d0e2fb4-1c4a-4d0d-9c8e-6f3f2a1b0c11"
 CONTAINER = "5403af59a2b46ee5a23fb0ae4b1e077f7ca5c5fb7af16e1ab21c00e0e616462a"
@@ -25,10 +25,6 @@ def devices(table: dict | None = None):
 
 def ledger(**kw) -> KubernetesLedger:
     return KubernetesLedger(KubernetesMapping(cluster="k8s", **kw))
-
-
-def kinds(events) -> list[str]:
-    return [e.kind.value for e in events]
 
 
 def run(core, stages, lookup=None, **kw):

@@ -19,7 +19,7 @@ from gpuledger.schemas.models import JobEventKind as K
 from gpuledger.schemas.wire import encode
 from gpuledger.streams.core import WorkerCore
 from gpuledger.streams.topic_names import TopicNames
-from kube.objects import at, gpu_pod, local_queue, ms, workload
+from kube.objects import at_time, gpu_pod, kinds, local_queue, ms, workload
 
 UUID = "GPU-8d0e2fb4-1c4a-4d0d-9c8e-6f3f2a1b0c11"
 MIG = "MIG-1a2b3c4d-0000-5555-aaaa-0123456789ab"
@@ -35,17 +35,6 @@ def devices(table: dict):
 
 def ledger(**kw) -> KubernetesLedger:
     return KubernetesLedger(KubernetesMapping(cluster="k8s", **kw))
-
-
-def kinds(events) -> list[str]:
-    return [e.kind.value for e in events]
-
-
-def at_time(wl: dict, seconds: int) -> dict:
-    """The Workload with every condition's lastTransitionTime at T0 + seconds."""
-    for c in wl["status"]["conditions"]:
-        c["lastTransitionTime"] = at(seconds)
-    return wl
 
 
 def dead_letters(events) -> list[str]:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 
 from gpuledger.agents.kubernetes import KubernetesLedger, KubernetesMapping
-from kube.objects import at, gpu_pod, kueue_pod, local_queue, ms, pod_group_workload, pod_workload, workload
+from kube.objects import (
+    at_time, gpu_pod, kinds, kueue_pod, local_queue, ms, pod_group_workload, pod_workload, workload,
+)
 
 UUID = "GPU-8d0e2fb4-1c4a-4d0d-9c8e-6f3f2a1b0c11"
 NOW = ms(1000)
@@ -21,17 +23,6 @@ def ledger() -> KubernetesLedger:
     core = KubernetesLedger(KubernetesMapping(cluster="k8s"))
     core.observe_local_queue(local_queue())
     return core
-
-
-def kinds(events) -> list[str]:
-    return [e.kind.value for e in events]
-
-
-def at_time(wl: dict, seconds: int) -> dict:
-    """The Workload with every condition's lastTransitionTime at T0 + seconds."""
-    for c in wl["status"]["conditions"]:
-        c["lastTransitionTime"] = at(seconds)
-    return wl
 
 
 def rerun(**kw) -> dict:
