@@ -21,6 +21,7 @@ The text is parsed with prometheus_client's parser. Rows are grouped by the GPU'
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from dataclasses import dataclass, field
@@ -32,6 +33,8 @@ from pydantic import ValidationError
 from gpuledger.agents.backend import FATAL_XIDS, xid_down_reason
 from gpuledger.agents.nvml_backend import ledger_model_name
 from gpuledger.schemas.models import GpuHealth, GpuSample, MigDevice, ProcessSample
+
+log = logging.getLogger(__name__)
 
 MIB = 1 << 20
 
@@ -102,7 +105,8 @@ class Row:
 @dataclass(frozen=True)
 class DcgmState:
     """What one scrape leaves for the next, per GPU UUID: the Xid gauge's last value, and the
-    fatal Xid seen (sticky until the agent restarts, as in the NVML backend: a reset is needed)."""
+    fatal Xid seen arriving while the agent runs (sticky until the agent restarts, as in the NVML backend:
+    a reset is needed). A fatal value already in the gauge at the first scrape is not one (docs/dcgm.md)."""
 
     last_xid: dict[str, int] = field(default_factory=dict)
     fatal_xid: dict[str, int] = field(default_factory=dict)
@@ -190,10 +194,18 @@ def gpu_samples(rows: list[Row], previous: DcgmState, *, hostname: str | None = 
         xid = _last_xid(gpu_rows)
         # A GPU's first scrape only sets the baseline: when its Xid happened is unknown. A blank gauge
         # is "no Xid yet" (0), so the first value after it is new; a blank later changes nothing.
-        new_xids = [xid] if xid and uuid in last_xid and last_xid[uuid] != xid else []
+        first_scrape = uuid not in last_xid
+        new_xids = [xid] if xid and not first_scrape and last_xid[uuid] != xid else []
         last_xid[uuid] = xid if xid is not None else last_xid.get(uuid, 0)
-        if xid in FATAL_XIDS:
+        # Only a fatal Xid seen *arriving* takes the GPU down. dcgm-exporter keeps serving the last
+        # Xid after the GPU is reset (until the exporter restarts: dcgm-exporter#500, DCGM#277), so a
+        # fatal value already there at the first scrape may be stale, from before a repair.
+        if new_xids and xid in FATAL_XIDS:
             fatal_xid.setdefault(uuid, xid)
+        elif first_scrape and xid in FATAL_XIDS:
+            log.warning("GPU %s: the exporter's last Xid is fatal (%s) but from before this agent started "
+                        "(possibly stale: the exporter keeps it after a GPU reset); not reporting the GPU down",
+                        uuid, xid_down_reason(xid))
         samples.append(_gpu_sample(uuid, gpu_rows, new_xids, fatal_xid.get(uuid)))
     return sorted(samples, key=lambda g: g.index), DcgmState(last_xid, fatal_xid)
 

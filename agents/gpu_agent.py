@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
 from gpuledger.agents.backend import GpuBackend
-from gpuledger.schemas.models import NodeTick
+from gpuledger.schemas.models import NodeTick, NodeTickBatch
 from gpuledger.schemas.wire import encode, encode_node_ticks
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,10 @@ DEFAULT_INTERVAL_S = 5.0
 #: A batch larger than this is sent as several messages: Kafka's default limit is 1 MB per message
 #: (an 8-GPU tick is ~5.6 KB, so ~160 ticks fit).
 MAX_MESSAGE_BYTES = 900_000
+#: The most ticks one `NodeTickBatch` may hold: the wire model's own limit (`ticks` max_length), read
+#: from it so that the agent's check and its batch splitting cannot drift from the schema.
+MAX_TICKS_PER_MESSAGE: int = next(m.max_length for m in NodeTickBatch.model_fields["ticks"].metadata
+                                  if hasattr(m, "max_length"))
 
 
 class Publisher(Protocol):
@@ -91,6 +95,10 @@ def run_agent(
     held: list[NodeTick] = []
 
     def send(ticks: list[NodeTick]) -> None:
+        if len(ticks) > MAX_TICKS_PER_MESSAGE:  # more than one batch may hold: never lose them to a ValidationError
+            for i in range(0, len(ticks), MAX_TICKS_PER_MESSAGE):
+                send(ticks[i:i + MAX_TICKS_PER_MESSAGE])
+            return
         value = encode_node_ticks(node, ticks)
         if len(value) > MAX_MESSAGE_BYTES and len(ticks) > 1:  # stay under the brokers' message size limit
             half = len(ticks) // 2
@@ -306,8 +314,9 @@ def check_tick_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> 
         p.error(f"--interval must be a number of seconds of at least 0.001 (1 ms), got {args.interval!r}")
     if not 0 <= args.metrics_port <= 65535:
         p.error(f"--metrics-port must be within 0..65535 (0: off), got {args.metrics_port}")
-    if args.ticks_per_message < 1:
-        p.error("--ticks-per-message must be at least 1")
+    if not 1 <= args.ticks_per_message <= MAX_TICKS_PER_MESSAGE:
+        p.error(f"--ticks-per-message must be within 1..{MAX_TICKS_PER_MESSAGE} (a NodeTickBatch's limit), "
+                f"got {args.ticks_per_message}")
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 

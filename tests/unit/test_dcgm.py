@@ -250,9 +250,34 @@ def test_fatal_xid_takes_the_gpu_down_until_the_agent_restarts():
     assert out[1][2] == "xid 79: GPU fell off the bus"
 
 
-def test_fatal_xid_already_in_the_gauge_at_the_first_scrape_is_down_but_not_a_new_xid():
-    [gpu], _ = gpu_samples(parse_exposition(xid_text("48")), DcgmState())
-    assert (gpu.xid_errors, gpu.health, gpu.down_reason) == ([], GpuHealth.down, xid_down_reason(48))
+def test_fatal_xid_already_in_the_gauge_at_the_first_scrape_is_a_warning_not_down(caplog):
+    """This used to take the GPU down. But dcgm-exporter keeps serving the last Xid after the GPU is
+    reset (dcgm-exporter#500, DCGM#277), so after a repair and an agent restart the stale 48 took the
+    repaired, busy GPU down for good and its holder's time was billed to nobody. Only a fatal Xid seen
+    arriving while the agent runs takes a GPU down (as with NVML, whose Xid events start at the agent's start)."""
+    state = DcgmState()
+    out = []
+    with caplog.at_level("WARNING", logger="gpuledger.agents.dcgm"):
+        for value in ("48", "48", "48"):
+            [gpu], state = gpu_samples(parse_exposition(xid_text(value)), state)
+            out.append((gpu.xid_errors, gpu.health, gpu.down_reason))
+    assert out == [([], GpuHealth.ok, None)] * 3, f"a stale fatal Xid at the first scrape took the GPU down: {out}"
+    assert [r.levelname for r in caplog.records if "fatal" in r.getMessage()] == ["WARNING"]  # once, at the start
+    assert "xid 48" in caplog.text
+
+
+def test_a_fatal_xid_after_a_fatal_first_scrape_still_takes_the_gpu_down():
+    state = DcgmState()
+    out = []
+    for value in ("48", "79", "0", "48"):
+        [gpu], state = gpu_samples(parse_exposition(xid_text(value)), state)
+        out.append((gpu.xid_errors, gpu.health))
+    assert out == [([], GpuHealth.ok), ([79], GpuHealth.down), ([], GpuHealth.down), ([48], GpuHealth.down)]
+    assert gpu.down_reason == xid_down_reason(79)  # the first fatal Xid seen stays the reason
+    # the same 48 coming back after a blank first scrape is new, hence down
+    [gpu], state = gpu_samples(parse_exposition(xid_text("9223372036854775792")), DcgmState())
+    [gpu], state = gpu_samples(parse_exposition(xid_text("48")), state)
+    assert (gpu.xid_errors, gpu.health) == ([48], GpuHealth.down)
 
 
 # --------------------------------------------------------------------------- malformed, hosts

@@ -168,6 +168,34 @@ def test_ticks_per_message_sends_batches_and_the_rest_on_stop(monkeypatch: pytes
         run_agent(SimBackend(["T4"]), pub, "t", cluster="c", node="n", ticks_per_message=0, max_ticks=1)
 
 
+class _NoGpus:
+    """A node with no GPUs: the smallest valid tick (cheap enough to take 10001 of them)."""
+
+    calls_last_tick = 0
+
+    def sample(self, now_ms: int) -> list:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_batch_longer_than_a_node_tick_batch_may_hold_is_split_not_lost() -> None:
+    """More held ticks than NodeTickBatch.ticks allows (max_length) used to raise a ValidationError in
+    send(): the agent died and every held tick was lost. They now go out as several batches."""
+    from gpuledger.agents.gpu_agent import MAX_TICKS_PER_MESSAGE
+
+    n = MAX_TICKS_PER_MESSAGE + 1
+    clock = FakeClock(60.0)
+    pub = ListPublisher()
+    published = run_agent(_NoGpus(), pub, "t", cluster="c", node="n", interval_s=1, clock=clock,
+                          sleep=clock.sleep, max_ticks=n, ticks_per_message=n)
+    assert published == n
+    sizes = [len(decode_node_ticks(v)) for v in pub.values()]
+    assert sum(sizes) == n and max(sizes) <= MAX_TICKS_PER_MESSAGE and len(sizes) >= 2, sizes
+    assert [t.ts_ms for v in pub.values() for t in decode_node_ticks(v)] == [60_000 + 1000 * i for i in range(n)]
+
+
 class SlowBackend:
     """Wraps a backend; its n-th sample takes `delays[n]` seconds of (fake) time."""
 
@@ -414,6 +442,9 @@ def test_list_publisher() -> None:
     (["--interval", "nan"], "--interval must be a number of seconds of at least 0.001"),
     (["--metrics-port", "70000"], "--metrics-port must be within 0..65535"),
     (["--metrics-port", "-1"], "--metrics-port must be within 0..65535"),
+    (["--ticks-per-message", "0"], "--ticks-per-message must be within 1..10000"),
+    # NodeTickBatch.ticks holds at most 10000 (the config's le=10_000 too): 10001 was accepted, then lost ticks
+    (["--ticks-per-message", "10001"], "--ticks-per-message must be within 1..10000"),
 ])
 @pytest.mark.parametrize("agent", ["gpu", "dcgm"])
 def test_impossible_tick_options_are_refused_with_one_line(agent, argv, message, capsys):
