@@ -27,6 +27,9 @@ class _Buffer:
     rows: dict[str, list[dict]] = field(default_factory=dict)
     running: dict[str, int] = field(default_factory=dict)  # horizons including the buffered rows
     count: int = 0
+    #: messages of a pending range read again after a crash: written only once the range is complete
+    #: (its token stands for all of it), so they are not counted in `buffered` nor start the batch timer
+    rebuilding: bool = False
 
 
 @dataclass
@@ -37,6 +40,8 @@ class BatchingSink:
     message the warehouse already holds (skipped). `flush()` writes every buffered partition —
     pending progress rows, one insert per table with the block's token, done progress rows,
     retrying each step until it succeeds — and returns (rows written per table, offsets to commit).
+    A pending range read again after a crash is the exception: it is written by `add()` once all of
+    it came back (or a later offset proved the rest a gap), never in part by `flush()`.
     Call `assign()` for partitions (re)gained: it loads their progress from the store."""
 
     writer: Writer
@@ -97,8 +102,12 @@ class BatchingSink:
 
     def _drop(self, key) -> None:
         buf = self._buffers.pop(key, None)
-        if buf:
+        if buf and not buf.rebuilding:
             self.buffered -= buf.count
+
+    def rebuilding(self) -> dict[tuple[str, int], tuple[int, int]]:
+        """Partitions holding part of a pending range read again: (the next offset, the range's end)."""
+        return {key: (buf.next, self._state[key].pending[1]) for key, buf in self._buffers.items() if buf.rebuilding}
 
     # -- input
     def add(self, rows_by_table: dict[str, list[dict]], source: Source, origin: tuple[int, int] | None = None,
@@ -120,12 +129,12 @@ class BatchingSink:
         if rejected is not None and self.on_poison is not None:
             # part of the message was bad (rows.py `Rows`): its one letter goes like a whole message's
             self.on_poison(key, source.offset, next(iter(rows_by_table), ""), rejected[1], rejected[0])
-        if state.pending and buf is not None and source.offset >= state.pending[1]:
-            self.flush_partition(key)  # the replayed range is complete (its end was a gap)
-            buf = None
+        if buf is not None and buf.rebuilding and source.offset >= state.pending[1]:
+            self.flush_partition(key, gap=True)  # the replayed range is complete (its end was a gap)
+            buf, state = None, self._state[key]  # the next block starts from the range's done progress
         if buf is None:
-            buf = self._buffers[key] = _Buffer(first=source.offset, next=source.offset,
-                                              running=dict(state.horizons))
+            buf = self._buffers[key] = _Buffer(first=source.offset, next=source.offset, running=dict(state.horizons),
+                                              rebuilding=state.pending is not None and source.offset < state.pending[1])
         if source.topic == self.usage_topic and "usage_raw" in rows_by_table:
             rows_by_table = {**rows_by_table, "usage_raw": self._new_usage(rows_by_table["usage_raw"], buf.running)}
         if origin is not None:
@@ -139,12 +148,15 @@ class BatchingSink:
             if rows:
                 buf.rows.setdefault(table, []).extend(rows)
                 buf.count += len(rows)
-                self.buffered += len(rows)
+                if not buf.rebuilding:
+                    self.buffered += len(rows)
         buf.next = source.offset + 1
-        if self._since is None:
-            self._since = self.clock()
-        if state.pending and buf.next >= state.pending[1]:
+        if buf.rebuilding:
+            if buf.next < state.pending[1]:
+                return True  # the rest of the pending range is still to come
             self.flush_partition(key)  # a pending range is written again exactly as it was cut
+        if self._since is None:
+            self._since = self.clock()  # (a rebuilt range just written: its offset goes with the next flush)
         return True
 
     def _new_usage(self, rows: list[dict], running: dict[str, int]) -> list[dict]:
@@ -184,7 +196,8 @@ class BatchingSink:
 
     # -- output
     def flush(self) -> tuple[dict[str, int], dict[tuple[str, int], int]]:
-        """Write every buffered partition; returns (rows written per table, offsets to commit)."""
+        """Write every buffered partition but those still rebuilding a pending range (they stay
+        buffered, their offsets uncommitted); returns (rows written per table, offsets to commit)."""
         written = self._write_blocks(sorted(self._buffers))
         self._since = None
         # every partition whose progress moved (also by skipping messages the warehouse already held)
@@ -200,10 +213,12 @@ class BatchingSink:
             if self._reported.get(key) == offset:
                 del self._reported[key]
 
-    def flush_partition(self, key) -> dict[str, int]:
-        return self._write_blocks([key])
+    def flush_partition(self, key, gap: bool = False) -> dict[str, int]:
+        """`gap`: the rest of the partition's pending range is known to hold no messages (a later
+        offset came, or the partition ends past it): write the range up to its recorded end."""
+        return self._write_blocks([key], gap=gap)
 
-    def _write_blocks(self, keys) -> dict[str, int]:
+    def _write_blocks(self, keys, gap: bool = False) -> dict[str, int]:
         written: dict[str, int] = {}
         plans = []
         for key in keys:
@@ -212,8 +227,12 @@ class BatchingSink:
                 continue
             state = self._state[key]
             start, end = buf.first, buf.next
-            if state.pending and state.pending[0] == start and end < state.pending[1]:
-                end = state.pending[1]  # the rest of a pending range was a gap (no messages)
+            if buf.rebuilding and end < state.pending[1]:
+                if not gap:
+                    # only part of the range is back: written now under the whole range's token and
+                    # recorded done to its end, the rest would be skipped as stored and lost
+                    continue
+                end = state.pending[1]  # the rest of the pending range was a gap (no messages)
             plans.append((key, buf, state, start, end))
         if not plans:
             return written

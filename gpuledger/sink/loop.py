@@ -226,6 +226,7 @@ def run_sink(
 
         last_message = time.monotonic()
         last_check = 0.0
+        short_ends: set[tuple[str, int]] = set()  # partitions ending inside a pending range (logged once)
         while not stop.is_set():
             messages = consumer.consume(num_messages=500, timeout=0.2)
             rebalanced()
@@ -271,6 +272,7 @@ def run_sink(
             now = time.monotonic()
             if until_caught_up and now - last_message >= idle_s and now - last_check >= 0.5:
                 last_check = now
+                _close_pending_past_end(consumer, sink, short_ends)
                 flush_and_commit()
                 if _caught_up(consumer, partitions):
                     break
@@ -325,6 +327,33 @@ def _caught_up(consumer: Consumer, partitions: list[TopicPartition]) -> bool:
         if position < high:
             return False
     return True
+
+
+def _close_pending_past_end(consumer: Consumer, sink: BatchingSink, short_ends: set[tuple[str, int]]) -> None:
+    """A pending range read again waits for its last message (docs/reliability.md). When the consumer
+    has had every message of the partition and its end offset is at or past the range's end, the rest
+    of the range holds no messages any more (compacted, or offsets without messages): write it with
+    the gap, as a later offset would have proved, rather than hold the partition for ever. A
+    partition that ends inside the range (a broker reporting a short end, a truncated topic) proves
+    nothing: the range stays pending and the sink is not caught up."""
+    for (topic, partition), (next_offset, end) in sink.rebuilding().items():
+        tp = TopicPartition(topic, partition)
+        try:
+            _low, high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+            position = consumer.position([tp])[0].offset
+        except KafkaException as exc:
+            log.debug("cannot tell whether %s[%d]'s pending range can still come: %s", topic, partition, exc)
+            continue
+        if position < high:
+            continue  # messages still to come
+        if high >= end:
+            log.warning("%s[%d]: the pending range's messages from offset %d on never came, though the partition "
+                        "ends at %d: written without them", topic, partition, next_offset, high)
+            sink.flush_partition((topic, partition), gap=True)
+        elif (topic, partition) not in short_ends:
+            short_ends.add((topic, partition))
+            log.error("%s[%d] ends at offset %d, inside the pending range that ends at %d: waiting for the rest "
+                      "(a broker reporting a short end, or a truncated topic)", topic, partition, high, end)
 
 
 def _origin(msg) -> tuple[int, int] | None:

@@ -112,19 +112,35 @@ def expected_rows(messages) -> list[tuple]:
     return sorted(seen)
 
 
-def run(messages, warehouse, progress, *, interleave_seed=0, batch_rows=7, crash=None) -> None:
-    """Feed all messages (from the committed offsets on), restarting after every crash."""
+def reinterleave(sourced, rng):
+    """The same messages in another order of partitions (a restarted consumer's fetches come back in
+    any order), each partition's own order kept."""
+    queues: dict[tuple[str, int], list] = {}
+    for source, rows in sourced:
+        queues.setdefault((source.topic, source.partition), []).append((source, rows))
+    mixed = []
+    while any(queues.values()):
+        key = rng.choice(sorted(k for k, q in queues.items() if q))
+        mixed.append(queues[key].pop(0))
+    return mixed
+
+
+def run(messages, warehouse, progress, *, interleave_seed=0, batch_rows=7, timer_every=None, crash=None) -> None:
+    """Feed all messages (from the committed offsets on), restarting after every crash; after each
+    restart the partitions come interleaved anew (from `interleave_seed`). `timer_every`: flush after
+    that many messages whatever is buffered, as the batch interval's timer does."""
     committed: dict[tuple[str, int], int] = {}
     sourced = offsets_of(messages)
-    for _attempt in range(200):
+    rng = random.Random(interleave_seed)
+    for attempt in range(200):
         sink = BatchingSink(warehouse, progress, batch_rows=batch_rows, usage_topic=USAGE, sleep=lambda s: None)
         sink.assign([(USAGE, 0), (USAGE, 1)])
         try:
-            for source, rows in sourced:
+            for n, (source, rows) in enumerate(sourced if attempt == 0 else reinterleave(sourced, rng), 1):
                 if source.offset < committed.get((source.topic, source.partition), 0):
                     continue  # the consumer starts at the committed offset
                 sink.add(rows, source)
-                if sink.buffered >= batch_rows:
+                if sink.buffered >= batch_rows or (timer_every and n % timer_every == 0):
                     committed.update(sink.flush()[1])
             committed.update(sink.flush()[1])
             return
@@ -149,29 +165,33 @@ def test_reemitted_records_are_dropped_before_the_insert():
     assert sum(1 for r in warehouse.tables["usage_raw"] if r["start_ms"] == 0) == 4
 
 
+@pytest.mark.parametrize("timer_every", [None, 3])
 @pytest.mark.parametrize("when", ["before", "after"])
-def test_crash_at_any_insert_counts_every_record_once(when):
+def test_crash_at_any_insert_counts_every_record_once(when, timer_every):
     messages = stream_with_reemissions(2)
     reference = FakeWarehouse()
-    run(messages, reference, MemoryProgress())
+    run(messages, reference, MemoryProgress(), timer_every=timer_every)
     total_calls = reference.calls
-    for n in range(1, total_calls + 1):
-        warehouse, progress = FakeWarehouse(), MemoryProgress()
-        warehouse.crash_at = (n, when)
-        run(messages, warehouse, progress)
-        assert records(warehouse) == records(reference), f"crash {when} insert #{n}"
+    for interleave_seed in range(3):
+        for n in range(1, total_calls + 1):
+            warehouse, progress = FakeWarehouse(), MemoryProgress()
+            warehouse.crash_at = (n, when)
+            run(messages, warehouse, progress, interleave_seed=interleave_seed, timer_every=timer_every)
+            assert records(warehouse) == records(reference), f"crash {when} insert #{n}, interleaving {interleave_seed}"
 
 
-def test_crash_while_recording_progress_counts_every_record_once():
+@pytest.mark.parametrize("timer_every", [None, 3])
+def test_crash_while_recording_progress_counts_every_record_once(timer_every):
     messages = stream_with_reemissions(3)
     reference = FakeWarehouse()
     probe = CrashingProgress()
-    run(messages, reference, probe)
-    for n in range(1, probe.calls + 1):
-        warehouse, progress = FakeWarehouse(), CrashingProgress()
-        progress.crash_at = n
-        run(messages, warehouse, progress)
-        assert records(warehouse) == records(reference), f"crash at progress write #{n}"
+    run(messages, reference, probe, timer_every=timer_every)
+    for interleave_seed in range(3):
+        for n in range(1, probe.calls + 1):
+            warehouse, progress = FakeWarehouse(), CrashingProgress()
+            progress.crash_at = n
+            run(messages, warehouse, progress, interleave_seed=interleave_seed, timer_every=timer_every)
+            assert records(warehouse) == records(reference), f"crash at progress write #{n}, interleaving {interleave_seed}"
 
 
 def test_an_unavailable_warehouse_is_retried_until_it_is_back():
@@ -270,3 +290,113 @@ def test_offsets_whose_commit_failed_are_reported_again():
     assert sink.flush()[1] == offsets  # the commit failed: again
     sink.assign([(USAGE, 0)])  # rejoined the group: what it committed is not known
     assert sink.flush()[1] == {(USAGE, 0): offsets[(USAGE, 0)]}
+
+
+def events_message(partition: int, offset: int) -> tuple[Source, dict]:
+    return Source(EVENTS, partition, offset), {"job_events": [{"event_id": f"e{partition}-{offset}"}]}
+
+
+def crashed_with_pending_range(progress, partitions, n: int) -> FakeWarehouse:
+    """A sink that cut a block of messages [0, n) of each partition and died after its pending rows,
+    before any insert."""
+    warehouse = FakeWarehouse()
+    warehouse.crash_at = (1, "before")
+    sink = BatchingSink(warehouse, progress, batch_rows=10 * n)
+    sink.assign(partitions)
+    for p in partitions:
+        for i in range(n):
+            sink.add(*reversed(events_message(p[1], i)))
+    with pytest.raises(Crash):
+        sink.flush()
+    warehouse.crash_at = None
+    assert all(progress.load(partitions)[p].pending == (0, n) for p in partitions)
+    return warehouse
+
+
+def test_a_pending_range_is_not_written_in_part_when_other_partitions_fill_the_batch():
+    """The reviewer's case: after the restart partition 0's pending range comes in two parts with all of
+    partition 1 between them; the row-count flush partition 1 triggers must not write partition 0's
+    first part under the whole range's token (the rest would be skipped as stored, and lost)."""
+    progress = MemoryProgress()
+    warehouse = crashed_with_pending_range(progress, [(EVENTS, 0)], 5)
+    sink = BatchingSink(warehouse, progress, batch_rows=10)
+    sink.assign([(EVENTS, 0), (EVENTS, 1)])
+    committed = {}
+    stream = [events_message(0, i) for i in range(2)] + [events_message(1, i) for i in range(35)] + \
+             [events_message(0, i) for i in range(2, 5)]
+    for source, rows in stream:
+        assert sink.add(rows, source), f"{source} skipped as stored"
+        if sink.buffered >= 10:
+            committed.update(sink.flush()[1])
+    committed.update(sink.flush()[1])
+    assert sorted(r["event_id"] for r in warehouse.tables["job_events"]) == sorted(
+        f"e0-{i}" for i in range(5)) + sorted(f"e1-{i}" for i in range(35))
+    assert committed == {(EVENTS, 0): 5, (EVENTS, 1): 35}
+
+
+def test_a_pending_range_read_again_in_two_polls_survives_the_timer():
+    """One partition: a 600-message pending range comes back in polls of 500; the batch interval's
+    timer fires between them. The first 500 stay buffered (not counted as due), the range is written
+    whole when its last message arrives."""
+    clock = [0.0]
+    progress = MemoryProgress()
+    warehouse = crashed_with_pending_range(progress, [(EVENTS, 0)], 600)
+    sink = BatchingSink(warehouse, progress, batch_rows=100, clock=lambda: clock[0])
+    sink.assign([(EVENTS, 0)])
+    for source, rows in (events_message(0, i) for i in range(500)):
+        sink.add(rows, source)
+    clock[0] += 1.5
+    # the held rows neither fill the batch nor start the timer: no flush loop spinning on them
+    assert sink.buffered == 0 and not sink.due() and sink.rebuilding() == {(EVENTS, 0): (500, 600)}
+    assert sink.flush() == ({}, {})  # a flush anyway (the timer, a stop) leaves the range pending
+    assert "job_events" not in warehouse.tables and progress.load([(EVENTS, 0)])[(EVENTS, 0)].pending == (0, 600)
+    for source, rows in (events_message(0, i) for i in range(500, 600)):
+        sink.add(rows, source)
+    assert len(warehouse.tables["job_events"]) == 600 and sink.rebuilding() == {}
+    assert warehouse.tokens == {f"{EVENTS}/0/e0/0-600/job_events"}
+    assert sink.flush()[1] == {(EVENTS, 0): 600}
+
+
+def test_a_later_offset_proves_the_rest_of_a_pending_range_a_gap():
+    progress = MemoryProgress()
+    warehouse = crashed_with_pending_range(progress, [(EVENTS, 0)], 5)
+    sink = BatchingSink(warehouse, progress, batch_rows=100)
+    sink.assign([(EVENTS, 0)])
+    for i in (0, 1, 2, 7):  # offsets 3-6 are gone (never delivered again)
+        sink.add(*reversed(events_message(0, i)))
+    assert f"{EVENTS}/0/e0/0-5/job_events" in warehouse.tokens  # the range, written with its own token
+    assert sink.rebuilding() == {} and sink.buffered == 1  # offset 7 starts an ordinary block
+    assert sink.flush()[1] == {(EVENTS, 0): 8}
+    assert sorted(r["event_id"] for r in warehouse.tables["job_events"]) == ["e0-0", "e0-1", "e0-2", "e0-7"]
+
+
+def test_until_caught_up_writes_a_pending_range_whose_rest_is_past_the_partitions_end(caplog):
+    """loop.py: a consumer that had every message of a partition whose end is past the pending range
+    writes the range with the gap (logged); a partition ending inside the range keeps it pending."""
+    from confluent_kafka import TopicPartition
+
+    from gpuledger.sink.loop import _close_pending_past_end
+
+    class Consumer:
+        ends = {0: 9, 1: 3}
+
+        def get_watermark_offsets(self, tp, timeout=None, cached=False):
+            return 0, self.ends[tp.partition]
+
+        def position(self, tps):
+            return [TopicPartition(tp.topic, tp.partition, self.ends[tp.partition]) for tp in tps]
+
+    progress = MemoryProgress()
+    warehouse = crashed_with_pending_range(progress, [(EVENTS, 0), (EVENTS, 1)], 5)
+    sink = BatchingSink(warehouse, progress, batch_rows=100)
+    sink.assign([(EVENTS, 0), (EVENTS, 1)])
+    for p in (0, 1):
+        for i in range(3):
+            sink.add(*reversed(events_message(p, i)))
+    short_ends = set()
+    _close_pending_past_end(Consumer(), sink, short_ends)
+    _close_pending_past_end(Consumer(), sink, short_ends)
+    assert warehouse.tokens == {f"{EVENTS}/0/e0/0-5/job_events"}
+    assert sink.rebuilding() == {(EVENTS, 1): (3, 5)} and short_ends == {(EVENTS, 1)}
+    assert sink.flush()[1] == {(EVENTS, 0): 5}
+    assert "written without them" in caplog.text and caplog.text.count("inside the pending range") == 1
