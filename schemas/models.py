@@ -563,13 +563,17 @@ class JobProgress(_Wire):
 
 class ApprovalDecision(_Wire):
     """A pilot-run estimate awaiting approval, or the decision on it (docs/planning.md, "Approvals").
-    Topic: `<prefix>approvals`, key: the job id; one message per status change, so a scheduler admission
-    hook can admit a job once its latest message says `approved`."""
+    Topic: `<prefix>approvals`, key: "<cluster>/<job id>" (job ids are per cluster); one message per status
+    change, so a scheduler admission hook of cluster C can admit job J once the latest message under key
+    "C/J" says `approved` (and its `cluster` is C). A message without a cluster (older ones) admits no job."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
     type: Literal["approval"] = "approval"
     approval_id: str = Field(min_length=1, max_length=128)
+    cluster: str = Field("", max_length=MAX_CLUSTER_LEN,
+                         description="the job's cluster ('' in messages sent before approvals named one)")
     job_id: JobId
+    attempt: int = Field(0, ge=0, description="the pilot attempt the estimate was priced from (not the run to admit)")
     status: Literal["pending", "approved", "rejected"]
     ts_ms: EpochMs = Field(description="when this status was recorded")
     by: str = Field("", max_length=256, description="who decided ('' while pending)")

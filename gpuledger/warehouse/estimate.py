@@ -12,7 +12,8 @@ confidence interval: a pilot too short to show its slow phases gives a band too 
 
 Above the approval threshold (ledger TOML `[approvals] threshold`, currency; default
 DEFAULT_THRESHOLD) — compared with the upper end of the cost — the estimate is recorded as pending
-in `approvals` (sql/0021, append-only) and sent to `<prefix>approvals`; `gpuledger approvals
+in `approvals` (sql/0021, append-only; with its cluster and pilot attempt since sql/0044) and sent to
+`<prefix>approvals` (key "<cluster>/<job id>": job ids are per cluster); `gpuledger approvals
 approve|reject ID --by WHO` records and sends the decision.
 
 `estimate_run` is pure (plain data in, an Estimate out); the rest reads and writes the warehouse.
@@ -244,13 +245,14 @@ def load_pilot(client, database: str, job_id: str, attempt: int | None = None, c
 
 
 def _approval_id(est: Estimate, now_ms: int) -> str:
-    digest = hashlib.sha256(f"{est.job_id}/{est.attempt}/{est.target}/{now_ms}".encode()).hexdigest()
+    digest = hashlib.sha256(f"{est.cluster}/{est.job_id}/{est.attempt}/{est.target}/{now_ms}".encode()).hexdigest()
     return f"apr-{digest[:12]}"
 
 
 def record_pending(client, database: str, est: Estimate, threshold: float, now_ms: int) -> dict:
     """Record the estimate as awaiting approval; returns the row written."""
-    row = {"approval_id": _approval_id(est, now_ms), "job_id": est.job_id, "status": "pending", "ts_ms": now_ms,
+    row = {"approval_id": _approval_id(est, now_ms), "cluster": est.cluster, "job_id": est.job_id,
+           "attempt": est.attempt, "status": "pending", "ts_ms": now_ms,
            "decided_by": "", "note": "", "target": est.target, "cost_micros": round(est.cost * 1e6),
            "cost_low_micros": round(est.cost_low * 1e6), "cost_high_micros": round(est.cost_high * 1e6),
            "threshold_micros": round(threshold * 1e6), "currency": est.currency, "gpu_hours": est.gpu_hours,
@@ -262,9 +264,18 @@ def record_pending(client, database: str, est: Estimate, threshold: float, now_m
 
 
 def approval_history(client, database: str, approval_id: str) -> list[dict]:
+    """The approval's rows in time order. Rows written before sql/0044 have cluster '' and attempt 0:
+    they get those of the estimate their pending (first) row keeps, as approvals_current does."""
     db = quoted_database(database)
-    return _query(client, f"""SELECT * EXCEPT (estimate, inserted_at) FROM {db}.approvals
+    rows = _query(client, f"""SELECT * EXCEPT (inserted_at) FROM {db}.approvals
                              WHERE approval_id = {{id:String}} ORDER BY ts_ms""", {"id": approval_id})
+    origin = json.loads(rows[0]["estimate"]) if rows and rows[0]["estimate"] else {}
+    for r in rows:
+        del r["estimate"]
+        if not r["cluster"]:
+            r["cluster"] = origin.get("cluster") or ""
+        r["attempt"] = max(r["attempt"], int(origin.get("attempt") or 0))
+    return rows
 
 
 def decide(client, database: str, approval_id: str, status: str, by: str, note: str, now_ms: int) -> dict:
@@ -279,7 +290,7 @@ def decide(client, database: str, approval_id: str, status: str, by: str, note: 
     latest = history[-1]
     if latest["status"] != "pending":
         raise ValueError(f"approval {approval_id} is already {latest['status']} (by {latest['decided_by']})")
-    row = {k: latest[k] for k in ("approval_id", "job_id", "target", "cost_micros", "cost_low_micros",
+    row = {k: latest[k] for k in ("approval_id", "cluster", "job_id", "attempt", "target", "cost_micros", "cost_low_micros",
                                   "cost_high_micros", "threshold_micros", "currency", "gpu_hours", "wall_hours")}
     row.update(status=status, ts_ms=max(now_ms, latest["ts_ms"] + 1), decided_by=by.strip(), note=note or "",
                estimate="")
@@ -299,15 +310,23 @@ def list_approvals(client, database: str, status: str | None = None) -> list[dic
 def decision_message(row: dict):
     from gpuledger.schemas.models import ApprovalDecision
 
-    return ApprovalDecision(approval_id=row["approval_id"], job_id=row["job_id"], status=row["status"],
+    return ApprovalDecision(approval_id=row["approval_id"], cluster=row["cluster"], job_id=row["job_id"],
+                            attempt=row["attempt"], status=row["status"],
                             ts_ms=row["ts_ms"], by=row["decided_by"], note=row["note"], target=row["target"],
                             cost_micros=row["cost_micros"], cost_high_micros=row["cost_high_micros"],
                             threshold_micros=row["threshold_micros"], currency=row["currency"],
                             gpu_hours=row["gpu_hours"], wall_hours=row["wall_hours"])
 
 
+def message_key(row: dict) -> bytes:
+    """The approvals topic's key: "<cluster>/<job id>" (job ids are per cluster). An approval without a
+    cluster (recorded before sql/0044 from an estimate that named none) is keyed "/<job id>", which no
+    cluster's admission hook reads: it admits nothing."""
+    return f"{row['cluster']}/{row['job_id']}".encode()
+
+
 def publish(settings, rows: list[dict], timeout_s: float = 15.0) -> None:
-    """Send approval rows to `<prefix>approvals` (key: job id); raises when the broker does not confirm them."""
+    """Send approval rows to `<prefix>approvals` (key: message_key); raises when the broker does not confirm them."""
     from confluent_kafka import Producer
 
     from gpuledger.schemas.wire import encode
@@ -315,7 +334,7 @@ def publish(settings, rows: list[dict], timeout_s: float = 15.0) -> None:
     errors: list[str] = []
     producer = Producer({**settings.kafka_client_config(), "enable.idempotence": True})
     for row in rows:
-        producer.produce(settings.topics.approvals, key=row["job_id"].encode(), value=encode(decision_message(row)),
+        producer.produce(settings.topics.approvals, key=message_key(row), value=encode(decision_message(row)),
                          on_delivery=lambda err, _m: errors.append(str(err)) if err else None)
     left = producer.flush(timeout_s)
     if left or errors:
@@ -395,7 +414,7 @@ def cmd_approvals(args) -> int:
     finally:
         client.close()
     for r in rows:
-        print(f"{r['approval_id']}\t{r['job_id']}\t{r['status']}\t{r['decided_by']}\t{r['note']}")
+        print(f"{r['approval_id']}\t{r['cluster']}\t{r['job_id']}\t{r['status']}\t{r['decided_by']}\t{r['note']}")
     if not args.no_publish:
         publish(settings, rows)
     return 0

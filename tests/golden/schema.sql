@@ -75,7 +75,9 @@ FINAL;
 CREATE TABLE {db}.approvals
 (
     `approval_id` String,
+    `cluster` LowCardinality(String) DEFAULT '',
     `job_id` String,
+    `attempt` UInt32 DEFAULT 0,
     `status` LowCardinality(String),
     `ts_ms` Int64,
     `decided_by` String,
@@ -98,7 +100,9 @@ SETTINGS index_granularity = 8192;
 CREATE VIEW {db}.approvals_current
 (
     `approval_id` String,
+    `cluster` String,
     `job_id` String,
+    `attempt` UInt32,
     `status` String,
     `requested_ms` Int64,
     `updated_ms` Int64,
@@ -114,7 +118,9 @@ CREATE VIEW {db}.approvals_current
 )
 AS SELECT
     approval_id,
+    if(max(cluster) != '', max(cluster), JSONExtractString(argMin(estimate, ts_ms), 'cluster')) AS cluster,
     argMax(job_id, ts_ms) AS job_id,
+    greatest(max(attempt), JSONExtract(argMin(estimate, ts_ms), 'attempt', 'UInt32')) AS attempt,
     argMax(status, ts_ms) AS status,
     min(ts_ms) AS requested_ms,
     max(ts_ms) AS updated_ms,

@@ -74,6 +74,9 @@ def test_progress_to_estimate_to_approval(settings, monkeypatch, capfd):
     assert pending["gpu_hours"] == pytest.approx(40.0, rel=1e-6)
     assert main(["approvals", "approve", pending["approval_id"], "--by", "alice", "--note", "ok", *common]) == 0
     assert main(["approvals", "reject", pending["approval_id"], "--by", "bob", *common]) == 2  # already decided
-    messages = [decode(ApprovalDecision, m.value()) for m in read_topic(settings, settings.topics.approvals)]
-    assert [(m.status, m.by, m.job_id) for m in messages] == [("pending", "", "llm-1"), ("approved", "alice", "llm-1")]
+    raw = read_topic(settings, settings.topics.approvals)
+    assert [m.key() for m in raw] == [b"c1/llm-1", b"c1/llm-1"]  # "<cluster>/<job id>": job ids are per cluster
+    messages = [decode(ApprovalDecision, m.value()) for m in raw]
+    assert [(m.status, m.by, m.cluster, m.job_id) for m in messages] == [("pending", "", "c1", "llm-1"),
+                                                                        ("approved", "alice", "c1", "llm-1")]
     assert all(m.approval_id == pending["approval_id"] for m in messages)
