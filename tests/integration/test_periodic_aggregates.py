@@ -133,12 +133,12 @@ def test_fleet_down_episodes_counted_in_the_engine(client):
 def test_stragglers_equal_the_window_query_over_job_gpu_balance(client):
     c, _ = client
     old = """
-        SELECT job_id, attempt, gpu, util_pct, median_pct FROM (
-            SELECT job_id, attempt, gpu, mean_util_pct AS util_pct,
+        SELECT cluster, job_id, attempt, gpu, util_pct, median_pct FROM (
+            SELECT toString(cluster) AS cluster, job_id, attempt, gpu, mean_util_pct AS util_pct,
                    median(mean_util_pct) OVER (PARTITION BY cluster, job_id, attempt) AS median_pct,
                    count() OVER (PARTITION BY cluster, job_id, attempt) AS gpus
             FROM {db}.job_gpu_balance WHERE util_gpu_ms > 0 {cond})
-        WHERE gpus > 1 AND util_pct < median_pct * 0.8 ORDER BY job_id, attempt, util_pct"""
+        WHERE gpus > 1 AND util_pct < median_pct * 0.8 ORDER BY job_id, cluster, attempt, util_pct"""
     day = DAY0 + dt.timedelta(days=1)
     in_day = (" AND toDate(fromUnixTimestamp64Milli(last_end_ms, 'UTC')) >= '2026-11-02'"
               " AND toDate(fromUnixTimestamp64Milli(first_start_ms, 'UTC')) <= '2026-11-02'")

@@ -170,7 +170,7 @@ def test_renderings(client, fmt):
     out = pr.render_report(r, fmt)
     assert "job-1" in out and "Cost by attempt" in out
     if fmt == "markdown":
-        assert re.search(r"^\| Attempt \| Outcome \| Compute cost \| ", out, re.M)  # human headers
+        assert re.search(r"^\| Cluster \| Attempt \| Outcome \| Compute cost \| ", out, re.M)  # human headers
     if fmt == "html":
         assert out.startswith("<!DOCTYPE html>") and out.count("<svg") >= 3
         # self-contained: no scripts, no external resources
@@ -222,7 +222,7 @@ def test_a_release_named_by_two_suggestions_is_reclaimed_once(client):
     # once, from the second suggestion: 2 GPUs x (1 - 0.25) from the release (25) to 20 + 60 min, at
     # job-1's idle cost of 1000 micros a GPU-minute (0.06 a GPU-hour)
     (row,) = wk.section("Reclaimed on followed reclaim suggestions").rows
-    assert (row["job_id"], row["suggested_at"]) == ("job-1", "2026-11-02 00:20")
+    assert (row["cluster"], row["job_id"], row["suggested_at"]) == ("c", "job-1", "2026-11-02 00:20")
     assert row["reclaimed_gpu_hours"] == pytest.approx(2 * 0.75 * 55 / 60)
     assert wk.summary["reclaimed_gpu_hours"] == pytest.approx(2 * 0.75 * 55 / 60)
     assert wk.summary["estimated_savings"] == pytest.approx(2 * 0.75 * 55 / 60 * 0.06)

@@ -7,7 +7,8 @@
   failed-retry), the top-N jobs by cost.
 - `weekly`: anomalies (GPUs down, failed attempts, idle-heavy jobs, stragglers), the top-10 costly
   jobs, GPUs reclaimed on followed reclaim suggestions and the savings they made (docs/alerts.md).
-- `job`: utilization distribution, per-GPU balance score, loading-stall and straggler hints, cost by attempt.
+- `job`: utilization distribution, per-GPU balance score, loading-stall and straggler hints, cost by attempt,
+  each per cluster and attempt (an id in two clusters is two jobs).
 
 Why one file: the four reports share their period handling, capping and money summary helpers, and
 each is one function that reads top to bottom as the report does.
@@ -239,25 +240,28 @@ def anomalies(client, database: str, start: dt.date, end: dt.date, idle_share: f
     p = {"d0": start, "d1": end}
     out = []
     for r in query(client, f"""
-            SELECT node, gpu_uuid, gpu_model, sumIf(gpu_ms, state = 'down') / 1000 AS down_seconds
+            SELECT toString(cluster) AS cluster, node, gpu_uuid, gpu_model,
+                   sumIf(gpu_ms, state = 'down') / 1000 AS down_seconds
             FROM {db}.usage_gpu_daily WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}}
-            GROUP BY node, gpu_uuid, gpu_model HAVING down_seconds > 0 ORDER BY down_seconds DESC, gpu_uuid""", p):
-        out.append({"kind": "GPU down", "subject": f"{r['node']} {r['gpu_uuid']}",
+            GROUP BY cluster, node, gpu_uuid, gpu_model HAVING down_seconds > 0
+            ORDER BY down_seconds DESC, gpu_uuid, cluster""", p):
+        out.append({"kind": "GPU down", "cluster": r["cluster"], "subject": f"{r['node']} {r['gpu_uuid']}",
                     "detail": f"{r['gpu_model']} down {r['down_seconds'] / 60:.1f} min",
                     "gpu_hours": r["down_seconds"] / 3600, "cost": None})
     several = len({r["currency"] for r in flagged}) > 1
-    for r in sorted((r for r in flagged if r["failed_attempts"] > 0), key=lambda r: (-r["cost"], r["job_id"])):
-        out.append({"kind": "Failed attempts", "subject": r["job_id"],
+    for r in sorted((r for r in flagged if r["failed_attempts"] > 0),
+                    key=lambda r: (-r["cost"], r["job_id"], r["cluster"])):
+        out.append({"kind": "Failed attempts", "cluster": r["cluster"], "subject": r["job_id"],
                     "detail": f"{r['tenant']}: {r['failed_attempts']} failed attempt(s), their cost this period"
                               + (f" in {r['currency']}" if several else ""), "gpu_hours": None,
                     "cost": r["cost"]})
     for r in sorted((r for r in flagged if r["gpu_hours"] > 0 and r["share"] > idle_share),
-                    key=lambda r: (-r["idle_gpu_hours"], r["job_id"])):
-        out.append({"kind": "Idle-heavy job", "subject": r["job_id"],
+                    key=lambda r: (-r["idle_gpu_hours"], r["job_id"], r["cluster"])):
+        out.append({"kind": "Idle-heavy job", "cluster": r["cluster"], "subject": r["job_id"],
                     "detail": f"{r['tenant']}: {r['share']:.0%} of held GPU-time idle",
                     "gpu_hours": r["idle_gpu_hours"], "cost": None})
     for r in stragglers(client, database, start=start, end=end):
-        out.append({"kind": "Straggler", "subject": r["job_id"],
+        out.append({"kind": "Straggler", "cluster": r["cluster"], "subject": r["job_id"],
                     "detail": f"attempt {r['attempt']}: {r['gpu']} at {r['util_pct']:.0f}% vs median {r['median_pct']:.0f}%",
                     "gpu_hours": None, "cost": None})
     return out
@@ -280,7 +284,7 @@ def weekly(client, database: str, *, as_of: Any = None, top: int = 10, idle_shar
         until = min(r["suggested_ms"] + followed_within_s * 1000, week_end_ms)
         hours = r["gpus_freed"] * (1 - r["execution_rate"]) * max(0, until - r["released_ms"]) / 3_600_000
         when = lambda ms: dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M")  # noqa: E731
-        reclaimed.append({"queue": r["queue"], "job_id": r["job_id"], "suggested_at": when(r["suggested_ms"]),
+        reclaimed.append({"cluster": r["cluster"], "queue": r["queue"], "job_id": r["job_id"], "suggested_at": when(r["suggested_ms"]),
                           "released_at": when(r["released_ms"]), "gpus_freed": r["gpus_freed"],
                           "reclaimed_gpu_hours": hours, "saved_cost": hours * r["idle_cost_per_gpu_hour"]})
     tenants = tenant_costs(client, database, start, end, idle_redistribution=idle_redistribution,
@@ -339,6 +343,19 @@ def job_summary(rows: list[dict]) -> dict[str, Any]:
     return out
 
 
+def _worst_balance(scores: list[dict], *, several_clusters: bool) -> float | str | None:
+    """The lowest balance score of the job's attempts; where its id ran in several clusters (each its
+    own job), the lowest of each cluster's as text ("c 1.00; c2 0.56"), as a score of one cluster's
+    job says nothing of the other's."""
+    worst: dict[str, float] = {}
+    for x in scores:
+        if x["balance_score"] is not None:
+            worst[x["cluster"]] = min(worst.get(x["cluster"], x["balance_score"]), x["balance_score"])
+    if not several_clusters:
+        return min(worst.values(), default=None)
+    return "; ".join(f"{c} {v:.2f}" for c, v in sorted(worst.items())) or None
+
+
 def job(client, database: str, *, job_id: str, stall_s: float = 60.0, stretches_listed: int = 50) -> Report:
     if not job_id:
         raise ValueError("the job report needs a job id")
@@ -352,41 +369,47 @@ def job(client, database: str, *, job_id: str, stall_s: float = 60.0, stretches_
     hist = query(client, f"""
         SELECT util_bucket, sum(gpu_seconds) / 3600 AS gpu_hours FROM {db}.job_util_histogram
         WHERE job_id = {{job:String}} GROUP BY util_bucket ORDER BY util_bucket""", p)
+    # an attempt is (cluster, job_id, attempt): the same id in two clusters is two jobs (Slurm numbers
+    # jobs per cluster), so every per-attempt section is keyed and labelled by cluster too
     gpus = query(client, f"""
-        SELECT attempt, gpu, gpu_model, executing_gpu_seconds / 3600 AS executing_gpu_hours,
+        SELECT toString(cluster) AS cluster, attempt, gpu, gpu_model, executing_gpu_seconds / 3600 AS executing_gpu_hours,
                idle_gpu_seconds / 3600 AS idle_gpu_hours, mean_util_pct AS util_pct
-        FROM {db}.job_gpu_balance WHERE job_id = {{job:String}} ORDER BY attempt, gpu""", p)
-    attempts = sorted({g["attempt"] for g in gpus})
-    scores = [{"attempt": a, "gpus": sum(1 for g in gpus if g["attempt"] == a),
-               "balance_score": balance_score([g["util_pct"] for g in gpus if g["attempt"] == a])} for a in attempts]
+        FROM {db}.job_gpu_balance WHERE job_id = {{job:String}} ORDER BY cluster, attempt, gpu""", p)
+    of_attempt = lambda rows, key: [x for x in rows if (x["cluster"], x["attempt"]) == key]  # noqa: E731
+    attempts = sorted({(g["cluster"], g["attempt"]) for g in gpus})
+    scores = [{"cluster": c, "attempt": a, "gpus": len(of_attempt(gpus, (c, a))),
+               "balance_score": balance_score([g["util_pct"] for g in of_attempt(gpus, (c, a))])} for c, a in attempts]
     stretches = query(client, f"""
-        SELECT attempt, node, gpu_uuid, stretch_start, duration_seconds, idle_gpu_seconds, offset_ms
+        SELECT toString(cluster) AS cluster, attempt, node, gpu_uuid, stretch_start, duration_seconds,
+               idle_gpu_seconds, offset_ms
         FROM {db}.job_idle_stretches WHERE job_id = {{job:String}}
-        ORDER BY attempt, stretch_start, gpu_uuid""", p)
+        ORDER BY cluster, attempt, stretch_start, gpu_uuid""", p)
     hints = []
-    for a in attempts:
-        first = [x for x in stretches if x["attempt"] == a and x["offset_ms"] == 0 and x["duration_seconds"] >= stall_s]
+    for c, a in attempts:
+        own = of_attempt(stretches, (c, a))
+        first = [x for x in own if x["offset_ms"] == 0 and x["duration_seconds"] >= stall_s]
         if first:
             longest = max(x["duration_seconds"] for x in first)
-            hints.append({"attempt": a, "hint": "loading stall",
+            hints.append({"cluster": c, "attempt": a, "hint": "loading stall",
                           "detail": f"{len(first)} GPU(s) idle for up to {longest:.0f} s after allocation "
                                     "(image pull / data loading before the first step)"})
-        later = [x for x in stretches if x["attempt"] == a and x["offset_ms"] > 0 and x["duration_seconds"] >= stall_s]
+        later = [x for x in own if x["offset_ms"] > 0 and x["duration_seconds"] >= stall_s]
         if later:
-            hints.append({"attempt": a, "hint": "mid-run stalls",
+            hints.append({"cluster": c, "attempt": a, "hint": "mid-run stalls",
                           "detail": f"{len(later)} idle stretch(es) of >= {stall_s:.0f} s while running, "
                                     f"{sum(x['idle_gpu_seconds'] for x in later) / 60:.1f} GPU-minutes "
                                     "(checkpoints, input pipeline, hangs)"})
     for r in stragglers(client, database, job_id=str(job_id)):
-        hints.append({"attempt": r["attempt"], "hint": "straggler",
+        hints.append({"cluster": r["cluster"], "attempt": r["attempt"], "hint": "straggler",
                       "detail": f"{r['gpu']} at {r['util_pct']:.0f}% vs the attempt's median {r['median_pct']:.0f}%"})
     cost = query(client, f"""
-        SELECT attempt, any(outcome) AS outcome,
+        SELECT toString(cluster) AS cluster, attempt, any(outcome) AS outcome,
                sumIf(cost, line = 'compute') AS compute_cost, sumIf(cost, line = 'idle') AS idle_cost,
                sumIf(cost, line = 'failed_retry') AS failed_retry_cost, sum(cost) AS total_cost,
                sum(gpu_hours) AS gpu_hours, sum(effective_gpu_hours) AS effective_gpu_hours,
                arrayStringConcat(arraySort(groupUniqArray(toString(gpu_model))), ' ') AS gpu_models
-        FROM {db}.job_cost_by_attempt WHERE job_id = {{job:String}} GROUP BY attempt ORDER BY attempt""", p)
+        FROM {db}.job_cost_by_attempt WHERE job_id = {{job:String}}
+        GROUP BY cluster, attempt ORDER BY cluster, attempt""", p)
     by_model = query(client, f"""
         SELECT gpu_model, sum(cost) AS cost, sum(gpu_hours) AS gpu_hours, sum(effective_gpu_hours) AS effective_gpu_hours
         FROM {db}.job_cost_by_attempt WHERE job_id = {{job:String}} GROUP BY gpu_model ORDER BY gpu_model""", p)
@@ -397,7 +420,7 @@ def job(client, database: str, *, job_id: str, stall_s: float = 60.0, stretches_
         "tenant": s["tenant"], "queue": s["queue"], "attempts": s["attempts"], "failed_attempts": s["failed_attempts"],
         "last_outcome": s["last_outcome"], "gpu_hours": s["gpu_hours"], "idle_gpu_hours": s["idle_gpu_hours"],
         "cost": s["cost"], "low_util_share": low / executing if executing else None,
-        "balance_score": min((x["balance_score"] for x in scores if x["balance_score"] is not None), default=None),
+        "balance_score": _worst_balance(scores, several_clusters="clusters" in s),
     })
     report.sections = [
         Section("Utilization distribution", hist, "executing GPU-hours by utilization bucket",

@@ -128,9 +128,10 @@ def fleet_layers(client, database: str, start: dt.date, end: dt.date) -> dict[st
             "hardware_utilization": weighted / sampled / 100 if sampled else None}
 
 
-#: the columns of the periodic reports' job rows (the jobs report's, `gpuledger report jobs`)
-TOP_JOB_COLUMNS = ("job_id", "tenant", "queue", "attempts", "failed_attempts", "gpu_hours", "effective_gpu_hours",
-                   "idle_gpu_hours", "cost")
+#: the columns of the periodic reports' job rows (the jobs report's, `gpuledger report jobs`); the cluster
+#: first, as two clusters' job-1 are two jobs, side by side
+TOP_JOB_COLUMNS = ("cluster", "job_id", "tenant", "queue", "attempts", "failed_attempts", "gpu_hours",
+                   "effective_gpu_hours", "idle_gpu_hours", "cost")
 
 #: a period's money per cluster, job, definition version and attempt: the closed rows of its days, the
 #: adjustments booked on them (where the bills report books them) and the open days' basis ({open}: each
@@ -237,14 +238,14 @@ def period_jobs(client, database: str, start: dt.date, end: dt.date, top: int,
     """The jobs' money on the period's days (period_job_rows), read once for two sections:
     - the `top` most expensive, TOP_JOB_COLUMNS of them (and currency, where several);
     - with `idle_share`, the jobs that had a failed attempt with usage in the period or were idle more
-      than `idle_share` of their held GPU-time in it: job_id, tenant, failed_attempts, cost (their
+      than `idle_share` of their held GPU-time in it: cluster, job_id, tenant, failed_attempts, cost (their
       failed attempts' cost in the period), job_cost (the job's whole cost in the period), gpu_hours,
       idle_gpu_hours, share, currency."""
     rows = period_job_rows(client, database, start, end, currency, top=top, idle_share=idle_share)
     first = job_columns(rows[:top], TOP_JOB_COLUMNS)
     if idle_share is None:
         return first, []
-    marked = [{"job_id": r["job_id"], "tenant": r["tenant"], "failed_attempts": r["failed_attempts"],
+    marked = [{"cluster": r["cluster"], "job_id": r["job_id"], "tenant": r["tenant"], "failed_attempts": r["failed_attempts"],
                "cost": r["failed_cost"], "job_cost": r["cost"], "idle_gpu_hours": r["idle_gpu_hours"],
                "gpu_hours": r["gpu_hours"], "share": r["idle_share"], "currency": r["currency"]}
               for r in rows if r["failed_attempts"] > 0 or r["idle_share"] > idle_share]
@@ -254,7 +255,7 @@ def period_jobs(client, database: str, start: dt.date, end: dt.date, top: int,
 def largest_jobs(client, database: str, start: dt.date, end: dt.date, top: int, currency: str = "") -> list[dict]:
     """The `top` jobs with the most GPU-hours on the period's days (period_job_rows: each record once)."""
     rows = period_job_rows(client, database, start, end, currency, order="gpu_hours", top=top)
-    return job_columns(rows[:top], ("job_id", "tenant", "queue", "attempts", "gpu_hours", "effective_gpu_hours",
+    return job_columns(rows[:top], ("cluster", "job_id", "tenant", "queue", "attempts", "gpu_hours", "effective_gpu_hours",
                                     "idle_gpu_hours", "cost"))
 
 
@@ -288,8 +289,8 @@ def idle_by_queue(client, database: str, start: dt.date, end: dt.date) -> dict[s
 def followed_suggestions(client, database: str, start: dt.date, end: dt.date, within_s: float) -> list[dict]:
     """Jobs released on a reclaim suggestion (docs/alerts.md, "Followed suggestions"): every job attempt
     a suggestion opened in [start, end] named that ended (completed, failed, preempted, cancelled)
-    within `within_s` after it opened, with its GPUs, its execution rate then, when it ended, and what
-    an idle GPU-hour of it cost (its idle cost / its idle GPU-hours, from usage). One row per released
+    within `within_s` after it opened, with its cluster, its GPUs, its execution rate then, when it
+    ended, and what an idle GPU-hour of it cost (its idle cost / its idle GPU-hours, from usage). One row per released
     attempt, from the latest suggestion that named it before it ended: a job named again by a later
     suggestion (the first withdrawn, then demand back) released its GPUs once."""
     db = quoted_database(database)
@@ -313,7 +314,7 @@ def followed_suggestions(client, database: str, start: dt.date, end: dt.date, wi
             FROM {db}.usage_raw WHERE (cluster, job_id) IN (SELECT cluster, job_id FROM named)
             GROUP BY cluster, job_id, attempt
         )
-        SELECT queue, job_id, attempt, suggested_ms, released_ms, gpus_freed, execution_rate, idle_cost_per_gpu_hour
+        SELECT cluster, queue, job_id, attempt, suggested_ms, released_ms, gpus_freed, execution_rate, idle_cost_per_gpu_hour
         FROM (
             SELECT n.cluster AS cluster, n.queue AS queue, n.job_id AS job_id, n.attempt AS attempt,
                    n.opened_at_ms AS suggested_ms, e.end_ms AS released_ms, n.gpus_freed AS gpus_freed,
@@ -327,7 +328,7 @@ def followed_suggestions(client, database: str, start: dt.date, end: dt.date, wi
             ORDER BY suggested_ms DESC
             LIMIT 1 BY cluster, job_id, attempt
         )
-        ORDER BY suggested_ms, queue, job_id, attempt""", {"d0": start, "d1": end, "within": int(within_s * 1000)})
+        ORDER BY suggested_ms, cluster, queue, job_id, attempt""", {"d0": start, "d1": end, "within": int(within_s * 1000)})
 
 
 def stragglers(client, database: str, *, job_id: str | None = None, start: dt.date | None = None,
@@ -367,13 +368,14 @@ def stragglers(client, database: str, *, job_id: str | None = None, start: dt.da
         WHERE g.2 < median_pct * {{ratio:Float64}}""", parameters=p).result_rows
     if not found:
         return []
-    names = {key: (job, attempt, gpu) for key, job, attempt, gpu in client.query(f"""
-        SELECT DISTINCT gpu_key, job_id, attempt, concat(toString(node), '/', substring(gpu_uuid, 5, 8))
+    # the cluster too: an attempt is (cluster, job_id, attempt), and two clusters' job-1 are two jobs
+    names = {key: (cluster, job, attempt, gpu) for key, cluster, job, attempt, gpu in client.query(f"""
+        SELECT DISTINCT gpu_key, toString(cluster), job_id, attempt, concat(toString(node), '/', substring(gpu_uuid, 5, 8))
         FROM {db}.job_gpu_usage WHERE gpu_key IN {{keys:Array(UInt64)}}""",
         parameters={"keys": sorted({key for key, _, _ in found})}).result_rows}
-    rows = [{"job_id": names[key][0], "attempt": names[key][1], "gpu": names[key][2], "util_pct": util,
-             "median_pct": median} for key, util, median in found]
-    return sorted(rows, key=lambda r: (r["job_id"], r["attempt"], r["util_pct"]))
+    rows = [{"cluster": names[key][0], "job_id": names[key][1], "attempt": names[key][2], "gpu": names[key][3],
+             "util_pct": util, "median_pct": median} for key, util, median in found]
+    return sorted(rows, key=lambda r: (r["job_id"], r["cluster"], r["attempt"], r["util_pct"]))
 
 
 def balance_score(utils: Sequence[float]) -> float | None:
