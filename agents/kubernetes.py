@@ -19,13 +19,16 @@ The model, in short:
 - event times are Kubernetes' own (creationTimestamp, conditions' lastTransitionTime, containers'
   startedAt / finishedAt), never earlier than the job's previous event or the watermark already
   promised, so a watermark is never broken and a job's events stay in order;
-- event ids are `k8s/<cluster>/<job>/<attempt>/<n>/<kind>`, n counting the job's events: an agent
-  that re-derives events from the same saved state gives the same ids, and the worker drops the copies.
+- event ids are `k8s/<cluster>/<job>/<attempt>/<n>/<kind>.<digest>`, n counting the job's events and
+  the digest chaining each event's content to the job's events before it: an agent that re-derives
+  the same events from the same saved state gives the same ids (the worker drops the copies), and one
+  that re-derives fewer or other events gives new ids, so no later event reuses an id.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -305,6 +308,9 @@ class JobTrack:
     eviction_seen_ms: int | None = None
     last_ts: int = 0
     seq: int = 0
+    #: digest of the job's events so far (each event's content chained to the one before), in its
+    #: event ids: a crash's re-derivation reuses an id only for the same event after the same history
+    history: str = ""
 
 
 @dataclass
@@ -316,6 +322,9 @@ class WorkloadInfo:
     finished: bool
     gpus: float
     priority: int
+    #: [lastTransitionTime, reason] of its QuotaReserved=False (waiting for quota), else None: the
+    #: re-queue an evicted attempt takes up when its last pod goes (Kueue sends no update then)
+    pending: list | None = None
 
 
 @dataclass
@@ -363,6 +372,7 @@ class KubernetesLedger:
         self.pods: dict[str, PodTrack] = {}
         self.jobs: dict[str, JobTrack] = {}
         self.workloads: dict[str, WorkloadInfo] = {}
+        self._workloads_of: dict[str, set[str]] = {}    # job id -> '<ns>/<name>' of its Workloads (checked on use)
         self.cluster_queues: dict[str, ClusterQueueInfo] = {}
         self.local_queues: dict[str, str] = {}          # '<ns>/<name>' -> ClusterQueue
         self.watermark_ms = 0
@@ -404,8 +414,19 @@ class KubernetesLedger:
             self.clamped += 1
         job.last_ts = ts
         job.seq += 1
+        # The id is the event's place in its job (n), its kind and, but for the job's first event (its
+        # `submitted`, with no history), a digest of its content chained to the job's events before
+        # it: a restart that re-derives the same events after the same history sends the same ids (the
+        # worker drops the copies), and one that re-derives fewer or other events (a pod that ended
+        # meanwhile, listed without devices) sends new ids, so no later event takes an id already used
+        # with other content (docs/kubernetes.md, "Exactly once").
+        job.history = hashlib.blake2b(orjson.dumps(
+            [job.history, job.attempt, job.seq, kind.value, ts, job.tenant, job.queue, job.priority,
+             job.requested_gpus, [[g[0], g[1], g[2], g[3], g[5]] for g in gpus or []], aliases or {}, reason],
+            option=orjson.OPT_SORT_KEYS), digest_size=8).hexdigest()
+        suffix = "" if job.seq == 1 else f".{job.history}"
         out.append(JobEvent(
-            event_id=f"k8s/{self.mapping.cluster}/{job.job_id}/{job.attempt}/{job.seq}/{kind.value}",
+            event_id=f"k8s/{self.mapping.cluster}/{job.job_id}/{job.attempt}/{job.seq}/{kind.value}{suffix}",
             ts_ms=ts, kind=kind, cluster=self.mapping.cluster, job_id=job.job_id, attempt=job.attempt,
             tenant=job.tenant, queue=job.queue, priority=job.priority, requested_gpus=job.requested_gpus,
             gpus=[GpuAssignment(node=g[0], gpu_uuid=g[1], gpu_index=g[2], share_milli=g[3], container_id=g[5])
@@ -634,6 +655,14 @@ class KubernetesLedger:
         final, why = K(job.outcome[0]), job.outcome[1]
         self._emit(out, job, final, ts, reason=why)
         job.attempt_ended, job.last_outcome, job.running, job.emitted_gpus = True, final.value, False, None
+        if job.evicted and job.evicted[0] == job.attempt:
+            # Kueue evicted this attempt and unsets its quota as soon as no pod is active (terminating
+            # pods do not count), so the re-queue usually came while this pod was going, and no
+            # Workload update follows until it is admitted again: the next attempt waits from then
+            for _, info in self._workloads_of_job(job.job_id):
+                if info.pending:
+                    self._requeue(out, job, info.pending)
+                    break
 
     def _outcome(self, track: PodTrack, job: JobTrack, meta: dict, status: dict, conds: dict,
                  statuses: list[dict], now_ms: int, deleted: bool) -> tuple[K, int, str | None]:
@@ -701,10 +730,15 @@ class KubernetesLedger:
         cluster_queue = admission.get("clusterQueue") or self.local_queues.get(f"{namespace}/{local_queue}")
         reserved = conds.get("QuotaReserved", {}).get("status") == "True"
         finished = conds.get("Finished", {}).get("status") == "True"
+        quota = conds.get("QuotaReserved", {})
+        waiting = ([parse_time_ms(quota.get("lastTransitionTime")) or created,
+                    ": ".join(x for x in (quota.get("reason"), quota.get("message")) if x) or None]
+                   if not reserved and not finished and quota.get("status") == "False" else None)
         job_id = workload_job_identity(workload, namespace, name)
         self.workloads[f"{namespace}/{name}"] = WorkloadInfo(
             job_id=job_id, local_queue=local_queue, cluster_queue=cluster_queue, admitted=reserved,
-            finished=finished, gpus=gpus, priority=int(spec.get("priority") or 0))
+            finished=finished, gpus=gpus, priority=int(spec.get("priority") or 0), pending=waiting)
+        self._workloads_of.setdefault(job_id, set()).add(f"{namespace}/{name}")
         out: list[JobEvent] = []
         if gpus <= 0:
             return out
@@ -720,15 +754,23 @@ class KubernetesLedger:
             job.eviction_seen_ms = None
             if job.evicted and not (job.evicted[0] == job.attempt and job.live):
                 job.evicted = None  # kept only for the evicted pods whose end the agent has yet to see
-        pending = conds.get("QuotaReserved", {})
-        if (not reserved and not finished and pending.get("status") == "False" and not job.live):
-            ts = parse_time_ms(pending.get("lastTransitionTime")) or created
-            self._open_next_attempt(out, job, ts)
-            if job.queued_attempt != job.attempt:
-                job.queued_attempt = job.attempt
-                self._emit(out, job, K.queued, ts,
-                           reason=": ".join(x for x in (pending.get("reason"), pending.get("message")) if x) or None)
+        if waiting and not job.live:
+            self._requeue(out, job, waiting)
         return out
+
+    def _requeue(self, out: list[JobEvent], job: JobTrack, waiting: list) -> None:
+        """A Workload of the job waits for quota (`waiting`: its QuotaReserved=False time and reason)
+        and no pod of the job lives: the next attempt (`retried` first after an eviction) is `queued`."""
+        self._open_next_attempt(out, job, waiting[0])
+        if job.queued_attempt != job.attempt:
+            job.queued_attempt = job.attempt
+            self._emit(out, job, K.queued, waiting[0], reason=waiting[1])
+
+    def _workloads_of_job(self, job_id: str) -> list[tuple[str, WorkloadInfo]]:
+        """The known Workloads of a job ('<ns>/<name>', info); the index may keep a key a skipped
+        object put back, so each is checked."""
+        keys = self._workloads_of.get(job_id, ())
+        return [(k, w) for k in sorted(keys) for w in [self.workloads.get(k)] if w is not None and w.job_id == job_id]
 
     def _eviction(self, job: JobTrack, evicted: dict, queue: str) -> None:
         """An Evicted=True condition: counted once, and it ends as `preempted` only the pods of the
@@ -748,18 +790,42 @@ class KubernetesLedger:
     def workload_deleted(self, workload: dict, now_ms: int) -> list[JobEvent]:
         """A Workload is gone. One deleted before it finished, while its job has no pod (cancelled in
         the queue, or after an eviction requeued it), ends the open attempt as `cancelled`: no pod
-        will end it, and an attempt never ended would keep the job for ever."""
+        will end it, and an attempt never ended would keep the job for ever. Not while another
+        unfinished Workload of the job is known: Kueue replaced it (the job still waits)."""
         meta, _, namespace, name = metadata(workload)
         status = _dict(workload.get("status"), "status")
         finished = conditions(status).get("Finished", {}).get("status") == "True"
         deletion = parse_time_ms(meta.get("deletionTimestamp"))
-        job = self.jobs.get(workload_job_identity(workload, namespace, name))
+        job_id = workload_job_identity(workload, namespace, name)
+        job = self.jobs.get(job_id)
         self.workloads.pop(f"{namespace}/{name}", None)
+        keys = self._workloads_of.get(job_id)
+        if keys is not None:
+            keys.discard(f"{namespace}/{name}")
+            if not keys:
+                del self._workloads_of[job_id]
         out: list[JobEvent] = []
         if finished or job is None or job.attempt_ended or job.live:
             return out
-        self._emit(out, job, K.cancelled, deletion or now_ms, reason="deleted")
+        if any(not w.finished for _, w in self._workloads_of_job(job_id)):
+            return out
+        self._cancel_in_queue(out, job, deletion or now_ms)
+        return out
+
+    def _cancel_in_queue(self, out: list[JobEvent], job: JobTrack, ts_ms: int) -> None:
+        self._emit(out, job, K.cancelled, ts_ms, reason="deleted")
         job.attempt_ended, job.last_outcome, job.running, job.emitted_gpus = True, K.cancelled.value, False, None
+
+    def workloads_listed_after_start(self, listed_jobs: set[str], now_ms: int) -> list[JobEvent]:
+        """The first Workload list after a start (the saved state holds no Workloads): a saved job
+        whose attempt is open with no pod has it open only through a Workload (pods open theirs
+        with themselves); if no listed Workload is the job's, it was deleted while the agent was
+        away, so the attempt ends `cancelled` at the agent's clock (no Kubernetes time exists)."""
+        out: list[JobEvent] = []
+        for job in list(self.jobs.values()):
+            if (not job.attempt_ended and not job.live and job.job_id not in listed_jobs
+                    and not any(not w.finished for _, w in self._workloads_of_job(job.job_id))):
+                self._cancel_in_queue(out, job, now_ms)
         return out
 
     def observe_cluster_queue(self, cq: dict) -> None:

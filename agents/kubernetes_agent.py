@@ -560,6 +560,26 @@ class KubernetesAgent:
             for uid in sorted(self.core.known_pod_uids() - set(listed)):
                 obj = previous.get(uid) or self.core.vanished_pod_object(uid)
                 events += self._apply(kind, "DELETED", obj)
+        elif kind == "workload":
+            # the listed ones first: a vanished Workload that Kueue replaced by a new one of the same
+            # job does not cancel the job (KubernetesLedger.workload_deleted)
+            first, vanished = kind not in self.known, sorted(set(previous) - set(listed))
+            for obj in items:
+                events += self._apply(kind, "ADDED", obj)
+            for uid in vanished:
+                events += self._apply(kind, "DELETED", previous[uid])
+            if first:  # after a start: the state saves no Workloads, those deleted meanwhile are found by job
+                jobs = set()
+                for obj in listed.values():
+                    try:
+                        jobs.add(workload_job_of(obj))
+                    except Exception:  # noqa: BLE001 - _apply has logged and skipped it
+                        pass
+                gone = self.core.workloads_listed_after_start(jobs, self.now_ms())
+                self.dirty = self.dirty or bool(gone)
+                events += gone
+            self.known.setdefault(kind, {})
+            return events
         else:
             for uid in sorted(set(previous) - set(listed)):
                 events += self._apply(kind, "DELETED", previous[uid])
