@@ -62,7 +62,7 @@ class Settings(BaseSettings):
     retention_ops_days: int = Field(400, ge=0, description="days scheduler_snapshots, scheduler_preemptions and node_inventory keep rows")
     retention_bills_days: int = Field(0, ge=0, description="days the bill tables (daily bill grain, closed bills, adjustments, re-bills) keep rows; 0 or more than BILLS_ADJUST_LOOKBACK_DAYS + 7")
     clickhouse_cluster: str = Field("", pattern=r"^[A-Za-z0-9_\-]*$", description="ClickHouse cluster name: `gpuledger migrate` renders every migration for it (Replicated tables, ON CLUSTER, Distributed tables); empty: one server")
-    topic_retention_input_days: float = Field(62.0, ge=MIN_TOPIC_RETENTION_DAYS, description="retention of the input topics (gpu-samples, job-events, scheduler-snapshots), days: long enough to rebuild any day a close run may still adjust")
+    topic_retention_input_days: float = Field(70.0, ge=MIN_TOPIC_RETENTION_DAYS, description="retention of the input topics (gpu-samples, job-events, scheduler-snapshots), days: long enough to rebuild any day a close run may still adjust; more than BILLS_ADJUST_LOOKBACK_DAYS + 7 + BILLS_CLOSE_GRACE_S in days")
     topic_retention_output_days: float = Field(14.0, ge=MIN_TOPIC_RETENTION_DAYS, description="retention of the ledger's output and internal topics (usage, lifecycle-accepted, node-allocations), days")
     topic_retention_diagnostics_days: float = Field(30.0, ge=MIN_TOPIC_RETENTION_DAYS, description="retention of dead-letters, late-events, bills, alerts and reclaim suggestions, days")
 
@@ -122,15 +122,24 @@ class Settings(BaseSettings):
     def _usage_outlives_adjustments(self):
         # a close run recomputes the latest closed days from usage_raw; rows expired under it would
         # turn into bogus negative adjustments
-        if 0 < self.retention_usage_days <= self.bills_adjust_lookback_days + 7:
+        bound = self.bills_adjust_lookback_days + 7
+        if 0 < self.retention_usage_days <= bound:
             raise ValueError(f"GPULEDGER_RETENTION_USAGE_DAYS={self.retention_usage_days} must be 0 or more than "
-                             f"GPULEDGER_BILLS_ADJUST_LOOKBACK_DAYS + 7 = {self.bills_adjust_lookback_days + 7}")
+                             f"GPULEDGER_BILLS_ADJUST_LOOKBACK_DAYS + 7 = {bound}")
         # the closed rows of every day a close run may still adjust must be kept: a month's rows expire N
         # days after its last day, so a month's last day is kept only N days (docs/retention.md); the
         # same week of slack as the usage, for a close run that lags
-        if 0 < self.retention_bills_days <= self.bills_adjust_lookback_days + 7:
+        if 0 < self.retention_bills_days <= bound:
             raise ValueError(f"GPULEDGER_RETENTION_BILLS_DAYS={self.retention_bills_days} must be 0 or more than "
-                             f"GPULEDGER_BILLS_ADJUST_LOOKBACK_DAYS + 7 = {self.bills_adjust_lookback_days + 7}")
+                             f"GPULEDGER_BILLS_ADJUST_LOOKBACK_DAYS + 7 = {bound}")
+        # a replay of the input topics rebuilds every day a close run may still adjust: the oldest starts
+        # up to look-back + 1 day + the close grace ago (the last closed day ended at least the grace ago),
+        # so the input is kept that long plus 6 days of slack (the input topics have no "0 keeps all")
+        input_bound = bound + self.bills_close_grace_s / 86_400
+        if self.topic_retention_input_days <= input_bound:
+            raise ValueError(f"GPULEDGER_TOPIC_RETENTION_INPUT_DAYS={self.topic_retention_input_days:g} must be more than "
+                             f"GPULEDGER_BILLS_ADJUST_LOOKBACK_DAYS + 7 + GPULEDGER_BILLS_CLOSE_GRACE_S in days "
+                             f"= {input_bound:g}")
         return self
 
     @model_validator(mode="before")

@@ -8,6 +8,10 @@ A dump line is one message of one data line:
 the configured topic prefix is prepended (a name that already carries the prefix is used as is).
 `key` is a string or null; a null key on job-events is a lifecycle watermark, which is sent to
 every partition of the topic, because each partition's consumer needs the promise.
+A gpu-samples line is keyed by its value's `node`, as the agents key a node's ticks: the worker joins
+them with the node's allocations, which it keys by node, so both must land on the same partition.
+A null key there is filled in with the node; a key naming anything else is refused (DumpError, with
+the file and line), since a tick on another node's partition is billed as unallocated, silently.
 
 Publishing goes in event-time order, either as fast as possible or paced so that event time
 runs `speedup` times faster than wall time. Clock and sleep are injectable (tests never sleep).
@@ -106,6 +110,8 @@ def read_dump(path: str | Path, prefix: str | None = None) -> list[DumpLine]:
                 line = parse_dump_line(raw, where)
                 if prefix is not None:
                     check_topic(line.topic, prefix, where)
+                line = line._replace(key=sample_key(logical_line(line.topic, prefix or ""), line.key,
+                                                    line.value.get("node"), where))
                 lines.append(line)
     return lines
 
@@ -116,6 +122,23 @@ def check_topic(topic: str, prefix: str, where: str) -> None:
     if logical_line(topic, prefix) not in LINES:
         with_prefix = f", optionally prefixed with {prefix!r}" if prefix else ""
         raise DumpError(f"{where}: unknown topic {topic!r}; known: {', '.join(LINES)}{with_prefix}")
+
+
+def sample_key(line: str, key: str | None, node: Any, where: str) -> str | None:
+    """The key a message of logical line `line` is published with: a gpu-samples message goes
+    under its node's name (the agents' key; the worker's join needs a node's ticks on the partition
+    of the node's allocations, keyed by node), so a null key is filled in with `node`, and a key that
+    is not `node` is refused with DumpError: which of the two is right cannot be told, and a tick
+    published under the wrong key is billed as unallocated without a dead letter. Other lines, and a
+    value without a string node (malformed: the worker dead-letters it), keep their key."""
+    if line != LINE_SAMPLES or not isinstance(node, str) or not node:
+        return key
+    if key is None:
+        return node
+    if key != node:
+        raise DumpError(f"{where}: gpu-samples key {key!r} is not the node of its value ({node!r}); "
+                        "a node's ticks must be keyed by the node name (or null, filled in with it)")
+    return key
 
 
 def logical_line(topic: str, prefix: str = "") -> str:
@@ -153,11 +176,15 @@ class _Out(NamedTuple):
 
 
 def _from_emission(e: Emission, prefix: str) -> _Out:
-    return _Out(logical_line(e.line, prefix), e.key, getattr(e.message, "ts_ms", None), encode(e.message))
+    line = logical_line(e.line, prefix)
+    key = sample_key(line, e.key, getattr(e.message, "node", None), f"{line} emission")
+    return _Out(line, key, getattr(e.message, "ts_ms", None), encode(e.message))
 
 
-def _from_dump(d: DumpLine, prefix: str) -> _Out:
-    return _Out(logical_line(d.topic, prefix), d.key, d.value.get("ts_ms"), orjson.dumps(d.value))
+def _from_dump(d: DumpLine, prefix: str, where: str) -> _Out:
+    line = logical_line(d.topic, prefix)
+    key = sample_key(line, d.key, d.value.get("node"), where)
+    return _Out(line, key, d.value.get("ts_ms"), orjson.dumps(d.value))
 
 
 def _ordered_dump(lines: list[DumpLine], prefix: str) -> list[_Out]:
@@ -166,7 +193,7 @@ def _ordered_dump(lines: list[DumpLine], prefix: str) -> list[_Out]:
     out, last = [], None
     for i, d in enumerate(lines, start=1):
         check_topic(d.topic, prefix, f"dump line {i}")
-        o = _from_dump(d, prefix)
+        o = _from_dump(d, prefix, f"dump line {i}")
         last = o.ts_ms if o.ts_ms is not None else last
         out.append(o._replace(ts_ms=last))
     # Lines before the first timestamp sort first (-1); sorted() is stable.
@@ -211,6 +238,7 @@ def publish(
     """Publish messages in event-time order; returns the number of messages per line.
 
     Keyed messages go to `<prefix><line>` with their key (the partitioner picks the partition);
+    a gpu-samples message's key is its node (see `sample_key`: null filled in, another refused);
     a job-events message with key None (a watermark) is sent once to each partition
     0..partitions_job_events-1 and counted once. With `speedup`, event time advances `speedup`
     times faster than `clock`. `progress(done, total)` is called every 1000 messages and at the

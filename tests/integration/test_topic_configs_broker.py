@@ -19,7 +19,8 @@ def described(settings, name: str) -> dict[str, str]:
 
 
 def test_topics_are_created_with_their_configs_and_updated(broker, make_settings):
-    settings = make_settings(kafka_bootstrap=broker.bootstrap, topic_retention_input_days=30)
+    settings = make_settings(kafka_bootstrap=broker.bootstrap, topic_retention_input_days=30,
+                             bills_adjust_lookback_days=20)  # 30 days of input outlive 20 + 7 + the grace
     result = create_topics(settings)
     assert set(result.values()) == {"created"}
     for name in settings.partitions():

@@ -25,6 +25,10 @@ def test_every_float_setting_refuses_non_finite_values(monkeypatch, name, value)
 def test_a_topic_retention_under_an_hour_is_refused(kind):
     with pytest.raises(ValidationError, match=f"topic_retention_{kind}_days"):
         Settings(**{f"topic_retention_{kind}_days": 1e-9})
+    if kind == "input":  # an hour is also shorter than any adjustment window (tests/unit/test_input_retention.py)
+        with pytest.raises(ValidationError, match="GPULEDGER_TOPIC_RETENTION_INPUT_DAYS=0.0416667 must be more than"):
+            Settings(topic_retention_input_days=1 / 24)
+        return
     hour = Settings(**{f"topic_retention_{kind}_days": 1 / 24})
     name = {"input": hour.topics.gpu_samples, "output": hour.topics.usage,
             "diagnostics": hour.topics.dead_letters}[kind]

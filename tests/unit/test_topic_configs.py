@@ -11,7 +11,8 @@ from gpuledger.topics import DAY_MS, min_insync_replicas, topic_config
 
 @pytest.fixture
 def settings(tmp_path):
-    return Settings(data_dir=tmp_path, topic_prefix="t.", topic_retention_input_days=40,
+    # 40 days of input outlive a 30-day adjustment look-back (30 + 7 + the 6 h grace)
+    return Settings(data_dir=tmp_path, topic_prefix="t.", topic_retention_input_days=40, bills_adjust_lookback_days=30,
                     topic_retention_output_days=3, topic_retention_diagnostics_days=9)
 
 
