@@ -39,6 +39,10 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "gpu_share_milli": (0, 2**16 - 1),
     "gpu_count": (0, 2**16 - 1),
     "kafka_partition": (-(2**31), 2**31 - 1),
+    "xid_errors": (0, 2**32 - 1),  # gpu_health: Array(UInt32); the schema bounds no Xid code
+    "job_attempts": (0, 2**32 - 1),  # reclaim_suggestions (sql/0019), unbounded in the schema too
+    "waiting_jobs": (0, 2**32 - 1),
+    "waiting_priority": (-(2**31), 2**31 - 1),
 }
 INT64 = (-(2**63), 2**63 - 1)
 #: Floats above this are no GPU count, power, energy or price the ledger can mean (and sums of them

@@ -314,7 +314,9 @@ class BatchingSink:
                     raise PermanentWriteError(exc) from exc
                 if self.should_stop():
                     raise
-                delay = min(self.backoff_max_s, self.backoff_s * 2**attempt)
+                # the exponent is capped: 2**1024 does not fit a float (an outage of ~8.5 h at the 30 s
+                # cap would raise OverflowError here and kill the sink)
+                delay = min(self.backoff_max_s, self.backoff_s * 2**min(attempt, 30))
                 attempt += 1
                 self.retries += 1
                 log.warning("%s failed (%s: %s); retry %d in %.1fs", what, type(exc).__name__, exc, attempt, delay)

@@ -8,6 +8,8 @@ import re
 import struct
 from typing import Protocol
 
+from clickhouse_connect.driver.exceptions import DataError
+
 
 
 
@@ -45,7 +47,22 @@ def is_permanent(exc: BaseException) -> bool:
     code = error_code(exc)
     if code is not None:
         return code in PERMANENT_CODES
-    return isinstance(exc, (OverflowError, struct.error, TypeError, UnicodeError))
+    # clickhouse-connect raises the serializer's own error (struct.error for an integer outside its
+    # column, OverflowError, TypeError) as its DataError, `from` it; retried, such a block would stall
+    # the sink for ever (an Xid of -1 did)
+    if isinstance(exc, DataError):
+        return True
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, _UNSERIALIZABLE):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__
+    return False
+
+
+#: what a value the client cannot serialize raises (directly, or as the cause of a client error)
+_UNSERIALIZABLE = (OverflowError, struct.error, TypeError, UnicodeError)
 
 
 class PermanentWriteError(Exception):

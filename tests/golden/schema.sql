@@ -29,7 +29,7 @@ CREATE TABLE {db}.alerts
 ENGINE = ReplacingMergeTree(version)
 PARTITION BY toYYYYMM(day)
 ORDER BY (cluster, alert_id)
-SETTINGS index_granularity = 8192;
+SETTINGS index_granularity = 8192, non_replicated_deduplication_window = 1000;
 
 CREATE VIEW {db}.alerts_latest
 (
@@ -1109,7 +1109,7 @@ CREATE TABLE {db}.gpu_sightings
 )
 ENGINE = AggregatingMergeTree
 ORDER BY (gpu_uuid, cluster, node, gpu_model, serial, board_part_number, vbios_version)
-SETTINGS index_granularity = 8192;
+SETTINGS index_granularity = 8192, non_replicated_deduplication_window = 1000;
 
 CREATE MATERIALIZED VIEW {db}.gpu_sightings_mv TO {db}.gpu_sightings
 (
@@ -2017,7 +2017,7 @@ CREATE TABLE {db}.job_progress
 ENGINE = MergeTree
 PARTITION BY toYYYYMM(day)
 ORDER BY (job_id, attempt, ts_ms)
-SETTINGS index_granularity = 8192;
+SETTINGS index_granularity = 8192, non_replicated_deduplication_window = 1000;
 
 CREATE VIEW {db}.job_progress_clustered
 (
@@ -2707,7 +2707,7 @@ CREATE TABLE {db}.reclaim_suggestions
 ENGINE = ReplacingMergeTree(version)
 PARTITION BY toYYYYMM(day)
 ORDER BY (cluster, queue, suggestion_id)
-SETTINGS index_granularity = 8192;
+SETTINGS index_granularity = 8192, non_replicated_deduplication_window = 1000;
 
 CREATE VIEW {db}.reclaim_suggestions_latest
 (
