@@ -388,7 +388,8 @@ def cmd_bills(args) -> int:
             publisher = KafkaPublisher(settings)
         client = connect(settings)
         try:
-            result = bills.close_due(client, settings, ledger, publisher=publisher)
+            # lock_wait_s=0: a run started (by cron) while another still runs does nothing and exits 0
+            result = bills.close_due(client, settings, ledger, publisher=publisher, lock_wait_s=0)
         finally:
             client.close()
             if publisher is not None:

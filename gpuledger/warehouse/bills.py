@@ -23,6 +23,13 @@ once) into `closed_cluster_idle` (sql/0039), the idle `report bills --idle-redis
 difference late records make to it is booked on the next open day (`diff_amounts`), as adjustments
 are, so a closed day's share never changes.
 
+One close run at a time per warehouse on a host: `close_due` holds an exclusive lock file
+(`close_lock_path`, fcntl.flock) for the whole run; a second run waits for it, or with `lock_wait_s`
+gives up and does nothing (`gpuledger bills close` does, for cron). Across hosts there is no lock: just
+before a run writes anything it reads `bill_runs` again and leaves out every cluster for which a run
+committed since it started (the next run does that cluster's work from the new state), so two closers
+on two hosts double a bill only if both commit in the moment between that read and the commit.
+
 After closing, a run notes the open days' hours whose hourly usage (sql/0027) it found exact
 (`record_exact_hours`, sql/0035), so that the reports count only the hours written since
 (`exact_hourly_days`).
@@ -34,9 +41,14 @@ tests/unit/test_bills.py; the rest reads and writes the warehouse.
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
+import hashlib
 import logging
+import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from gpuledger.warehouse import idle_stretches
@@ -585,6 +597,8 @@ class CloseResult:
     idle_stretch_days: dict[str, list[dt.date]] = field(default_factory=dict)  # days worked out (sql/0028)
     exact_hours: int = 0                                             # open days' hours recorded (sql/0035)
     messages: list = field(default_factory=list)                     # BillRow, published or not
+    skipped: str = ""                                                # why the run did nothing: another run held the lock
+    left_out: list = field(default_factory=list)                     # clusters another run committed meanwhile
 
     def as_dict(self) -> dict:
         return {"bill_run_id": self.bill_run_id,
@@ -593,7 +607,9 @@ class CloseResult:
                 "adjustment_rows": self.adjustment_rows, "energy_rows": self.energy_rows,
                 "cluster_idle_rows": self.cluster_idle_rows,
                 "idle_stretch_days": {c: [d.isoformat() for d in days] for c, days in self.idle_stretch_days.items()},
-                "exact_hours": self.exact_hours, "messages": len(self.messages)}
+                "exact_hours": self.exact_hours, "messages": len(self.messages),
+                **({"skipped": self.skipped} if self.skipped else {}),
+                **({"left_out": self.left_out} if self.left_out else {})}
 
 
 def _closed_state(client, db: str) -> dict[str, list[dt.date]]:
@@ -630,12 +646,63 @@ def _booked(client, db: str, cluster: str, day_from: dt.date, day_to: dt.date) -
             for r in _q(client, sql, params)}
 
 
+LOCKED = "another close run holds the lock"
+
+
+def close_lock_path(settings, database: str) -> Path:
+    """The lock file of the close runs of one warehouse on this host: beside an embedded warehouse's
+    directory, else in DATA_DIR, named after a hash of the server's address and the database (the
+    address may hold credentials)."""
+    embedded = settings.embedded_warehouse_dir
+    if embedded is not None:
+        return embedded.with_name(f"{embedded.name}.bills-close-{database}.lock")
+    key = hashlib.sha256(f"{settings.warehouse}\0{database}".encode()).hexdigest()[:16]
+    return Path(settings.data_dir) / f"bills-close-{key}.lock"
+
+
+@contextmanager
+def close_lock(settings, database: str, wait_s: float | None = None):
+    """Hold the close runs' lock (close_lock_path) while in the block; yields False, holding nothing, when
+    another run still holds it after `wait_s` seconds (None: wait as long as it takes)."""
+    path = close_lock_path(settings, database)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        if wait_s is None:
+            fcntl.flock(f, fcntl.LOCK_EX)
+        else:
+            deadline = time.monotonic() + wait_s
+            while True:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        yield False
+                        return
+                    time.sleep(0.05)
+        try:
+            yield True
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def close_due(client, settings, ledger, now: dt.datetime | None = None, publisher=None,
-              database: str | None = None) -> CloseResult:
+              database: str | None = None, lock_wait_s: float | None = None) -> CloseResult:
     """Close every day that is due (see the module doc), book adjustments for closed days, commit the
     run, and publish its BillRows to `<prefix>bills` (key: tenant) when a publisher is given. Then
     record the open days' exact hours for the reports (record_exact_hours).
-    Returns what was done; bill_run_id is None when there was nothing to close or adjust."""
+    Returns what was done; bill_run_id is None when there was nothing to close or adjust.
+    One run at a time (close_lock): waits for a run that holds the lock, or, with `lock_wait_s`, gives up
+    after that many seconds and returns a result with `skipped` set, having done nothing."""
+    db_name = database or settings.database
+    with close_lock(settings, db_name, lock_wait_s) as held:
+        if not held:
+            log.warning("bills close: %s (%s); this run does nothing", LOCKED, close_lock_path(settings, db_name))
+            return CloseResult(None, skipped=LOCKED)
+        return _close_and_note(client, settings, ledger, now, publisher, database)
+
+
+def _close_and_note(client, settings, ledger, now, publisher, database) -> CloseResult:
     result = _close(client, settings, ledger, now, publisher, database)
     db_name = database or settings.database
     try:
@@ -644,6 +711,11 @@ def close_due(client, settings, ledger, now: dt.datetime | None = None, publishe
     except Exception as exc:  # they only spare the reports a count: the run stands
         log.warning("the open days' exact hours were not recorded (reports count every hour): %s", exc)
     return result
+
+
+def _committed_runs(client, db: str) -> dict[str, list[str]]:
+    """bill_run_id -> clusters of the committed runs."""
+    return {r["bill_run_id"]: list(r["clusters"]) for r in _q(client, f"SELECT bill_run_id, clusters FROM {db}.bill_runs")}
 
 
 def _close(client, settings, ledger, now: dt.datetime | None, publisher, database: str | None) -> CloseResult:
@@ -659,7 +731,18 @@ def _close(client, settings, ledger, now: dt.datetime | None, publisher, databas
     # priced under an older version keeps its currency when a run under a newer one closes it
     currencies = reports.definition_currencies(client, db, ledger.currency)
     kept_from = closed_rows_kept_from(settings.retention_bills_days, now.date())
+    # The first day whose usage (usage_raw, usage_by_job_hourly, job_idle_segments: GPULEDGER_RETENTION_USAGE_DAYS)
+    # is still wholly kept: those tables expire by month as the closed rows do (N days after the last day
+    # of the month, whole parts only), so the same rule applies. A day before it may have lost its usage
+    # (or part of it): recomputed from what is left, its closed bill would be booked back as negative
+    # adjustments (and its closed energy and cluster idle wiped), so it is no longer adjusted. Counted
+    # from tomorrow: a TTL date is midnight in the server's time zone, which may be ahead of UTC, and a
+    # run may cross midnight; a month thus leaves the look-back a day before its TTL, never after.
+    usage_kept_from = closed_rows_kept_from(settings.retention_usage_days, (now + dt.timedelta(days=1)).date())
     result = CloseResult(None)
+    # the runs committed before this one read anything: a run committed later (another host's closer)
+    # leaves its clusters out of this one (below)
+    runs_before = set(_committed_runs(client, db))
 
     horizons = {str(r["cluster"]): r for r in _q(client, f"SELECT toString(cluster) AS cluster, max(end_ms) AS horizon_ms, "
                                                           f"min(day) AS first_day FROM {db}.usage_raw GROUP BY cluster")}
@@ -719,8 +802,11 @@ def _close(client, settings, ledger, now: dt.datetime | None, publisher, databas
             result.closed[cluster] = new_days
         # adjustments for days closed before this run, booked into the next open day; not for days whose
         # closed rows have expired (a month's part is dropped whole while its closed_days markers wait
-        # for their own merge): recomputed against nothing booked, they would be booked again in full
-        start = max(already[0], already[-1] - dt.timedelta(days=lookback - 1), kept_from) if already else None
+        # for their own merge): recomputed against nothing booked, they would be booked again in full;
+        # nor for days whose usage may have expired (usage_kept_from): the look-back counts back from the
+        # last closed day, which stays put while a cluster is quiet or retired and its usage expires
+        start = (max(already[0], already[-1] - dt.timedelta(days=lookback - 1), kept_from, usage_kept_from)
+                 if already else None)
         window = days_between(start, already[-1]) if already else []
         if window:
             booked = _booked(client, db, cluster, start, already[-1])
@@ -752,6 +838,22 @@ def _close(client, settings, ledger, now: dt.datetime | None, publisher, databas
         worked = idle_stretches.refresh(client, db, cluster, window + new_days)
         if worked:
             result.idle_stretch_days[cluster] = worked
+    # A closer on another host (the lock is per host) may have committed for a cluster since this run read
+    # it: its closed days and adjustments would be closed or booked twice. Such a cluster is left out of
+    # this run, the next run does its work from the new state.
+    taken = {c for run, clusters in _committed_runs(client, db).items() if run not in runs_before for c in clusters}
+    if taken:
+        left = sorted(taken & ({r["cluster"] for rows in (closed_day_rows, adjustment_rows, energy_rows, idle_rows,
+                                                          closed_queue_rows) for r in rows} | set(result.closed)))
+        if left:
+            log.warning("bills close: another close run committed for %s while this one ran; left to the next run",
+                        left)
+            result.left_out = left
+        closed_job_rows, closed_tenant_rows, closed_queue_rows, closed_day_rows, adjustment_rows, energy_rows, \
+            idle_rows = ([r for r in rows if str(r["cluster"]) not in taken]
+                         for rows in (closed_job_rows, closed_tenant_rows, closed_queue_rows, closed_day_rows,
+                                      adjustment_rows, energy_rows, idle_rows))
+        result.closed = {c: d for c, d in result.closed.items() if c not in taken}
     if not closed_day_rows and not adjustment_rows and not energy_rows and not idle_rows and not closed_queue_rows:
         return result
     # data first, the run's row last: it commits the run
