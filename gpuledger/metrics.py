@@ -11,9 +11,10 @@ process serves them with `start_metrics_server(port)` (port 0: disabled) on
     agents   AgentMetrics (wired in agents/gpu_agent.py; the scheduler agents' spools too)
     scheduler agents (Slurm, Kubernetes): SCHEDULER_AGENTS.attach(agent, cluster, stats), read at
              scrape time: their watermark and its age, events published, jobs tracked, failures
-    worker   WorkerMetrics: message_in / message_out / dead_letter / sample_seen / set_lag
+    worker   WorkerMetrics: message_in / message_out / dead_letter / sample_seen / set_lag (from
+             the `measure_lag` timer of streams/app.py, every LAG_EVERY_S)
     sink     SinkMetrics:   message_in / dead_letter / InstrumentedWriter (rows, insert failures,
-             insert time) / update_consumer_lag(consumer)
+             insert time) / measure_lag(consumer) (each poll-loop turn; measures every LAG_EVERY_S)
 
 Ages (of the last sample per node, of the oldest spooled tick) are computed when scraped, so
 they keep growing while nothing arrives — which is what an alert on them needs.
@@ -223,11 +224,36 @@ def consumer_lag(end_offset: int, position: int) -> int | None:
     return max(0, end_offset - position)
 
 
+#: the (topic, partition)s each component has a gpuledger_consumer_lag_messages series for
+_LAG_SERIES: dict[str, set[tuple[str, int]]] = {}
+_LAG_LOCK = threading.Lock()
+
+#: how often the worker (streams/app.py) and the sink (gpuledger/sink/loop.py) measure their lag,
+#: seconds: a timer, never per message (one end-offset request per assignment each time at most)
+LAG_EVERY_S = 1.0
+
+
 def set_consumer_lag(component: str, topic: str, partition: int, end_offset: int, position: int) -> int | None:
     lag = consumer_lag(end_offset, position)
     if lag is not None:
         CONSUMER_LAG.labels(component, topic, str(partition)).set(lag)
+        with _LAG_LOCK:
+            _LAG_SERIES.setdefault(component, set()).add((topic, partition))
     return lag
+
+
+def forget_consumer_lag(component: str, keep: Iterable[tuple[str, int]] = ()) -> None:
+    """Drop the component's lag series of partitions not in `keep` (no longer assigned: another
+    member reports them now, and a stale value would count twice in `sum by (component)`)."""
+    keep = set(keep)
+    with _LAG_LOCK:
+        gone = _LAG_SERIES.get(component, set()) - keep
+        _LAG_SERIES.setdefault(component, set()).difference_update(gone)
+    for topic, partition in gone:
+        try:
+            CONSUMER_LAG.remove(component, topic, str(partition))
+        except KeyError:
+            pass
 
 
 def update_consumer_lag(component: str, consumer: Any, *, cached: bool = True, timeout_s: float = 5.0) -> dict[tuple[str, int], int]:
@@ -239,6 +265,7 @@ def update_consumer_lag(component: str, consumer: Any, *, cached: bool = True, t
     out: dict[tuple[str, int], int] = {}
     try:
         assignment = consumer.assignment()
+        forget_consumer_lag(component, ((tp.topic, tp.partition) for tp in assignment))
         if not assignment:
             return out
         positions = consumer.position(assignment)
@@ -262,12 +289,15 @@ def update_consumer_lag(component: str, consumer: Any, *, cached: bool = True, t
 def dead_letter_kind(reason: str) -> str:
     """A small, fixed set of label values for a dead letter's free-text reason.
 
-    'duplicate' and 'late' ticks are what at-least-once delivery (an agent replaying its spool)
-    produces; they are not data errors. Everything else is 'invalid'."""
+    'late' is input that came after its time was closed: a tick behind the node's closed horizon
+    ("late tick: ...", an agent's spool draining after an outage), an allocation change beyond the
+    retention ("too late: ..."). Everything else is 'invalid'. Silent duplicates are no dead
+    letters (gpuledger_duplicates_total); a conflicting duplicate or an overlapping tick is
+    'invalid'. 'duplicate' is kept for a reason starting with the word; the ledger writes none."""
     lowered = reason.lower()
     if lowered.startswith("duplicate"):
         return "duplicate"
-    if lowered.startswith("late"):
+    if lowered.startswith(("late", "too late")):
         return "late"
     return "invalid"
 
@@ -369,7 +399,8 @@ class WorkerMetrics:
         SAMPLES_PAUSED.labels(str(partition)).set(1 if paused else 0)
 
     def set_lag(self, topic: str, partition: int, end_offset: int, position: int) -> int | None:
-        """From Faust: `end_offset = app.consumer.highwater(tp)`, `position = message.offset + 1`."""
+        """From the worker's `measure_lag` timer (streams/app.py): `end_offset` the partition's end
+        offset, `position` the offset after the last message read."""
         return set_consumer_lag(self.component, topic, partition, end_offset, position)
 
 
@@ -377,6 +408,9 @@ class SinkMetrics:
     """The sink's metrics (component="sink")."""
 
     component = "sink"
+
+    def __init__(self) -> None:
+        self._lag_at = float("-inf")  # when measure_lag last measured
 
     def message_in(self, topic: str) -> None:
         MESSAGES_IN.labels(self.component, topic).inc()
@@ -397,6 +431,15 @@ class SinkMetrics:
 
     def update_consumer_lag(self, consumer: Any, **kw: Any) -> dict[tuple[str, int], int]:
         return update_consumer_lag(self.component, consumer, **kw)
+
+    def measure_lag(self, consumer: Any, paused: bool = False) -> None:
+        """Called by the sink's poll loop at every turn; measures at most every LAG_EVERY_S. The
+        partitions paused during a warehouse outage are not fetched, so librdkafka's cached end
+        offsets stop moving: then the broker is asked (cached=False)."""
+        now = time.monotonic()
+        if now - self._lag_at >= LAG_EVERY_S:
+            self._lag_at = now
+            self.update_consumer_lag(consumer, cached=not paused, timeout_s=1.0)
 
 
 class InstrumentedWriter:

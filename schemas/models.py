@@ -371,13 +371,17 @@ class DeadLetter(_Wire):
     partition: int
     offset: int
     reason: str
-    original: str = Field(description="original message bytes, decoded as UTF-8 with replacement; cut when the "
-                                      "whole would not fit the dead-letter topic (then original_size is set)")
+    original: str = Field(description="original message bytes, decoded as UTF-8 with replacement (bytes that are "
+                                      "not UTF-8: exactly in original_hex); cut when the whole would not fit "
+                                      "the dead-letter topic (then original_size is set)")
     seen_ms: EpochMs = Field(description="when the ledger rejected it (wall clock)")
     original_size: int | None = Field(None, ge=0, description="size in bytes of the original message, set only "
                                       "when `original` holds a cut prefix of it")
     original_sha256: str | None = Field(None, description="SHA-256 (hex) of the whole original message, set with "
-                                        "original_size")
+                                        "original_size or original_hex")
+    original_hex: str | None = Field(None, description="the original message bytes exactly, in hex, set only when "
+                                     "they are not valid UTF-8 (`original` then holds them with replacement "
+                                     "characters); a cut prefix when original_size is set")
 
 
 # --------------------------------------------------------------------------- internal

@@ -235,6 +235,7 @@ def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.
         metrics.message_in(message.topic)
         async with lock:
             await ensure_loaded(key)
+            core.source_key = message.key  # the worker's dead letters keep the input's key
             try:
                 outs = process(message)
             except Exception as exc:  # a bug must not stop the ledger: the message is set aside
@@ -292,6 +293,39 @@ def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.
     async def flush_watermarks() -> None:
         async with lock:
             await send(core.flush_watermarks())
+
+    from gpuledger.metrics import LAG_EVERY_S, forget_consumer_lag
+
+    @app.timer(LAG_EVERY_S, name="measure_lag")
+    async def measure_lag() -> None:
+        """gpuledger_consumer_lag_messages of every assigned partition: its end offset (asked from the
+        broker, also for a paused partition) minus the worker's position, the offset after the last
+        message Faust handed to the agents (before the first: the consumer's fetch position). On a
+        timer, never per message (the per-message path is the worker's bottleneck)."""
+        consumer = app.consumer
+        try:
+            assigned = sorted(consumer.assignment())
+            forget_consumer_lag(metrics.component, ((tp.topic, tp.partition) for tp in assigned))
+            if not assigned:
+                return
+            ends = await consumer.highwaters(*assigned)
+        except Exception as exc:  # not started yet, or a rebalance in progress: next time
+            log.debug("cannot measure the consumer lag: %s", exc)
+            return
+        for tp in assigned:
+            end, read = ends.get(tp), consumer._read_offset.get(tp)
+            try:  # what the last fetch said, when more: a broker's end offsets can lag its log (Tansu)
+                end = max(end if end is not None else -1, consumer.highwater(tp) or -1)
+            except Exception:
+                pass
+            position = read + 1 if read is not None else None
+            if position is None:
+                try:
+                    position = await asyncio.wait_for(consumer.position(tp), 2.0)
+                except Exception:
+                    continue
+            if end is not None and position is not None:
+                metrics.set_lag(tp.topic, tp.partition, end, position)
 
     @app.timer(settings.worker_snapshot_interval_s, name="snapshot_state")
     async def snapshot_state() -> None:

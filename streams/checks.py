@@ -123,18 +123,29 @@ MAX_REASON = 4096
 def dead_letter(topic: str, partition: int, offset: int, raw: bytes | None, reason: str, *, seen_ms: int,
                 max_bytes: int) -> bytes:
     """A DeadLetter that fits in `max_bytes`: an original too large is cut (its size and SHA-256
-    kept, so it can be found and compared), the reason too (a parser may quote the whole input)."""
+    kept, so it can be found and compared), the reason too (a parser may quote the whole input).
+    An original that is not valid UTF-8 is kept exactly too: `original_hex` (with its SHA-256)
+    beside the readable `original` (decoded with replacement characters), each in half the room."""
     raw = raw or b""
     if len(reason) > MAX_REASON:
         reason = reason[:MAX_REASON] + f"... ({len(reason)} characters)"
     room = max(0, max_bytes - LETTER_OVERHEAD - len(reason.encode()) * 2)
-    text = raw.decode("utf-8", "replace")
+    try:
+        text, exact = raw.decode("utf-8"), None
+    except UnicodeDecodeError:
+        text, exact = raw.decode("utf-8", "replace"), raw
+        room //= 2
     fields = {}
     # JSON escaping can grow text up to 6x (\uXXXX): measure the encoded form, not the bytes
     if len(raw) > room or len(orjson.dumps(text)) > room:
         fields = {"original_size": len(raw), "original_sha256": hashlib.sha256(raw).hexdigest()}
         cut = room // 6 if len(orjson.dumps(text[: room])) > room else room
         text = text[:cut]
+        if exact is not None:
+            exact = raw[: room // 2]  # hex: 2 characters per byte
+    if exact is not None:
+        fields["original_hex"] = exact.hex()
+        fields["original_sha256"] = hashlib.sha256(raw).hexdigest()
     letter = DeadLetter(source_topic=topic, partition=partition, offset=offset, reason=reason, original=text,
                         seen_ms=seen_ms, **fields)
     return encode(letter)

@@ -132,13 +132,22 @@ class WorkerCore:
         self.on_unmatched = None
 
     # ------------------------------------------------------------------ helpers
-    def dead_letter_out(self, topic: str, partition: int, offset: int, raw: bytes | None, reason: str) -> Out:
+    #: the Kafka key of the input message being processed, set by the Faust shell before each one
+    #: (streams/app.py `handle`; None: unkeyed, or pure tests): the worker's dead letters keep it,
+    #: as the sink's do
+    source_key: bytes | None = None
+
+    def dead_letter_out(self, topic: str, partition: int, offset: int, raw: bytes | None, reason: str,
+                        problems: list[str] | None = None) -> Out:
+        """One dead letter. `problems`: a batch's rejected ticks, one reason each: the letter stays one,
+        the metrics hook is called once per problem, so each counts under its own kind."""
         self.counters["dead_letters"] += 1
         if self.on_dead_letter:
-            self.on_dead_letter(topic, reason)
+            for problem in problems or (reason,):
+                self.on_dead_letter(topic, problem)
         log.warning("dead letter from %s[%d]@%d: %s", topic, partition, offset, reason[:500])
         return Out(self.topics.dead_letters, _letter(topic, partition, offset, raw, reason, seen_ms=self._now_ms or 0,
-                                                     max_bytes=self.dead_letter_max_bytes))
+                                                     max_bytes=self.dead_letter_max_bytes), key=self.source_key)
 
     def _late(self, topic: str, partition: int, offset: int, raw: bytes | None, reason: str) -> Out:
         self.counters["late_events"] += 1
@@ -286,15 +295,21 @@ class WorkerCore:
                 problems.append(verdict.reason)
             else:
                 self.counters["ticks"] += 1
-                jp.data_ms = max(jp.data_ms, tick.ts_ms)
+                # the samples clock moves at most one interval per tick and never past the wall clock at
+                # receipt (None: pure tools, no cap), so a tick from the future (a node's clock off) does
+                # not flush the partition's live nodes (docs/accounting.md "Segments")
+                start = min(tick.ts_ms, jp.data_ms + tick.interval_ms) if jp.data_ms else tick.ts_ms
+                jp.data_ms = max(jp.data_ms, start if self._now_ms is None else min(start, self._now_ms))
                 if self.on_tick:
                     self.on_tick(tick.node, tick.ts_ms)
         outs = []
         if problems:
-            reason = "; ".join(problems[:3])  # starts with the first problem: its first word is the metric's kind
+            reason = "; ".join(problems[:3])
             if len(ticks) > 1:
                 reason += f" ({len(problems)} of the batch's {len(ticks)} ticks rejected; the others counted)"
-            outs.append(self.dead_letter_out(topic, partition, offset, raw, reason))
+            # one letter; the metric counts every rejected tick under its own kind (a late tick must
+            # not hide a malformed one from the kind="invalid" alert)
+            outs.append(self.dead_letter_out(topic, partition, offset, raw, reason, problems))
         if join is not None:
             outs.extend(self._emit(join, jp.clock.value, jp.data_ms))
             # once a window: the other nodes' open segments may be due for a flush (a node that stopped)

@@ -161,6 +161,7 @@ def run_sink(
                         key = (msg.topic(), msg.partition())
                         reread[key] = min(reread.get(key, msg.offset()), msg.offset())
                 producer.poll(0)
+                metrics.measure_lag(consumer, paused=True)  # the lag grows while the warehouse is down
 
         def recovered() -> None:
             if not paused:
@@ -269,6 +270,7 @@ def run_sink(
             producer.poll(0)
             if sink.due():
                 flush_and_commit()
+            metrics.measure_lag(consumer, paused=bool(paused))  # every few seconds, not per message
             now = time.monotonic()
             if until_caught_up and now - last_message >= idle_s and now - last_check >= 0.5:
                 last_check = now

@@ -100,3 +100,12 @@ def test_the_stream_and_event_calls_the_worker_makes_exist():
     assert "enable_acks" in inspect.signature(faust.Stream.__init__).parameters
     for cls, name in [(faust.Stream, "events"), (faust.Event, "ack")]:
         _method(cls, name)
+
+
+def test_faust_keeps_the_last_offset_it_handed_out_where_the_lag_timer_reads_it():
+    # measure_lag (streams/app.py) reads Consumer._read_offset: the offset of the last message per partition
+    # Faust handed to the agents
+    assert "self._read_offset" in inspect.getsource(faust_consumer.Consumer.__init__), (
+        f"faust's Consumer no longer keeps _read_offset{UPGRADE}")
+    assert "_read_offset[" in inspect.getsource(faust_consumer.Consumer), (
+        f"faust's Consumer no longer records the offsets it hands out in _read_offset{UPGRADE}")

@@ -176,6 +176,33 @@ def test_consumer_lag_helpers() -> None:
     assert metrics.update_consumer_lag("sink", Consumer()) == {("a", 0): 10}
 
 
+def test_the_lag_of_a_partition_no_longer_assigned_is_dropped() -> None:
+    """A partition revoked (moved to another member) keeps no stale series: `sum by (component)`
+    would count its lag twice."""
+    tp = lambda t, p, o=-1: SimpleNamespace(topic=t, partition=p, offset=o)  # noqa: E731
+    assigned = [tp("b", 0), tp("b", 1)]
+
+    class Consumer:
+        def assignment(self):
+            return list(assigned)
+
+        def position(self, parts):
+            return [tp(x.topic, x.partition, 40) for x in parts]
+
+        def get_watermark_offsets(self, part, timeout=None, cached=False):
+            return (0, 50)
+
+    def series() -> dict[str, float]:
+        return {s.labels["partition"]: s.value for s in metrics.CONSUMER_LAG.collect()[0].samples
+                if s.labels["component"] == "forget-test"}
+
+    assert metrics.update_consumer_lag("forget-test", Consumer()) == {("b", 0): 10, ("b", 1): 10}
+    assert series() == {"0": 10, "1": 10}
+    assigned.pop()  # partition 1 revoked
+    metrics.update_consumer_lag("forget-test", Consumer())
+    assert series() == {"0": 10}
+
+
 def test_dead_letter_kinds() -> None:
     assert metrics.dead_letter_kind("duplicate tick: n ts_ms=1") == "duplicate"
     assert metrics.dead_letter_kind("late tick: n ts_ms=1 is before ...") == "late"
