@@ -56,19 +56,43 @@ class Out:
 @dataclass
 class RouterPartition:
     router: LifecycleRouter = field(default_factory=LifecycleRouter)
+    #: the latest lifecycle watermark of any cluster (judges events from the future, prunes jobs of
+    #: clusters that send none)
     watermark_ms: int = 0
     next_offset: int = 0
-    #: the watermark last sent on to the join partitions (behind watermark_ms while deferred)
+    #: the watermark last sent on to the join partitions (behind closing_ms while deferred)
     forwarded_ms: int = 0
+    #: cluster -> its scheduler agent's latest watermark: each promises its own cluster's events only
+    cluster_marks: dict[str, int] = field(default_factory=dict)
+    #: what the partition may close: the minimum over the clusters' watermarks (`observe`)
+    closing_ms: int = 0
+
+    def observe(self, cluster: str, ts_ms: int, stale_ms: int) -> None:
+        """One cluster's watermark. The join partitions close every node by one clock, so it may
+        move only as far as every cluster has promised: one cluster's agent spooling through an
+        outage holds the others back rather than its ticks closing with no allocation. A cluster
+        more than `stale_ms` behind the latest (a retired cluster, an agent down for longer than its
+        events could still be applied) stops holding the others back. A cluster that sent no
+        watermark holds nothing back (its ticks close by the others', as before clusters counted)."""
+        if ts_ms > self.cluster_marks.get(cluster, 0):
+            self.cluster_marks[cluster] = ts_ms
+        self.watermark_ms = max(self.watermark_ms, ts_ms)
+        floor = self.watermark_ms - stale_ms
+        # may go back (a cluster heard of for the first time); what was forwarded does not (`forwarded_ms`)
+        self.closing_ms = min(ts for ts in self.cluster_marks.values() if ts >= floor)
 
     def to_state(self) -> dict:
         return {"router": self.router.to_state(), "watermark_ms": self.watermark_ms, "next_offset": self.next_offset,
-                "forwarded_ms": self.forwarded_ms}
+                "forwarded_ms": self.forwarded_ms, "cluster_marks": dict(self.cluster_marks),
+                "closing_ms": self.closing_ms}
 
     @classmethod
     def from_state(cls, state: dict) -> "RouterPartition":
+        # an older snapshot has one watermark, of no cluster: it closes what it did (it may have been
+        # forwarded), and the clusters' own watermarks take over as they come
         return cls(LifecycleRouter.from_state(state["router"]), state["watermark_ms"], state["next_offset"],
-                   state.get("forwarded_ms", state["watermark_ms"]))
+                   state.get("forwarded_ms", state["watermark_ms"]), dict(state.get("cluster_marks", {})),
+                   state.get("closing_ms", state["watermark_ms"]))
 
 
 @dataclass
@@ -201,8 +225,9 @@ class WorkerCore:
         except DecodeError as exc:
             return [self.dead_letter_out(topic, partition, offset, raw, str(exc))]
         if isinstance(message, LifecycleWatermark):
-            rp.watermark_ms = max(rp.watermark_ms, message.ts_ms)
-            rp.router.prune(rp.watermark_ms - self.retention_ms)
+            rp.observe(message.cluster, message.ts_ms, self.retention_ms)
+            rp.router.prune(rp.watermark_ms - self.retention_ms,
+                            {c: ts - self.retention_ms for c, ts in rp.cluster_marks.items()})
             return [] if self.defer_watermarks else self._forward_watermark(partition, rp)
         problem = check_event(message, rp.watermark_ms, self.max_ahead_ms, now_ms)
         if problem:
@@ -225,11 +250,11 @@ class WorkerCore:
         return outs
 
     def _forward_watermark(self, partition: int, rp: RouterPartition) -> list[Out]:
-        """The partition's watermark to every join partition (nothing when it has not advanced)."""
-        if rp.watermark_ms <= rp.forwarded_ms:
+        """The partition's closing watermark to every join partition (nothing when it has not advanced)."""
+        if rp.closing_ms <= rp.forwarded_ms:
             return []
-        rp.forwarded_ms = rp.watermark_ms
-        mark = encode(NodeWatermark(ts_ms=rp.watermark_ms, source_partition=partition,
+        rp.forwarded_ms = rp.closing_ms
+        mark = encode(NodeWatermark(ts_ms=rp.closing_ms, source_partition=partition,
                                     source_partitions=self.partitions_job_events))
         return [Out(self.topics.node_allocations, mark, partition=p) for p in range(self.partitions_gpu_samples)]
 

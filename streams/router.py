@@ -23,6 +23,8 @@ RUNNING_KINDS = frozenset({JobEventKind.started, JobEventKind.checkpoint_begin, 
 GPU_KINDS = RUNNING_KINDS | TERMINAL_KINDS | {JobEventKind.allocated, JobEventKind.interrupted}
 #: kinds that only make sense for an attempt that holds GPUs (failed/cancelled may end one that never did)
 NEEDS_ALLOCATION = RUNNING_KINDS | {JobEventKind.interrupted, JobEventKind.preempted, JobEventKind.completed}
+#: the cluster of router state restored from a snapshot keyed by job id alone (no real cluster is "")
+LEGACY = ""
 
 
 
@@ -41,20 +43,41 @@ class LifecycleRouter:
     """Keeps, per job and attempt, the GPUs the attempt holds until it ends, so that events which do
     not repeat the allocation (started, failed, ...) still reach every node involved. Every attempt
     not ended yet keeps its route: an attempt's end read after the next attempt's `allocated` (a
-    retry allocated quickly, two scheduler partitions) still releases the attempt's own GPUs."""
+    retry allocated quickly, two scheduler partitions) still releases the attempt's own GPUs.
 
-    #: job -> attempt -> route; an attempt's route is dropped at its end (and a job's with its last)
-    routes: dict[str, dict[int, AttemptRoute]] = field(default_factory=dict)
-    seen_event_ids: dict[str, set[str]] = field(default_factory=dict)
-    #: job -> latest event time seen (for forgetting finished jobs, see `prune`)
-    last_seen_ms: dict[str, int] = field(default_factory=dict)
+    A job is (cluster, job id): Slurm numbers jobs per cluster, so two clusters' job "1001" are two
+    jobs (they share a job-events partition, the Kafka key being the bare job id). Every map below is
+    keyed by that pair. A router restored from a snapshot written before (keyed by job id alone, no
+    cluster recorded) keeps those entries under cluster "" (`LEGACY`) until the first event of the job
+    id, whose cluster then takes them over (`_key`)."""
+
+    #: (cluster, job) -> attempt -> route; an attempt's route is dropped at its end (and a job's with its last)
+    routes: dict[tuple[str, str], dict[int, AttemptRoute]] = field(default_factory=dict)
+    seen_event_ids: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    #: (cluster, job) -> latest event time seen (for forgetting finished jobs, see `prune`)
+    last_seen_ms: dict[tuple[str, str], int] = field(default_factory=dict)
     duplicates: int = 0
-    #: job -> [attempt, event time] of the latest attempt that ended (terminal event seen, accepted
-    #: or not): an `allocated` of that attempt at or after it is an end before its start
-    ended: dict[str, list[int]] = field(default_factory=dict)
+    #: (cluster, job) -> [attempt, event time] of the latest attempt that ended (terminal event seen,
+    #: accepted or not): an `allocated` of that attempt at or after it is an end before its start
+    ended: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    #: job ids whose state came from an old snapshot, kept under cluster LEGACY until claimed (`_key`)
+    legacy: set[str] = field(default_factory=set)
+
+    def _key(self, event: JobEvent) -> tuple[str, str]:
+        """The event's job, (cluster, job id). The first event of a job id held under LEGACY (an old
+        snapshot's entry, its cluster unknown) moves that state to the event's cluster: the job was in
+        flight in the one cluster that speaks of it first (exact for a single-cluster deployment)."""
+        key = (event.cluster, event.job_id)
+        if self.legacy and event.job_id in self.legacy:
+            self.legacy.discard(event.job_id)
+            old = (LEGACY, event.job_id)
+            for table in (self.routes, self.seen_event_ids, self.last_seen_ms, self.ended):
+                if old in table and key not in table:
+                    table[key] = table.pop(old)
+        return key
 
     def is_duplicate(self, event: JobEvent) -> bool:
-        return event.event_id in self.seen_event_ids.get(event.job_id, ())
+        return event.event_id in self.seen_event_ids.get(self._key(event), ())
 
     def sequence_problem(self, event: JobEvent) -> str | None:
         """The reason an event is an impossible sequence (docs/reliability.md, "Bad input"), or None.
@@ -64,23 +87,23 @@ class LifecycleRouter:
         allocated are legitimate (cancelled while queued, a rejected submit): no GPU effect. Call it
         before `route`, for an event that is not a duplicate; a rejected event still marks the end of
         its attempt (so its later `allocated` is rejected too)."""
-        job, attempt, kind = event.job_id, event.attempt, event.kind
-        attempts = self.routes.get(job, {})
+        key, job, attempt, kind = self._key(event), event.job_id, event.attempt, event.kind
+        attempts = self.routes.get(key, {})
         route = attempts.get(attempt)
         if kind == JobEventKind.allocated:
-            end = self.ended.get(job)
+            end = self.ended.get(key)
             if end and end[0] == attempt and event.ts_ms >= end[1]:
                 return (f"impossible sequence: allocated of {job} attempt {attempt} at ts_ms={event.ts_ms} is at or "
                         f"after the attempt's end at ts_ms={end[1]}")
             return None
-        end = self.ended.get(job)
+        end = self.ended.get(key)
         if kind in TERMINAL_KINDS and end and end[0] == attempt and route is None:
             return (f"impossible sequence: {kind.value} of {job} attempt {attempt} at ts_ms={event.ts_ms}, which "
                     f"already ended at ts_ms={end[1]}")
         if kind not in NEEDS_ALLOCATION:
             return None
         if kind in TERMINAL_KINDS:
-            self._mark_ended(job, attempt, event.ts_ms)
+            self._mark_ended(key, attempt, event.ts_ms)
         if route is None:
             return (f"impossible sequence: {kind.value} of {job} attempt {attempt}, which was never allocated"
                     + (f" (the job's allocated attempts: {', '.join(map(str, sorted(attempts)))})"
@@ -90,24 +113,25 @@ class LifecycleRouter:
                     f"its allocation at ts_ms={route.since_ms}")
         return None
 
-    def _mark_ended(self, job: str, attempt: int, ts_ms: int) -> None:
-        end = self.ended.get(job)
+    def _mark_ended(self, key: tuple[str, str], attempt: int, ts_ms: int) -> None:
+        end = self.ended.get(key)
         if end is None or end[0] != attempt or ts_ms < end[1]:
-            self.ended[job] = [attempt, ts_ms]
+            self.ended[key] = [attempt, ts_ms]
 
     def route(self, event: JobEvent) -> list[AllocationChange]:
-        seen = self.seen_event_ids.setdefault(event.job_id, set())
+        key = self._key(event)
+        seen = self.seen_event_ids.setdefault(key, set())
         if event.event_id in seen:
             self.duplicates += 1
             return []
         seen.add(event.event_id)
         if event.kind in TERMINAL_KINDS:
-            self._mark_ended(event.job_id, event.attempt, event.ts_ms)
-        self.last_seen_ms[event.job_id] = max(self.last_seen_ms.get(event.job_id, 0), event.ts_ms)
+            self._mark_ended(key, event.attempt, event.ts_ms)
+        self.last_seen_ms[key] = max(self.last_seen_ms.get(key, 0), event.ts_ms)
         if event.kind not in GPU_KINDS:
             return []
         job, attempt = event.job_id, event.attempt
-        attempts = self.routes.setdefault(job, {})
+        attempts = self.routes.setdefault(key, {})
         route = attempts.get(attempt)
         released: set[str] = set()
         if event.kind == JobEventKind.allocated or (event.gpus and route is None):
@@ -119,14 +143,14 @@ class LifecycleRouter:
             route = attempts[attempt] = new
         if route is None:
             if not attempts:
-                del self.routes[job]
+                del self.routes[key]
             log.warning("lifecycle %s for %s attempt %s without a known allocation: no GPU effect",
                         event.kind, job, attempt)
             return []
         if event.kind in TERMINAL_KINDS:
             del attempts[attempt]  # ended: its route is not needed any more (keeps the state bounded)
             if not attempts:
-                del self.routes[job]
+                del self.routes[key]
         by_node: dict[str, list[GpuAssignment]] = {node: [] for node in released}  # no GPUs there: a release
         for gpu in route.gpus:
             by_node.setdefault(gpu.node, []).append(gpu)
@@ -137,46 +161,61 @@ class LifecycleRouter:
             for node, gpus in sorted(by_node.items())
         ]
 
-    def forget(self, job_id: str) -> None:
-        self.routes.pop(job_id, None)
-        self.seen_event_ids.pop(job_id, None)
-        self.last_seen_ms.pop(job_id, None)
-        self.ended.pop(job_id, None)
+    def forget(self, key: tuple[str, str]) -> None:
+        """Drop one job's state; `key` is (cluster, job id)."""
+        self.routes.pop(key, None)
+        self.seen_event_ids.pop(key, None)
+        self.last_seen_ms.pop(key, None)
+        self.ended.pop(key, None)
+        if key[0] == LEGACY:
+            self.legacy.discard(key[1])
 
-    def prune(self, before_ms: int) -> int:
-        """Forget jobs that hold no GPUs and had no event since `before_ms` (event time): keeps
+    def prune(self, before_ms: int, cluster_before_ms: dict[str, int] | None = None) -> int:
+        """Forget jobs that hold no GPUs and had no event since `before_ms` (event time), or since
+        `cluster_before_ms[cluster]` for a cluster named there (its own watermark's horizon): keeps
         the duplicate filter bounded. Returns how many jobs were forgotten."""
-        old = [job for job, ts in self.last_seen_ms.items() if ts < before_ms and job not in self.routes]
-        for job in old:
-            self.forget(job)
+        cut = cluster_before_ms or {}
+        old = [key for key, ts in self.last_seen_ms.items()
+               if ts < cut.get(key[0], before_ms) and key not in self.routes]
+        for key in old:
+            self.forget(key)
         return len(old)
 
     def to_state(self) -> dict:
-        return {
-            # job -> [route of each attempt not ended]
-            "routes": {job: [{"attempt": r.attempt, "gpus": [g.model_dump(mode="json") for g in r.gpus],
-                              "since_ms": r.since_ms} for _, r in sorted(attempts.items())]
-                       for job, attempts in self.routes.items()},
-            "ended": {job: list(v) for job, v in self.ended.items()},
-            "seen": {job: sorted(ids) for job, ids in self.seen_event_ids.items()},
-            "last_seen_ms": dict(self.last_seen_ms),
-            "duplicates": self.duplicates,
-        }
+        # cluster -> the job maps of that cluster, each keyed by job id as before (JSON keys are strings)
+        by_cluster: dict[str, dict] = {}
+
+        def of(key: tuple[str, str], table: str) -> dict:
+            return by_cluster.setdefault(key[0], {"routes": {}, "ended": {}, "seen": {}, "last_seen_ms": {}})[table]
+
+        for key, attempts in self.routes.items():  # job -> [route of each attempt not ended]
+            of(key, "routes")[key[1]] = [{"attempt": r.attempt, "gpus": [g.model_dump(mode="json") for g in r.gpus],
+                                          "since_ms": r.since_ms} for _, r in sorted(attempts.items())]
+        for key, v in self.ended.items():
+            of(key, "ended")[key[1]] = list(v)
+        for key, ids in self.seen_event_ids.items():
+            of(key, "seen")[key[1]] = sorted(ids)
+        for key, ts in self.last_seen_ms.items():
+            of(key, "last_seen_ms")[key[1]] = ts
+        return {"by_cluster": by_cluster, "duplicates": self.duplicates}
 
     @classmethod
     def from_state(cls, state: dict) -> "LifecycleRouter":
-        routes: dict[str, dict[int, AttemptRoute]] = {}
-        for job, rs in state["routes"].items():
-            for r in ([rs] if isinstance(rs, dict) else rs):  # a dict: an older snapshot, one route per job
-                routes.setdefault(job, {})[r["attempt"]] = AttemptRoute(
-                    r["attempt"], [GpuAssignment.model_validate(g) for g in r["gpus"]], r.get("since_ms", 0))
-        return cls(
-            routes=routes,
-            ended={job: list(v) for job, v in state.get("ended", {}).items()},
-            seen_event_ids={job: set(ids) for job, ids in state["seen"].items()},
-            last_seen_ms=dict(state.get("last_seen_ms", {})),
-            duplicates=state.get("duplicates", 0),
-        )
+        """A router from `to_state`, or from an older snapshot keyed by job id alone (top-level
+        "routes"/"seen"/...; its entries record no cluster: kept under LEGACY, see `_key`)."""
+        by_cluster = state["by_cluster"] if "by_cluster" in state else {LEGACY: state}
+        router = cls(duplicates=state.get("duplicates", 0))
+        for cluster, tables in by_cluster.items():
+            for job, rs in tables["routes"].items():
+                for r in ([rs] if isinstance(rs, dict) else rs):  # a dict: an older snapshot, one route per job
+                    router.routes.setdefault((cluster, job), {})[r["attempt"]] = AttemptRoute(
+                        r["attempt"], [GpuAssignment.model_validate(g) for g in r["gpus"]], r.get("since_ms", 0))
+            router.ended.update({(cluster, job): list(v) for job, v in tables.get("ended", {}).items()})
+            router.seen_event_ids.update({(cluster, job): set(ids) for job, ids in tables["seen"].items()})
+            router.last_seen_ms.update({(cluster, job): ts for job, ts in tables.get("last_seen_ms", {}).items()})
+        router.legacy = {job for table in (router.routes, router.seen_event_ids, router.last_seen_ms, router.ended)
+                         for cluster, job in table if cluster == LEGACY}
+        return router
 
 
 # --------------------------------------------------------------------------- watermarks

@@ -115,7 +115,7 @@ def test_router_sequence_state_survives_a_snapshot():
     router.route(event("allocated", 20, 1, gpus=GPU))
     router.sequence_problem(event("completed", 5, 9, job="j2"))
     restored = LifecycleRouter.from_state(orjson.loads(orjson.dumps(router.to_state())))
-    assert restored.routes["j1"][0].since_ms == T0 + 20 * S and restored.ended == router.ended
+    assert restored.routes[("c", "j1")][0].since_ms == T0 + 20 * S and restored.ended == router.ended
     assert "before its allocation" in restored.sequence_problem(event("completed", 10, 2))
 
 

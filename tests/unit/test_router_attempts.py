@@ -84,7 +84,7 @@ def test_an_attempts_end_read_after_the_next_attempts_allocation_releases_its_gp
     assert out[("A", "executing", "j1", 0)] == 25_000 and out[("A", "allocated_idle", "j1", 0)] == 5_000
     assert out[("A", "unallocated", "", 0)] == 70_000
     assert out[("B", "allocated_idle", "j1", 1)] == 60_000
-    assert list(router.routes["j1"]) == [1]  # the ended attempt's route is dropped
+    assert list(router.routes[("c", "j1")]) == [1]  # the ended attempt's route is dropped
 
 
 def test_impossible_sequences_of_older_attempts_are_still_rejected():
@@ -103,11 +103,12 @@ def test_per_attempt_routes_survive_a_snapshot_and_old_snapshots_load():
     router.route(event("allocated", 0, 1, gpus=[A]))
     router.route(event("allocated", 40, 2, attempt=1, gpus=[B]))
     restored = LifecycleRouter.from_state(orjson.loads(orjson.dumps(router.to_state())))
-    assert restored == router and sorted(restored.routes["j1"]) == [0, 1]
+    assert restored == router and sorted(restored.routes[("c", "j1")]) == [0, 1]
     # a snapshot written with one route per job
     old = {"routes": {"j1": {"attempt": 1, "gpus": [B.model_dump(mode="json")], "since_ms": T0}},
            "seen": {"j1": ["j1-1"]}}
     loaded = LifecycleRouter.from_state(old)
-    assert loaded.routes["j1"][1].gpus == [B] and loaded.routes["j1"][1].since_ms == T0
+    # an old snapshot's entry has no cluster ("") until the job's next event names it
+    assert loaded.routes[("", "j1")][1].gpus == [B] and loaded.routes[("", "j1")][1].since_ms == T0
     assert [c.node for c in loaded.route(event("completed", 50, 3, attempt=1))] == ["n2"]
     assert loaded.routes == {}
