@@ -43,3 +43,12 @@ def test_the_superset_bundle_is_found_from_the_checkout():
 
     assert DEFAULT_BUNDLE == ROOT / "superset" / "bundle"
     assert (DEFAULT_BUNDLE / "metadata.yaml").is_file()
+
+
+def test_no_two_test_files_share_a_name():
+    # pytest's default import mode imports test files by their basename: two of one name in different
+    # folders stop the whole run at collection ("import file mismatch")
+    seen: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(path.relative_to(ROOT).as_posix())
+    assert not {name: paths for name, paths in seen.items() if len(paths) > 1}
