@@ -23,6 +23,7 @@ from gpuledger.warehouse.reports import fetch
 from gpuledger.sink.loop import run_sink
 from gpuledger.topics import create_topics
 from gpuledger.warehouse import connect, migrate
+from usage_reader import usage_until
 
 pytestmark = pytest.mark.integration
 
@@ -143,27 +144,6 @@ def _worker_messages_in(port: int, topic: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-def _usage_until(settings, gpu_ms: int, timeout_s: float = 30.0) -> list:
-    """The usage records, read from the start until they hold `gpu_ms` or the time is up. Not up to
-    the high watermark: Tansu's ListOffsets can report one behind the log (embedded/processes.py
-    `group_lag`), and here it did, two messages short of what the worker had seen acknowledged."""
-    import time
-
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({**settings.kafka_client_config(), "group.id": "test-reader", "enable.auto.commit": False})
-    consumer.assign([TopicPartition(settings.topics.usage, p, 0) for p in range(settings.partitions_usage)])
-    records, deadline = [], time.monotonic() + timeout_s
-    try:
-        while sum(r.gpu_ms for r in records) < gpu_ms and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is not None and not msg.error():
-                records += decode(UsageBatch, msg.value()).records
-        return records
-    finally:
-        consumer.close()
-
-
 def test_samples_far_ahead_of_the_lifecycle_wait_in_kafka_and_none_is_lost(broker, make_settings, tmp_path):
     """Event-time flow control (streams/app.py `pace_samples`): once more than
     worker_samples_ahead_s of a node's samples wait for the watermark, the worker stops reading their
@@ -196,7 +176,7 @@ def test_samples_far_ahead_of_the_lifecycle_wait_in_kafka_and_none_is_lost(broke
         wait_until_caught_up(settings, settings.worker_app_id, [t.gpu_samples, t.job_events, t.node_allocations],
                              timeout_s=120, alive=worker)
         assert _worker_messages_in(port, t.gpu_samples) == 30
-        records = _usage_until(settings, 2 * 600_000)
+        records = usage_until(settings, 2 * 600_000)
     assert "gpu-samples[0] resumed" in log.read_text(errors="replace")
     assert sum(r.gpu_ms for r in records) == 2 * 600_000  # every GPU-second of both GPUs
     assert len({r.record_id for r in records}) == len(records)  # once

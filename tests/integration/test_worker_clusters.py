@@ -7,13 +7,14 @@ import time
 from collections import defaultdict
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from gpuledger.embedded.broker import free_port
 from gpuledger.embedded.processes import ChildProcess, read_topic, wait_until_caught_up
-from gpuledger.schemas.models import DeadLetter, GpuAssignment, GpuSample, JobEvent, LifecycleWatermark, NodeTick, UsageBatch
+from gpuledger.schemas.models import DeadLetter, GpuAssignment, GpuSample, JobEvent, LifecycleWatermark, NodeTick
 from gpuledger.schemas.wire import decode, encode, encode_node_ticks
 from gpuledger.topics import create_topics
+from usage_reader import usage_until
 
 pytestmark = pytest.mark.integration
 
@@ -27,21 +28,6 @@ def ev(cluster, kind, at_s, job="1001"):
     return JobEvent(event_id=f"slurm:{cluster}:{job}:0:{kind}", ts_ms=T0 + at_s * S, kind=kind, cluster=cluster,
                     job_id=job, tenant=f"tenant-{cluster}", queue="q", requested_gpus=1,
                     gpus=[GpuAssignment(node=node, gpu_uuid=gpu)] if kind == "allocated" else [])
-
-
-def usage_until(settings, gpu_ms: int, timeout_s: float = 60.0) -> list:
-    """Usage records read from the start until they hold `gpu_ms` (Tansu's high watermark may lag)."""
-    consumer = Consumer({**settings.kafka_client_config(), "group.id": "test-reader", "enable.auto.commit": False})
-    consumer.assign([TopicPartition(settings.topics.usage, p, 0) for p in range(settings.partitions_usage)])
-    records, deadline = [], time.monotonic() + timeout_s
-    try:
-        while sum(r.gpu_ms for r in records) < gpu_ms and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is not None and not msg.error():
-                records += decode(UsageBatch, msg.value()).records
-        return records
-    finally:
-        consumer.close()
 
 
 def messages_in(port: int, topic: str) -> float:
@@ -98,7 +84,7 @@ def test_same_job_id_in_two_clusters_and_one_clusters_agent_spooling(broker, mak
         assert producer.flush(30) == 0
         wait_until_caught_up(settings, settings.worker_app_id, [t.gpu_samples, t.job_events, t.node_allocations],
                              timeout_s=120, alive=worker)
-        records = usage_until(settings, 3 * 300_000)
+        records = usage_until(settings, 3 * 300_000, timeout_s=60.0)
 
     by = defaultdict(int)
     for r in records:

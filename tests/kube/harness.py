@@ -19,6 +19,19 @@ from kube.replay_server import ReplayApiServer
 JOB_EVENTS, SNAPSHOTS = "t.job-events", "t.scheduler-snapshots"
 
 
+class JobEventsPublisher(ListPublisher):
+    """A ListPublisher whose `events` are the JobEvents published to topic "job-events" (watermarks,
+    which have no key, left out)."""
+
+    @property
+    def events(self) -> list:
+        from gpuledger.schemas.models import JobEvent
+        from gpuledger.schemas.wire import decode
+
+        return [decode(JobEvent, value) for topic, key, value, _ in self.messages
+                if topic == "job-events" and key is not None]
+
+
 def k8s_era_clock(offset_s: float = 10.0):
     """The agent's clock, running from T0 + offset (the recorded objects' era), at real speed."""
     shift = time.time() - ms(0) / 1000 - offset_s

@@ -61,6 +61,24 @@ def kinds(events) -> list[str]:
     return [e.kind.value for e in events]
 
 
+#: the GPU the Kueue tests' pods hold (tests/fixtures/kubernetes/ pods list it as device "nginx")
+KUEUE_GPU = "GPU-8d0e2fb4-1c4a-4d0d-9c8e-6f3f2a1b0c11"
+
+
+def kueue_devices(*pods: str):
+    """A kubelet device lookup that lists KUEUE_GPU for the named pods, nothing for the others."""
+    return lambda node, ns, name, host_ip: {"nginx": [KUEUE_GPU]} if name in pods else None
+
+
+def kueue_ledger():
+    """A Kubernetes ledger of cluster "k8s" that knows the fixtures' LocalQueue."""
+    from gpuledger.agents.kubernetes import KubernetesLedger, KubernetesMapping
+
+    core = KubernetesLedger(KubernetesMapping(cluster="k8s"))
+    core.observe_local_queue(local_queue())
+    return core
+
+
 def gpu_pod(name: str = "train-0", uid: str = "uid-train-0", *, job: str | None = "train", stage: str = "running",
             gpus: int = 1, node: str = "kube-worker-1", namespace: str = "default", created: int = 0,
             started: int = 4, finished: int = 60, labels: dict | None = None, resource: str = "nvidia.com/gpu",

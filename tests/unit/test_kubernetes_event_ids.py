@@ -14,9 +14,9 @@ import orjson
 from gpuledger.agents.kubernetes import KubernetesLedger, KubernetesMapping
 from gpuledger.agents.kubernetes_agent import DeviceSource, KubernetesAgent, load_state
 from gpuledger.schemas.models import JobEvent
-from gpuledger.schemas.wire import decode
 from gpuledger.streams.router import LifecycleRouter
 
+from kube.harness import JobEventsPublisher as Publisher
 from kube.objects import gpu_pod, ms
 
 GPU_A = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
@@ -32,17 +32,6 @@ class Kubelet:
     def list(self, wanted):
         return dict(self.pods)
 
-
-class Publisher:
-    def __init__(self):
-        self.events: list[JobEvent] = []
-
-    def publish(self, topic, key, value, partition=None):
-        if topic == "job-events" and key is not None:
-            self.events.append(decode(JobEvent, value))
-
-    def poll(self, timeout=0):
-        return 0
 
 
 def clock() -> float:

@@ -6,23 +6,14 @@ from __future__ import annotations
 
 import json
 
-from gpuledger.agents.kubernetes import KubernetesLedger, KubernetesMapping
+from gpuledger.agents.kubernetes import KubernetesLedger
+from kube.objects import kueue_devices as devices
+from kube.objects import kueue_ledger as ledger
 from kube.objects import (
-    at_time, gpu_pod, kinds, kueue_pod, local_queue, ms, pod_group_workload, pod_workload, workload,
+    at_time, gpu_pod, kinds, kueue_pod, ms, pod_group_workload, pod_workload, workload,
 )
 
-UUID = "GPU-8d0e2fb4-1c4a-4d0d-9c8e-6f3f2a1b0c11"
 NOW = ms(1000)
-
-
-def devices(*pods: str):
-    return lambda node, ns, name, host_ip: {"nginx": [UUID]} if name in pods else None
-
-
-def ledger() -> KubernetesLedger:
-    core = KubernetesLedger(KubernetesMapping(cluster="k8s"))
-    core.observe_local_queue(local_queue())
-    return core
 
 
 def rerun(**kw) -> dict:

@@ -9,23 +9,13 @@ from pathlib import Path
 
 from gpuledger.agents.kubernetes import KubernetesLedger, KubernetesMapping
 from gpuledger.agents.kubernetes_agent import DeviceSource, KubernetesAgent, load_state
-from gpuledger.schemas.models import JobEvent
-from gpuledger.schemas.wire import decode
+from kube.harness import JobEventsPublisher as Publisher
 from kube.objects import at, at_time, gpu_pod, kinds, local_queue, ms, workload
+from kube.objects import kueue_devices as devices
+from kube.objects import kueue_ledger as ledger
 
-UUID = "GPU-8d0e2fb4-1c4a-4d0d-9c8e-6f3f2a1b0c11"
 NOW = ms(1000)
 JOB = "default/job/train"
-
-
-def devices(*pods: str):
-    return lambda node, ns, name, host_ip: {"nginx": [UUID]} if name in pods else None
-
-
-def ledger() -> KubernetesLedger:
-    core = KubernetesLedger(KubernetesMapping(cluster="k8s"))
-    core.observe_local_queue(local_queue())
-    return core
 
 
 def rerun(stage: str) -> dict:
@@ -116,17 +106,6 @@ def test_a_workload_still_deleted_alone_cancels_its_waiting_job():
 
 
 # --------------------------------------------------------------------------- C: deleted while away
-class Publisher:
-    def __init__(self):
-        self.events: list[JobEvent] = []
-
-    def publish(self, topic, key, value, partition=None):
-        if topic == "job-events" and key is not None:
-            self.events.append(decode(JobEvent, value))
-
-    def poll(self, timeout=0):
-        return 0
-
 
 def agent(state: Path) -> KubernetesAgent:
     mapping = KubernetesMapping(cluster="k8s")
