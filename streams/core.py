@@ -100,10 +100,12 @@ class JoinPartition:
     nodes: dict[str, NodeJoin] = field(default_factory=dict)
     clock: WatermarkClock = field(default_factory=WatermarkClock)
     next_offsets: dict[str, int] = field(default_factory=dict)  # input topic -> next offset
-    #: samples clock: the latest tick start accepted on this partition, from any node (flushes the open
-    #: segments of a node that stopped reporting, streams/join.py `NodeJoin._flush`). The start, not
-    #: the end: a tick's end is ahead of what its peers have sent by its own interval (a node sampled
-    #: every 3 min would otherwise flush its peers' windows before their ticks of the same time)
+    #: samples clock: the latest tick start accepted on this partition, from any node, moved at most one
+    #: interval per tick and never past the wall clock (flushes the open segments of a node that stopped
+    #: reporting: one silent while it moved on by its last message's span + flush_after,
+    #: streams/join.py `NodeJoin._flush`). The start, not the end: a tick's end is ahead of what its
+    #: peers have sent by its own interval (a node sampled every 3 min would otherwise flush its peers'
+    #: windows before their ticks of the same time)
     data_ms: int = 0
     #: the last window (data_ms - flush_after, in windows) for which every node was checked for a flush
     flush_scan: int = field(default=0, compare=False)
@@ -304,13 +306,15 @@ class WorkerCore:
         gets one dead letter naming every tick it rejected. Then the node closes what the
         watermark allows, in one usage batch."""
         problems: list[str] = []
-        join = None
+        join = spoke = None
         for tick in ticks:
             problem = check_tick(tick, jp.clock.value, self.max_ahead_ms, self._now_ms)
             if problem:
                 problems.append(problem)
                 continue
             join = self._node(jp, tick.node)
+            # a tick left out of a restored snapshot, read again: the clock and the node's message are in the snapshot
+            again = bool(join.awaiting_ms) and tick.ts_ms in join.awaiting_ms
             verdict = join.add_tick(tick, offset)
             if verdict.status == DUPLICATE:
                 self.counters["duplicate_ticks"] += 1
@@ -322,9 +326,11 @@ class WorkerCore:
                 self.counters["ticks"] += 1
                 # the samples clock moves at most one interval per tick and never past the wall clock at
                 # receipt (None: pure tools, no cap), so a tick from the future (a node's clock off) does
-                # not flush the partition's live nodes (docs/accounting.md "Segments")
-                start = min(tick.ts_ms, jp.data_ms + tick.interval_ms) if jp.data_ms else tick.ts_ms
-                jp.data_ms = max(jp.data_ms, start if self._now_ms is None else min(start, self._now_ms))
+                # not flush the partition's live nodes in one jump (docs/accounting.md "Segments")
+                if not again:
+                    start = min(tick.ts_ms, jp.data_ms + tick.interval_ms) if jp.data_ms else tick.ts_ms
+                    jp.data_ms = max(jp.data_ms, start if self._now_ms is None else min(start, self._now_ms))
+                    spoke = join
                 if self.on_tick:
                     self.on_tick(tick.node, tick.ts_ms)
         outs = []
@@ -335,6 +341,11 @@ class WorkerCore:
             # one letter; the metric counts every rejected tick under its own kind (a late tick must
             # not hide a malformed one from the kind="invalid" alert)
             outs.append(self.dead_letter_out(topic, partition, offset, raw, reason, problems))
+        if spoke is not None:
+            # the node sent new ticks: it has stopped only once the clock moves this message's span +
+            # flush_after on without it (NodeJoin._flush), wherever its peers' clocks put the samples clock
+            spoke.clock_at_last_message = jp.data_ms
+            spoke.message_span_ms = len(ticks) * ticks[-1].interval_ms
         if join is not None:
             outs.extend(self._emit(join, jp.clock.value, jp.data_ms))
             # once a window: the other nodes' open segments may be due for a flush (a node that stopped)

@@ -18,9 +18,10 @@ tick, or the tick starts at or after the segment's window end (`[segments] windo
 UTC). A tick goes whole to the window it starts in, so every piece of GPU time lands in the same
 day and hour as in per-tick records, and costs, GPU-ms and effective GPU-ms are sums of the
 per-tick figures: bills are those of per-tick records to the micro-unit. A segment is emitted when
-it closes; one of a node that stopped reporting is flushed once the watermark is `flush_after_s`
-past its window's end, and the node's closed horizon moves to that end (a tick of the flushed
-window arriving later is late and rejected, so a record is never extended after it was emitted).
+it closes; one of a node that stopped reporting (the partition's samples clock moved on by its last
+message's span + `flush_after_s` without it) is flushed once that clock is `flush_after_s` past its
+window's end, and the node's closed horizon moves to that end (a tick of the flushed window arriving
+later is late and rejected, so a record is never extended after it was emitted).
 
 Late, duplicate and out-of-order input (docs/reliability.md, "Late, duplicate and out-of-order data"):
 - a lifecycle event is applied once per node: every node join remembers the event ids it has seen
@@ -184,6 +185,13 @@ class NodeJoin:
     #: (job_id, attempt) -> (its latest change, that change's assignments no GPU of the node answered to):
     #: tried again at each tick, held from the first that resolves them (insertion order: deterministic)
     unresolved: dict[tuple[str, int], tuple[AllocationChange, list[GpuAssignment]]] = field(default_factory=dict)
+    #: the partition's samples clock right after the node's latest message was read, and the event time
+    #: that message covered (its ticks x their interval), both set by WorkerCore: the node has stopped once
+    #: the clock moved that span + flush_after on without it (`_flush`). None: never heard through
+    #: WorkerCore (tools: the clock alone decides); -1: restored from a snapshot older than these fields
+    #: (the first look sets it to the clock then)
+    clock_at_last_message: int | None = None
+    message_span_ms: int = 0
     #: the record maker of the last close (its templates and price lookups are reused; not state)
     _maker: RecordMaker | None = field(default=None, compare=False, repr=False)
 
@@ -523,15 +531,25 @@ class NodeJoin:
         return records
 
     def _flush(self, data_ms: int, ledger: LedgerConfig, maker: RecordMaker | None) -> list[dict]:
-        """Emit the open segments of a node that stopped reporting: those whose window ended, and whose
-        next tick (one more interval of the segment's last tick) was due, at least
-        `segment_flush_after_ms` before the samples clock of the partition (other nodes have sent
-        ticks starting that far on; this one has sent none after the segment's end), unless a
-        pending tick of the node starts before that end (it is waiting for the watermark and will
-        extend or close the segment). The lifecycle watermark is not the judge: a worker catching up
-        on a samples backlog has it far ahead of every tick. The closed horizon moves to the window's
-        end, so no tick can extend a record already emitted: a tick of that window arriving later is
-        late (rejected, like any tick behind the horizon; docs/accounting.md "Segments")."""
+        """Emit the open segments of a node that stopped reporting. Stopped: since the node's latest
+        message, the samples clock of the partition has moved on by that message's span plus
+        `segment_flush_after_ms` (other nodes have sent that much more; this one nothing) — measured
+        from where the clock was, not from the node's tick times, so a peer's clock ahead (from the
+        partition's first tick, or a tick from the future) flushes no node that keeps sending, and a
+        node that batches its ticks is waited for one batch. Then the segments whose window ended,
+        and whose next tick (one more interval of the segment's last tick) was due, at least
+        `segment_flush_after_ms` before the clock, unless a pending tick of the node starts before
+        that end (it is waiting for the watermark and will extend or close the segment). The
+        lifecycle watermark is not the judge: a worker catching up on a samples backlog has it far
+        ahead of every tick. The closed horizon moves to the window's end, so no tick can extend a
+        record already emitted: a tick of that window arriving later is late (rejected, like any tick
+        behind the horizon; docs/accounting.md "Segments")."""
+        heard = self.clock_at_last_message
+        if heard is not None:
+            if heard < 0:  # restored from a snapshot older than the field: span + flush_after from now
+                self.clock_at_last_message = heard = data_ms
+            if data_ms - heard < self.message_span_ms + ledger.segment_flush_after_ms:
+                return []  # the node has not been silent for a message of its own + flush_after
         limit = data_ms - ledger.segment_flush_after_ms
         first_pending = self.pending_ticks[0].ts_ms if self.pending_ticks else None
         if self.awaiting_ms:  # a tick left out of the snapshot and not read again yet counts as pending
@@ -587,6 +605,8 @@ class NodeJoin:
                                                          if o is not None)}),
             "unresolved": [[c.model_dump(mode="json"), [g.model_dump(mode="json") for g in missing]]
                            for c, missing in self.unresolved.values()],
+            "clock_at_last_message": self.clock_at_last_message,
+            "message_span_ms": self.message_span_ms,
         }
 
     @classmethod
@@ -616,4 +636,6 @@ class NodeJoin:
             unresolved={(c.job_id, c.attempt): (c, [GpuAssignment.model_validate(g) for g in missing])
                         for c, missing in ((AllocationChange.model_validate(c), m)
                                            for c, m in state.get("unresolved", []))},
+            clock_at_last_message=state.get("clock_at_last_message", -1),
+            message_span_ms=state.get("message_span_ms", 0),
         )
