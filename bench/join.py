@@ -116,14 +116,17 @@ def make_batch(nodes: int, hours: float, job_partitions: int = 4, start_ms: int 
 
 
 def warmup_messages(start_ms: int, job_partitions: int) -> list:
-    """One 1-GPU tick per warm-up node before the batch, and the watermark that closes it."""
+    """One 1-GPU tick per warm-up node before the batch, and the watermark that closes it. The warm-up
+    nodes' cluster sends no watermark of its own: the watermark is the batch's cluster's, since the
+    worker closes ticks only as far as every cluster that sends watermarks has promised (a "warm"
+    cluster's one watermark would hold the batch back for a day, docs/accounting.md §1)."""
     ts = start_ms - 2 * INTERVAL_MS
     out = []
     for i in range(WARM_NODES):
         tick = NodeTick(cluster="warm", node=f"warm-{i:02d}", ts_ms=ts, interval_ms=INTERVAL_MS,
                         gpus=[GpuSample(gpu_uuid=f"GPU-warm-{i:02d}", index=0, model="A100-80GB", power_w=100.0)])
         out.append((LINE_SAMPLES, tick.node.encode(), encode(tick), None))
-    mark = encode(LifecycleWatermark(cluster="warm", ts_ms=ts + INTERVAL_MS))
+    mark = encode(LifecycleWatermark(cluster=SimSpec().cluster, ts_ms=ts + INTERVAL_MS))
     out.extend((LINE_JOB_EVENTS, None, mark, p) for p in range(job_partitions))
     return out
 
