@@ -267,7 +267,7 @@ def serve_ticks(backend: GpuBackend, settings: Any, *, cluster: str, node: str, 
     else:
         from gpuledger.metrics import AgentMetrics, start_metrics_server
 
-        metrics = AgentMetrics(node)
+        metrics = AgentMetrics(node, cluster)
         start_metrics_server(metrics_port)
         if settings.agent_spool_max_bytes > 0:
             from gpuledger.agents.spool import SpoolLocked

@@ -85,37 +85,38 @@ SINK_BATCH_ROWS = Histogram("gpuledger_sink_batch_rows", "Rows per flushed batch
 
 
 class _LastSample(Collector):
-    """gpuledger_last_sample_age_seconds / _timestamp_seconds {component, node}: event time of
-    the newest sample seen per node, and its age at scrape time."""
+    """gpuledger_last_sample_age_seconds / _timestamp_seconds {component, cluster, node}: event time
+    of the newest sample seen per node, and its age at scrape time. A node is (cluster, node): two
+    clusters may both have a node001, and one's silence must not hide behind the other's samples."""
 
     def __init__(self, clock: Callable[[], float] = time.time):
         self.clock = clock
         self._lock = threading.Lock()
-        self._seen: dict[tuple[str, str], float] = {}
+        self._seen: dict[tuple[str, str, str], float] = {}
 
-    def observe(self, component: str, node: str, ts_ms: int) -> None:
-        key, ts = (component, node), ts_ms / 1000.0
+    def observe(self, component: str, node: str, ts_ms: int, cluster: str = "") -> None:
+        key, ts = (component, cluster, node), ts_ms / 1000.0
         with self._lock:
             if ts > self._seen.get(key, float("-inf")):
                 self._seen[key] = ts
 
-    def forget(self, component: str, node: str) -> None:
+    def forget(self, component: str, node: str, cluster: str = "") -> None:
         with self._lock:
-            self._seen.pop((component, node), None)
+            self._seen.pop((component, cluster, node), None)
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         now = self.clock()
         age = GaugeMetricFamily("gpuledger_last_sample_age_seconds",
                                 "Seconds since the event time of the newest GPU sample seen per node",
-                                labels=["component", "node"])
+                                labels=["component", "cluster", "node"])
         stamp = GaugeMetricFamily("gpuledger_last_sample_timestamp_seconds",
                                   "Event time of the newest GPU sample seen per node (Unix seconds)",
-                                  labels=["component", "node"])
+                                  labels=["component", "cluster", "node"])
         with self._lock:
             items = sorted(self._seen.items())
-        for (component, node), ts in items:
-            age.add_metric([component, node], max(0.0, now - ts))
-            stamp.add_metric([component, node], ts)
+        for (component, cluster, node), ts in items:
+            age.add_metric([component, cluster, node], max(0.0, now - ts))
+            stamp.add_metric([component, cluster, node], ts)
         yield age
         yield stamp
 
@@ -317,8 +318,9 @@ class AgentMetrics:
     """The GPU agent's metrics for one node. `attach_spool` makes spool depth, bytes, oldest age
     and lifetime drops read live from the spool at scrape time."""
 
-    def __init__(self, node: str):
+    def __init__(self, node: str, cluster: str = ""):
         self.node = node
+        self.cluster = cluster
         self._sampled = AGENT_TICKS_SAMPLED.labels(node)
         self._failures = AGENT_TICK_FAILURES.labels(node)
         self._skipped = AGENT_TICKS_SKIPPED.labels(node)
@@ -328,7 +330,7 @@ class AgentMetrics:
 
     def tick_sampled(self, ts_ms: int) -> None:
         self._sampled.inc()
-        LAST_SAMPLE.observe("agent", self.node, ts_ms)
+        LAST_SAMPLE.observe("agent", self.node, ts_ms, self.cluster)
 
     def tick_failed(self) -> None:
         self._failures.inc()
@@ -377,8 +379,8 @@ class WorkerMetrics:
     def dead_letter(self, source_topic: str, reason: str) -> None:
         DEAD_LETTERS.labels(self.component, source_topic, dead_letter_kind(reason)).inc()
 
-    def sample_seen(self, node: str, ts_ms: int) -> None:
-        LAST_SAMPLE.observe(self.component, node, ts_ms)
+    def sample_seen(self, node: str, ts_ms: int, cluster: str = "") -> None:
+        LAST_SAMPLE.observe(self.component, node, ts_ms, cluster)
 
     def duplicate(self, kind: str) -> None:
         """A second copy dropped: kind "tick" or "change"."""

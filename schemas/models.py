@@ -400,6 +400,9 @@ class AllocationChange(_Wire):
     tenant: str
     queue: str
     gpus: list[GpuAssignment] = Field(description="the attempt's GPUs on this node")
+    #: two clusters may both have a node001: the node is (cluster, node). "": written by a worker from
+    #: before changes carried it (its node join is found by name, streams/core.py `_change_node`)
+    cluster: str = Field("", description="the job's cluster (empty: written before changes carried it)")
 
 
 class NodeWatermark(_Wire):

@@ -36,6 +36,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from gpuledger.config import Settings
 from gpuledger.ledger_files import load_ledger_config
+from gpuledger.metrics import LAG_EVERY_S, forget_consumer_lag
 from gpuledger.streams.core import JOIN, ROUTER, Out, WorkerCore
 from gpuledger.streams.pricing import LedgerConfig
 from gpuledger.topics import STATE_MAX_MESSAGE_BYTES
@@ -293,8 +294,6 @@ def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.
     async def flush_watermarks() -> None:
         async with lock:
             await send(core.flush_watermarks())
-
-    from gpuledger.metrics import LAG_EVERY_S, forget_consumer_lag
 
     @app.timer(LAG_EVERY_S, name="measure_lag")
     async def measure_lag() -> None:

@@ -11,6 +11,10 @@ has already seen (offset below its next offset) are skipped, and outputs re-emit
 after the snapshot are identical (same record ids), so downstream drops them.
 
 No Kafka, no Faust here: unit tests drive it directly.
+
+Why one file: `WorkerCore` and the per-partition states it keeps (`RouterPartition`, `JoinPartition`)
+are one state machine: its input methods read and write those states together, and its snapshots,
+restores and acknowledged offsets are of them.
 """
 
 from __future__ import annotations
@@ -97,7 +101,10 @@ class RouterPartition:
 
 @dataclass
 class JoinPartition:
-    nodes: dict[str, NodeJoin] = field(default_factory=dict)
+    #: (cluster, node name) -> its join: two clusters may both have a node001 (the Kafka key is the bare
+    #: node name, so both land here). ("", name): a join from before changes carried their cluster, until
+    #: its node's first tick or change of a cluster claims it (WorkerCore `_node`)
+    nodes: dict[tuple[str, str], NodeJoin] = field(default_factory=dict)
     clock: WatermarkClock = field(default_factory=WatermarkClock)
     next_offsets: dict[str, int] = field(default_factory=dict)  # input topic -> next offset
     #: samples clock: the latest tick start accepted on this partition, from any node, moved at most one
@@ -117,7 +124,8 @@ class JoinPartition:
     @classmethod
     def from_state(cls, state: dict) -> "JoinPartition":
         nodes = [NodeJoin.from_state(n) for n in state["nodes"]]
-        return cls({n.node: n for n in nodes}, WatermarkClock.from_state(state["clock"]), dict(state["next_offsets"]),
+        # an older snapshot has one join per node name, with the cluster of its ticks ("" if none came)
+        return cls({(n.cluster, n.node): n for n in nodes}, WatermarkClock.from_state(state["clock"]), dict(state["next_offsets"]),
                    state.get("data_ms", 0))
 
 
@@ -150,7 +158,7 @@ class WorkerCore:
         self.routers: dict[int, RouterPartition] = {}
         self.joins: dict[int, JoinPartition] = {}
         self.counters: Counter[str] = Counter()
-        #: optional hooks for metrics: on_dead_letter(source_topic, reason), on_duplicate(kind), on_tick(node, ts_ms),
+        #: optional hooks for metrics: on_dead_letter(source_topic, reason), on_duplicate(kind), on_tick(node, ts_ms, cluster),
         #: on_unmatched(kind, amount)
         self.on_dead_letter = None
         self.on_duplicate = None
@@ -186,11 +194,31 @@ class WorkerCore:
     def join_partition(self, partition: int) -> JoinPartition:
         return self.joins.setdefault(partition, JoinPartition())
 
-    def _node(self, jp: JoinPartition, name: str) -> NodeJoin:
-        join = jp.nodes.get(name)
+    def _node(self, jp: JoinPartition, cluster: str, name: str) -> NodeJoin:
+        """The join of node `name` of `cluster`. One of that name kept under cluster "" (restored from a
+        snapshot that saw only its changes, or made for a change that named no cluster) is taken over
+        by the first cluster that speaks of the node: exact for one cluster, as before clusters counted."""
+        join = jp.nodes.get((cluster, name))
         if join is None:
-            join = jp.nodes[name] = NodeJoin(node=name, retention_ms=self.retention_ms)
+            join = jp.nodes.pop(("", name), None) if cluster else None
+            if join is None:
+                join = NodeJoin(node=name, cluster=cluster, retention_ms=self.retention_ms)
+            join.cluster = cluster
+            jp.nodes[(cluster, name)] = join
         return join
+
+    def _change_node(self, jp: JoinPartition, change) -> NodeJoin | str:
+        """The join an allocation change goes to, or why none can take it. A change that names no
+        cluster (sent by a worker from before changes carried it, read after an upgrade) goes to the
+        one join of its node's name; with several clusters' nodes of that name it is ambiguous."""
+        if change.cluster:
+            return self._node(jp, change.cluster, change.node)
+        named = [join for (_, name), join in jp.nodes.items() if name == change.node]
+        if len(named) > 1:
+            return (f"allocation change {change.event_id} names no cluster and node {change.node} is a node of "
+                    f"{len(named)} clusters ({', '.join(sorted(j.cluster or '?' for j in named))}): written by a "
+                    "worker from before changes carried their cluster; replay its job-events to apply it")
+        return named[0] if named else self._node(jp, "", change.node)
 
     def _take_unmatched(self, join: NodeJoin) -> None:
         for kind, amount in join.take_unmatched().items():
@@ -288,8 +316,11 @@ class WorkerCore:
             for join in jp.nodes.values():
                 if join.report_unknown_node(watermark, UNKNOWN_NODE_GRACE_MS):
                     self._take_unmatched(join)
-            return [out for name in sorted(jp.nodes) for out in self._emit(jp.nodes[name], watermark, jp.data_ms)]
-        verdict = self._node(jp, message.node).add_change(message)
+            return [out for key in sorted(jp.nodes) for out in self._emit(jp.nodes[key], watermark, jp.data_ms)]
+        join = self._change_node(jp, message)
+        if isinstance(join, str):
+            return [self.dead_letter_out(topic, partition, offset, raw, join)]
+        verdict = join.add_change(message)
         if verdict.status == DUPLICATE:
             self.counters["duplicate_changes"] += 1
             if self.on_duplicate:
@@ -312,7 +343,7 @@ class WorkerCore:
             if problem:
                 problems.append(problem)
                 continue
-            join = self._node(jp, tick.node)
+            join = self._node(jp, tick.cluster, tick.node)
             # a tick left out of a restored snapshot, read again: the clock and the node's message are in the snapshot
             again = bool(join.awaiting_ms) and tick.ts_ms in join.awaiting_ms
             verdict = join.add_tick(tick, offset)
@@ -332,7 +363,7 @@ class WorkerCore:
                     jp.data_ms = max(jp.data_ms, start if self._now_ms is None else min(start, self._now_ms))
                     spoke = join
                 if self.on_tick:
-                    self.on_tick(tick.node, tick.ts_ms)
+                    self.on_tick(tick.node, tick.ts_ms, tick.cluster)
         outs = []
         if problems:
             reason = "; ".join(problems[:3])
@@ -352,8 +383,8 @@ class WorkerCore:
             scan = (jp.data_ms - self.ledger.segment_flush_after_ms) // self.ledger.segment_window_ms
             if scan > jp.flush_scan and self.ledger.segment_window_ms > 1:
                 jp.flush_scan = scan
-                outs.extend(out for name in sorted(jp.nodes) if jp.nodes[name] is not join and jp.nodes[name].segments
-                            for out in self._emit(jp.nodes[name], jp.clock.value, jp.data_ms))
+                outs.extend(out for key in sorted(jp.nodes) if jp.nodes[key] is not join and jp.nodes[key].segments
+                            for out in self._emit(jp.nodes[key], jp.clock.value, jp.data_ms))
         return outs
 
     def samples_waiting_ms(self, partition: int) -> int:

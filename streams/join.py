@@ -362,7 +362,7 @@ class NodeJoin:
         """Allocation changes for this node older than watermark - grace while the node has never
         sent a tick: counted once each (the node is unknown to the ledger, or its agent is down).
         They are kept: ticks that arrive later are still billed with them."""
-        if self.cluster or self.pending_ticks or self.closed_until_ms:
+        if self.pending_ticks or self.closed_until_ms or self.awaiting_ms:
             return 0
         until = watermark_ms - grace_ms
         n = sum(1 for c in self.pending_changes if self.unknown_reported_ms < c.ts_ms <= until)

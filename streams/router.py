@@ -157,7 +157,7 @@ class LifecycleRouter:
         return [
             AllocationChange(ts_ms=event.ts_ms, event_id=event.event_id, kind=event.kind, node=node,
                              job_id=job, attempt=attempt, tenant=event.tenant,
-                             queue=event.queue, gpus=gpus)
+                             queue=event.queue, gpus=gpus, cluster=event.cluster)
             for node, gpus in sorted(by_node.items())
         ]
 

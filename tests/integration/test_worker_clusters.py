@@ -1,5 +1,6 @@
-"""The real worker on Tansu with three clusters: a job is (cluster, job id), and a lifecycle watermark
-promises one cluster's events only (tests/unit/test_router_clusters.py has the details)."""
+"""The real worker on Tansu with three clusters: a job is (cluster, job id), a node is (cluster, node)
+(c1 and c2 both have an n1), and a lifecycle watermark promises one cluster's events only
+(tests/unit/test_router_clusters.py has the details)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 T0 = 1_793_577_600_000
 S = 1000
-NODES = {"c1": ("n1", "GPU-a"), "c2": ("n2", "GPU-b"), "c3": ("n3", "GPU-c")}
+NODES = {"c1": ("n1", "GPU-a"), "c2": ("n1", "GPU-b"), "c3": ("n3", "GPU-c")}  # two clusters' n1
 
 
 def ev(cluster, kind, at_s, job="1001"):

@@ -6,55 +6,21 @@ keep the input's key and an original that is not UTF-8 exactly (docs/reliability
 from __future__ import annotations
 
 import hashlib
-import tomllib
 from collections import Counter
-from pathlib import Path
 
 import orjson
 import pytest
 
 from gpuledger.metrics import dead_letter_kind
-from gpuledger.schemas.models import (AllocationChange, DeadLetter, GpuAssignment, GpuSample, NodeTick, NodeWatermark,
-                                      UsageBatch)
+from gpuledger.schemas.models import DeadLetter, NodeTick, NodeWatermark, UsageBatch
 from gpuledger.schemas.wire import decode, encode, encode_node_ticks
 from gpuledger.streams.checks import dead_letter
 from gpuledger.streams.core import WorkerCore
-from gpuledger.streams.pricing import parse_ledger_config
-from gpuledger.streams.topic_names import TopicNames
-
-DOC = tomllib.loads((Path(__file__).resolve().parents[1] / "fixtures" / "unit_ledger.toml").read_text())
-#: the shipped [segments] values: 60 s windows, flushed 60 s after
-LEDGER = parse_ledger_config({**DOC, "segments": {"window_s": 60, "flush_after_s": 60}}, "shipped-segments")
-T = TopicNames.with_prefix("t.")
-S, MIN = 1000, 60_000
-T0 = 1_793_577_600_000  # 2026-11-02T00:00Z
+from worker_feeder import LEDGER, MIN, S, T, T0, Feeder, allocate, tick
 
 
-class Feeder:
-    def __init__(self, core: WorkerCore):
-        self.core, self.offsets, self.outs = core, Counter(), []
-
-    def __call__(self, topic: str, raw: bytes, now_ms: int | None = None) -> list:
-        outs = self.core.on_node(topic, 0, self.offsets[topic], raw, now_ms=now_ms)
-        self.offsets[topic] += 1
-        self.outs += outs
-        return outs
-
-    def letters(self) -> list[DeadLetter]:
-        return [decode(DeadLetter, o.value) for o in self.outs if o.topic == T.dead_letters]
-
-
-def tick(node: str, ts: int, **gpu) -> NodeTick:
-    g = dict(gpu_uuid=f"GPU-{node}", index=0, model="A100-80GB", power_w=200.0, util_gpu_pct=90.0)
-    g.update(gpu)
-    return NodeTick(cluster="c", node=node, ts_ms=ts, interval_ms=10 * S, gpus=[GpuSample(**g)])
-
-
-def allocate(feed: Feeder, node: str, now_ms: int | None) -> None:
-    for kind in ("allocated", "started"):
-        feed(T.node_allocations, encode(AllocationChange(
-            ts_ms=T0, event_id=f"{node}/{kind}", kind=kind, node=node, job_id=f"job-{node}", tenant="t", queue="q",
-            gpus=[GpuAssignment(node=node, gpu_uuid=f"GPU-{node}", share_milli=1000)])), now_ms)
+def allocate_and_start(feed: Feeder, node: str, now_ms: int | None) -> None:
+    allocate(feed, node, now_ms, kinds=("allocated", "started"))
 
 
 # --------------------------------------------------------------------------- defect: a tick from the future
@@ -68,8 +34,8 @@ def test_a_tick_from_the_future_does_not_flush_live_nodes(clock: str, skew: str)
     core = WorkerCore(T, partitions_gpu_samples=1, partitions_job_events=1, ledger=LEDGER)
     feed = Feeder(core)
     now = {"live": lambda ts: ts + 10 * S + 500, "backlog": lambda ts: T0 + 30 * MIN, "none": lambda ts: None}[clock]
-    allocate(feed, "a", now(T0))
-    allocate(feed, "b", now(T0))
+    allocate_and_start(feed, "a", now(T0))
+    allocate_and_start(feed, "b", now(T0))
     for k in range(60):
         ts = T0 + k * 10 * S
         feed(T.gpu_samples, encode_node_ticks("b", [tick("b", ts)]), now(ts))
@@ -89,8 +55,8 @@ def test_the_samples_clock_still_flushes_a_node_that_stopped() -> None:
     once its peers' samples are flush_after past its window (the flush is not lost to the cap)."""
     core = WorkerCore(T, partitions_gpu_samples=1, partitions_job_events=1, ledger=LEDGER)
     feed = Feeder(core)
-    allocate(feed, "a", None)
-    allocate(feed, "b", None)
+    allocate_and_start(feed, "a", None)
+    allocate_and_start(feed, "b", None)
     for k in range(30):  # a stops after 1 minute, b goes on for 5
         ts = T0 + k * 10 * S
         if k < 6:
@@ -99,7 +65,7 @@ def test_the_samples_clock_still_flushes_a_node_that_stopped() -> None:
         feed(T.node_allocations, encode(NodeWatermark(ts_ms=ts + 10 * S, source_partition=0, source_partitions=1)),
              ts + 10 * S)
     records = [r for o in feed.outs if o.topic == T.usage for r in decode(UsageBatch, o.value).records]
-    assert sum(r.gpu_ms for r in records if r.node == "a") == 60_000 and not core.joins[0].nodes["a"].segments
+    assert sum(r.gpu_ms for r in records if r.node == "a") == 60_000 and not core.joins[0].nodes[("c", "a")].segments
 
 
 # --------------------------------------------------------------------------- defect: dead-letter kinds
@@ -130,7 +96,7 @@ def test_a_too_late_allocation_change_is_late_not_invalid() -> None:
     feed = Feeder(core)
     feed(T.gpu_samples, encode_node_ticks("n1", [tick("n1", T0 + 10 * S * k) for k in range(60)]))
     feed(T.node_allocations, encode(NodeWatermark(ts_ms=T0 + 600 * S, source_partition=0, source_partitions=1)))
-    allocate(feed, "n1", None)  # at T0: 10 minutes behind the closed horizon, retention 1 minute
+    allocate_and_start(feed, "n1", None)  # at T0: 10 minutes behind the closed horizon, retention 1 minute
     reasons = [letter.reason for letter in feed.letters()]
     assert reasons and all(r.startswith("too late: allocation change") for r in reasons), reasons
     assert kinds == {"late": len(reasons)}, f"dead letters by kind {dict(kinds)}: 'too late' is not late"

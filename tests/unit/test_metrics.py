@@ -73,7 +73,7 @@ def test_a_port_in_use_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> N
 
 def test_endpoint_serves_every_metric(port: int, tmp_path: Path) -> None:
     # one of everything, so that the labelled families have samples
-    agent = metrics.AgentMetrics("node-m1")
+    agent = metrics.AgentMetrics("node-m1", "c1")
     with Spool(tmp_path, fsync="never") as spool:
         agent.attach_spool(spool, Forwarder(spool, ListPublisher(), "t"))
         spool.append(b"tick", b"node-m1")
@@ -87,7 +87,7 @@ def test_endpoint_serves_every_metric(port: int, tmp_path: Path) -> None:
         worker.message_in("p.gpu-samples")
         worker.message_out("p.usage", 2)
         worker.dead_letter("p.gpu-samples", "duplicate tick: n ts_ms=5")
-        worker.sample_seen("node-m1", 1_700_000_005_000)
+        worker.sample_seen("node-m1", 1_700_000_005_000, "c1")
         worker.duplicate("tick")
         worker.set_lag("p.gpu-samples", 0, 120, 100)
         sink = metrics.sink_metrics()
@@ -113,8 +113,8 @@ def test_endpoint_serves_every_metric(port: int, tmp_path: Path) -> None:
         assert sample(families, "gpuledger_dead_letters_total", component="worker", kind="duplicate") >= 1
         assert sample(families, "gpuledger_sink_insert_failures_total", table="usage_raw") >= 1
         assert sample(families, "gpuledger_sink_rows_inserted_total", table="usage_raw") >= 2
-        assert sample(families, "gpuledger_last_sample_age_seconds", component="worker", node="node-m1") > 0
-        assert sample(families, "gpuledger_last_sample_timestamp_seconds", component="agent", node="node-m1") == 1_700_000_000
+        assert sample(families, "gpuledger_last_sample_age_seconds", component="worker", cluster="c1", node="node-m1") > 0
+        assert sample(families, "gpuledger_last_sample_timestamp_seconds", component="agent", cluster="c1", node="node-m1") == 1_700_000_000
 
 
 def test_last_sample_age_grows_at_scrape_time() -> None:
@@ -126,6 +126,17 @@ def test_last_sample_age_grows_at_scrape_time() -> None:
     assert [(s.labels["node"], s.value) for s in age.samples] == [("n1", 10.0)]
     now[0] = 1030.0
     assert next(iter(collector.collect())).samples[0].value == 40.0
+
+
+def test_last_sample_keeps_two_clusters_nodes_of_one_name_apart() -> None:
+    """Both clusters have a node001: c2's went silent 60 s ago while c1's reports. One series per node
+    name showed 0 s, and the silence alert (docs/reliability.md) could not fire."""
+    collector = metrics._LastSample(clock=lambda: 1000.0)
+    collector.observe("worker", "node001", 940_000, "c2")
+    collector.observe("worker", "node001", 1_000_000, "c1")
+    age = next(iter(collector.collect()))
+    assert [(s.labels["cluster"], s.labels["node"], s.value) for s in age.samples] == [
+        ("c1", "node001", 0.0), ("c2", "node001", 60.0)]
 
 
 def test_scheduler_agents_are_read_at_scrape_time(port: int) -> None:

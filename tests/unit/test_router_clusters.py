@@ -24,7 +24,7 @@ from gpuledger.schemas.models import (
     UsageBatch,
 )
 from gpuledger.schemas.wire import decode, decode_node_allocation, encode, encode_node_ticks
-from gpuledger.streams.core import ROUTER, SNAPSHOT_VERSION, WorkerCore
+from gpuledger.streams.core import JOIN, ROUTER, SNAPSHOT_VERSION, WorkerCore
 from gpuledger.streams.router import LEGACY, LifecycleRouter
 from gpuledger.streams.topic_names import TopicNames
 
@@ -220,3 +220,71 @@ def test_a_cluster_further_behind_than_the_retention_stops_holding_the_others_ba
     assert p.core.routers[0].forwarded_ms == T0  # c2's agent may still send events of [T0, ...)
     p.lifecycle(mark("c1", 3601))  # c2 over an hour behind: a retired cluster, or too late to apply
     assert p.core.routers[0].forwarded_ms == T0 + 3601 * S
+
+
+# ------------------------------------------------------------------ defect C: a node is (cluster, node name)
+def test_two_clusters_nodes_of_one_name_are_two_nodes(monkeypatch):
+    """Both clusters have a node001 (the Kafka key is the bare node name: one partition, one worker).
+    One join for both took the first cluster's ticks and dead-lettered the other's as conflicting
+    duplicates: c2's job billed nothing, its 150 GPU-seconds gone."""
+    monkeypatch.setitem(NODES, "c1", ("node001", "GPU-a"))
+    monkeypatch.setitem(NODES, "c2", ("node001", "GPU-b"))
+    p = Pipe()
+    seen = set()
+    p.core.on_tick = lambda node, ts_ms, cluster: seen.add((cluster, node))  # the silence metric's series
+    for e in (ev("c1", "allocated", 0), ev("c1", "started", 0), ev("c2", "allocated", 0, job="2002"),
+              ev("c2", "started", 0, job="2002"), ev("c1", "completed", 100), ev("c2", "completed", 120, job="2002")):
+        p.lifecycle(e)
+    for k in range(15):  # the two nodes' ticks interleaved, at the same times
+        p.ticks("c1", 10 * (k + 1), start_s=10 * k)
+        p.ticks("c2", 10 * (k + 1), start_s=10 * k)
+    p.lifecycle(mark("c1", 3600))
+    p.lifecycle(mark("c2", 3600))
+    assert p.usage() == {("c1", "executing", "1001"): 100, ("c1", "unallocated", ""): 50,
+                         ("c2", "executing", "2002"): 120, ("c2", "unallocated", ""): 30}
+    assert p.letters(T.dead_letters) == [] and p.letters(T.late_events) == []
+    jp = p.core.joins[0]
+    assert set(jp.nodes) == seen == {("c1", "node001"), ("c2", "node001")}
+    twin = Pipe()
+    twin.core.restore(JOIN, 0, p.core.snapshot(JOIN, 0))
+    assert twin.core.joins[0] == jp
+
+
+def test_a_change_that_names_no_cluster_goes_to_the_one_node_of_its_name(monkeypatch):
+    """Changes written by a worker from before they carried their cluster, read after an upgrade, and
+    joins restored from such a worker's snapshot (one per node name, under the cluster of its ticks, or
+    none): they apply as before where the node name is one node's, and are refused, with the reason, only
+    where two clusters have a node of that name."""
+    monkeypatch.setitem(NODES, "c2", ("n1", "GPU-b"))
+
+    def old_change(job, kind, at_s, gpu):
+        change = {"ts_ms": T0 + at_s * S, "event_id": f"old:{job}:{kind}", "kind": kind, "node": "n1",
+                  "job_id": job, "attempt": 0, "tenant": "t-old", "queue": "q",
+                  "gpus": [{"node": "n1", "gpu_uuid": gpu}] if kind == "allocated" else []}
+        return orjson.dumps({"schema_version": 1, "type": "alloc", **change})
+
+    p = Pipe()
+    p.node(T.node_allocations, old_change("7", "allocated", 0, "GPU-a"))  # before any tick: kept under cluster ""
+    assert set(p.core.joins[0].nodes) == {("", "n1")}
+    p.ticks("c1", 50)  # c1's node n1 speaks first: it takes the join over, and the old change with it
+    assert set(p.core.joins[0].nodes) == {("c1", "n1")}
+    p.node(T.node_allocations, old_change("7", "completed", 30, ""))  # the one n1 there is: c1's
+    p.ticks("c2", 50)  # now two clusters have an n1: an old change cannot say which
+    p.node(T.node_allocations, old_change("8", "allocated", 40, "GPU-b"))
+    p.lifecycle(mark("c1", 3600))
+    p.lifecycle(mark("c2", 3600))
+    assert p.usage() == {("c1", "allocated_idle", "7"): 30, ("c1", "unallocated", ""): 20,
+                         ("c2", "unallocated", ""): 50}
+    (reason,) = p.letters(T.dead_letters)
+    assert "old:8:allocated names no cluster and node n1 is a node of 2 clusters (c1, c2)" in reason
+
+
+def test_a_node_known_only_from_its_clusters_changes_is_still_reported_unknown(monkeypatch):
+    """A join now learns its cluster from the first change; it still counts as never heard from
+    (unknown_node_changes) until a tick of its own comes."""
+    monkeypatch.setitem(NODES, "c1", ("ghost", "GPU-g"))
+    p = Pipe()
+    p.lifecycle(ev("c1", "allocated", 0))
+    p.lifecycle(mark("c1", 11 * 60))  # past the unknown-node grace of 10 minutes
+    assert p.core.joins[0].nodes[("c1", "ghost")].cluster == "c1"
+    assert p.core.counters["unmatched_unknown_node_changes"] == 1

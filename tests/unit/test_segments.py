@@ -336,12 +336,12 @@ def test_a_node_that_stops_is_flushed_by_the_samples_clock_and_its_late_ticks_re
     # the samples clock is the latest tick *start*: 90 s = b's window end + 30 s
     out = usage_of(feed(TOPICS.gpu_samples, encode_node_ticks("a", a_ticks(9, 10))))
     assert [(r.node, r.start_ms - MIDNIGHT, r.end_ms - MIDNIGHT, r.sample_count) for r in out] == [("b", 0, 30 * S, 3)]
-    assert core.joins[0].nodes["b"].closed_until_ms == MIDNIGHT + 60 * S
+    assert core.joins[0].nodes[("c", "b")].closed_until_ms == MIDNIGHT + 60 * S
     # b comes back: a tick of the flushed window is late (its record is out); the next window is fine
     outs = feed(TOPICS.gpu_samples, encode_node_ticks("b", b_ticks(3, 7)))
     (letter,) = [decode(DeadLetter, o.value) for o in outs if o.topic == TOPICS.dead_letters]
     assert letter.reason.startswith("late tick: b ts_ms=") and "(3 of the batch's 4 ticks rejected" in letter.reason
-    assert set(core.joins[0].nodes["b"].segments) == {"GPU-b"}  # [60, 70 s) is open
+    assert set(core.joins[0].nodes[("c", "b")].segments) == {"GPU-b"}  # [60, 70 s) is open
 
 
 #: node -> (sampling interval, first tick, its job's start and end), seconds: like a trace's pods, the

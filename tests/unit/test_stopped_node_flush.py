@@ -7,69 +7,21 @@ snapshot, and an older snapshot restores."""
 
 from __future__ import annotations
 
-import tomllib
-from collections import Counter
 from dataclasses import replace
-from pathlib import Path
 
 import orjson
 import pytest
 
-from gpuledger.schemas.models import (AllocationChange, DeadLetter, GpuAssignment, GpuSample, NodeTick, NodeWatermark,
-                                      UsageBatch)
-from gpuledger.schemas.wire import decode, encode, encode_node_ticks
+from gpuledger.schemas.models import NodeTick
+from gpuledger.schemas.wire import encode_node_ticks
 from gpuledger.streams.core import JOIN, WorkerCore
 from gpuledger.streams.join import NodeJoin
-from gpuledger.streams.pricing import parse_ledger_config
-from gpuledger.streams.topic_names import TopicNames
-
-DOC = tomllib.loads((Path(__file__).resolve().parents[1] / "fixtures" / "unit_ledger.toml").read_text())
-#: the shipped [segments] values: 60 s windows, flushed 60 s after
-LEDGER = parse_ledger_config({**DOC, "segments": {"window_s": 60, "flush_after_s": 60}}, "shipped-segments")
-T = TopicNames.with_prefix("t.")
-S, MIN = 1000, 60_000
-T0 = 1_793_577_600_000  # 2026-11-02T00:00Z
-
-
-class Feeder:
-    def __init__(self, core: WorkerCore):
-        self.core, self.offsets, self.outs = core, Counter(), []
-        self.sent: dict[str, list[bytes]] = {T.gpu_samples: [], T.node_allocations: []}
-
-    def __call__(self, topic: str, raw: bytes, now_ms: int | None = None) -> list:
-        outs = self.core.on_node(topic, 0, self.offsets[topic], raw, now_ms=now_ms)
-        self.offsets[topic] += 1
-        self.sent[topic].append(raw)
-        self.outs += outs
-        return outs
-
-    def late(self, node: str) -> list[str]:
-        return [r for o in self.outs if o.topic == T.dead_letters
-                for r in [decode(DeadLetter, o.value).reason] if r.startswith(f"late tick: {node}")]
-
-    def billed(self, node: str) -> int:
-        return sum(r.gpu_ms for o in self.outs if o.topic == T.usage
-                   for r in decode(UsageBatch, o.value).records if r.node == node)
-
-
-def tick(node: str, ts: int) -> NodeTick:
-    return NodeTick(cluster="c", node=node, ts_ms=ts, interval_ms=10 * S, gpus=[GpuSample(
-        gpu_uuid=f"GPU-{node}", index=0, model="A100-80GB", power_w=200.0, util_gpu_pct=90.0)])
-
-
-def allocate(feed: Feeder, node: str, now_ms: int | None = None) -> None:
-    feed(T.node_allocations, encode(AllocationChange(
-        ts_ms=T0, event_id=f"{node}/allocated", kind="allocated", node=node, job_id=f"job-{node}", tenant="t",
-        queue="q", gpus=[GpuAssignment(node=node, gpu_uuid=f"GPU-{node}", share_milli=1000)])), now_ms)
-
-
-def watermark(feed: Feeder, ts: int, now_ms: int | None = None) -> None:
-    feed(T.node_allocations, encode(NodeWatermark(ts_ms=ts, source_partition=0, source_partitions=1)), now_ms)
+from worker_feeder import LEDGER, MIN, S, T, T0, Feeder, allocate, tick, watermark
 
 
 def still_held(core: WorkerCore, node: str) -> int:
     """GPU-ms of the node not billed yet: its open segments and its ticks waiting for the watermark."""
-    join = core.joins[0].nodes[node]
+    join = core.joins[0].nodes[("c", node)]
     return sum(sl[3] for seg in join.segments.values() for sl in seg.slots) + \
         sum(t.interval_ms for t in join.pending_ticks)
 
@@ -130,7 +82,7 @@ def test_a_node_that_stops_is_still_flushed(b_per_message: int) -> None:
     """b stops after 250 s, mid-window (its agent sends what it holds as it stops); a goes on. b's
     last records come out (never lost), and nothing is late."""
     core, feed = run({"a": 1, "b": b_per_message}, 10, stop={"b": 250}, lag_s=0)
-    assert feed.billed("b") == 250_000 and not core.joins[0].nodes["b"].segments
+    assert feed.billed("b") == 250_000 and not core.joins[0].nodes[("c", "b")].segments
     assert not feed.late("a") and not feed.late("b") and feed.billed("a") + still_held(core, "a") == 600_000
 
 
@@ -153,17 +105,17 @@ def test_a_stopped_node_is_flushed_once_the_clock_moved_its_span_and_flush_after
         if k == 24:
             assert feed.billed("b") == 240_000 and core.joins[0].data_ms == T0 + 240 * S
         if k == 39:  # the clock at 390 s: b's segment of the window [240, 300 s) is still open
-            assert feed.billed("b") == 240_000 and set(core.joins[0].nodes["b"].segments) == {"GPU-b"}, \
+            assert feed.billed("b") == 240_000 and set(core.joins[0].nodes[("c", "b")].segments) == {"GPU-b"}, \
                 f"b's segment flushed at clock {(core.joins[0].data_ms - T0) // S} s, before 400 s"
-    assert feed.billed("b") == 250_000 and not core.joins[0].nodes["b"].segments
-    assert core.joins[0].nodes["b"].closed_until_ms == T0 + 300 * S
+    assert feed.billed("b") == 250_000 and not core.joins[0].nodes[("c", "b")].segments
+    assert core.joins[0].nodes[("c", "b")].closed_until_ms == T0 + 300 * S
 
 
 # --------------------------------------------------------------------------- snapshots
 def test_when_the_node_last_spoke_is_in_the_snapshot_and_an_older_snapshot_restores() -> None:
     # no tick waits for the watermark (those are left out and read again); b's last message is [200, 250 s)
     core, feed = run({"a": 1, "b": 10}, 5, lag_s=0, stop={"b": 250})
-    join = core.joins[0].nodes["b"]
+    join = core.joins[0].nodes[("c", "b")]
     assert join.clock_at_last_message == T0 + 240 * S and join.message_span_ms == 50 * S and join.segments
     blob = core.snapshot(JOIN, 0)
     twin = WorkerCore(T, partitions_gpu_samples=1, partitions_job_events=1, ledger=LEDGER)
@@ -187,14 +139,14 @@ def test_ticks_read_again_after_a_restore_move_neither_the_clock_nor_when_their_
     node speaking at the restored clock, later than it did.)"""
     core, feed = run({"a": 1, "b": 10}, 6, lag_s=120, stop={"b": 300})  # b's last message: [200, 300 s)
     feed(T.gpu_samples, encode_node_ticks("a", [tick("a", T0 + 3600 * S)]))  # a's clock jumps an hour ahead, once
-    assert core.joins[0].data_ms == T0 + 360 * S and core.joins[0].nodes["b"].clock_at_last_message == T0 + 290 * S
-    assert core.joins[0].nodes["b"].pending_ticks  # b's last message is read again after the restore
+    assert core.joins[0].data_ms == T0 + 360 * S and core.joins[0].nodes[("c", "b")].clock_at_last_message == T0 + 290 * S
+    assert core.joins[0].nodes[("c", "b")].pending_ticks  # b's last message is read again after the restore
     twin = WorkerCore(T, partitions_gpu_samples=1, partitions_job_events=1, ledger=LEDGER)
     twin.restore(JOIN, 0, core.snapshot(JOIN, 0))
     for topic, sent in feed.sent.items():
         for offset in range(twin.joins[0].next_offsets.get(topic, 0), len(sent)):
             twin.on_node(topic, 0, offset, sent[offset])
     assert twin.joins[0].data_ms == core.joins[0].data_ms, "reading ticks again moved the samples clock"
-    assert twin.joins[0].nodes["b"].clock_at_last_message == T0 + 290 * S
+    assert twin.joins[0].nodes[("c", "b")].clock_at_last_message == T0 + 290 * S
     same = lambda part: replace(part, nodes={n: replace(j, duplicates=0) for n, j in part.nodes.items()})  # noqa: E731
     assert same(twin.joins[0]) == same(core.joins[0])  # (ticks closed meanwhile are counted as duplicates)
