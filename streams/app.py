@@ -96,6 +96,7 @@ def make_core(settings: Settings, ledger: LedgerConfig) -> WorkerCore:
                       partitions_job_events=settings.partitions_job_events, ledger=ledger,
                       retention_ms=int(settings.worker_retention_s * 1000),
                       max_ahead_ms=int(settings.worker_max_ahead_s * 1000), defer_watermarks=True,
+                      clock_ahead_ms=int(settings.max_clock_ahead_s * 1000),
                       dead_letter_max_bytes=settings.dead_letter_max_bytes)
 
 

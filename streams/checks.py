@@ -4,7 +4,8 @@ they accept and reject by the same rules (docs/reliability.md, "Bad input").
 - a tick's GPU list: no GPU twice, no more memory used than the GPU has;
 - the time window: nothing before 2000-01-01; nothing more than `max_ahead_ms` ahead of the
   lifecycle watermark, nor ahead of the receiving process's wall clock (`now_ms`, passed in by the
-  caller: the judgement also holds before the first watermark);
+  caller: the judgement also holds before the first watermark); a GPU sample no more than
+  `clock_ahead_ms` ahead of that clock (a node's clock out of sync, docs/reliability.md);
 - values that cannot be stored: integers outside their ClickHouse column's range (sql/*.sql),
   floats that are not finite or absurdly large;
 - dead letters that fit their topic: an oversized original is cut, with its size and SHA-256 kept.
@@ -50,14 +51,25 @@ INT64 = (-(2**63), 2**63 - 1)
 MAX_FLOAT = 1e15
 
 
-def time_problem(what: str, ts_ms: int, watermark_ms: int, max_ahead_ms: int, now_ms: int | None = None) -> str | None:
+#: how far a GPU sample may be ahead of the receiving process's clock (GPULEDGER_MAX_CLOCK_AHEAD_S)
+CLOCK_AHEAD_MS = 300_000
+
+
+def time_problem(what: str, ts_ms: int, watermark_ms: int, max_ahead_ms: int, now_ms: int | None = None,
+                 clock_ahead_ms: int | None = None) -> str | None:
     """The time window: the reason `ts_ms` is unusable, or None. `watermark_ms` 0 means none yet;
-    `now_ms` None means no wall-clock judgement (tools replaying recorded data)."""
+    `now_ms` None means no wall-clock judgement (tools replaying recorded data). `clock_ahead_ms`: how
+    far ahead of `now_ms` is allowed (None: `max_ahead_ms`); GPU samples are held to the node's
+    clock being in sync, since the worker holds a tick until the watermark reaches it (a node a day
+    ahead would stall its partition for that day)."""
     if ts_ms < MIN_EVENT_MS:
         return f"absurd timestamp: {what} ts_ms={ts_ms} is before 2000-01-01"
     if watermark_ms and ts_ms > watermark_ms + max_ahead_ms:
         return (f"absurd timestamp: {what} ts_ms={ts_ms} is {(ts_ms - watermark_ms) / DAY_MS:.1f} days ahead of the "
                 f"lifecycle watermark {watermark_ms} (at most {max_ahead_ms / DAY_MS:g} allowed)")
+    if now_ms is not None and clock_ahead_ms is not None and ts_ms > now_ms + clock_ahead_ms:
+        return (f"clock ahead: {what} ts_ms={ts_ms} is {(ts_ms - now_ms) / 1000:.0f} s ahead of the clock at "
+                f"receipt {now_ms} (at most {clock_ahead_ms / 1000:g} s allowed): is the node's clock in sync (NTP)?")
     if now_ms is not None and ts_ms > now_ms + max_ahead_ms:
         return (f"absurd timestamp: {what} ts_ms={ts_ms} is {(ts_ms - now_ms) / DAY_MS:.1f} days ahead of the "
                 f"clock at receipt {now_ms} (at most {max_ahead_ms / DAY_MS:g} allowed)")

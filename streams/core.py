@@ -28,7 +28,7 @@ import orjson
 
 from gpuledger.schemas.models import SCHEMA_VERSION, LifecycleWatermark, NodeWatermark
 from gpuledger.schemas.wire import DecodeError, decode_lifecycle, decode_metered_ticks, decode_node_allocation, encode
-from gpuledger.streams.join import DAY_MS, DUPLICATE, LATE, REJECTED, NodeJoin, check_event, check_tick
+from gpuledger.streams.join import CLOCK_AHEAD_MS, DAY_MS, DUPLICATE, LATE, REJECTED, NodeJoin, check_event, check_tick
 from gpuledger.streams.router import LifecycleRouter, WatermarkClock
 from gpuledger.streams.checks import dead_letter
 from gpuledger.streams.pricing import LedgerConfig
@@ -140,13 +140,17 @@ class WorkerCore:
 
     def __init__(self, topics: TopicNames, *, partitions_gpu_samples: int, partitions_job_events: int,
                  ledger: LedgerConfig, retention_ms: int = DAY_MS, max_ahead_ms: int = 7 * DAY_MS,
-                 defer_watermarks: bool = False, dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES):
+                 defer_watermarks: bool = False, dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES,
+                 clock_ahead_ms: int = CLOCK_AHEAD_MS):
         self.topics = topics
         self.partitions_gpu_samples = partitions_gpu_samples
         self.partitions_job_events = partitions_job_events
         self.ledger = ledger
         self.retention_ms = retention_ms
         self.max_ahead_ms = max_ahead_ms
+        #: a tick further ahead of the wall clock at receipt is refused: held until the watermark reached
+        #: it, a node's clock a day ahead paused its partition (every node in it) for that day
+        self.clock_ahead_ms = clock_ahead_ms
         #: hold lifecycle watermarks back until `flush_watermarks()` (the Faust app calls it every
         #: `worker_watermark_flush_s` and before each snapshot): a backlog of job-events then sends
         #: one watermark per burst instead of one per message to every join partition
@@ -339,7 +343,7 @@ class WorkerCore:
         problems: list[str] = []
         join = spoke = None
         for tick in ticks:
-            problem = check_tick(tick, jp.clock.value, self.max_ahead_ms, self._now_ms)
+            problem = check_tick(tick, jp.clock.value, self.max_ahead_ms, self._now_ms, self.clock_ahead_ms)
             if problem:
                 problems.append(problem)
                 continue

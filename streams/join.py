@@ -62,7 +62,7 @@ from gpuledger.schemas.models import (
     NodeTick,
 )
 from gpuledger.streams.attribution import Holder, RecordMaker, whole_gpu_util, whole_pieces
-from gpuledger.streams.checks import DAY_MS, MIN_EVENT_MS, tick_gpus_problem, time_problem  # noqa: F401 (re-exported)
+from gpuledger.streams.checks import CLOCK_AHEAD_MS, DAY_MS, MIN_EVENT_MS, tick_gpus_problem, time_problem  # noqa: F401 (re-exported)
 from gpuledger.streams.execution import ExecutionJudge
 from gpuledger.streams.pricing import LedgerConfig
 from gpuledger.streams.router import RUNNING_KINDS
@@ -78,10 +78,11 @@ log = logging.getLogger(__name__)
 
 
 def check_tick(tick: MeteredTick | NodeTick, watermark_ms: int, max_ahead_ms: int = 7 * DAY_MS,
-               now_ms: int | None = None) -> str | None:
+               now_ms: int | None = None, clock_ahead_ms: int = CLOCK_AHEAD_MS) -> str | None:
     """Semantic checks the schema cannot make; returns the reason a tick is unusable, or None.
-    `now_ms`: the caller's clock at receipt (judges the future also before the first watermark)."""
-    problem = time_problem(f"tick of {tick.node}", tick.ts_ms, watermark_ms, max_ahead_ms, now_ms)
+    `now_ms`: the caller's clock at receipt (judges the future also before the first watermark); a
+    tick more than `clock_ahead_ms` ahead of it is refused (its node's clock is off)."""
+    problem = time_problem(f"tick of {tick.node}", tick.ts_ms, watermark_ms, max_ahead_ms, now_ms, clock_ahead_ms)
     return problem or tick_gpus_problem(tick)
 
 

@@ -123,6 +123,7 @@ def run_sink(
     stats = SinkStats()
     letters = DeadLetterOutbox(producer, settings.topics.dead_letters)
     max_ahead_ms = int(settings.worker_max_ahead_s * 1000)  # the worker's window (one set of rules)
+    clock_ahead_ms = int(settings.max_clock_ahead_s * 1000)
     try:
         if own_client:
             migrate(client, settings.database)
@@ -246,7 +247,7 @@ def run_sink(
                 source = Source(msg.topic(), msg.partition(), msg.offset())
                 try:
                     rows = process_message(lines[msg.topic()], msg.value(), source, now_ms=int(time.time() * 1000),
-                                           max_ahead_ms=max_ahead_ms)
+                                           max_ahead_ms=max_ahead_ms, clock_ahead_ms=clock_ahead_ms)
                 except Exception as exc:  # any failure to turn the message into rows is its own fault
                     reason = str(exc) if isinstance(exc, DecodeError) else f"cannot convert: {type(exc).__name__}: {exc}"
                     rows = None

@@ -11,7 +11,7 @@ import orjson
 from gpuledger.schemas.models import JobEvent, JobProgress, LifecycleWatermark, NodeTick, SchedulerSnapshot, UsageBatch
 from gpuledger.schemas.models import Alert, ReclaimSuggestion
 from gpuledger.schemas.wire import DecodeError, decode, decode_lifecycle, decode_metered_ticks, decode_node_ticks
-from gpuledger.streams.checks import DAY_MS, rows_problem, tick_gpus_problem, time_problem
+from gpuledger.streams.checks import CLOCK_AHEAD_MS, DAY_MS, rows_problem, tick_gpus_problem, time_problem
 
 
 
@@ -170,7 +170,7 @@ def suggestion_row(s: ReclaimSuggestion, source: Source) -> dict:
 
 
 def process_message(kind: str, raw: bytes | None, source: Source, *, now_ms: int | None = None,
-                    max_ahead_ms: int = 7 * DAY_MS) -> dict[str, list[dict]]:
+                    max_ahead_ms: int = 7 * DAY_MS, clock_ahead_ms: int = CLOCK_AHEAD_MS) -> dict[str, list[dict]]:
     """Rows per table for one message of the given line (USAGE, JOB_EVENTS, SNAPSHOTS, SAMPLES, PROGRESS).
 
     Watermarks give no rows (the warehouse does not need them). Raises DecodeError — also for a
@@ -192,7 +192,7 @@ def process_message(kind: str, raw: bytes | None, source: Source, *, now_ms: int
             raise DecodeError(problem)
         rows = snapshot_rows(snapshot, source)
     elif kind == SAMPLES:
-        return sample_rows(raw, source, now_ms=now_ms, max_ahead_ms=max_ahead_ms)
+        return sample_rows(raw, source, now_ms=now_ms, max_ahead_ms=max_ahead_ms, clock_ahead_ms=clock_ahead_ms)
     elif kind == PROGRESS:  # straight from the jobs: the same time window as the snapshots
         report = decode(JobProgress, raw)
         problem = time_problem(f"progress of {report.job_id}", report.ts_ms, 0, max_ahead_ms, now_ms)
@@ -240,7 +240,7 @@ def _node_ticks(raw: bytes) -> list[tuple[NodeTick | None, str | None, object]]:
 
 
 def sample_rows(raw: bytes, source: Source, *, now_ms: int | None = None,
-                max_ahead_ms: int = 7 * DAY_MS) -> dict[str, list[dict]]:
+                max_ahead_ms: int = 7 * DAY_MS, clock_ahead_ms: int = CLOCK_AHEAD_MS) -> dict[str, list[dict]]:
     """`gpu_health` and `node_inventory` rows of a gpu-samples message. Each tick of a batch is judged
     on its own, as the worker does (streams/core.py `_on_ticks`): a bad tick does not cost the good
     ones their rows. Rows of the good ones come back as `Rows` with one rejection naming the bad
@@ -251,7 +251,7 @@ def sample_rows(raw: bytes, source: Source, *, now_ms: int | None = None,
     bad: list[object] = []
     for tick, problem, item in ticks:
         if tick is not None:
-            problem = time_problem(f"tick of {tick.node}", tick.ts_ms, 0, max_ahead_ms, now_ms) \
+            problem = time_problem(f"tick of {tick.node}", tick.ts_ms, 0, max_ahead_ms, now_ms, clock_ahead_ms) \
                 or tick_gpus_problem(tick)
         if problem is None:
             mine = {"gpu_health": health_rows(tick, source), "node_inventory": [inventory_row(tick, source)]}

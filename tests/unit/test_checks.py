@@ -12,11 +12,13 @@ import pytest
 
 from gpuledger.streams.topic_names import TopicNames
 from gpuledger.schemas.models import DeadLetter, GpuAssignment, GpuSample, JobEvent, LifecycleWatermark, NodeTick
-from gpuledger.schemas.wire import decode, encode
-from gpuledger.streams.checks import DAY_MS, MIN_EVENT_MS, dead_letter, rows_problem, time_problem
+from gpuledger.schemas.wire import DecodeError, decode, encode
+from gpuledger.sink.rows import Source, sample_rows
+from gpuledger.streams.checks import CLOCK_AHEAD_MS, DAY_MS, MIN_EVENT_MS, dead_letter, rows_problem, time_problem
 from gpuledger.streams.core import SOURCE_HEADER, WorkerCore
 from gpuledger.streams.router import LifecycleRouter
 from gpuledger.ledger_files import load_ledger_config
+from worker_feeder import LEDGER, T, Feeder, tick, watermark
 
 UNIT_LEDGER = Path(__file__).parents[1] / "fixtures" / "unit_ledger.toml"  # never the shipped defaults
 
@@ -156,6 +158,38 @@ def test_a_far_future_tick_before_any_watermark_is_rejected_by_the_clock():
     assert c.joins[0].nodes == {}  # nothing buffered: the partition can still commit
     # without a clock (tools, older callers) the old rule holds: accepted until a watermark says otherwise
     assert core().on_node(TOPICS.gpu_samples, 0, 0, encode(tick)) == []
+
+
+def test_a_node_whose_clock_runs_ahead_is_refused_and_does_not_stall_its_partition():
+    """One node of eight a day ahead, 30 minutes at 10 s: its ticks waited in memory for the watermark
+    to reach them, so the partition's waiting samples passed the pause threshold (120 s per node on
+    average) after 16 minutes, would stay there for the day (the others' bills with it), and the
+    acknowledged offset stayed at its first tick. Refused as "clock ahead", none of that happens; the
+    sink refuses the same ticks (one set of rules)."""
+    core = WorkerCore(T, partitions_gpu_samples=1, partitions_job_events=1, ledger=LEDGER)
+    feed = Feeder(core)
+    most_waiting = 0
+    for k in range(180):
+        now = T0 + k * 10 * S + 5 * S  # the worker's clock: each tick read 5 s after its start
+        for n in range(8):
+            feed(T.gpu_samples, encode(tick(f"n{n}", T0 + k * 10 * S + (DAY_MS if n == 7 else 0))), now)
+        watermark(feed, T0 + (k + 1) * 10 * S, now)
+        most_waiting = max(most_waiting, core.samples_waiting_ms(0))
+    assert most_waiting <= 10 * S  # at most the one tick per node waiting for its watermark
+    assert core.covered_offsets("join", 0)[T.gpu_samples] == 8 * 180
+    reasons = [d.reason for d in feed.letters()]
+    assert len(reasons) == 180 and all(r.startswith("clock ahead: tick of n7") for r in reasons)
+    assert "86395 s ahead of the clock at receipt" in reasons[0] and "(at most 300 s allowed)" in reasons[0]
+    assert ("c", "n7") not in core.joins[0].nodes
+    # the bound: up to CLOCK_AHEAD_MS ahead is a clock a little off, accepted; beyond it, refused
+    edge = T0 + 10 * DAY_MS
+    assert time_problem("x", edge + CLOCK_AHEAD_MS, 0, 7 * DAY_MS, edge, CLOCK_AHEAD_MS) is None
+    assert time_problem("x", edge + CLOCK_AHEAD_MS + 1, 0, 7 * DAY_MS, edge, CLOCK_AHEAD_MS).startswith("clock ahead")
+    # the sink, at the same clock, stores no health row of a tick the worker refused
+    raw = encode(tick("n7", T0 + DAY_MS))
+    with pytest.raises(DecodeError, match="clock ahead: tick of n7"):
+        sample_rows(raw, Source("t.gpu-samples", 0, 0), now_ms=T0 + 5 * S)
+    assert sample_rows(raw, Source("t.gpu-samples", 0, 0), now_ms=T0 + DAY_MS)["gpu_health"]
 
 
 def test_the_cores_dead_letters_fit_their_topic():
