@@ -127,8 +127,9 @@ class Attempt:
 
 #: reclaim judgement stops waiting for a GPU whose usage is this far behind the rest of its usage
 #: partition (its node stopped reporting), or for a whole partition this far behind the cluster's
-#: newest that has also delivered nothing for RECLAIM_QUIET_S of wall-clock time (every node on it
-#: stopped). A partition that is only behind (a backlog being read) is waited for.
+#: newest that has also delivered none of the cluster's usage for RECLAIM_QUIET_S of wall-clock time
+#: (every node of the cluster on it stopped; another cluster's nodes on it may still report). A
+#: partition that is only behind (a backlog being read) is waited for.
 RECLAIM_STALE_MS = 10 * 60_000
 RECLAIM_QUIET_S = 60.0
 #: buckets are kept for reclaim steps not yet judged (usage of a partition, or the snapshots, behind)
@@ -158,8 +159,11 @@ class Watcher:
         self.gpu_seen: dict[tuple[str, str], int] = {}         # (cluster, gpu) -> end of its newest record
         self.gpu_partition: dict[tuple[str, str], int] = {}    # (cluster, gpu) -> usage partition it comes on
         self.partition_seen: dict[tuple[str, int], int] = {}   # (cluster, usage partition) -> newest record end
-        #: usage partition -> wall-clock time (the caller's `now_s`) it last delivered; not in the state
-        self.partition_heard: dict[int, float] = {}
+        #: (cluster, usage partition) -> wall-clock time (the caller's `now_s`) the partition last
+        #: delivered usage of the cluster; not in the state. Per cluster: the usage topic is keyed by the
+        #: bare node name, so nodes of two clusters share partitions, and one cluster's nodes reporting
+        #: must not keep another's silent partition from counting as quiet (`_waited_for`)
+        self.partition_heard: dict[tuple[str, int], float] = {}
         self.now_s: float | None = None
         self.queues: dict[tuple[str, str], dict[int, list]] = {}  # (cluster, queue) -> bucket -> [gpu_ms, exec]
         self.horizon: dict[str, int] = {}                        # cluster -> newest record end
@@ -202,11 +206,14 @@ class Watcher:
         wall-clock seconds (the process passes its clock; None: whole usage partitions are never
         taken for silent, as in tests that replay without one)."""
         self.now_s = now_s
-        if topic == self.usage_topic and now_s is not None:
-            self.partition_heard[partition] = now_s
         offsets = self.next_offsets.setdefault(topic, {})
         if offset < offsets.get(partition, 0):
             self.counters["redelivered"] += 1
+            if topic == self.usage_topic and now_s is not None:
+                try:  # read again, it is still its clusters' usage coming on the partition
+                    self._heard(partition, {r["cluster"] for r in orjson.loads(raw or b"")["records"]})
+                except (orjson.JSONDecodeError, KeyError, TypeError):
+                    pass
             return []
         offsets[partition] = offset + 1
         try:
@@ -230,6 +237,7 @@ class Watcher:
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise DecodeError(f"not a usage batch: {type(exc).__name__}: {exc}") from None
         self.counters["usage_records"] += len(parsed)
+        self._heard(partition, {p[0] for p in parsed})
         outs: list[Out] = []
         touched: set[tuple[str, str, int]] = set()
         clusters: set[str] = set()
@@ -263,6 +271,12 @@ class Watcher:
             outs += self._forget_ended(cluster)
             self._prune(cluster)
         return outs
+
+    def _heard(self, partition: int, clusters: set[str]) -> None:
+        """These clusters' usage came on this usage partition now (`partition_heard`)."""
+        if self.now_s is not None:
+            for cluster in clusters:
+                self.partition_heard[(cluster, partition)] = self.now_s
 
     def on_lifecycle(self, raw: bytes | None) -> list[Out]:
         message = decode_lifecycle(raw or b"")
@@ -631,7 +645,8 @@ class Watcher:
 
     def _waited_for(self, cluster: str, gpu: str, end: int, newest: int, quiet: dict[int, bool]) -> bool:
         """Whether reclaim judgement waits for this GPU's usage (`_usage_horizon`); `quiet` caches
-        each partition's silence for one look."""
+        each partition's silence (for this cluster: other clusters' usage on it does not count) for one
+        look."""
         p = self.gpu_partition.get((cluster, gpu), 0)
         partition_end = self.partition_seen.get((cluster, p), end)
         if partition_end - end > RECLAIM_STALE_MS:
@@ -641,7 +656,7 @@ class Watcher:
                 # a partition not heard from since this process started (a restart) counts from now:
                 # silent RECLAIM_QUIET_S more, it is quiet (else one silent partition would hold the
                 # cluster's reclaim judgement for ever after a restart)
-                heard = self.partition_heard.setdefault(p, self.now_s) if self.now_s is not None else None
+                heard = self.partition_heard.setdefault((cluster, p), self.now_s) if self.now_s is not None else None
                 quiet[p] = self.now_s is not None and heard is not None and self.now_s - heard > RECLAIM_QUIET_S
             if quiet[p]:
                 return False  # the whole partition stopped

@@ -281,8 +281,8 @@ def test_a_down_gpu_that_no_running_job_held_raises_nothing():
     assert feed.alerts() == []
 
 
-def snapshot(minute, pending_gpus=2.0):
-    return encode(SchedulerSnapshot(cluster="c1", ts_ms=T0 + minute * MIN, queues=[
+def snapshot(minute, pending_gpus=2.0, cluster="c1"):
+    return encode(SchedulerSnapshot(cluster=cluster, ts_ms=T0 + minute * MIN, queues=[
         QueueState(queue="batch", priority=0, quota_gpus=8, allocated_gpus=6, pending_jobs=0, pending_gpus=0),
         QueueState(queue="prod", priority=10, quota_gpus=8, allocated_gpus=0, pending_jobs=1, pending_gpus=pending_gpus,
                    pending_by_priority=[PendingByPriority(priority=10, jobs=1, gpus=pending_gpus)]
@@ -469,6 +469,35 @@ def test_reclaim_does_not_wait_for_a_stopped_node_or_a_quiet_partition():
     # the silent partition is waited for (its usage ends at minute 5: steps up to 4) until it is more
     # than 10 min behind the newest and quiet for a minute of wall clock; then the steps catch up
     assert judged == [0, 1, 2, 3, 4] + [4] * 10 + list(range(15, 30))
+
+
+def test_another_clusters_node_on_the_same_partition_does_not_keep_a_silent_one_waited_for():
+    """The usage topic is keyed by the bare node name: c2's node n1 shares c1's n1 partition. While
+    c2/n1 keeps reporting there, c1's partition 1 (its n1 and n3 silent) is still quiet for c1:
+    c1's reclaim steps catch up exactly as when c1 is alone, and c2's own steps go on."""
+    feed = Feed(watcher())
+    for n in range(4):
+        feed.send(LIFE, event("started", 0, job=f"job-{n}"))
+    judged, judged_c2 = [], []
+    for m in range(30):
+        feed.send(SNAP, snapshot(m + 1))
+        feed.send(SNAP, snapshot(m + 1, cluster="c2"))
+        fleet_minute(feed, m, 4, partitions=2, skip={1, 3} if m >= 5 else ())  # c1's partition 1 silent
+        recs = [{**record(f"c2-n1-g{i}", T0 + m * MIN, T0 + (m + 1) * MIN, state="unallocated"), "cluster": "c2"}
+                for i in range(2)]
+        offset = feed.offsets.get((USAGE, 1), 0)
+        feed.offsets[(USAGE, 1)] = offset + 1
+        feed.out += feed.w.on_message(USAGE, 1, offset, orjson.dumps({"node": "n1", "records": recs}),
+                                      now_s=float(m * 60) + 1)
+        judged.append(feed.w.reclaim_evaluated["c1"] - T0 // MIN)
+        judged_c2.append(feed.w.reclaim_evaluated["c2"] - T0 // MIN)
+    # as test_reclaim_does_not_wait_for_a_stopped_node_or_a_quiet_partition ("behind"), c1 alone
+    assert judged == [0, 1, 2, 3, 4] + [4] * 10 + list(range(15, 30))
+    assert judged_c2 == list(range(30))  # c2's only partition is never silent
+    # a redelivered usage message still counts as its own cluster's usage heard on the partition, only
+    heard = dict(feed.w.partition_heard)
+    feed.w.on_message(USAGE, 1, 0, orjson.dumps({"node": "n1", "records": recs}), now_s=5000.0)
+    assert feed.w.partition_heard == {**heard, ("c2", 1): 5000.0}
 
 
 def test_a_partition_silent_before_a_restart_is_not_waited_for_after_it():
