@@ -256,28 +256,33 @@ ONE_CURRENCY = {"controlValues": {"enableEmptyFilter": True, "defaultToFirstItem
 
 #: dashboard -> (title, slug, description, filters [(column, label, dataset[, overrides])], rows of (chart key, title,
 #: dataset, params, width))
+#: a node is (cluster, node): two clusters may both have a node001, so the operations charts and tables that list
+#: nodes group by and show both, and its Node filter lists the nodes of the clusters the Cluster filter picks
 DASHBOARDS = {
     "operations": (
         "GPU Ledger — Operations", "gpuledger-operations",
         "Every GPU with its current job and tenant, its load history and its health record; behaviour alerts "
         "and reclaim suggestions.",
-        [("node", "Node", "gpu_current"), ("gpu_model", "GPU model", "gpu_current"),
+        [("cluster", "Cluster", "gpu_current"),
+         ("node", "Node", "gpu_current", {"cascadeParentIds": ["NATIVE_FILTER-operations-cluster"]}),
+         ("gpu_model", "GPU model", "gpu_current"),
          ("queue", "Queue", "gpu_current"), ("gpu_uuid", "GPU", "gpu_current")],
         [
             [("gpu_states_now", "GPUs by state (now)", "gpu_current", pie(["state"], "gpus"), 4),
              ("gpus_now", "Every GPU: current job and tenant", "gpu_current",
-              table_raw(["node", "gpu_uuid", "gpu_model", "state", "job_id", "tenant", "queue", "jobs", "util_pct", "last_seen"],
-                        ("node", True), 1000), 8)],
-            [("gpu_load_by_node", "Load history: hardware utilization % by node", "node_load_5m",
-              ts_chart("echarts_timeseries_line", "ts", "PT5M", ["hardware_util_pct"], ["node"], ".0f",
+              table_raw(["cluster", "node", "gpu_uuid", "gpu_model", "state", "job_id", "tenant", "queue", "jobs",
+                         "util_pct", "last_seen"], ("node", True), 1000), 8)],
+            [("gpu_load_by_node", "Load history: hardware utilization % by cluster and node", "node_load_5m",
+              ts_chart("echarts_timeseries_line", "ts", "PT5M", ["hardware_util_pct"], ["cluster", "node"], ".0f",
                        **axes("Time (UTC)", "Hardware utilization (%)")), 6),
              ("gpu_states_history", "GPU states over time (GPUs)", "gpu_load_5m",
               ts_chart("echarts_area", "ts", "PT5M", ["executing_gpus", "idle_gpus", "unallocated_gpus", "down_gpus"],
                        stack="Stack", y_axis_format=".1f", **axes("Time (UTC)", "GPUs")), 6)],
             [("gpu_health_record", "Health record per GPU (down time, temperature, Xid)", "gpu_health_daily",
-              table_agg(["node", "gpu_uuid", "gpu_model"], ["down_hours", "max_temperature", "xid_error_count"], "down_hours", 1000), 6),
-             ("gpu_temperature", "Temperature: max by node (°C)", "gpu_health_samples",
-              ts_chart("echarts_timeseries_line", "ts", "PT5M", ["max_temperature"], ["node"], ".0f",
+              table_agg(["cluster", "node", "gpu_uuid", "gpu_model"], ["down_hours", "max_temperature", "xid_error_count"],
+                        "down_hours", 1000), 6),
+             ("gpu_temperature", "Temperature: max by cluster and node (°C)", "gpu_health_samples",
+              ts_chart("echarts_timeseries_line", "ts", "PT5M", ["max_temperature"], ["cluster", "node"], ".0f",
                        **axes("Time (UTC)", "Temperature (°C)")), 6)],
             [("alerts", "Behaviour alerts: drops, low use, stragglers, hangs, GPUs down (latest status)", "alerts_latest",
               table_raw(["opened_at", "closed_at", "status", "rule", "job_id", "tenant", "queue", "gpus", "open_minutes",

@@ -1,10 +1,12 @@
 """Inventory on a small chDB filled by hand: a card that executed with no utilization sample (SM
 activity not reported, e.g. MIG or vGPU) is listed as unknown, not as a card at 0 %, and neither it
-nor its queue counts under the threshold; a card really at 5 % still does."""
+nor its queue counts under the threshold; a card really at 5 % still does. A node is (cluster, node):
+two clusters' node001 are two nodes, and each listed card names its cluster."""
 
 from __future__ import annotations
 
 import datetime as dt
+import re
 
 import pytest
 
@@ -21,9 +23,9 @@ T0 = int(dt.datetime(2026, 11, 2, tzinfo=dt.timezone.utc).timestamp() * 1000)
 MIN = 60_000
 
 
-def rec(gpu, model, util, job, queue, m0=0, m1=600):
+def rec(gpu, model, util, job, queue, m0=0, m1=600, cluster="c", node="n1"):
     g = (m1 - m0) * MIN
-    return UsageRecord(record_id=f"{gpu}/{m0}", cluster="c", node="n1", gpu_uuid=gpu, gpu_model=model,
+    return UsageRecord(record_id=f"{gpu}/{m0}", cluster=cluster, node=node, gpu_uuid=gpu, gpu_model=model,
                        start_ms=T0 + m0 * MIN, end_ms=T0 + m1 * MIN, state="executing", job_id=job, attempt=0,
                        tenant="t1", queue=queue, share_milli=1000, gpu_ms=g, util_pct=util, util_metric_pct=util,
                        energy_j=0.0, coefficient=1.0, coefficient_version="v1", effective_gpu_ms=g,
@@ -54,3 +56,24 @@ def test_cards_with_no_utilization_sample_are_unknown(client):
     assert [(c["gpu_uuid"], c["util_pct"], c["queues"]) for c in unknown] == [("gpu-nosample", None, "q-mig")]
     assert [q["queue"] for q in r.section("Queues holding the cards under 20%").rows] == ["q1"]
     assert "Cards with no utilization sample" in pr.render_report(r, "markdown")
+
+
+def test_two_clusters_node001_are_two_nodes_and_cards_name_their_cluster(client):
+    db = "periodic_inventory_clusters"  # its own database: the other test's figures stay as they are
+    warehouse.migrate(client, db)
+    records = [rec(f"gpu-{cl}-{i}", "A100", 5.0, "j1", "q1", cluster=cl, node="node001")
+               for cl in ("c1", "c2") for i in (0, 1)]
+    warehouse.insert_rows(client, "usage_raw", usage_rows(UsageBatch(node="node001", records=records),
+                                                          Source("u", 0, 0)), database=db)
+    r = pr.build_report(client, db, "inventory", days=7)
+    # counted by node name alone, c1/node001 and c2/node001 were one node
+    assert [(c["gpu_model"], c["cards"], c["nodes"]) for c in
+            r.section("Cards per GPU model and their utilization").rows] == [("A100", 4, 2)]
+    low = r.section("Cards under 20% utilization").rows
+    assert [(c["cluster"], c["node"], c["gpu_uuid"]) for c in low] == [
+        ("c1", "node001", "gpu-c1-0"), ("c1", "node001", "gpu-c1-1"),
+        ("c2", "node001", "gpu-c2-0"), ("c2", "node001", "gpu-c2-1")]
+    # each rendering shows the Cluster column
+    assert "| Cluster | GPU UUID | Node |" in pr.render_report(r, "markdown")
+    assert re.search(r"^c2 +gpu-c2-1 +node001 ", pr.render_report(r, "table"), re.M)
+    assert "<th>Cluster</th><th>GPU UUID</th><th>Node</th>" in pr.render_report(r, "html")

@@ -54,7 +54,7 @@ def inventory(client, database: str, *, days: int = 30, as_of: Any = None, low_u
     db = quoted_database(database)
     p = {"d0": start, "d1": end, "low": float(low_util_pct)}
     cards = query(client, f"""
-        SELECT gpu_model, uniqExact(gpu_uuid) AS cards, uniqExact(node) AS nodes,
+        SELECT gpu_model, uniqExact(gpu_uuid) AS cards, uniqExact(cluster, node) AS nodes,
                sum(gpu_ms) / 3600000 AS capacity_gpu_hours
         FROM {db}.usage_gpu_daily WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}}
         GROUP BY gpu_model ORDER BY gpu_model""", p)
@@ -65,16 +65,17 @@ def inventory(client, database: str, *, days: int = 30, as_of: Any = None, low_u
         for layer in LAYERS:
             r[layer] = u.get(layer)
     # per card: time-weighted utilization over the time it was up (idle and unallocated time count as 0),
-    # from the per-GPU daily sums (sql/0030), as every query of this report but the jobs and queues
+    # from the per-GPU daily sums (sql/0030), as every query of this report but the jobs and queues; a
+    # node is (cluster, node): two clusters may both have a node001, so each card names its cluster
     per_card = query(client, f"""
-        SELECT gpu_uuid, any(node) AS node, any(gpu_model) AS gpu_model,
+        SELECT toString(any(cluster)) AS cluster, gpu_uuid, any(node) AS node, any(gpu_model) AS gpu_model,
                sumIf(util_weighted_gpu_ms, state = 'executing') / nullIf(sumIf(gpu_ms, state != 'down'), 0) AS util_pct,
                sumIf(gpu_ms, state != 'down') / 3600000 AS up_gpu_hours,
                arrayStringConcat(arraySort(groupUniqArrayIf(toString(queue), queue != '')), ' ') AS queues,
                sumIf(gpu_ms, state = 'executing') AS executing_ms
         FROM {db}.usage_gpu_daily WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}}
         GROUP BY gpu_uuid HAVING up_gpu_hours > 0 AND coalesce(util_pct, 0) < {{low:Float64}}
-        ORDER BY util_pct, node, gpu_uuid""", p)
+        ORDER BY util_pct, cluster, node, gpu_uuid""", p)
     # executing time with no sample counts 0 above: such cards' utilization is unknown, not low
     unknown = unsampled_cards(client, database, [c["gpu_uuid"] for c in per_card if c.pop("executing_ms")], start, end)
     unsampled = [{**c, "util_pct": None} for c in per_card if c["gpu_uuid"] in unknown]
