@@ -17,6 +17,9 @@ The text is parsed with prometheus_client's parser. Rows are grouped by the GPU'
   held by several is repeated once per holder with the same value. Holders become processes
   (pid 0) named by `holder_container_id`. In its per-process mode (shared GPUs, 4.5.3+) the GPU's
   own row is kept next to per-pod rows of GPU_UTIL and FB_USED, which then hold each pod's part.
+- Vanished GPUs: DCGM stops exporting a GPU that fell off the bus (Xid 79, GPU_IS_LOST). A GPU seen
+  earlier in this agent run and missing now is reported down (index, model, memory total as last
+  seen) until it comes back or the agent restarts, as the NVML agent keeps a lost GPU's slot.
 """
 
 from __future__ import annotations
@@ -103,13 +106,29 @@ class Row:
 
 
 @dataclass(frozen=True)
+class SeenGpu:
+    """A GPU this agent run has seen: what its down sample needs if it goes missing from the scrape."""
+
+    index: int
+    model: str
+    mem_total_bytes: int | None = None
+    missing: bool = False  # missing from the last scrape (reported down)
+
+
+#: down_reason of a GPU seen earlier in this agent run and missing from the current scrape.
+MISSING_REASON = "missing from the dcgm-exporter scrape (fallen off the bus?)"
+
+
+@dataclass(frozen=True)
 class DcgmState:
-    """What one scrape leaves for the next, per GPU UUID: the Xid gauge's last value, and the
+    """What one scrape leaves for the next, per GPU UUID: the Xid gauge's last value, the
     fatal Xid seen arriving while the agent runs (sticky until the agent restarts, as in the NVML backend:
-    a reset is needed). A fatal value already in the gauge at the first scrape is not one (docs/dcgm.md)."""
+    a reset is needed; a fatal value already in the gauge at the first scrape is not one, docs/dcgm.md),
+    and every GPU seen in this run (a GPU that vanishes from the scrape is reported down)."""
 
     last_xid: dict[str, int] = field(default_factory=dict)
     fatal_xid: dict[str, int] = field(default_factory=dict)
+    seen: dict[str, SeenGpu] = field(default_factory=dict)
 
 
 def parse_exposition(text: str) -> list[Row]:
@@ -182,12 +201,17 @@ def is_blank(value: float) -> bool:
 def gpu_samples(rows: list[Row], previous: DcgmState, *, hostname: str | None = None
                 ) -> tuple[list[GpuSample], DcgmState]:
     """One GpuSample per GPU (by UUID) in the rows of `hostname` (see rows_of_host), ordered by
-    index, and the state for the next scrape. Rows without a GPU UUID (NvSwitch, CPU) are ignored."""
+    index, and the state for the next scrape. Rows without a GPU UUID (NvSwitch, CPU) are ignored.
+    A GPU seen earlier in this run and missing now is reported down (see _missing_samples).
+    ExpositionError when there are no GPU rows although GPUs were seen before: the exporter serves
+    all its GPUs at once, so that is the exporter restarting or not ready, not every GPU lost."""
     by_gpu: dict[str, list[Row]] = {}
     for row in rows_of_host(rows, hostname):
         uuid = row.label(UUID_LABELS)
         if uuid and row.labels.get("gpu", "").isdigit():
             by_gpu.setdefault(uuid, []).append(row)
+    if not by_gpu and previous.seen:
+        raise ExpositionError(f"the exporter serves no GPU (restarting?); {len(previous.seen)} seen before")
     last_xid, fatal_xid = dict(previous.last_xid), dict(previous.fatal_xid)
     samples = []
     for uuid, gpu_rows in by_gpu.items():
@@ -207,7 +231,51 @@ def gpu_samples(rows: list[Row], previous: DcgmState, *, hostname: str | None = 
                         "(possibly stale: the exporter keeps it after a GPU reset); not reporting the GPU down",
                         uuid, xid_down_reason(xid))
         samples.append(_gpu_sample(uuid, gpu_rows, new_xids, fatal_xid.get(uuid)))
-    return sorted(samples, key=lambda g: g.index), DcgmState(last_xid, fatal_xid)
+    seen = _present(samples, previous.seen)
+    samples += _missing_samples(previous.seen, seen)
+    return sorted(samples, key=lambda g: g.index), DcgmState(last_xid, fatal_xid, seen)
+
+
+# --------------------------------------------------------------------------- vanished GPUs
+def _present(samples: list[GpuSample], previous: dict[str, SeenGpu]) -> dict[str, SeenGpu]:
+    """The GPUs of this scrape as seen now (a memory total once known is kept when it goes blank)."""
+    seen = {}
+    for g in samples:
+        before = previous.get(g.gpu_uuid)
+        if before is not None and before.missing:
+            log.warning("GPU %d (%s) is in the exporter's scrape again; reporting it from its rows",
+                        g.index, g.gpu_uuid)
+        total = g.mem_total_bytes
+        if total is None and before is not None:
+            total = before.mem_total_bytes
+        seen[g.gpu_uuid] = SeenGpu(g.index, g.model, total)
+    return seen
+
+
+def _missing_samples(previous: dict[str, SeenGpu], seen: dict[str, SeenGpu]) -> list[GpuSample]:
+    """A down sample per GPU seen before and missing from this scrape (DCGM stops exporting a GPU
+    that fell off the bus), kept in `seen` so it stays down each tick until it returns or the agent
+    restarts (the NVML agent keeps a lost GPU's slot too: capacity still shows it, its time is `down`).
+    A GPU whose index another GPU now reports (replaced without restarting the agent) is forgotten:
+    two GPUs of one index would resolve index-based allocations to the wrong one."""
+    taken = {g.index for g in seen.values()}
+    out = []
+    for uuid, gpu in previous.items():
+        if uuid in seen:
+            continue
+        if gpu.index in taken:
+            log.warning("GPU %d (%s) is missing and GPU %s reports its index now (replaced?); forgetting it",
+                        gpu.index, uuid, next(u for u, g in seen.items() if g.index == gpu.index))
+            continue
+        if not gpu.missing:
+            log.error("GPU %d (%s) is missing from the exporter's scrape (fallen off the bus?); reporting it down "
+                      "until it returns or the agent restarts", gpu.index, uuid)
+        seen[uuid] = SeenGpu(gpu.index, gpu.model, gpu.mem_total_bytes, missing=True)
+        taken.add(gpu.index)
+        out.append(_valid_sample(dict(gpu_uuid=uuid, index=gpu.index, model=gpu.model,
+                                      mem_total_bytes=gpu.mem_total_bytes,
+                                      health=GpuHealth.down, down_reason=MISSING_REASON)))
+    return out
 
 
 # --------------------------------------------------------------------------- one GPU

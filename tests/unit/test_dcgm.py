@@ -20,7 +20,8 @@ import pytest
 
 from gpuledger.agents.backend import xid_down_reason
 from gpuledger.agents.dcgm import (
-    MIB, DcgmState, ExpositionError, gpu_samples, holder_container_id, is_blank, mig_share_milli, parse_exposition,
+    MIB, MISSING_REASON, DcgmState, ExpositionError, gpu_samples, holder_container_id, is_blank, mig_share_milli,
+    parse_exposition,
 )
 from gpuledger.agents.dcgm_agent import DcgmBackend, ScrapeFailed, default_node, main
 from gpuledger.agents.gpu_agent import build_tick, run_agent
@@ -278,6 +279,111 @@ def test_a_fatal_xid_after_a_fatal_first_scrape_still_takes_the_gpu_down():
     [gpu], state = gpu_samples(parse_exposition(xid_text("9223372036854775792")), DcgmState())
     [gpu], state = gpu_samples(parse_exposition(xid_text("48")), state)
     assert (gpu.xid_errors, gpu.health) == ([48], GpuHealth.down)
+
+
+# --------------------------------------------------------------------------- vanished GPUs
+H100_GPU3 = "GPU-a65a773d-52bb-bcc1-a8ee-f78c3faa2e2d"
+
+
+def without_gpu(text: str, index: int) -> str:
+    """The exposition as the exporter serves it once that GPU fell off the bus: DCGM stops exporting it."""
+    return "".join(line for line in text.splitlines(keepends=True) if f'gpu="{index}",' not in line)
+
+
+def scrape_all(*texts: str, hostname: str | None = None) -> list[list]:
+    state, ticks = DcgmState(), []
+    for text in texts:
+        gpus, state = gpu_samples(parse_exposition(text), state, hostname=hostname)
+        ticks.append(gpus)
+    return ticks
+
+
+def test_a_gpu_missing_from_the_scrape_is_reported_down_until_it_returns(caplog):
+    """It used to vanish from the node's ticks (one GPU fewer, nothing down): capacity shrank silently and
+    its holder's time was no longer accounted. The NVML agent keeps a lost GPU's slot, reported down."""
+    full, gone = fixture(H100), without_gpu(fixture(H100), 3)
+    with caplog.at_level("WARNING", logger="gpuledger.agents.dcgm"):
+        ticks = scrape_all(full, gone, gone, full)
+    assert [[g.index for g in gpus] for gpus in ticks] == [list(range(8))] * 4, "the vanished GPU left the tick"
+    for gpus in ticks[1:3]:
+        g3 = gpus[3]
+        assert (g3.gpu_uuid, g3.index, g3.model, g3.health, g3.down_reason) == (
+            H100_GPU3, 3, "H100-80GB", GpuHealth.down, MISSING_REASON)
+        assert (g3.power_w, g3.temperature_c, g3.processes, g3.xid_errors) == (None, None, [], [])  # nothing invented
+        assert all(g.health == GpuHealth.ok for g in gpus if g.index != 3)
+        NodeTick(cluster="c", node="gpu-node-1", ts_ms=0, interval_ms=5000, gpus=gpus)
+    back = ticks[3][3]  # back: from its own rows again
+    assert (back.gpu_uuid, back.health, back.down_reason, back.temperature_c, back.power_w) == (
+        H100_GPU3, GpuHealth.ok, None, 29, 67.316)
+    assert [r.levelname for r in caplog.records if "missing" in r.getMessage()] == ["ERROR"]  # once, when it goes
+    assert [r.levelname for r in caplog.records if "again" in r.getMessage()] == ["WARNING"]
+    assert MISSING_REASON == "missing from the dcgm-exporter scrape (fallen off the bus?)"
+
+
+def test_a_missing_gpu_keeps_its_last_known_memory_total_and_a_mig_only_gpu_is_present():
+    gpu1 = A100_LABELS.replace('gpu="0"', 'gpu="1"').replace(A100_UUID, "GPU-11111111-2222-3333-4444-555555555555")
+    full = derived(("DCGM_FI_DEV_FB_USED", "100"), ("DCGM_FI_DEV_FB_FREE", "900")) + derived(
+        ("DCGM_FI_DEV_FB_TOTAL", "81559"), labels=gpu1)
+    blank_total = derived(("DCGM_FI_DEV_FB_USED", "100")) + derived(("DCGM_FI_DEV_POWER_USAGE", "70"), labels=gpu1)
+    gone = derived(("DCGM_FI_DEV_POWER_USAGE", "70"), labels=gpu1)
+    ticks = scrape_all(full, blank_total, gone)
+    assert ticks[1][0].mem_total_bytes is None and ticks[1][0].health == GpuHealth.ok
+    [g0, g1] = ticks[2]
+    assert (g0.index, g0.gpu_uuid, g0.health, g0.mem_total_bytes) == (0, A100_UUID, GpuHealth.down, 1000 * MIB)
+    assert (g0.model, g1.health) == ("unknown", GpuHealth.ok)  # no modelName label: the model it had
+    # A GPU exported only through its MIG instances is present; its sibling vanishing is down.
+    [a0, a1] = scrape_all(fixture(A30_MIG), without_gpu(fixture(A30_MIG), 1))[1]
+    assert (a0.health, len(a0.mig_devices)) == (GpuHealth.ok, 4)
+    assert (a1.index, a1.model, a1.health, a1.down_reason, a1.mig_devices) == (
+        1, "A30", GpuHealth.down, MISSING_REASON, [])
+
+
+def test_a_missing_gpu_whose_index_another_gpu_reports_is_forgotten():
+    """A GPU replaced without restarting the agent: two GPUs of one index would resolve index-based
+    allocations to the wrong one, so the missing one is dropped, for good."""
+    new_uuid = "GPU-99999999-8888-7777-6666-555555555555"
+    full, gone = fixture(H100), without_gpu(fixture(H100), 3)
+    replaced = full.replace(H100_GPU3, new_uuid)
+    ticks = scrape_all(full, gone, replaced, replaced, without_gpu(replaced, 3), full)
+    assert ticks[1][3].gpu_uuid == H100_GPU3 and ticks[1][3].health == GpuHealth.down
+    for gpus in ticks[2:4]:
+        assert [g.index for g in gpus] == list(range(8))
+        assert (gpus[3].gpu_uuid, gpus[3].health) == (new_uuid, GpuHealth.ok)
+    assert [(g.gpu_uuid, g.health) for g in ticks[4] if g.index == 3] == [(new_uuid, GpuHealth.down)]  # not the old one
+    assert [(g.gpu_uuid, g.health) for g in ticks[5] if g.index == 3] == [(H100_GPU3, GpuHealth.ok)]
+
+
+def test_no_gpu_rows_after_gpus_were_seen_is_a_failed_scrape_not_every_gpu_down():
+    """The exporter serves all its GPUs at once: an exposition without any (restarting, not ready) is a
+    failed scrape, not eight GPUs fallen off the bus at once. At the first scrape: no samples, as before."""
+    _, state = gpu_samples(parse_exposition(fixture(H100)), DcgmState())
+    for text in ("", "# HELP DCGM_FI_DEV_GPU_TEMP GPU temperature.\n",
+                 'DCGM_FI_DEV_NVSWITCH_TEMPERATURE_CURRENT{nvswitch="0"} 40\n'):
+        with pytest.raises(ExpositionError, match=r"the exporter serves no GPU \(restarting\?\)"):
+            gpu_samples(parse_exposition(text), state)
+        assert gpu_samples(parse_exposition(text), DcgmState()) == ([], DcgmState())
+    # The edge: the tick is skipped and counted; the GPUs seen are kept for the next scrape.
+    bodies = [fixture(H100), "", without_gpu(fixture(H100), 3)]
+    backend = DcgmBackend("http://dcgm:9400/metrics", fetch=lambda u, t: bodies.pop(0))
+    clock = iter(range(0, 10_000_000, 1000))
+    pub = ListPublisher()
+    assert run_agent(backend, pub, "gpu-samples", cluster="c", node="gpu-node-1", interval_s=1.0,
+                     clock=lambda: next(clock) / 1000.0 + 0.0005, sleep=lambda s: None, max_ticks=2) == 2
+    assert (backend.scrapes, backend.scrapes_failed) == (3, 1)
+    ticks = [t for _, _, value, _ in pub.messages for t in decode_node_ticks(value)]
+    assert [[g.health for g in t.gpus].count(GpuHealth.down) for t in ticks] == [0, 1]
+    assert (ticks[1].gpus[3].index, ticks[1].gpus[3].down_reason) == (3, MISSING_REASON)
+
+
+def test_only_the_nodes_gpus_count_as_seen():
+    """The hostname filter comes first: another host's GPU vanishing is not this node's GPU down."""
+    both = fixture(H100) + fixture(QUADRO)
+    ticks = scrape_all(both, without_gpu(fixture(H100), 3) + fixture(QUADRO),
+                       fixture(H100) + without_gpu(fixture(QUADRO), 2), hostname="phx8-2fa")
+    assert [[(g.index, g.health) for g in gpus] for gpus in ticks] == [
+        [(2, GpuHealth.ok), (3, GpuHealth.ok)], [(2, GpuHealth.ok), (3, GpuHealth.ok)],
+        [(2, GpuHealth.down), (3, GpuHealth.ok)]]
+    assert (ticks[2][0].gpu_uuid, ticks[2][0].model) == ("GPU-a76358a7-c820-d3dc-ad4e-2ff0d26935b2", "Quadro-RTX-5000")
 
 
 # --------------------------------------------------------------------------- malformed, hosts
