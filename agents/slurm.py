@@ -14,7 +14,10 @@ Rules (docs/slurm.md explains each):
 - Canonical job id: the Slurm job id, or `<array_job_id>_<array_task_id>` for an array task.
 - Attempt: Slurm's restart count. A requeue (by an admin or by preemption) ends the attempt at the
   requeue time (Slurm resets submit_time to it) with `preempted`, then `retried` opens the next
-  (only `retried` for a job requeued after it finished: its attempt has its outcome).
+  (only `retried` for a job requeued after it finished: its attempt has its outcome). Requeued more
+  than once between two polls: the attempts in between come from sacct (`PollResult.needs_sacct`).
+- A resize (`scontrol update NumNodes=`; sacct's RESIZING row) is no new attempt: a second
+  `allocated` of the same attempt with the GPUs it keeps, at the resize time.
 - Event ids are deterministic (`slurm:<cluster>:<job>:<attempt>:<kind>`): a restarted agent that
   emits an event again produces a duplicate the ledger drops.
 - Watermark: the second the poll started (Slurm stamps events with the controller's clock when it
@@ -237,6 +240,7 @@ class SacctRow:
     exit_code: str       # 'code:signal'
     account: str = ""
     partition: str = ""
+    nodes: str = ""      # NodeList (a hostlist); "" not asked or none
 
 
 # --------------------------------------------------------------------------- state
@@ -252,8 +256,12 @@ class JobState:
     submitted: bool = False
     attempt: int = 0                 # the attempt the events below refer to
     allocated: bool = False          # allocated + started emitted for `attempt`
-    alloc_start_ms: int = 0
+    alloc_start_ms: int = 0          # the time of the attempt's latest `allocated` (a resize moves it)
     nodes: list[str] = field(default_factory=list)   # of the allocated attempt
+    #: squeue's gres_detail of that allocation (one entry per node of `nodes`): its GPUs, to see a resize;
+    #: None: not known (a state file from before it was kept)
+    gres_detail: tuple[str, ...] | None = None
+    allocations: int = 0             # `allocated` events of `attempt` (a resize adds one)
     ended: bool = False              # the attempt's end emitted
     finished: bool = False           # the job's final outcome emitted
     queue: str = ""
@@ -267,7 +275,10 @@ class JobState:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> JobState:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+        js = cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+        if js.gres_detail is not None:
+            js.gres_detail = tuple(str(g) for g in js.gres_detail)
+        return js
 
 
 def _job_state_copy(js: JobState) -> JobState:
@@ -316,6 +327,9 @@ class PollResult:
     warnings: list[str]
     #: the watermark published before this poll (`close_vanished` holds it there for jobs left open)
     promised_ms: int = 0
+    #: canonical ids of jobs requeued more than once since the last poll, translated without sacct
+    #: (their attempts in between only `retried`): ask sacct and translate again with `accounting`
+    needs_sacct: list[str] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- the job view
@@ -342,6 +356,7 @@ class SlurmJob:
     exit_code: int | None
     raw_priority: int = 0
     sched_ms: int = 0                # last_sched_evaluation: when the pending reason was set
+    resize_ms: int = 0               # resize_time: the last change of a running job's nodes
 
     @property
     def aliases(self) -> dict[str, str]:
@@ -432,6 +447,7 @@ def parse_job(job: Mapping[str, Any]) -> SlurmJob | None:
         gres_detail=[str(g) for g in gres_detail],
         exit_code=_exit_code(job),
         sched_ms=(_int(job, "last_sched_evaluation") or 0) * 1000,
+        resize_ms=(_int(job, "resize_time") or 0) * 1000,
     )
 
 
@@ -501,6 +517,7 @@ class _Emitter:
         self.state = state
         self.events: list[JobEvent] = []
         self.warnings: list[str] = []
+        self.needs_sacct: list[str] = []
 
     def emit(self, job: SlurmJob, kind: JobEventKind, ts_ms: int, *, attempt: int | None = None,
              gpus: list[GpuAssignment] | None = None, reason: str | None = None, suffix: str = "") -> None:
@@ -533,12 +550,14 @@ def translate(
     poll_started_ms: int,
     tiers: Mapping[str, int] | None = None,
     margin_ms: int = 1000,
+    accounting: Mapping[str, list[SacctRow]] | None = None,
 ) -> PollResult:
     """One poll: squeue JSON + the previous state → events, the watermark, the next state.
 
     `poll_started_ms`: agent clock when squeue was started. `tiers`: PriorityTier by partition
-    (to name the preempting job). Raises SlurmInputError only when the whole output is unusable;
-    a bad job record is skipped with a warning."""
+    (to name the preempting job). `accounting`: sacct's rows (`--duplicates`) of the jobs in a
+    previous result's `needs_sacct`, or None (not asked). Raises SlurmInputError only when the whole
+    output is unusable; a bad job record is skipped with a warning."""
     tiers = tiers or {}
     state = state.copy()
     promised_ms = state.watermark_ms
@@ -551,7 +570,7 @@ def translate(
     for job in sorted(jobs, key=lambda j: (j.submit_ms, j.raw_id)):
         seen.add(job.job_id)
         try:
-            _translate_job(job, state, out, jobs, tiers, hold_ms, promised_ms)
+            _translate_job(job, state, out, jobs, tiers, hold_ms, promised_ms, accounting)
         except SlurmInputError as exc:
             out.warnings.append(f"job {job.job_id}: {exc}")
     # A job whose record could not be read this poll is still in squeue: not gone, not forgotten.
@@ -576,7 +595,7 @@ def translate(
         out.warnings.append(f"{len(late)} event(s) older than the watermark (agent restart or a slow poll): "
                             "the worker applies them as late events")
     return PollResult(out.events, LifecycleWatermark(cluster=cluster, ts_ms=state.watermark_ms), state,
-                      vanished, out.warnings, promised_ms)
+                      vanished, out.warnings, promised_ms, out.needs_sacct)
 
 
 def _pending_reason(job: SlurmJob) -> str | None:
@@ -585,7 +604,8 @@ def _pending_reason(job: SlurmJob) -> str | None:
 
 
 def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[SlurmJob],
-                   tiers: Mapping[str, int], hold_ms: list[int], promised_ms: int) -> None:
+                   tiers: Mapping[str, int], hold_ms: list[int], promised_ms: int,
+                   accounting: Mapping[str, list[SacctRow]] | None) -> None:
     js = state.jobs.get(job.job_id)
     if js is None:
         js = state.jobs[job.job_id] = JobState(raw_id=job.raw_id, attempt=job.attempt, queue=job.queue,
@@ -599,6 +619,19 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
             js.queued_events, js.queued_reason = 1, _pending_reason(job) or ""
         js.submitted = True
 
+    if job.attempt > js.attempt + 1:
+        # Requeued more than once since the last poll (the agent was down): submit_time is the last
+        # requeue's, so the attempts in between come from sacct's rows, as close_vanished reads them.
+        rows = accounting.get(job.job_id) if accounting is not None else None
+        if rows:
+            _replay_requeues(job, js, state, out, _attempt_groups(rows), job.attempt,
+                             "from sacct: requeued more than once between two polls")
+        if accounting is None:
+            out.needs_sacct.append(job.job_id)
+        if job.attempt > js.attempt + 1:
+            out.warnings.append(f"job {job.job_id} was requeued {job.attempt - js.attempt} times since the last poll "
+                                f"and sacct {'was not asked or failed' if accounting is None else 'has not all of its attempts'}: "
+                                f"the attempts in between only `retried`, attempt {js.attempt} ends at the last requeue")
     if job.attempt > js.attempt:
         # Requeued since the last poll (Slurm sets submit_time to the requeue time). squeue can show the
         # new restart count a moment before the new submit_time (seen: the old one, 4 s before the
@@ -638,6 +671,8 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
             if not gpus and job.requested_gpus:
                 out.warnings.append(f"job {job.job_id} is {job.state} without GPU indices in gres_detail")
             _allocate(job, js, out, gpus, None if gpus or not job.requested_gpus else "GPU indices not in gres_detail")
+    elif job.state in HOLDING_STATES and job.state not in TRANSITIONAL_STATES and not js.ended:
+        _resized(job, js, out, promised_ms)
     if job.state == "COMPLETING":
         hold_ms.append(job.end_ms)
         return
@@ -670,6 +705,7 @@ def _requeue(job: SlurmJob, js: JobState, state: AgentState, out: _Emitter, *, r
     for attempt in range(js.attempt + 1, new_attempt + 1):
         out.emit(job, JobEventKind.retried, retried_ms, attempt=attempt, reason="requeued by Slurm")
     js.attempt, js.allocated, js.ended, js.nodes, js.alloc_start_ms = new_attempt, False, False, [], 0
+    js.gres_detail, js.allocations = (), 0
     js.finished = False  # a finished job requeued runs again
     js.queued_events, js.queued_reason = 0, ""  # `retried` queued it; reasons follow
 
@@ -679,6 +715,93 @@ def _allocate(job: SlurmJob, js: JobState, out: _Emitter, gpus: list[GpuAssignme
     out.emit(job, JobEventKind.allocated, job.start_ms, gpus=gpus, reason=note)
     out.emit(job, JobEventKind.started, job.start_ms)
     js.allocated, js.alloc_start_ms, js.nodes, js.queue = True, job.start_ms, job.nodes, job.queue
+    js.gres_detail, js.allocations = tuple(job.gres_detail), 1
+
+
+def _gpu_set(nodes: Iterable[str], gres_detail: Iterable[str]) -> set[tuple[str, int]]:
+    return {(node, i) for node, detail in zip(nodes, gres_detail) for i in gpu_indices(detail)}
+
+
+def _resized(job: SlurmJob, js: JobState, out: _Emitter, promised_ms: int) -> None:
+    """A running job whose nodes or GPUs changed since its `allocated` (`scontrol update NumNodes=`:
+    Slurm releases nodes and shows the job's new node list, gres_detail and resize_time): a second
+    `allocated` of the same attempt with the GPUs it holds now, at resize_time (the worker replaces
+    the attempt's GPUs then; a node left out stops billing it)."""
+    if js.gres_detail is not None and job.nodes == js.nodes and tuple(job.gres_detail) == js.gres_detail:
+        return  # nothing changed (every poll of every running job: kept cheap)
+    now = _gpu_set(job.nodes, job.gres_detail)
+    if not now:
+        return  # GPU indices not shown (yet, or any more): keep what was allocated
+    if js.gres_detail is None and job.nodes == js.nodes:
+        js.gres_detail = tuple(job.gres_detail)  # a state file from before GPU sets were kept: take them as they are
+        return
+    if now == _gpu_set(js.nodes, js.gres_detail or ()):
+        js.nodes, js.gres_detail = job.nodes, tuple(job.gres_detail)  # written differently, the same GPUs
+        return
+    _reallocate(job, js, out, job_gpus(job), job.resize_ms or promised_ms,
+                f"resized: {len(now)} GPU(s) on {len(job.nodes)} node(s)")
+    js.nodes, js.gres_detail = job.nodes, tuple(job.gres_detail)
+
+
+def _reallocate(job: SlurmJob, js: JobState, out: _Emitter, gpus: list[GpuAssignment], at_ms: int, note: str) -> None:
+    """A further `allocated` of the allocated attempt `js.attempt` (a resize): ids `…:allocated:2`, `:3`, …"""
+    js.allocations = max(js.allocations, 1) + 1
+    js.alloc_start_ms = max(at_ms, js.alloc_start_ms)
+    out.emit(_with(job, attempt=js.attempt), JobEventKind.allocated, js.alloc_start_ms, gpus=gpus, reason=note,
+             suffix=f":{js.allocations}")
+
+
+def _attempt_groups(rows: list[SacctRow]) -> list[list[SacctRow]]:
+    """sacct's rows of one job (`--duplicates`, oldest first) → one list per attempt. A row ends an
+    attempt (REQUEUED, PREEMPTED, NODE_FAIL, ... or the final state), but a RESIZING row: Slurm
+    writes one when a running job is resized, and the same attempt goes on in the next row (restart
+    count unchanged), on the nodes that row lists, from the RESIZING row's End."""
+    groups: list[list[SacctRow]] = [[]]
+    for row in rows:
+        groups[-1].append(row)
+        if row.state != "RESIZING":
+            groups.append([])
+    return [g for g in groups if g]
+
+
+def _replay_attempt(job: SlurmJob, js: JobState, out: _Emitter, group: list[SacctRow], note: str, *,
+                    allocate: bool) -> None:
+    """The allocation and the resizes of the attempt whose sacct rows `group` holds, as the live path
+    would have seen them: `allocated` at its Start if not published yet (GPU indices not seen: no GPU
+    time), and at each RESIZING row's End the GPUs it had on the nodes of the row after it."""
+    if allocate and not js.allocated and group[0].start_s:
+        _allocate(_with(job, start_ms=group[0].start_s * 1000, nodes=[], gres_detail=[]), js, out, [],
+                  f"GPU indices not seen ({note})")
+    for row, after in zip(group, group[1:]):
+        if row.state != "RESIZING" or not row.end_s or not after.nodes or not js.allocated \
+                or not _gpu_set(js.nodes, js.gres_detail or ()):
+            continue  # no GPUs known to keep (indices not seen, or a state file from before they were kept)
+        kept = set(expand_hostlist(after.nodes))
+        pairs = [(n, g) for n, g in zip(js.nodes, js.gres_detail or ()) if n in kept]
+        if [n for n, _ in pairs] == js.nodes:
+            continue  # nothing released (a live poll saw the resize, or it kept all nodes)
+        _reallocate(job, js, out, job_gpus(_with(job, nodes=[n for n, _ in pairs], gres_detail=[g for _, g in pairs])),
+                    row.end_s * 1000, f"resized to {after.nodes} ({note})")
+        js.nodes, js.gres_detail = [n for n, _ in pairs], tuple(g for _, g in pairs)
+
+
+def _replay_requeues(job: SlurmJob, js: JobState, state: AgentState, out: _Emitter, groups: list[list[SacctRow]],
+                     upto: int, note: str) -> None:
+    """Attempts `js.attempt` .. `upto - 1` requeued (sacct's rows by attempt, `_attempt_groups`): each
+    allocated from its row if not published yet, ended with `preempted` at its row's End, then
+    `retried`; stops at an attempt sacct has no row ending it for (the caller goes on as without sacct)."""
+    while js.attempt < upto and js.attempt < len(groups):
+        group = groups[js.attempt]
+        row = group[-1]
+        if row.state == "RESIZING":
+            return
+        at = _with(job, attempt=js.attempt)
+        _replay_attempt(at, js, out, group, note, allocate=True)
+        requeued_ms = max((row.end_s or 0) * 1000, js.alloc_start_ms)
+        preempted = row.state == "PREEMPTED"
+        _requeue(at, js, state, out, requeued_ms=requeued_ms, retried_ms=requeued_ms, new_attempt=js.attempt + 1,
+                 reason=f"{'requeued to reclaim resources' if preempted else 'requeued'} ({note})", by_job_id=None,
+                 rule="partition_prio/requeue" if preempted else "requeue")
 
 
 def close_vanished(job_ids: Iterable[str], state: AgentState, accounting: Mapping[str, list[SacctRow]] | None, *,
@@ -703,9 +826,10 @@ def close_vanished(job_ids: Iterable[str], state: AgentState, accounting: Mappin
     note = "from sacct: the job left squeue while the agent was down"
     for job_id in job_ids:
         js = state.jobs[job_id]
-        rows = accounting.get(job_id) or []
-        # one row per attempt (--duplicates); those before js.attempt were published live
-        walk = rows[js.attempt:] or rows[-1:]
+        # one group of rows per attempt (--duplicates; a resize adds a RESIZING row to its attempt);
+        # those before js.attempt were published live
+        groups = _attempt_groups(accounting.get(job_id) or [])
+        walk = groups[js.attempt:] or groups[-1:]
         job = SlurmJob(job_id=job_id, raw_id=js.raw_id, array_job_id=None, array_task_id=None, state="",
                        reason="", tenant=js.tenant or "unknown", queue=js.queue or "unknown", priority=0, requested_gpus=0.0,
                        attempt=js.attempt, submit_ms=0, start_ms=js.alloc_start_ms, end_ms=0, nodes=js.nodes,
@@ -714,25 +838,15 @@ def close_vanished(job_ids: Iterable[str], state: AgentState, accounting: Mappin
             a, t = job_id.split("_", 1)
             if a.isdigit() and t.isdigit():
                 job = _with(job, array_job_id=int(a), array_task_id=int(t))
-        for row in walk[:-1]:
-            # an attempt requeued while the agent was down: as the live path would have seen it
-            job = _with(job, attempt=js.attempt)
-            if not js.allocated and row.start_s:
-                _allocate(_with(job, start_ms=row.start_s * 1000, nodes=[]), js, out, [],
-                          "GPU indices not seen (the job ran while the agent was down)")
-            requeued_ms = max((row.end_s or 0) * 1000, js.alloc_start_ms)
-            preempted = row.state == "PREEMPTED"
-            _requeue(job, js, state, out, requeued_ms=requeued_ms, retried_ms=requeued_ms, new_attempt=js.attempt + 1,
-                     reason=f"{'requeued to reclaim resources' if preempted else 'requeued'} ({note})", by_job_id=None,
-                     rule="partition_prio/requeue" if preempted else "requeue")
+        # attempts requeued while the agent was down: as the live path would have seen them
+        _replay_requeues(job, js, state, out, groups, js.attempt + len(walk) - 1, note)
         job = _with(job, attempt=js.attempt)
-        last = walk[-1] if walk else None
+        last = walk[-1][-1] if walk else None
         if last is not None and last.state in FINAL_STATES and last.end_s:
-            if not js.allocated and last.start_s and len(rows) - 1 == js.attempt:
-                # it ran entirely while the agent was down: the ledger needs the allocation before the end
-                # (GPU indices unknown: no GPU time)
-                _allocate(_with(job, start_ms=last.start_s * 1000, nodes=[]), js, out, [],
-                          "GPU indices not seen (the job ran while the agent was down)")
+            # it ran entirely while the agent was down: the ledger needs the allocation before the end
+            # (GPU indices unknown: no GPU time); and any resize of the attempt
+            _replay_attempt(job, js, out, walk[-1], "the job ran while the agent was down",
+                            allocate=len(groups) - 1 == js.attempt)
             kind, reason = FINAL_STATES[last.state]
             code, _, signal = last.exit_code.partition(":")
             if reason is None and last.state != "COMPLETED":

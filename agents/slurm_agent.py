@@ -98,7 +98,7 @@ def load_json(text: str, what: str) -> Any:
 
 
 def parse_sacct(text: str) -> dict[str, list[SacctRow]]:
-    """`sacct -P -n --duplicates -X -o JobID,JobIDRaw,State,Start,End,ExitCode,Account,Partition`
+    """`sacct -P -n --duplicates -X -o JobID,JobIDRaw,State,Start,End,ExitCode,Account,Partition[,NodeList]`
     with SLURM_TIME_FORMAT=%s → rows by canonical job id, oldest attempt first: JobID (`3_1`), but
     JobIDRaw (`7`) for a heterogeneous job's component (`6+1`), as squeue lists it by its own id."""
     rows: dict[str, list[SacctRow]] = {}
@@ -111,7 +111,8 @@ def parse_sacct(text: str) -> dict[str, list[SacctRow]]:
             return int(v) if v.isdigit() else None
 
         row = SacctRow(job_id=f[1] if "+" in f[0] else f[0], raw_id=f[1], state=(f[2].split() or [""])[0],
-                       start_s=epoch(f[3]), end_s=epoch(f[4]), exit_code=f[5], account=f[6], partition=f[7])
+                       start_s=epoch(f[3]), end_s=epoch(f[4]), exit_code=f[5], account=f[6], partition=f[7],
+                       nodes=f[8] if len(f) > 8 and f[8] not in ("None assigned", "(null)") else "")
         rows.setdefault(row.job_id, []).append(row)
     return rows
 
@@ -283,8 +284,12 @@ class SlurmAgent:
         except CommandFailed as exc:
             log.warning("partition tiers unknown this poll: %s", exc)
             tiers = {}
-        result = translate(squeue, self.state, cluster=self.cluster, poll_started_ms=started_ms, tiers=tiers,
-                           margin_ms=self.margin_ms)
+        accounting = None
+        for _ in range(2):  # again with sacct's rows when jobs were requeued more than once since the last poll
+            result = translate(squeue, self.state, cluster=self.cluster, poll_started_ms=started_ms, tiers=tiers,
+                               margin_ms=self.margin_ms, accounting=accounting)
+            if not result.needs_sacct or (accounting := self._sacct(result.needs_sacct, self.state)) is None:
+                break  # sacct failed: its warning says those attempts in between are only `retried`
         events, state = result.events, result.state
         warnings = list(result.warnings)
         if result.vanished:
@@ -315,20 +320,20 @@ class SlurmAgent:
         return True
 
     def _sacct(self, job_ids: list[str], state: AgentState) -> dict[str, list[SacctRow]] | None:
-        """sacct's rows for these jobs; None when sacct failed (the jobs wait for the next poll). A
+        """sacct's rows for these jobs; None when sacct failed (vanished jobs wait for the next poll). A
         cluster without accounting storage can never answer: there, no record at all."""
         raw = sorted({str(state.jobs[j].raw_id) for j in job_ids if j in state.jobs})
         if not raw:
             return {}
         try:
             text = self.run(["sacct", "-P", "-n", "--duplicates", "-X", "-j", ",".join(raw), "-o",
-                             "JobID,JobIDRaw,State,Start,End,ExitCode,Account,Partition"], self.command_timeout_s,
+                             "JobID,JobIDRaw,State,Start,End,ExitCode,Account,Partition,NodeList"], self.command_timeout_s,
                             env={**os.environ, "SLURM_TIME_FORMAT": "%s"})  # epoch seconds, no time zone guessing
         except CommandFailed as exc:
             if "accounting storage is disabled" in str(exc).lower():  # accounting_storage/none: never answers
                 log.warning("sacct: no accounting storage on this cluster (%s): vanished jobs %s have no record", exc, raw)
                 return {}
-            log.warning("sacct for vanished jobs %s failed, retried next poll: %s", raw, exc)
+            log.warning("sacct for jobs %s failed (vanished ones: asked again next poll): %s", raw, exc)
             return None
         return parse_sacct(text)
 
