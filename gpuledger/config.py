@@ -10,6 +10,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gpuledger.streams.checks import CLOCK_AHEAD_MS, MAX_AHEAD_MS
 from gpuledger.streams.topic_names import TopicNames
 
 DEFAULT_DATA_DIR = Path(".gpuledger")
@@ -74,8 +75,8 @@ class Settings(BaseSettings):
     worker_samples_ahead_s: float = Field(120.0, gt=0, le=86_400, description="how much of its nodes' samples (event time, per node on average) may wait in the worker for the lifecycle watermark before it pauses reading that gpu-samples partition, seconds; it reads on at half of it. Waiting samples are held in memory (a tick closes only behind the watermark): while the worker catches up on a backlog, this keeps the backlog in Kafka until the lifecycle has caught up")
     worker_watermark_flush_s: float = Field(0.1, gt=0, description="how long the worker may hold lifecycle watermarks back to send only the latest of a burst on to the join (fewer messages while it works through a backlog), seconds")
     worker_retention_s: float = Field(86400.0, gt=0, description="event time behind the closed horizon for which the worker recognises duplicate allocation changes and accepts late ones, seconds")
-    worker_max_ahead_s: float = Field(604800.0, gt=0, description="input more than this ahead of the lifecycle watermark, or of the receiving process's clock (also before the first watermark), is rejected as an absurd timestamp, seconds; worker and sink alike")
-    max_clock_ahead_s: float = Field(300.0, gt=0, le=604_800, description="a GPU sample more than this ahead of the receiving process's clock is rejected (its node's clock is out of sync), seconds; worker and sink alike. The worker holds a sample until the lifecycle watermark reaches it: one node's clock a day ahead would pause its gpu-samples partition, every node in it, for that day")
+    worker_max_ahead_s: float = Field(MAX_AHEAD_MS / 1000, gt=0, description="input more than this ahead of the lifecycle watermark, or of the receiving process's clock (also before the first watermark), is rejected as an absurd timestamp, seconds; worker and sink alike")
+    max_clock_ahead_s: float = Field(CLOCK_AHEAD_MS / 1000, gt=0, le=MAX_AHEAD_MS / 1000, description="a GPU sample more than this ahead of the receiving process's clock is rejected (its node's clock is out of sync), seconds; worker and sink alike. The worker holds a sample until the lifecycle watermark reaches it: one node's clock a day ahead would pause its gpu-samples partition, every node in it, for that day")
     sink_retry_max_s: float = Field(30.0, gt=0, description="longest pause between the sink's retries of a failed warehouse write, seconds (it retries until it succeeds)")
     dead_letter_max_bytes: int = Field(900_000, ge=16_384, description="largest dead letter the worker and sink produce, bytes; a larger original is cut (its size and SHA-256 kept). Keep it under the broker's message size (Kafka's default 1 MB)")
     agent_interval_s: float = Field(5.0, gt=0, description="GPU agent sampling interval, seconds")

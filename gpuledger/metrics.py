@@ -100,10 +100,6 @@ class _LastSample(Collector):
             if ts > self._seen.get(key, float("-inf")):
                 self._seen[key] = ts
 
-    def forget(self, component: str, node: str, cluster: str = "") -> None:
-        with self._lock:
-            self._seen.pop((component, cluster, node), None)
-
     def collect(self) -> Iterable[GaugeMetricFamily]:
         now = self.clock()
         age = GaugeMetricFamily("gpuledger_last_sample_age_seconds",

@@ -53,6 +53,8 @@ MAX_FLOAT = 1e15
 
 #: how far a GPU sample may be ahead of the receiving process's clock (GPULEDGER_MAX_CLOCK_AHEAD_S)
 CLOCK_AHEAD_MS = 300_000
+#: how far any input may be ahead of the lifecycle watermark or the clock (GPULEDGER_WORKER_MAX_AHEAD_S)
+MAX_AHEAD_MS = 7 * DAY_MS
 
 
 def time_problem(what: str, ts_ms: int, watermark_ms: int, max_ahead_ms: int, now_ms: int | None = None,

@@ -28,7 +28,7 @@ import orjson
 
 from gpuledger.schemas.models import SCHEMA_VERSION, LifecycleWatermark, NodeWatermark
 from gpuledger.schemas.wire import DecodeError, decode_lifecycle, decode_metered_ticks, decode_node_allocation, encode
-from gpuledger.streams.join import CLOCK_AHEAD_MS, DAY_MS, DUPLICATE, LATE, REJECTED, NodeJoin, check_event, check_tick
+from gpuledger.streams.join import CLOCK_AHEAD_MS, DAY_MS, DUPLICATE, MAX_AHEAD_MS, LATE, REJECTED, NodeJoin, check_event, check_tick
 from gpuledger.streams.router import LifecycleRouter, WatermarkClock
 from gpuledger.streams.checks import dead_letter
 from gpuledger.streams.pricing import LedgerConfig
@@ -139,7 +139,7 @@ class WorkerCore:
     """All of the worker's state and logic; the Faust app only moves bytes in and out."""
 
     def __init__(self, topics: TopicNames, *, partitions_gpu_samples: int, partitions_job_events: int,
-                 ledger: LedgerConfig, retention_ms: int = DAY_MS, max_ahead_ms: int = 7 * DAY_MS,
+                 ledger: LedgerConfig, retention_ms: int = DAY_MS, max_ahead_ms: int = MAX_AHEAD_MS,
                  defer_watermarks: bool = False, dead_letter_max_bytes: int = DEFAULT_DEAD_LETTER_MAX_BYTES,
                  clock_ahead_ms: int = CLOCK_AHEAD_MS):
         self.topics = topics

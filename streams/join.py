@@ -62,7 +62,7 @@ from gpuledger.schemas.models import (
     NodeTick,
 )
 from gpuledger.streams.attribution import Holder, RecordMaker, whole_gpu_util, whole_pieces
-from gpuledger.streams.checks import CLOCK_AHEAD_MS, DAY_MS, MIN_EVENT_MS, tick_gpus_problem, time_problem  # noqa: F401 (re-exported)
+from gpuledger.streams.checks import CLOCK_AHEAD_MS, DAY_MS, MAX_AHEAD_MS, MIN_EVENT_MS, tick_gpus_problem, time_problem  # noqa: F401 (re-exported)
 from gpuledger.streams.execution import ExecutionJudge
 from gpuledger.streams.pricing import LedgerConfig
 from gpuledger.streams.router import RUNNING_KINDS
@@ -77,7 +77,7 @@ log = logging.getLogger(__name__)
 # (one set of rules).
 
 
-def check_tick(tick: MeteredTick | NodeTick, watermark_ms: int, max_ahead_ms: int = 7 * DAY_MS,
+def check_tick(tick: MeteredTick | NodeTick, watermark_ms: int, max_ahead_ms: int = MAX_AHEAD_MS,
                now_ms: int | None = None, clock_ahead_ms: int = CLOCK_AHEAD_MS) -> str | None:
     """Semantic checks the schema cannot make; returns the reason a tick is unusable, or None.
     `now_ms`: the caller's clock at receipt (judges the future also before the first watermark); a
@@ -86,7 +86,7 @@ def check_tick(tick: MeteredTick | NodeTick, watermark_ms: int, max_ahead_ms: in
     return problem or tick_gpus_problem(tick)
 
 
-def check_event(event: JobEvent, watermark_ms: int, max_ahead_ms: int = 7 * DAY_MS,
+def check_event(event: JobEvent, watermark_ms: int, max_ahead_ms: int = MAX_AHEAD_MS,
                 now_ms: int | None = None) -> str | None:
     """Semantic checks of a lifecycle event; returns the reason it is unusable, or None."""
     problem = time_problem(f"event {event.event_id}", event.ts_ms, watermark_ms, max_ahead_ms, now_ms)

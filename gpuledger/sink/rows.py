@@ -11,7 +11,7 @@ import orjson
 from gpuledger.schemas.models import JobEvent, JobProgress, LifecycleWatermark, NodeTick, SchedulerSnapshot, UsageBatch
 from gpuledger.schemas.models import Alert, ReclaimSuggestion
 from gpuledger.schemas.wire import DecodeError, decode, decode_lifecycle, decode_metered_ticks, decode_node_ticks
-from gpuledger.streams.checks import CLOCK_AHEAD_MS, DAY_MS, rows_problem, tick_gpus_problem, time_problem
+from gpuledger.streams.checks import CLOCK_AHEAD_MS, MAX_AHEAD_MS, rows_problem, tick_gpus_problem, time_problem
 
 
 
@@ -170,7 +170,7 @@ def suggestion_row(s: ReclaimSuggestion, source: Source) -> dict:
 
 
 def process_message(kind: str, raw: bytes | None, source: Source, *, now_ms: int | None = None,
-                    max_ahead_ms: int = 7 * DAY_MS, clock_ahead_ms: int = CLOCK_AHEAD_MS) -> dict[str, list[dict]]:
+                    max_ahead_ms: int = MAX_AHEAD_MS, clock_ahead_ms: int = CLOCK_AHEAD_MS) -> dict[str, list[dict]]:
     """Rows per table for one message of the given line (USAGE, JOB_EVENTS, SNAPSHOTS, SAMPLES, PROGRESS).
 
     Watermarks give no rows (the warehouse does not need them). Raises DecodeError — also for a
@@ -240,7 +240,7 @@ def _node_ticks(raw: bytes) -> list[tuple[NodeTick | None, str | None, object]]:
 
 
 def sample_rows(raw: bytes, source: Source, *, now_ms: int | None = None,
-                max_ahead_ms: int = 7 * DAY_MS, clock_ahead_ms: int = CLOCK_AHEAD_MS) -> dict[str, list[dict]]:
+                max_ahead_ms: int = MAX_AHEAD_MS, clock_ahead_ms: int = CLOCK_AHEAD_MS) -> dict[str, list[dict]]:
     """`gpu_health` and `node_inventory` rows of a gpu-samples message. Each tick of a batch is judged
     on its own, as the worker does (streams/core.py `_on_ticks`): a bad tick does not cost the good
     ones their rows. Rows of the good ones come back as `Rows` with one rejection naming the bad
