@@ -206,7 +206,7 @@ def make_backend(name: str, *, sim_gpus: str = "8xA100-80GB", seed: int = 0, nod
     """'nvml' (this node's GPUs) or 'sim' (simulated GPUs)."""
     if name == "nvml":
         from gpuledger.agents.nvml_backend import NvmlBackend
-        return NvmlBackend(proc_root=proc_root)
+        return NvmlBackend(proc_root=proc_root, node=node)
     if name == "sim":
         from gpuledger.agents.sim_backend import SimBackend, parse_sim_models
         return SimBackend(parse_sim_models(sim_gpus), seed=seed, node=node)

@@ -225,6 +225,7 @@ class NvmlBackend:
         proc_root: Path | str = "/proc",
         clock: Callable[[], float] = time.monotonic,
         max_events_per_tick: int = 256,
+        node: str = "",
     ):
         if nvml is None:
             import pynvml as nvml
@@ -232,6 +233,7 @@ class NvmlBackend:
         self._proc_root = Path(proc_root)
         self._clock = clock
         self._max_events = max_events_per_tick
+        self._node = node
         self._calls = 0
         self.calls_last_tick = 0
         self._closed = True
@@ -280,7 +282,10 @@ class NvmlBackend:
             # Keep the slot so the node's capacity still shows it, as down; retried each tick.
             if not quiet:
                 log.error("GPU %d cannot be identified (%s); reporting it down", index, exc)
-            return _Gpu(index=index, handle=None, uuid=f"GPU-unreadable-{index}", model="unknown",
+            # the placeholder names the node: a UUID is a GPU's identity fleet-wide (record ids, the
+            # worker's one-node-per-UUID rule), and two nodes' unreadable GPU 3 are two GPUs
+            where = f"{self._node}-" if self._node else ""
+            return _Gpu(index=index, handle=None, uuid=f"GPU-unreadable-{where}{index}", model="unknown",
                         unreadable=f"unreadable at agent start: {exc}")
         gpu = _Gpu(index=index, handle=handle, uuid=uuid, model=ledger_model_name(name))
         self._by_key[_handle_key(handle)] = gpu

@@ -5,7 +5,8 @@ they accept and reject by the same rules (docs/reliability.md, "Bad input").
 - the time window: nothing before 2000-01-01; nothing more than `max_ahead_ms` ahead of the
   lifecycle watermark, nor ahead of the receiving process's wall clock (`now_ms`, passed in by the
   caller: the judgement also holds before the first watermark); a GPU sample no more than
-  `clock_ahead_ms` ahead of that clock (a node's clock out of sync, docs/reliability.md);
+  `clock_ahead_ms` ahead of that clock (a node's clock out of sync, docs/reliability.md), and a
+  lifecycle event or watermark neither (`watermark_problem`: a promise about events still to come);
 - values that cannot be stored: integers outside their ClickHouse column's range (sql/*.sql),
   floats that are not finite or absurdly large;
 - dead letters that fit their topic: an oversized original is cut, with its size and SHA-256 kept.
@@ -19,9 +20,6 @@ import hashlib
 import math
 
 import orjson
-
-from gpuledger.schemas.models import DeadLetter
-from gpuledger.schemas.wire import encode
 
 #: Nothing the ledger meters happened before 2000-01-01T00:00:00Z.
 MIN_EVENT_MS = 946_684_800_000
@@ -51,7 +49,8 @@ INT64 = (-(2**63), 2**63 - 1)
 MAX_FLOAT = 1e15
 
 
-#: how far a GPU sample may be ahead of the receiving process's clock (GPULEDGER_MAX_CLOCK_AHEAD_S)
+#: how far a GPU sample, lifecycle event or watermark may be ahead of the receiving process's clock
+#: (GPULEDGER_MAX_CLOCK_AHEAD_S)
 CLOCK_AHEAD_MS = 300_000
 #: how far any input may be ahead of the lifecycle watermark or the clock (GPULEDGER_WORKER_MAX_AHEAD_S)
 MAX_AHEAD_MS = 7 * DAY_MS
@@ -76,6 +75,18 @@ def time_problem(what: str, ts_ms: int, watermark_ms: int, max_ahead_ms: int, no
         return (f"absurd timestamp: {what} ts_ms={ts_ms} is {(ts_ms - now_ms) / DAY_MS:.1f} days ahead of the "
                 f"clock at receipt {now_ms} (at most {max_ahead_ms / DAY_MS:g} allowed)")
     return None
+
+
+def watermark_problem(cluster: str, ts_ms: int, max_ahead_ms: int, now_ms: int | None,
+                      clock_ahead_ms: int = CLOCK_AHEAD_MS) -> str | None:
+    """Why a lifecycle watermark is unusable, or None. A watermark promises that every event of its
+    cluster before `ts_ms` has been published, so one ahead of the clock at receipt promises what has
+    not happened yet: accepted, it closed every tick of every node at once, for good (the clock never
+    goes back), so every allocation change after it came late (docs/reliability.md, "Bad input").
+    Held to the scheduler agent's clock being in sync, as GPU samples are (`clock_ahead_ms`); never
+    judged by the partition's watermark (a watermark is what moves it: a cluster back after a long
+    outage would be refused for ever)."""
+    return time_problem(f"watermark of cluster {cluster}", ts_ms, 0, max_ahead_ms, now_ms, clock_ahead_ms)
 
 
 def tick_gpus_problem(tick) -> str | None:
@@ -140,6 +151,11 @@ def dead_letter(topic: str, partition: int, offset: int, raw: bytes | None, reas
     kept, so it can be found and compared), the reason too (a parser may quote the whole input).
     An original that is not valid UTF-8 is kept exactly too: `original_hex` (with its SHA-256)
     beside the readable `original` (decoded with replacement characters), each in half the room."""
+    # imported here: gpuledger.config reads this module's defaults, and a report command line must not
+    # pay for the wire models (tests/unit/test_cli_startup.py)
+    from gpuledger.schemas.models import DeadLetter
+    from gpuledger.schemas.wire import encode
+
     raw = raw or b""
     if len(reason) > MAX_REASON:
         reason = reason[:MAX_REASON] + f"... ({len(reason)} characters)"

@@ -30,7 +30,7 @@ from gpuledger.schemas.models import SCHEMA_VERSION, LifecycleWatermark, NodeWat
 from gpuledger.schemas.wire import DecodeError, decode_lifecycle, decode_metered_ticks, decode_node_allocation, encode
 from gpuledger.streams.join import CLOCK_AHEAD_MS, DAY_MS, DUPLICATE, MAX_AHEAD_MS, LATE, REJECTED, NodeJoin, check_event, check_tick
 from gpuledger.streams.router import LifecycleRouter, WatermarkClock
-from gpuledger.streams.checks import dead_letter
+from gpuledger.streams.checks import dead_letter, watermark_problem
 from gpuledger.streams.pricing import LedgerConfig
 from gpuledger.streams.topic_names import TopicNames
 
@@ -40,6 +40,11 @@ ROUTER, JOIN = "router", "join"
 #: A node that has sent no sample this long (event time) after an allocation change names it is
 #: reported as unknown (counted once per change; the changes are kept for ticks that come late).
 UNKNOWN_NODE_GRACE_MS = 10 * 60_000
+#: A GPU UUID that a node of the partition reports is that node's: another node's tick naming it is
+#: refused until the first has sent no tick this long (a GPU moved between nodes). Two nodes reporting
+#: one UUID (a cloned agent, a fake backend) made records with the same ids, and the sink's per-GPU
+#: horizon kept whichever came first: the other node's, its jobs' bills with them, were dropped.
+GPU_MOVE_MS = 10 * 60_000
 SNAPSHOT_VERSION = 1
 #: header of a lifecycle-accepted message: "<job-events partition>:<offset>" of the event it repeats
 SOURCE_HEADER = "gpuledger-source"
@@ -116,17 +121,32 @@ class JoinPartition:
     data_ms: int = 0
     #: the last window (data_ms - flush_after, in windows) for which every node was checked for a flush
     flush_scan: int = field(default=0, compare=False)
+    #: GPU UUID -> the join of the node whose ticks report it (`WorkerCore._gpu_taken`); in snapshots as
+    #: (cluster, node) (compared through them: `gpu_owner_keys`)
+    gpu_owners: dict[str, NodeJoin] = field(default_factory=dict, compare=False)
+
+    def gpu_owner_keys(self) -> dict[str, list[str]]:
+        return {uuid: [j.cluster, j.node] for uuid, j in sorted(self.gpu_owners.items())}
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, JoinPartition) and (self.nodes, self.clock, self.next_offsets, self.data_ms) ==
+                (other.nodes, other.clock, other.next_offsets, other.data_ms)
+                and self.gpu_owner_keys() == other.gpu_owner_keys())
 
     def to_state(self) -> dict:
         return {"nodes": [j.to_state() for _, j in sorted(self.nodes.items())], "clock": self.clock.to_state(),
-                "next_offsets": dict(self.next_offsets), "data_ms": self.data_ms}
+                "next_offsets": dict(self.next_offsets), "data_ms": self.data_ms, "gpu_owners": self.gpu_owner_keys()}
 
     @classmethod
     def from_state(cls, state: dict) -> "JoinPartition":
         nodes = [NodeJoin.from_state(n) for n in state["nodes"]]
-        # an older snapshot has one join per node name, with the cluster of its ticks ("" if none came)
-        return cls({(n.cluster, n.node): n for n in nodes}, WatermarkClock.from_state(state["clock"]), dict(state["next_offsets"]),
-                   state.get("data_ms", 0))
+        # an older snapshot has one join per node name, with the cluster of its ticks ("" if none came);
+        # and no GPU owners: each GPU is its next reporter's
+        by_key = {(n.cluster, n.node): n for n in nodes}
+        owners = {uuid: by_key[key] for uuid, (c, n) in state.get("gpu_owners", {}).items()
+                  if (key := (c, n)) in by_key}
+        return cls(by_key, WatermarkClock.from_state(state["clock"]), dict(state["next_offsets"]),
+                   state.get("data_ms", 0), gpu_owners=owners)
 
 
 def _letter(topic: str, partition: int, offset: int, raw: bytes | None, reason: str, *, seen_ms: int = 0,
@@ -259,11 +279,14 @@ class WorkerCore:
         except DecodeError as exc:
             return [self.dead_letter_out(topic, partition, offset, raw, str(exc))]
         if isinstance(message, LifecycleWatermark):
+            problem = watermark_problem(message.cluster, message.ts_ms, self.max_ahead_ms, now_ms, self.clock_ahead_ms)
+            if problem:  # a promise about the future would close every node's ticks before their changes
+                return [self.dead_letter_out(topic, partition, offset, raw, problem)]
             rp.observe(message.cluster, message.ts_ms, self.retention_ms)
             rp.router.prune(rp.watermark_ms - self.retention_ms,
                             {c: ts - self.retention_ms for c, ts in rp.cluster_marks.items()})
             return [] if self.defer_watermarks else self._forward_watermark(partition, rp)
-        problem = check_event(message, rp.watermark_ms, self.max_ahead_ms, now_ms)
+        problem = check_event(message, rp.watermark_ms, self.max_ahead_ms, now_ms, self.clock_ahead_ms)
         if problem:
             return [self.dead_letter_out(topic, partition, offset, raw, problem)]
         if rp.router.is_duplicate(message):
@@ -342,12 +365,22 @@ class WorkerCore:
         watermark allows, in one usage batch."""
         problems: list[str] = []
         join = spoke = None
+        owners = jp.gpu_owners
         for tick in ticks:
             problem = check_tick(tick, jp.clock.value, self.max_ahead_ms, self._now_ms, self.clock_ahead_ms)
             if problem:
                 problems.append(problem)
                 continue
             join = self._node(jp, tick.cluster, tick.node)
+            claim = False
+            for gpu in tick.gpus:
+                if owners.get(gpu.gpu_uuid) is not join:  # a GPU new to the partition, or another node's
+                    problem = self._gpu_taken(jp, join, tick)
+                    claim = problem is None
+                    break
+            if problem:
+                problems.append(problem)
+                continue
             # a tick left out of a restored snapshot, read again: the clock and the node's message are in the snapshot
             again = bool(join.awaiting_ms) and tick.ts_ms in join.awaiting_ms
             verdict = join.add_tick(tick, offset)
@@ -359,6 +392,9 @@ class WorkerCore:
                 problems.append(verdict.reason)
             else:
                 self.counters["ticks"] += 1
+                if claim:
+                    for gpu in tick.gpus:
+                        owners[gpu.gpu_uuid] = join
                 # the samples clock moves at most one interval per tick and never past the wall clock at
                 # receipt (None: pure tools, no cap), so a tick from the future (a node's clock off) does
                 # not flush the partition's live nodes in one jump (docs/accounting.md "Segments")
@@ -390,6 +426,23 @@ class WorkerCore:
                 outs.extend(out for key in sorted(jp.nodes) if jp.nodes[key] is not join and jp.nodes[key].segments
                             for out in self._emit(jp.nodes[key], jp.clock.value, jp.data_ms))
         return outs
+
+    @staticmethod
+    def _gpu_taken(jp: JoinPartition, join: NodeJoin, tick) -> str | None:
+        """Why `tick` may not report its GPUs, or None: one of them is another node's of this partition
+        that reported it within GPU_MOVE_MS before this tick (its latest tick: pending, else its closed
+        horizon). The first node to report a UUID keeps it; the refused tick is a dead letter naming both."""
+        for gpu in tick.gpus:
+            owner = jp.gpu_owners.get(gpu.gpu_uuid)
+            if owner is None or owner is join:
+                continue
+            latest = owner.pending_ticks[-1].ts_ms if owner.pending_ticks else owner.closed_until_ms
+            if latest > tick.ts_ms - GPU_MOVE_MS:
+                return (f"inconsistent tick: {tick.node} ts_ms={tick.ts_ms} reports GPU {gpu.gpu_uuid}, which node "
+                        f"{owner.node} of cluster {owner.cluster or '?'} reports (at {latest}): one GPU UUID on two "
+                        f"nodes (a cloned agent?); the first node keeps it until it has sent no tick for "
+                        f"{GPU_MOVE_MS // 60_000} minutes")
+        return None
 
     def samples_waiting_ms(self, partition: int) -> int:
         """How much event time of samples waits for the lifecycle watermark on a join partition, per

@@ -87,9 +87,12 @@ def check_tick(tick: MeteredTick | NodeTick, watermark_ms: int, max_ahead_ms: in
 
 
 def check_event(event: JobEvent, watermark_ms: int, max_ahead_ms: int = MAX_AHEAD_MS,
-                now_ms: int | None = None) -> str | None:
-    """Semantic checks of a lifecycle event; returns the reason it is unusable, or None."""
-    problem = time_problem(f"event {event.event_id}", event.ts_ms, watermark_ms, max_ahead_ms, now_ms)
+                now_ms: int | None = None, clock_ahead_ms: int = CLOCK_AHEAD_MS) -> str | None:
+    """Semantic checks of a lifecycle event; returns the reason it is unusable, or None. An event is
+    held to the clock at receipt as a tick is (`clock_ahead_ms`): it reports what happened, and an
+    `allocated` dated days ahead was accepted, the job's real end then refused as before its
+    allocation, and the attempt held its GPUs with no end from that date on."""
+    problem = time_problem(f"event {event.event_id}", event.ts_ms, watermark_ms, max_ahead_ms, now_ms, clock_ahead_ms)
     if problem:
         return problem
     shares: dict[str, int] = {}

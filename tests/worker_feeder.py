@@ -37,6 +37,18 @@ class Feeder:
         self.outs += outs
         return outs
 
+    def lifecycle(self, message, now_ms: int | None = None) -> list:
+        """A job-events message through the router (partition 0); its allocation changes and watermarks
+        go on to the node join as the worker sends them. Returns the router's outputs."""
+        outs = self.core.on_lifecycle(0, self.offsets["life"], encode(message), now_ms=now_ms)
+        self.offsets["life"] += 1
+        for out in outs:
+            if out.topic == T.node_allocations:
+                self(T.node_allocations, out.value, now_ms)
+            else:
+                self.outs.append(out)
+        return outs
+
     def letters(self) -> list[DeadLetter]:
         return [decode(DeadLetter, o.value) for o in self.outs if o.topic == T.dead_letters]
 

@@ -440,6 +440,17 @@ def test_gpu_unreadable_at_start_is_reported_down() -> None:
     assert len(fake.registered) == 2
 
 
+def test_unreadable_gpu_placeholder_names_its_node() -> None:
+    # two nodes' unreadable GPU 1 are two GPUs: one placeholder UUID would give both the same record
+    # ids, and the worker refuses a UUID that another node of its partition reports
+    uuids = []
+    for node in ("node001", "node002"):
+        fake = FakeNvml([a100(), h100()])
+        fake.devices[1].unsupported.add("nvmlDeviceGetUUID")
+        uuids.append(NvmlBackend(fake, node=node).sample(0)[1].gpu_uuid)
+    assert uuids == ["GPU-unreadable-node001-1", "GPU-unreadable-node002-1"]
+
+
 @pytest.mark.parametrize("name, model", [
     ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
     ("NVIDIA A100 80GB PCIe", "A100-80GB"),
