@@ -148,7 +148,8 @@ DATASETS: dict[str, tuple[str, str | None, list[dict], bool]] = {
         m("suggestion_count", "count()", "Suggestions", ",d"),
         m("named_idle_cost", "sum(idle_cost_micros) / 1e6", "Idle cost of the named jobs", ",.2f", money=True),
     ], False),
-    "gpu_cards": ("GPU ID cards (docs/gpu-cards.md): identity, first/last seen, repairs, down time, Xid, flag",
+    "gpu_cards": ("GPU ID cards (docs/gpu-cards.md): identity, where it sat (cluster/node), first/last seen, repairs, "
+                  "down time, Xid, flag",
                   "last_seen", [
         m("card_count", "count()", "GPUs", ",d"),
         m("flagged_count", "countIf(flag != '')", "Suggested for lower-priority work", ",d"),
@@ -290,11 +291,13 @@ DASHBOARDS = {
              ("reclaim_suggestions", "Reclaim suggestions per queue", "reclaim_suggestions_latest",
               table_raw(["opened_at", "withdrawn_at", "status", "queue", "execution_rate", "job_ids", "gpus_freed",
                          "waiting_gpus", "waiting_priority", "message"], ("opened_at", False), 200), 5)],
-            # the GPU filter above picks one GPU's card: both charts carry gpu_uuid
+            # the GPU filter above picks one GPU's card: both charts carry gpu_uuid; a card names the cluster and
+            # node it was last seen on (the Cluster and Node filters reach it) and every cluster/node it sat in
             [("gpu_cards", "GPU ID cards (pick a GPU with the GPU filter; `gpuledger report gpu UUID` prints it)",
-              "gpu_cards", table_raw(["gpu_uuid", "gpu_model", "serial", "board_part_number", "vbios_version",
-                                      "first_seen", "last_seen", "nodes", "repairs", "last_repaired", "flag",
-                                      "down_seconds", "xid_errors", "max_temperature_c"], ("repairs", False), 1000), 7),
+              "gpu_cards", table_raw(["cluster", "node", "gpu_uuid", "gpu_model", "serial", "board_part_number",
+                                      "vbios_version", "first_seen", "last_seen", "nodes", "placements", "repairs",
+                                      "last_repaired", "flag", "down_seconds", "xid_errors", "max_temperature_c"],
+                                     ("repairs", False), 1000), 7),
              ("gpu_card_monthly", "GPU ID card: temperature and utilization by month", "gpu_card_monthly",
               ts_chart("echarts_timeseries_line", "month", "P1M", ["card_avg_temperature", "card_avg_util"], fmt=".0f",
                        **axes("Month (UTC)", "°C / %")), 5)],

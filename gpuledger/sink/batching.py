@@ -27,6 +27,9 @@ class _Buffer:
     rows: dict[str, list[dict]] = field(default_factory=dict)
     running: dict[str, int] = field(default_factory=dict)  # horizons including the buffered rows
     count: int = 0
+    #: Kafka keys of the buffered messages (offset -> key; unkeyed ones absent): a message whose rows
+    #: the warehouse refuses is dead-lettered under its key, like every other letter
+    keys: dict[int, bytes] = field(default_factory=dict)
     #: messages of a pending range read again after a crash: written only once the range is complete
     #: (its token stands for all of it), so they are not counted in `buffered` nor start the batch timer
     rebuilding: bool = False
@@ -54,10 +57,11 @@ class BatchingSink:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     should_stop: Callable[[], bool] = lambda: False
-    #: called with (key, offset, table, rows, reason) for a message whose rows a table can never
-    #: take (found by splitting the failed block), or for the rejected part of a message whose other
-    #: rows are kept (rows.py `Rows`: the bad ticks of a batch); the run loop dead-letters it
-    on_poison: Callable[[tuple[str, int], int, str, list[dict], str], None] | None = None
+    #: called with (key, offset, table, rows, reason, message key) for a message whose rows a table
+    #: can never take (found by splitting the failed block); the run loop dead-letters it under the
+    #: message's Kafka key (None: unkeyed). Letters of what a message holds (undecodable, bad ticks of
+    #: a batch) go through `add`'s `letter`.
+    on_poison: Callable[[tuple[str, int], int, str, list[dict], str, bytes | None], None] | None = None
     #: called once a write succeeds after failures (the run loop resumes its paused partitions)
     on_recovered: Callable[[], None] | None = None
     #: raises while dead letters handed out are not yet delivered; called (retried like a failed write)
@@ -111,12 +115,13 @@ class BatchingSink:
 
     # -- input
     def add(self, rows_by_table: dict[str, list[dict]], source: Source, origin: tuple[int, int] | None = None,
-            letter: Callable[[], None] | None = None) -> bool:
+            letter: Callable[[], None] | None = None, message_key: bytes | None = None) -> bool:
         """`origin`: (partition, offset) of the job-events message a lifecycle-accepted message repeats;
         one at or below an origin already taken is a worker's re-emission and gives no rows.
-        `letter`: sends the message's dead letter; called once the message is known to be new, before
-        anything is written (a pending range's last message completes it here, and its done progress
-        must come after the letter is handed out)."""
+        `letter`: sends the message's dead letters (the whole message's, or one per rejected part of it:
+        rows.py `Rows`); called once the message is known to be new, before anything is written (a
+        pending range's last message completes it here, and its done progress must come after the
+        letter is handed out). `message_key`: its Kafka key, for a letter of rows the warehouse refuses."""
         key = (source.topic, source.partition)
         state = self._state.setdefault(key, Progress())
         buf = self._buffers.get(key)
@@ -125,10 +130,6 @@ class BatchingSink:
             return False
         if letter is not None:
             letter()
-        rejected = getattr(rows_by_table, "rejected", None)
-        if rejected is not None and self.on_poison is not None:
-            # part of the message was bad (rows.py `Rows`): its one letter goes like a whole message's
-            self.on_poison(key, source.offset, next(iter(rows_by_table), ""), rejected[1], rejected[0])
         if buf is not None and buf.rebuilding and source.offset >= state.pending[1]:
             self.flush_partition(key, gap=True)  # the replayed range is complete (its end was a gap)
             buf, state = None, self._state[key]  # the next block starts from the range's done progress
@@ -144,6 +145,8 @@ class BatchingSink:
                 rows_by_table = {}
             else:
                 buf.running[mark] = origin[1] + 1
+        if message_key is not None and any(rows_by_table.values()):
+            buf.keys[source.offset] = message_key
         for table, rows in rows_by_table.items():
             if rows:
                 buf.rows.setdefault(table, []).extend(rows)
@@ -276,7 +279,8 @@ class BatchingSink:
                 reason = f"warehouse refused the rows for {table} (not retried): {exc}"
                 log.error("%s[%d]@%d: %s", key[0], key[1], offsets[0], reason)
                 if self.on_poison:
-                    self.on_poison(key, offsets[0], table, rows, reason)
+                    buf = self._buffers.get(key)
+                    self.on_poison(key, offsets[0], table, rows, reason, buf.keys.get(offsets[0]) if buf else None)
                 return 0
             self.splits += 1
             mid = offsets[len(offsets) // 2]

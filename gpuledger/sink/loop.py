@@ -23,8 +23,6 @@ from gpuledger.sink.letters import DeadLetterOutbox
 from gpuledger.sink.writer import ClickHouseWriter, StoredHealth, Writer
 from gpuledger.sink.rows import ALERTS, SUGGESTIONS
 
-
-
 log = logging.getLogger(__name__)
 
 
@@ -177,10 +175,10 @@ def run_sink(
             paused.clear()
             reread.clear()
 
-        def poisoned(key, offset, table, rows, reason) -> None:
+        def poisoned(key, offset, table, rows, reason, message_key) -> None:  # its rows as original, its key
             stats.dead_letters += 1
             metrics.dead_letter(key[0], reason)
-            produce_letter(key[0], key[1], offset, None, orjson.dumps(rows, default=str), reason)
+            produce_letter(key[0], key[1], offset, message_key, orjson.dumps(rows, default=str), reason)
 
         sink = BatchingSink(writer, ClickHouseProgress(client, settings.database, group), batch_rows=batch_rows,
                             batch_interval_s=batch_interval_s, backoff_max_s=settings.sink_retry_max_s,
@@ -253,14 +251,19 @@ def run_sink(
                     rows = None
                 else:
                     reason = None
+                # (original, reason) of each letter: the whole message, or each rejected part of it (a
+                # batch's bad ticks), every one under the message's key as the worker's letters are
+                bad = [(msg.value(), reason)] if reason is not None else \
+                    [(orjson.dumps(part), why) for why, part in getattr(rows, "rejected", None) or ()]
                 letter = None
-                if reason is not None:
-                    def letter(msg=msg, reason=reason) -> None:  # sent by the sink once it knows the message is new
-                        metrics.dead_letter(msg.topic(), reason)
-                        produce_letter(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), reason)
-                        stats.dead_letters += 1
+                if bad:
+                    def letter(msg=msg, bad=bad) -> None:  # sent by the sink once it knows the message is new
+                        for original, why in bad:
+                            metrics.dead_letter(msg.topic(), why)
+                            produce_letter(msg.topic(), msg.partition(), msg.offset(), msg.key(), original, why)
+                            stats.dead_letters += 1
                 if not sink.add(rows or {}, source, origin=_origin(msg) if lines[msg.topic()] == JOB_EVENTS else None,
-                                letter=letter):
+                                letter=letter, message_key=msg.key()):
                     stats.duplicates += 1
                     metrics.duplicate()
                     continue

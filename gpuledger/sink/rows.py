@@ -26,10 +26,10 @@ PROGRESS = "job_progress"  # line 4 (optional): training progress
 # --------------------------------------------------------------------------- pure conversion
 class Rows(dict):
     """Rows per table of a message part of which was rejected (a NodeTickBatch with bad ticks):
-    `rejected` = (reason, the rejected parts as JSON objects), for one dead letter beside the rows
-    of the good parts (`BatchingSink.add` hands it to `on_poison`)."""
+    `rejected` = [(reason, the rejected part as a JSON object)], one per part, for one dead letter
+    each beside the rows of the good parts (the run loop sends them keyed by the message's key)."""
 
-    rejected: tuple[str, list] | None = None
+    rejected: list[tuple[str, object]] | None = None
 
 
 @dataclass(frozen=True)
@@ -243,8 +243,8 @@ def sample_rows(raw: bytes, source: Source, *, now_ms: int | None = None,
                 max_ahead_ms: int = MAX_AHEAD_MS, clock_ahead_ms: int = CLOCK_AHEAD_MS) -> dict[str, list[dict]]:
     """`gpu_health` and `node_inventory` rows of a gpu-samples message. Each tick of a batch is judged
     on its own, as the worker does (streams/core.py `_on_ticks`): a bad tick does not cost the good
-    ones their rows. Rows of the good ones come back as `Rows` with one rejection naming the bad
-    ones; DecodeError when no tick is usable."""
+    ones their rows. Rows of the good ones come back as `Rows` with one rejection per bad tick (its
+    own reason, the tick as original); DecodeError when no tick is usable."""
     ticks = _node_ticks(raw)
     rows: dict[str, list[dict]] = {"gpu_health": [], "node_inventory": []}
     problems: list[str] = []
@@ -264,10 +264,11 @@ def sample_rows(raw: bytes, source: Source, *, now_ms: int | None = None,
             rows[table] += more
     if not problems:
         return rows
-    reason = "; ".join(problems[:3])  # starts with the first problem: its first word is the metric's kind
     if len(problems) == len(ticks):
+        reason = "; ".join(problems[:3])  # starts with the first problem: its first word is the metric's kind
         raise DecodeError(reason + (f" (all {len(ticks)} ticks of the batch)" if len(ticks) > 1 else ""))
-    reason += f" ({len(problems)} of the batch's {len(ticks)} ticks rejected; the others stored)"
+    # one letter per bad tick, each with its own reason (its first word is the metric's kind)
+    tail = f" ({len(problems)} of the batch's {len(ticks)} ticks rejected; the others stored)"
     out = Rows(rows)
-    out.rejected = (reason, bad)
+    out.rejected = [(problem + tail, item) for problem, item in zip(problems, bad)]
     return out

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -290,6 +291,9 @@ def decide(client, database: str, approval_id: str, status: str, by: str, note: 
     latest = history[-1]
     if latest["status"] != "pending":
         raise ValueError(f"approval {approval_id} is already {latest['status']} (by {latest['decided_by']})")
+    if status == "approved" and not latest["cluster"]:
+        # keyed "/<job id>", an approval would admit nothing, silently; the reason is the view's (sql/0046)
+        raise ValueError(f"approval {approval_id} cannot be approved: {needs_reapproval(client, database, approval_id)}")
     row = {k: latest[k] for k in ("approval_id", "cluster", "job_id", "attempt", "target", "cost_micros", "cost_low_micros",
                                   "cost_high_micros", "threshold_micros", "currency", "gpu_hours", "wall_hours")}
     row.update(status=status, ts_ms=max(now_ms, latest["ts_ms"] + 1), decided_by=by.strip(), note=note or "",
@@ -298,6 +302,13 @@ def decide(client, database: str, approval_id: str, status: str, by: str, note: 
 
     insert_rows(client, "approvals", [row], database=database)
     return row
+
+
+def needs_reapproval(client, database: str, approval_id: str) -> str:
+    """Why the approval admits no job ('' when it can): approvals_current.needs_reapproval (sql/0046)."""
+    rows = _query(client, f"""SELECT needs_reapproval FROM {quoted_database(database)}.approvals_current
+                             WHERE approval_id = {{id:String}}""", {"id": approval_id})
+    return rows[0]["needs_reapproval"] if rows else ""
 
 
 def list_approvals(client, database: str, status: str | None = None) -> list[dict]:
@@ -321,7 +332,8 @@ def decision_message(row: dict):
 def message_key(row: dict) -> bytes:
     """The approvals topic's key: "<cluster>/<job id>" (job ids are per cluster). An approval without a
     cluster (recorded before sql/0044 from an estimate that named none) is keyed "/<job id>", which no
-    cluster's admission hook reads: it admits nothing."""
+    cluster's admission hook reads: it admits nothing (`decide` refuses to approve it; `approvals list`
+    and `publish` say so)."""
     return f"{row['cluster']}/{row['job_id']}".encode()
 
 
@@ -407,6 +419,9 @@ def cmd_approvals(args) -> int:
             rows = approval_history(client, settings.database, args.approval_id)
             if not rows:
                 raise ValueError(f"no approval {args.approval_id!r}")
+            reason = needs_reapproval(client, settings.database, args.approval_id)
+            if reason:
+                print(f"gpuledger: warning: {args.approval_id} {reason}", file=sys.stderr)
         else:
             status = "approved" if args.action == "approve" else "rejected"
             rows = [decide(client, settings.database, args.approval_id, status, args.by or "", args.note or "",

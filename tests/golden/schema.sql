@@ -114,27 +114,34 @@ CREATE VIEW {db}.approvals_current
     `threshold_cost` Float64,
     `currency` String,
     `gpu_hours` Float64,
-    `wall_hours` Float64
+    `wall_hours` Float64,
+    `needs_reapproval` String
 )
 AS SELECT
-    approval_id,
-    if(max(cluster) != '', max(cluster), JSONExtractString(argMin(estimate, ts_ms), 'cluster')) AS cluster,
-    argMax(job_id, ts_ms) AS job_id,
-    greatest(max(attempt), JSONExtract(argMin(estimate, ts_ms), 'attempt', 'UInt32')) AS attempt,
-    argMax(status, ts_ms) AS status,
-    min(ts_ms) AS requested_ms,
-    max(ts_ms) AS updated_ms,
-    argMax(decided_by, ts_ms) AS decided_by,
-    argMax(note, ts_ms) AS note,
-    argMax(target, ts_ms) AS target,
-    argMax(cost_micros, ts_ms) / 1000000. AS estimated_cost,
-    argMax(cost_high_micros, ts_ms) / 1000000. AS estimated_cost_high,
-    argMax(threshold_micros, ts_ms) / 1000000. AS threshold_cost,
-    argMax(currency, ts_ms) AS currency,
-    argMax(gpu_hours, ts_ms) AS gpu_hours,
-    argMax(wall_hours, ts_ms) AS wall_hours
-FROM {db}.approvals
-GROUP BY approval_id;
+    *,
+    if((cluster = '') AND (status IN ('pending', 'approved')), concat('names no cluster (recorded before sql/0044 from an estimate that names none): an approval of it ', 'admits no job; estimate job ', job_id, ' again with --cluster and decide the new approval'), '') AS needs_reapproval
+FROM
+(
+    SELECT
+        approval_id,
+        if(max(cluster) != '', max(cluster), JSONExtractString(argMin(estimate, ts_ms), 'cluster')) AS cluster,
+        argMax(job_id, ts_ms) AS job_id,
+        greatest(max(attempt), JSONExtract(argMin(estimate, ts_ms), 'attempt', 'UInt32')) AS attempt,
+        argMax(status, ts_ms) AS status,
+        min(ts_ms) AS requested_ms,
+        max(ts_ms) AS updated_ms,
+        argMax(decided_by, ts_ms) AS decided_by,
+        argMax(note, ts_ms) AS note,
+        argMax(target, ts_ms) AS target,
+        argMax(cost_micros, ts_ms) / 1000000. AS estimated_cost,
+        argMax(cost_high_micros, ts_ms) / 1000000. AS estimated_cost_high,
+        argMax(threshold_micros, ts_ms) / 1000000. AS threshold_cost,
+        argMax(currency, ts_ms) AS currency,
+        argMax(gpu_hours, ts_ms) AS gpu_hours,
+        argMax(wall_hours, ts_ms) AS wall_hours
+    FROM {db}.approvals
+    GROUP BY approval_id
+);
 
 CREATE TABLE {db}.bill_adjustments
 (
@@ -596,12 +603,15 @@ CREATE VIEW {db}.gpu_cards
 (
     `gpu_uuid` String,
     `gpu_model` String,
+    `cluster` String,
+    `node` String,
     `serial` String,
     `board_part_number` String,
     `vbios_version` String,
     `first_seen` DateTime64(3, 'UTC'),
     `last_seen` DateTime64(3, 'UTC'),
     `nodes` UInt64,
+    `placements` String,
     `repairs` UInt64,
     `last_repaired` Nullable(DateTime64(3, 'UTC')),
     `flag` String,
@@ -613,12 +623,15 @@ CREATE VIEW {db}.gpu_cards
 AS SELECT
     s.gpu_uuid AS gpu_uuid,
     s.gpu_model AS gpu_model,
+    p.cluster AS cluster,
+    p.node AS node,
     s.serial AS serial,
     s.board_part_number AS board_part_number,
     s.vbios_version AS vbios_version,
     s.first_seen AS first_seen,
     s.last_seen AS last_seen,
     s.nodes AS nodes,
+    p.placements AS placements,
     r.repairs AS repairs,
     if(r.repairs > 0, r.last_repaired, NULL) AS last_repaired,
     if(r.repairs >= 2, 'suggest lower-priority work', '') AS flag,
@@ -640,6 +653,29 @@ FROM
     FROM {db}.gpu_sightings
     GROUP BY gpu_uuid
 ) AS s
+LEFT JOIN
+(
+    SELECT
+        gpu_uuid,
+        argMax(c, (last_ms, c, n)) AS cluster,
+        argMax(n, (last_ms, c, n)) AS node,
+        arrayStringConcat(arrayMap(x -> concat(x.2, '/', x.3), arraySort(groupArray((first_ms, c, n)))), ', ') AS placements
+    FROM
+    (
+        SELECT
+            gpu_uuid,
+            toString(cluster) AS c,
+            node AS n,
+            min(first_seen_ms) AS first_ms,
+            max(last_seen_ms) AS last_ms
+        FROM {db}.gpu_sightings
+        GROUP BY
+            gpu_uuid,
+            cluster,
+            node
+    )
+    GROUP BY gpu_uuid
+) AS p ON s.gpu_uuid = p.gpu_uuid
 LEFT JOIN
 (
     SELECT
@@ -2035,19 +2071,35 @@ CREATE VIEW {db}.job_progress_clustered
     `rank_step_time_ms` Array(Float64)
 )
 AS SELECT
-    if((p.cluster = '') AND (length(k.clusters) = 1), k.clusters[1], toString(p.cluster)) AS cluster,
+    if((p.cluster = '') AND (length(k.clusters) = 1), k.clusters[1], p.cluster) AS cluster,
     p.job_id AS job_id,
     p.attempt AS attempt,
     p.ts_ms AS ts_ms,
     p.step AS step,
-    p.samples AS samples,
-    p.tokens AS tokens,
-    p.epoch AS epoch,
-    p.loss AS loss,
-    p.step_time_ms AS step_time_ms,
-    p.rank_ids AS rank_ids,
-    p.rank_step_time_ms AS rank_step_time_ms
-FROM {db}.job_progress AS p
+    p.r.1 AS samples,
+    p.r.2 AS tokens,
+    p.r.3 AS epoch,
+    p.r.4 AS loss,
+    p.r.5 AS step_time_ms,
+    p.r.6 AS rank_ids,
+    p.r.7 AS rank_step_time_ms
+FROM
+(
+    SELECT
+        toString(cluster) AS cluster,
+        job_id,
+        attempt,
+        ts_ms,
+        step,
+        argMin((samples, tokens, epoch, loss, step_time_ms, rank_ids, rank_step_time_ms), (kafka_partition, kafka_offset)) AS r
+    FROM {db}.job_progress
+    GROUP BY
+        cluster,
+        job_id,
+        attempt,
+        ts_ms,
+        step
+) AS p
 LEFT JOIN
 (
     SELECT

@@ -50,7 +50,7 @@ def test_a_block_the_client_cannot_serialize_is_split_and_dead_lettered(tmp_path
                 raise AssertionError(f"the block was retried {len(retries)} times instead of split and dead-lettered")
 
         sink = BatchingSink(ClickHouseWriter(client, DB), ClickHouseProgress(client, DB, "g"), sleep=sleep,
-                            on_poison=lambda key, offset, table, rows, why: letters.append((offset, table, why)))
+                            on_poison=lambda key, offset, table, rows, why, _key: letters.append((offset, table, why)))
         sink.assign([(topic, 0)])
         for k, xid in enumerate(([], [-1], [79])):
             source = Source(topic, 0, k)

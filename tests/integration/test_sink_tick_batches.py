@@ -1,7 +1,8 @@
 """A NodeTickBatch with a bad tick, through the real sink (Tansu, run_sink, chDB): each tick is
 judged on its own as the worker judges it (streams/core.py `_on_ticks`), so the good ticks keep
-their health and inventory rows and the message gets one dead letter naming the bad ticks; a batch
-the worker rejects whole is still rejected whole."""
+their health and inventory rows and each bad tick gets a dead letter of its own (the tick as original,
+its own reason, the message's Kafka key, as every other letter); a batch the worker rejects whole is
+still rejected whole."""
 
 from __future__ import annotations
 
@@ -45,6 +46,11 @@ def dated_1990(ticks: list) -> None:
     ticks[2]["ts_ms"] = 631_152_000_000
 
 
+def hot_and_old(ticks: list) -> None:
+    too_hot(ticks)
+    ticks[4]["ts_ms"] = 631_152_000_000
+
+
 def unmeterable(ticks: list) -> None:
     ticks[2]["gpus"][0]["util_gpu_pct"] = 500.0  # a metered field: the worker rejects the whole message
 
@@ -53,7 +59,7 @@ def test_a_bad_tick_in_a_batch_does_not_cost_the_good_ones_their_rows(settings) 
     create_topics(settings)
     t = settings.topics
     messages = {"hot": batch("hot", too_hot), "old": batch("old", dated_1990), "whole": batch("whole", unmeterable),
-                "good": batch("good")}
+                "good": batch("good"), "two": batch("two", hot_and_old)}
     # what the worker does with them (the rules the sink must follow)
     worker = {}
     for name, raw in messages.items():
@@ -63,7 +69,7 @@ def test_a_bad_tick_in_a_batch_does_not_cost_the_good_ones_their_rows(settings) 
             worker[name] = 0
             continue
         worker[name] = sum(check_tick(x, 0, now_ms=T0 + 60_000) is None for x in ticks)
-    assert worker == {"hot": 5, "old": 4, "whole": 0, "good": 5}
+    assert worker == {"hot": 5, "old": 4, "whole": 0, "good": 5, "two": 4}
 
     producer = Producer(settings.kafka_client_config())
     for name, raw in messages.items():
@@ -79,18 +85,33 @@ def test_a_bad_tick_in_a_batch_does_not_cost_the_good_ones_their_rows(settings) 
     finally:
         client.close()
     # two GPUs a tick: the hot batch keeps 4 ticks (its hot tick fails the sink's full schema), the old one 4
-    assert health == {"hot": 8, "old": 8, "good": 10}, "the good ticks of a batch with a bad tick lost their rows"
-    assert set(seen) == {"hot", "old", "good"}
-    assert stats["dead_letters"] == 3
+    assert health == {"hot": 8, "old": 8, "good": 10, "two": 6}, \
+        "the good ticks of a batch with a bad tick lost their rows"
+    assert set(seen) == {"hot", "old", "good", "two"}
 
-    letters = {decode(DeadLetter, m.value()).offset: decode(DeadLetter, m.value())
-               for m in read_topic(settings, t.dead_letters)}
-    assert sorted(letters) == [0, 1, 2]
-    hot, old, whole = letters[0], letters[1], letters[2]
+    # (offset, Kafka key, letter): every letter keyed by its message's key, as the worker's are
+    letters = [(m.key(), decode(DeadLetter, m.value())) for m in read_topic(settings, t.dead_letters)]
+    assert sorted((x.offset, key) for key, x in letters) == [(0, b"hot"), (1, b"old"), (2, b"whole"), (4, b"two"),
+                                                             (4, b"two")], "a letter lost its message's key"
+    assert stats["dead_letters"] == 5  # one per bad tick, one for the message rejected whole
+    by = {}
+    for _key, x in letters:
+        by.setdefault(x.offset, []).append(x)
+    [hot], [old], [whole] = by[0], by[1], by[2]
     assert hot.reason.startswith("NodeTickBatch: schema violation at ticks.2.gpus.0.temperature_c")
     assert hot.reason.endswith("(1 of the batch's 5 ticks rejected; the others stored)")
-    assert [x["ts_ms"] for x in orjson.loads(hot.original)] == [T0 + 2 * S]  # the letter holds the bad tick
+    # the letter's original is the bad tick itself (a NodeTick object), not an array of them
+    assert {k: orjson.loads(hot.original)[k] for k in ("node", "ts_ms")} == {"node": "hot", "ts_ms": T0 + 2 * S}
     assert old.reason.startswith("absurd timestamp: tick of old ts_ms=631152000000")
-    assert [x["ts_ms"] for x in orjson.loads(old.original)] == [631_152_000_000]
+    assert orjson.loads(old.original)["ts_ms"] == 631_152_000_000
     assert whole.reason.startswith("NodeTickBatch: schema violation at ticks.2.gpus.0.util_gpu_pct")
     assert orjson.loads(whole.original) == orjson.loads(messages["whole"])  # rejected whole, as the worker does
+    two = sorted(by[4], key=lambda x: orjson.loads(x.original)["ts_ms"])  # one letter per bad tick, its own reason
+    assert [orjson.loads(x.original)["ts_ms"] for x in two] == [631_152_000_000, T0 + 2 * S]
+    assert two[0].reason.startswith("absurd timestamp: tick of two ts_ms=631152000000")
+    assert two[1].reason.startswith("NodeTickBatch: schema violation at ticks.2.gpus.0.temperature_c")
+    assert all(x.reason.endswith("(2 of the batch's 5 ticks rejected; the others stored)") for x in two)
+
+    # caught up, run again: every letter was confirmed before its range was recorded done, none goes twice
+    assert run_until_caught_up(settings)["dead_letters"] == 0
+    assert len(read_topic(settings, t.dead_letters)) == 5

@@ -66,7 +66,8 @@ def health(offset, ts_ms, gpu="GPU-1", node="n1", poison=False):
 def sink_with_letters(wh, progress, producer, **kw):
     outbox = DeadLetterOutbox(producer, "p.dead-letters", wait_s=0)
     sink = BatchingSink(wh, progress, confirm_letters=outbox.confirm, backoff_s=0.5, backoff_max_s=2.0,
-                        on_poison=lambda key, offset, table, rows, reason: outbox.send(None, f"{offset}".encode()),
+                        on_poison=lambda key, offset, table, rows, reason, message_key:
+                        outbox.send(message_key, f"{offset}".encode()),
                         **kw)
     return sink, outbox
 

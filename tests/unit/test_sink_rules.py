@@ -111,8 +111,8 @@ def test_a_block_the_warehouse_can_never_take_is_split_and_the_sink_moves_on():
     written, offsets = feed(sink, snapshot_rows(20, poison_at={7}))
     rows = wh.tables["scheduler_snapshots"]
     assert sorted(r["kafka_offset"] for r in rows) == [o for o in range(20) if o != 7]  # each once
-    assert [(key, offset, table) for key, offset, table, _rows, _reason in poisoned] == [((SNAP, 0), 7,
-                                                                                           "scheduler_snapshots")]
+    assert [(key, offset, table) for key, offset, table, _rows, _reason, _key in poisoned] == [((SNAP, 0), 7,
+                                                                                                 "scheduler_snapshots")]
     assert "Code: 53" in poisoned[0][4] and "not retried" in poisoned[0][4]
     assert offsets == {(SNAP, 0): 20} and written == {"scheduler_snapshots": 19}
     assert sink.splits > 0 and sink.poisoned == 1
@@ -215,21 +215,20 @@ def test_a_bad_tick_costs_only_itself_and_a_batch_the_worker_cannot_read_is_reje
     rows = process_message(SAMPLES, batch(lambda t: t.update(ts_ms=631_152_000_000) or True), src, now_ms=now)
     assert [r["ts_ms"] for r in rows["gpu_health"]] == [T0, T0 + 10_000]
     assert len(rows["node_inventory"]) == 2
-    reason, bad = rows.rejected
-    assert reason.startswith("absurd timestamp") and reason.endswith("(2 of the batch's 4 ticks rejected; the others stored)")
-    assert [t["ts_ms"] for t in bad] == [631_152_000_000] * 2
+    # one rejection per bad tick, each with its own reason and the tick as original
+    assert [(why.split(":")[0], t["ts_ms"]) for why, t in rows.rejected] == [("absurd timestamp", 631_152_000_000)] * 2
+    assert all(why.endswith("(2 of the batch's 4 ticks rejected; the others stored)") for why, _ in rows.rejected)
     class Tables:
         def write(self, table, rows, token=None):
             return len(rows)
 
     letters = []
-    sink = BatchingSink(Tables(), MemoryProgress(), on_poison=lambda *a: letters.append(a),
-                        sleep=lambda s: pytest.fail("nothing here may be retried"))
-    assert sink.add(rows, src)
+    sink = BatchingSink(Tables(), MemoryProgress(), sleep=lambda s: pytest.fail("nothing here may be retried"))
+    assert sink.add(rows, src, letter=lambda: letters.append(src.offset), message_key=b"n")
     written, _ = sink.flush()
     assert written == {"gpu_health": 2, "node_inventory": 2}
-    assert [(key, offset, reason_) for key, offset, _table, _rows, reason_ in letters] == [((src.topic, 0), 5, reason)]
-    assert not sink.add(rows, src) and len(letters) == 1  # a message read again: no second letter
+    assert letters == [5]
+    assert not sink.add(rows, src, letter=lambda: letters.append(src.offset)) and letters == [5]  # read again: no letter
     # a metered field out of range: the worker rejects the whole message, so does the sink
     with pytest.raises(DecodeError, match="ticks.1.gpus.0.util_gpu_pct"):
         process_message(SAMPLES, batch(lambda t: t["gpus"][0].update(util_gpu_pct=500.0)), src, now_ms=now)
@@ -258,7 +257,8 @@ def test_the_sink_rejects_the_ticks_the_worker_finds_inconsistent():
             process_message(SAMPLES, encode(bad), src, now_ms=now)
     rows = process_message(SAMPLES, encode(NodeTickBatch(node="n", ticks=[good, twice, too_full])), src, now_ms=now)
     assert [r["ts_ms"] for r in rows["gpu_health"]] == [T0] and len(rows["node_inventory"]) == 1
-    reason, bad_ticks = rows.rejected
-    assert reason.startswith("inconsistent tick: n ts_ms=") and "lists GPU G twice" in reason
-    assert reason.endswith("(2 of the batch's 3 ticks rejected; the others stored)")
-    assert [t["ts_ms"] for t in bad_ticks] == [T0 + 5000, T0 + 10_000]
+    (twice_why, twice_tick), (full_why, full_tick) = rows.rejected
+    assert twice_why.startswith("inconsistent tick: n ts_ms=") and "lists GPU G twice" in twice_why
+    assert full_why.startswith("inconsistent tick: n GPU G uses 81 bytes of 80")
+    assert twice_why.endswith("(2 of the batch's 3 ticks rejected; the others stored)")
+    assert [twice_tick["ts_ms"], full_tick["ts_ms"]] == [T0 + 5000, T0 + 10_000]
