@@ -149,10 +149,13 @@ DATASETS: dict[str, tuple[str, str | None, list[dict], bool]] = {
         m("named_idle_cost", "sum(idle_cost_micros) / 1e6", "Idle cost of the named jobs", ",.2f", money=True),
     ], False),
     "gpu_cards": ("GPU ID cards (docs/gpu-cards.md): identity, where it sat (cluster/node), first/last seen, repairs, "
-                  "down time, Xid, flag",
+                  "down time, Xid, flag (back from repair twice; one UUID on two nodes at once, sql/0048)",
                   "last_seen", [
         m("card_count", "count()", "GPUs", ",d"),
-        m("flagged_count", "countIf(flag != '')", "Suggested for lower-priority work", ",d"),
+        # flag may hold two findings joined by "; " (sql/0048): count each
+        m("flagged_count", "countIf(position(flag, 'suggest lower-priority work') > 0)",
+          "Suggested for lower-priority work", ",d"),
+        m("at_once_count", "countIf(position(flag, 'nodes at once') > 0)", "Reported by two nodes at once", ",d"),
     ], False),
     "gpu_card_monthly": ("GPU ID card by month: temperature, utilization, power, Xid errors", "month", [
         m("card_avg_temperature", "avg(avg_temperature_c)", "Mean temperature °C", ".1f"),

@@ -194,6 +194,10 @@ def build_card(client, database: str, gpu_uuid: str) -> Report:
         "xid_errors": sum(h["xid_errors"] or 0 for h in health.values()), "repairs": len(repairs),
         "busy_hours_per_kwh_trend_pct_per_month": trend, "flag": flag_of(len(repairs)),
     }
+    # the card's flag as the GPU ID cards chart has it (sql/0048: also "reported by N nodes at once")
+    carded = _q(client, f"SELECT flag FROM {db}.gpu_cards WHERE gpu_uuid = {{u:String}}", p)
+    if carded:
+        summary["flag"] = carded[0]["flag"]
     return Report(
         name="gpu", title=f"GPU ID card: {gpu_uuid}",
         period=f"{_at(first_ms):%Y-%m-%d %H:%M} .. {_at(last_ms):%Y-%m-%d %H:%M} UTC", summary=summary,

@@ -634,7 +634,7 @@ AS SELECT
     p.placements AS placements,
     r.repairs AS repairs,
     if(r.repairs > 0, r.last_repaired, NULL) AS last_repaired,
-    if(r.repairs >= 2, 'suggest lower-priority work', '') AS flag,
+    arrayStringConcat(arrayFilter(f -> (f != ''), [if(r.repairs >= 2, 'suggest lower-priority work', ''), if(length(x.at_once) > 1, concat('reported by ', toString(length(x.at_once)), ' nodes at once: ', arrayStringConcat(x.at_once, ', '), if(match(s.gpu_uuid, '^GPU-unreadable-[0-9]+$'), ' (an old agent\'s placeholder for an unreadable GPU: upgrade the agents)', ' (cloned agent?)')), '')]), '; ') AS flag,
     d.down_seconds AS down_seconds,
     h.xid_errors AS xid_errors,
     h.avg_temperature_c AS avg_temperature_c,
@@ -703,7 +703,15 @@ LEFT JOIN
         maxMerge(max_temperature_c) AS max_temperature_c
     FROM {db}.gpu_health_hourly
     GROUP BY gpu_uuid
-) AS h ON s.gpu_uuid = h.gpu_uuid;
+) AS h ON s.gpu_uuid = h.gpu_uuid
+LEFT JOIN
+(
+    SELECT
+        gpu_uuid,
+        arraySort(groupUniqArrayArray(placements)) AS at_once
+    FROM {db}.gpu_uuid_shared_hours
+    GROUP BY gpu_uuid
+) AS x ON s.gpu_uuid = x.gpu_uuid;
 
 CREATE VIEW {db}.gpu_current
 (
@@ -1181,6 +1189,39 @@ GROUP BY
     serial,
     board_part_number,
     vbios_version;
+
+CREATE VIEW {db}.gpu_uuid_shared_hours
+(
+    `gpu_uuid` String,
+    `hour` DateTime('UTC'),
+    `placements` Array(String)
+)
+AS SELECT
+    gpu_uuid,
+    hour,
+    arraySort(groupUniqArray(concat(toString(cluster), '/', toString(node)))) AS placements
+FROM {db}.gpu_health_hourly
+WHERE gpu_uuid IN (
+    SELECT gpu_uuid
+    FROM
+    (
+        SELECT
+            gpu_uuid,
+            min(first_seen_ms) AS first_ms,
+            max(last_seen_ms) AS last_ms
+        FROM {db}.gpu_sightings
+        GROUP BY
+            gpu_uuid,
+            cluster,
+            node
+    )
+    GROUP BY gpu_uuid
+    HAVING (count() > 1) AND arrayExists((a, i) -> arrayExists((b, j) -> ((i != j) AND ((a.1) < (b.2)) AND ((b.1) < (a.2))), s, arrayEnumerate(s)), groupArray((first_ms, last_ms)) AS s, arrayEnumerate(s))
+)
+GROUP BY
+    gpu_uuid,
+    hour
+HAVING length(placements) > 1;
 
 CREATE TABLE {db}.idle_stretch_days
 (

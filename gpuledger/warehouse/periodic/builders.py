@@ -2,7 +2,7 @@
 
 - `inventory`: cards per GPU model and their utilization (the three layers), the cards that stayed
   under a utilization threshold (20 %) and the queues that held them, the largest jobs by GPU-hours,
-  requested vs allocated vs executed GPU-time per queue.
+  requested vs allocated vs executed GPU-time per queue, the GPU UUIDs two nodes reported at once.
 - `monthly`: the three-layer trend per day, the tenants' cost composition (compute / idle /
   failed-retry), the top-N jobs by cost.
 - `weekly`: anomalies (GPUs down, failed attempts, idle-heavy jobs, stragglers), the top-10 costly
@@ -104,10 +104,12 @@ def inventory(client, database: str, *, days: int = 30, as_of: Any = None, low_u
     for q in requested:
         q["used_to_requested"] = q["executed_gpu_hours"] / q["requested_gpu_hours"] if q["requested_gpu_hours"] else None
         q["gap_gpu_hours"] = q["requested_gpu_hours"] - q["executed_gpu_hours"]
+    at_once = gpus_on_two_nodes(client, database, start, end)
     report = Report("inventory", "GPU inventory", f"{start} .. {end} ({days} days)", summary={
         "cards": sum(r["cards"] for r in cards),
         "cards_under_threshold": len(per_card),
         **({"cards_without_utilization_sample": len(unsampled)} if unsampled else {}),
+        **({"gpus_on_two_nodes_at_once": len(at_once)} if at_once else {}),
         "threshold_pct": float(low_util_pct),
         "requested_gpu_hours": total(requested, "requested_gpu_hours"),
         "executed_gpu_hours": total(requested, "executed_gpu_hours"),
@@ -132,8 +134,23 @@ def inventory(client, database: str, *, days: int = 30, as_of: Any = None, low_u
         Section("Requested vs used GPU-hours per queue", requested,
                 "requested = requested GPUs x (end - queued); used = executed", Plot("bar", "queue", [
                     "requested_gpu_hours", "allocated_gpu_hours", "executed_gpu_hours"])),
+        Section("GPUs reported by two nodes at once",
+                capped(at_once, cards_listed, label="gpu_uuid", sums=("hours_at_once",)),
+                "one GPU UUID on two or more (cluster, node) in the same hour: a cloned agent or VM image "
+                "(billed on one node only; docs/reliability.md, \"One GPU, one node\"); a GPU moved to another "
+                "node shows there only after it left"),
     ]
     return report
+
+
+def gpus_on_two_nodes(client, database: str, start: dt.date, end: dt.date) -> list[dict]:
+    """The GPU UUIDs two or more (cluster, node) reported in one hour of the period (sql/0048's
+    `gpu_uuid_shared_hours`, from the hourly health rows), where, and in how many hours."""
+    return query(client, f"""
+        SELECT gpu_uuid, arrayStringConcat(arraySort(groupUniqArrayArray(placements)), ', ') AS placements,
+               count() AS hours_at_once, min(hour) AS first_hour_start, max(hour) AS last_hour_start
+        FROM {quoted_database(database)}.gpu_uuid_shared_hours WHERE toDate(hour) BETWEEN {{d0:Date}} AND {{d1:Date}}
+        GROUP BY gpu_uuid ORDER BY first_hour_start, gpu_uuid""", {"d0": start, "d1": end})
 
 
 #: what the job rows of a period report are (queries.period_job_rows)

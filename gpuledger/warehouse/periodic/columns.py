@@ -121,7 +121,7 @@ def column(name: str) -> Column:
     elif name.endswith(("_start", "_at")):
         unit = "time"
     elif re.fullmatch(r"attempts?|failed_attempts|cards|nodes|gpus|slices|low_util_cards|offset_ms|repairs|xid_errors|"
-                      r"waiting_priority|reports", name):
+                      r"waiting_priority|reports|hours_at_once", name):
         unit = "count"
     elif name.endswith("_rate"):
         unit = "ratio"
