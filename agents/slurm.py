@@ -673,6 +673,10 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
             _allocate(job, js, out, gpus, None if gpus or not job.requested_gpus else "GPU indices not in gres_detail")
     elif job.state in HOLDING_STATES and job.state not in TRANSITIONAL_STATES and not js.ended:
         _resized(job, js, out, promised_ms)
+    if (job.state == "COMPLETING" or job.state in FINAL_STATES) and js.allocated and not js.ended \
+            and job.nodes and job.resize_ms > js.alloc_start_ms:
+        # shrunk and ended between two polls: squeue lists an ended job's nodes, no GPUs any more
+        _keep_nodes(job, js, out, set(job.nodes), job.resize_ms, f"resized to {','.join(job.nodes)} (seen ended)")
     if job.state == "COMPLETING":
         hold_ms.append(job.end_ms)
         return
@@ -773,16 +777,22 @@ def _replay_attempt(job: SlurmJob, js: JobState, out: _Emitter, group: list[Sacc
         _allocate(_with(job, start_ms=group[0].start_s * 1000, nodes=[], gres_detail=[]), js, out, [],
                   f"GPU indices not seen ({note})")
     for row, after in zip(group, group[1:]):
-        if row.state != "RESIZING" or not row.end_s or not after.nodes or not js.allocated \
-                or not _gpu_set(js.nodes, js.gres_detail or ()):
-            continue  # no GPUs known to keep (indices not seen, or a state file from before they were kept)
-        kept = set(expand_hostlist(after.nodes))
-        pairs = [(n, g) for n, g in zip(js.nodes, js.gres_detail or ()) if n in kept]
-        if [n for n, _ in pairs] == js.nodes:
-            continue  # nothing released (a live poll saw the resize, or it kept all nodes)
-        _reallocate(job, js, out, job_gpus(_with(job, nodes=[n for n, _ in pairs], gres_detail=[g for _, g in pairs])),
-                    row.end_s * 1000, f"resized to {after.nodes} ({note})")
-        js.nodes, js.gres_detail = [n for n, _ in pairs], tuple(g for _, g in pairs)
+        if row.state == "RESIZING" and row.end_s and after.nodes:
+            _keep_nodes(job, js, out, set(expand_hostlist(after.nodes)), row.end_s * 1000,
+                        f"resized to {after.nodes} ({note})")
+
+
+def _keep_nodes(job: SlurmJob, js: JobState, out: _Emitter, kept: set[str], at_ms: int, note: str) -> None:
+    """A shrink the live path did not see (sacct's RESIZING row, or a job seen only after it ended): the
+    attempt keeps the GPUs it was last seen with on the nodes in `kept`, from `at_ms`."""
+    if not js.allocated or not _gpu_set(js.nodes, js.gres_detail or ()):
+        return  # no GPUs known to keep (indices not seen, or a state file from before they were kept)
+    pairs = [(n, g) for n, g in zip(js.nodes, js.gres_detail or ()) if n in kept]
+    if not pairs or [n for n, _ in pairs] == js.nodes:
+        return  # nothing released (a live poll saw the resize, or it kept all nodes), or not a shrink
+    _reallocate(job, js, out, job_gpus(_with(job, nodes=[n for n, _ in pairs], gres_detail=[g for _, g in pairs])),
+                at_ms, note)
+    js.nodes, js.gres_detail = [n for n, _ in pairs], tuple(g for _, g in pairs)
 
 
 def _replay_requeues(job: SlurmJob, js: JobState, state: AgentState, out: _Emitter, groups: list[list[SacctRow]],

@@ -185,6 +185,20 @@ def test_a_running_job_shrunk_gets_a_second_allocated_at_its_resize_time():
     assert ("rv02", 423, 0, "completed") not in changes and ("rv01", 423, 4, "completed") in changes
 
 
+def test_a_job_shrunk_and_ended_between_two_polls_stops_billing_the_released_node_at_its_resize_time():
+    """Resized at 387 and ended at 423 between the polls at 385 and 425: squeue lists the ended job on
+    rv01 with its resize_time and no GPUs. Was: rv02's 4 GPUs billed to the end, 320 GPU-s for 176."""
+    first = poll([JOB15_RUNNING], AgentState(), 385)
+    done = poll([JOB15_DONE], first.state, 425)
+    assert summary(done.events) == [("15:0:allocated:2", 387, RV01), ("15:0:completed", 423, [])]
+    assert gpu_seconds(first.events + done.events) == {0: 176.0}
+    assert poll([JOB15_DONE], done.state, 427).events == []  # seen once
+    # a job that was not resized ends as before: no second `allocated`
+    plain = poll([record(16, "RUNNING", 0, 383, 383, "rv[03-04]", ["gpu:a100:4(IDX:0-3)"] * 2, 4, 2)], AgentState(), 385)
+    ended = poll([record(16, "COMPLETED", 0, 383, 383, "rv[03-04]", [], 4, 2, end=423)], plain.state, 425)
+    assert summary(ended.events) == [("16:0:completed", 423, [])]
+
+
 def test_a_state_file_from_before_gpu_sets_were_kept_loads_and_emits_nothing_new():
     state = poll([JOB15_RUNNING], AgentState(), 385).state
     legacy = {k: v for k, v in state.jobs["15"].to_json().items() if k not in ("gres_detail", "allocations")}
