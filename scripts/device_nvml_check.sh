@@ -9,8 +9,10 @@
 # device call should bring back everything); the exit status is non-zero if any step failed.
 #
 # Python: .venv if there is one, else $PYTHON or python3 with gpuledger installed. A lent device
-# machine has Python 3.12 and no package index: carry the wheels the image lacks in .whl/ (see
-# docs/device.md); they go to a private --target folder, and the package folders are laid out
+# machine has Python 3.12 and no package index: carry the wheels the image lacks in .whl/ (the
+# runtime dependencies in pyproject.toml that the image has not, downloaded for its Python and
+# platform with `pip download --no-deps --only-binary=:all:`, plus clickhouse-connect for
+# tests/conftest.py); they go to a private --target folder, and the package folders are laid out
 # as setuptools' package-dir maps them (pyproject says Python 3.11, so no pip install there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
