@@ -187,7 +187,8 @@ def process_message(kind: str, raw: bytes | None, source: Source, *, now_ms: int
         rows = {"job_events": [job_event_row(message, source)]}
     elif kind == SNAPSHOTS:  # the worker never sees these: the same checks here
         snapshot = decode(SchedulerSnapshot, raw)
-        problem = time_problem(f"snapshot of {snapshot.cluster}", snapshot.ts_ms, 0, max_ahead_ms, now_ms)
+        problem = time_problem(f"snapshot of {snapshot.cluster}", snapshot.ts_ms, 0, max_ahead_ms, now_ms,
+                               clock_ahead_ms)
         if problem:
             raise DecodeError(problem)
         rows = snapshot_rows(snapshot, source)
@@ -195,7 +196,10 @@ def process_message(kind: str, raw: bytes | None, source: Source, *, now_ms: int
         return sample_rows(raw, source, now_ms=now_ms, max_ahead_ms=max_ahead_ms, clock_ahead_ms=clock_ahead_ms)
     elif kind == PROGRESS:  # straight from the jobs: the same time window as the snapshots
         report = decode(JobProgress, raw)
-        problem = time_problem(f"progress of {report.job_id}", report.ts_ms, 0, max_ahead_ms, now_ms)
+        # held to the clock like a tick: one report from a node an hour fast became the pilot's last
+        # window and moved its estimate's central cost 12-fold (tests/unit/test_sink_rules.py)
+        problem = time_problem(f"progress of {report.job_id}", report.ts_ms, 0, max_ahead_ms, now_ms,
+                               clock_ahead_ms)
         if problem:
             raise DecodeError(problem)
         rows = {"job_progress": [progress_row(report, source)]}

@@ -8,14 +8,14 @@ import re
 
 import pytest
 
-from gpuledger.schemas.models import QueueState, SchedulerSnapshot
+from gpuledger.schemas.models import JobProgress, QueueState, SchedulerSnapshot
 from gpuledger.schemas.wire import DecodeError, encode
-from gpuledger.sink.rows import JOB_EVENTS, SNAPSHOTS
+from gpuledger.sink.rows import JOB_EVENTS, PROGRESS, SNAPSHOTS
 from gpuledger.sink.batching import BatchingSink
 from gpuledger.sink.progress import MemoryProgress
 from gpuledger.sink.writer import PermanentWriteError, error_code, is_permanent
 from gpuledger.sink.rows import Source, process_message
-from gpuledger.streams.checks import DAY_MS
+from gpuledger.streams.checks import CLOCK_AHEAD_MS, DAY_MS
 
 T0 = 1_793_577_600_000
 SNAP = "p.scheduler-snapshots"
@@ -90,6 +90,26 @@ def test_1970_and_far_future_snapshots_and_unstorable_values_are_refused_before_
                                                                                allocated_gpus=0, pending_jobs=2,
                                                                                pending_gpus=0)])
     assert len(process_message(SNAPSHOTS, encode(ok), src, now_ms=now)["scheduler_snapshots"]) == 1
+
+
+
+def test_progress_and_snapshots_from_a_clock_ahead_are_refused_like_ticks():
+    """A training node's clock an hour fast: its progress report, accepted under the 7-day window,
+    became the pilot's last window (the estimate's central cost 10.61 -> 133.01 in the golden
+    pilot). A scheduler agent's snapshot an hour ahead would be the latest queue state for that
+    hour. Both are held to GPULEDGER_MAX_CLOCK_AHEAD_S, as ticks, events and watermarks are."""
+    src, now = Source("p.job-progress", 0, 0), T0
+    ahead = now + CLOCK_AHEAD_MS + 1
+    with pytest.raises(DecodeError, match="clock ahead: progress of j1"):
+        process_message(PROGRESS, encode(JobProgress(ts_ms=ahead, job_id="j1", step=10)), src, now_ms=now)
+    with pytest.raises(DecodeError, match="clock ahead: snapshot of c"):
+        process_message(SNAPSHOTS, encode(SchedulerSnapshot(cluster="c", ts_ms=ahead, queues=[])), src, now_ms=now)
+    # at the bound, and from a tool replaying recorded data (no clock), they are stored
+    at_bound = now + CLOCK_AHEAD_MS
+    assert process_message(PROGRESS, encode(JobProgress(ts_ms=at_bound, job_id="j1", step=10)), src, now_ms=now)
+    assert process_message(PROGRESS, encode(JobProgress(ts_ms=ahead + DAY_MS, job_id="j1", step=10)), src)
+    assert process_message(SNAPSHOTS, encode(SchedulerSnapshot(cluster="c", ts_ms=at_bound, queues=[])), src,
+                           now_ms=now)
 
 
 def test_errors_are_classified_by_code():
