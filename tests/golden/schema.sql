@@ -2191,7 +2191,8 @@ CREATE VIEW {db}.job_progress_deltas
     `window_start` DateTime('UTC'),
     `d_ms` Int64,
     `d_step` Int64,
-    `d_tokens` Int64
+    `d_tokens` Int64,
+    `d_tokens_ms` Int64
 )
 AS SELECT
     cluster,
@@ -2205,9 +2206,10 @@ AS SELECT
     loss,
     step_time_ms,
     toStartOfInterval(fromUnixTimestamp64Milli(ts_ms, 'UTC'), toIntervalMinute(10)) AS window_start,
-    if(prev_ts = 0, 0, ts_ms - prev_ts) AS d_ms,
-    if(prev_ts = 0, 0, step - prev_step) AS d_step,
-    if((prev_ts = 0) OR (tokens IS NULL), 0, assumeNotNull(tokens) - prev_tokens) AS d_tokens
+    if(n = 1, 0, ts_ms - prev_ts) AS d_ms,
+    if(n = 1, 0, step - prev_step) AS d_step,
+    if((tokens IS NULL) OR (prev_tokens IS NULL), 0, assumeNotNull(tokens) - assumeNotNull(prev_tokens)) AS d_tokens,
+    if((tokens IS NULL) OR (prev_tokens IS NULL), 0, ts_ms - assumeNotNull(prev_tokens_ts)) AS d_tokens_ms
 FROM
 (
     SELECT
@@ -2221,11 +2223,15 @@ FROM
         epoch,
         loss,
         step_time_ms,
+        row_number() OVER w AS n,
         lagInFrame(ts_ms, 1, 0) OVER w AS prev_ts,
         lagInFrame(step, 1, 0) OVER w AS prev_step,
-        lagInFrame(coalesce(tokens, 0), 1, 0) OVER w AS prev_tokens
+        anyLast(tokens) OVER before AS prev_tokens,
+        anyLast(if(tokens IS NULL, NULL, ts_ms)) OVER before AS prev_tokens_ts
     FROM {db}.job_progress_clustered
-    WINDOW w AS (PARTITION BY cluster, job_id, attempt ORDER BY ts_ms ASC ROWS BETWEEN 1 PRECEDING AND CURRENT ROW)
+    WINDOW
+        w AS (PARTITION BY cluster, job_id, attempt ORDER BY ts_ms ASC, step ASC ROWS BETWEEN 1 PRECEDING AND CURRENT ROW),
+        before AS (PARTITION BY cluster, job_id, attempt ORDER BY ts_ms ASC, step ASC ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
 );
 
 CREATE VIEW {db}.job_progress_windows
@@ -2249,7 +2255,7 @@ AS SELECT
     p.steps AS steps,
     p.seconds AS seconds,
     p.steps / p.seconds AS steps_per_s,
-    p.tokens / p.seconds AS tokens_per_s,
+    if(p.token_seconds > 0, p.tokens / p.token_seconds, 0) AS tokens_per_s,
     p.reports AS reports,
     u.util_pct AS util_pct
 FROM
@@ -2262,9 +2268,10 @@ FROM
         sum(d_step) AS steps,
         sum(d_ms) / 1000 AS seconds,
         sum(d_tokens) AS tokens,
+        sum(d_tokens_ms) / 1000 AS token_seconds,
         count() AS reports
     FROM {db}.job_progress_deltas
-    WHERE d_ms > 0
+    WHERE (d_ms > 0) OR (d_step != 0) OR (d_tokens != 0)
     GROUP BY
         cluster,
         job_id,
@@ -2354,7 +2361,7 @@ AS SELECT
     u.cost_micros / 1000000. AS span_cost,
     u.energy_j AS span_energy_j,
     (u.cost_micros / 1000000.) / nullIf(p.steps, 0) AS cost_per_step,
-    ((u.cost_micros / 1000000.) / nullIf(p.tokens, 0)) * 1000000. AS cost_per_million_tokens,
+    ((u.token_cost_micros / 1000000.) / nullIf(p.tokens, 0)) * 1000000. AS cost_per_million_tokens,
     coalesce(c.checkpoints, 0) AS checkpoints,
     coalesce(c.checkpoint_seconds, 0) AS checkpoint_seconds
 FROM
@@ -2366,9 +2373,9 @@ FROM
         min(ts_ms) AS first_ms,
         max(ts_ms) AS last_ms,
         count() AS reports,
-        argMax(step, ts_ms) - argMin(step, ts_ms) AS steps,
-        coalesce(argMax(tokens, ts_ms), 0) - coalesce(argMin(tokens, ts_ms), 0) AS tokens,
-        argMax(loss, ts_ms) AS last_loss
+        argMax(step, (ts_ms, step)) - argMin(step, (ts_ms, step)) AS steps,
+        coalesce(argMax(tokens, (ts_ms, step)), 0) - coalesce(argMin(tokens, (ts_ms, step)), 0) AS tokens,
+        argMax(loss, (ts_ms, step)) AS last_loss
     FROM {db}.job_progress_clustered
     GROUP BY
         cluster,
@@ -2383,7 +2390,8 @@ LEFT JOIN
         r.attempt AS attempt,
         sum(r.gpu_ms * r.part) AS gpu_ms,
         sum(r.cost_micros * r.part) AS cost_micros,
-        sum(r.energy_j * r.part) AS energy_j
+        sum(r.energy_j * r.part) AS energy_j,
+        sum(r.cost_micros * r.token_part) AS token_cost_micros
     FROM
     (
         SELECT
@@ -2393,7 +2401,8 @@ LEFT JOIN
             u.gpu_ms AS gpu_ms,
             u.cost_micros AS cost_micros,
             u.energy_j AS energy_j,
-            greatest(least(u.end_ms, s.last_ms) - greatest(u.start_ms, s.first_ms), 0) / greatest(u.end_ms - u.start_ms, 1) AS part
+            greatest(least(u.end_ms, s.last_ms) - greatest(u.start_ms, s.first_ms), 0) / greatest(u.end_ms - u.start_ms, 1) AS part,
+            greatest(least(u.end_ms, s.tokens_last_ms) - greatest(u.start_ms, s.tokens_first_ms), 0) / greatest(u.end_ms - u.start_ms, 1) AS token_part
         FROM
         (
             SELECT
@@ -2419,7 +2428,9 @@ LEFT JOIN
                 job_id,
                 attempt,
                 min(ts_ms) AS first_ms,
-                max(ts_ms) AS last_ms
+                max(ts_ms) AS last_ms,
+                minIf(ts_ms, tokens IS NOT NULL) AS tokens_first_ms,
+                maxIf(ts_ms, tokens IS NOT NULL) AS tokens_last_ms
             FROM {db}.job_progress_clustered
             GROUP BY
                 cluster,
