@@ -25,6 +25,8 @@ WORLD_AVERAGE_SOURCE = "Ember, Global Electricity Review 2024: world average 202
 DEFAULT_CARBON_VERSION = "carbon-1"
 #: no grid emits more than ~1,100 g/kWh (lignite); 5,000 leaves room and still refuses a unit mix-up (kg)
 MAX_GCO2E_PER_KWH = 5000.0
+#: power usage effectiveness is the facility's energy over the IT equipment's: 1 at best (The Green Grid)
+MIN_PUE = 1.0
 
 
 class CarbonConfigError(ValueError):
@@ -72,9 +74,14 @@ def parse_carbon(doc: dict, power_pue: float) -> CarbonDefinition:
                                               for k, v in zones.items()):
         raise CarbonConfigError("carbon.zones must map cluster names to zone names (text)")
     has_default = "default_gco2e_per_kwh" in raw
+    pue = _number(raw.get("pue", power_pue), "pue", 0.0, 10.0, low_open=True)
+    if pue < MIN_PUE:
+        # PUE is facility energy over IT energy: never below 1. One below (0.14 for 1.4) would divide every
+        # carbon figure silently ([power].pue, the default, is held to the same bound where it is parsed)
+        raise CarbonConfigError(f"carbon.pue must be at least 1 (facility energy / GPU energy), got {pue!r}")
     return CarbonDefinition(
         version=version,
-        pue=_number(raw.get("pue", power_pue), "pue", 0.0, 10.0, low_open=True),
+        pue=pue,
         default_gco2e_per_kwh=_number(raw.get("default_gco2e_per_kwh", WORLD_AVERAGE_GCO2E_PER_KWH),
                                       "default_gco2e_per_kwh", 0.0, MAX_GCO2E_PER_KWH),
         default_source=str(raw.get("default_source", "" if has_default else WORLD_AVERAGE_SOURCE)),

@@ -529,7 +529,7 @@ def parse_ledger_config(doc: dict, source: str = "<config>") -> LedgerConfig:
         if policy not in UNPRICED_POLICIES:
             raise LedgerConfigError(f"{source}: unpriced.policy must be one of {', '.join(UNPRICED_POLICIES)}; "
                                     f"got {policy!r}")
-        pue = _bounded(power.get("pue", 1.0), 0, MAX_PUE, f"{source}: power.pue", low_open=True)
+        pue = _bounded(power.get("pue", 1.0), 1.0, MAX_PUE, f"{source}: power.pue")  # facility / IT energy: 1 at best
         segments = doc.get("segments", {})
         if not isinstance(segments, dict):
             raise LedgerConfigError(f"{source}: segments must be a table ([segments]), got {segments!r}")

@@ -26,9 +26,9 @@ import io
 import math
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-from gpuledger.streams.carbondefs import MAX_GCO2E_PER_KWH, CarbonDefinition
+from gpuledger.streams.carbondefs import MAX_GCO2E_PER_KWH, CarbonConfigError, CarbonDefinition
 from gpuledger.warehouse.client import insert_rows, quoted_database
 
 #: header names a CSV may give the zone column (a cluster's name, or a region [carbon.zones] names)
@@ -53,26 +53,36 @@ def parse_time_ms(text: str, where: str) -> int:
     return int(when.timestamp() * 1000)
 
 
-def parse_intensity_csv(text: str, source: str = "<csv>") -> list[dict]:
+def parse_intensity_csv(text: str, source: str = "<csv>", zones: Mapping[str, str] | None = None) -> list[dict]:
     """Rows {zone, valid_from_ms, gco2e_per_kwh} of a CSV with a header: one of zone/cluster/region,
     valid_from and gco2e_per_kwh (other columns are ignored). Every bad line is an error, with its
-    number: a partly loaded series would price some hours at the default without anyone knowing."""
-    reader = csv.DictReader(io.StringIO(text))
+    number: a partly loaded series would price some hours at the default without anyone knowing.
+    `zones`: the definition's [carbon.zones]; a row naming a cluster it maps to another zone is an error
+    (no figure would ever read that series: the cluster takes its zone's)."""
+    reader = csv.DictReader(io.StringIO(text.removeprefix("\ufeff")))  # a spreadsheet's byte order mark
     header = [h.strip() for h in (reader.fieldnames or [])]
     reader.fieldnames = header
-    zone_col = next((h for h in ZONE_HEADERS if h in header), None)
+    named = [h for h in ZONE_HEADERS if h in header]
+    if len(named) > 1:  # which one the series is named by would be a guess (a cluster's name is not its region)
+        raise CarbonInputError(f"{source}: the header names {' and '.join(named)}: name the zone in one column "
+                               "only (zone, cluster or region)")
+    zone_col = named[0] if named else None
     missing = [name for name, ok in (("zone, cluster or region", zone_col), ("valid_from", "valid_from" in header),
                                      ("gco2e_per_kwh", "gco2e_per_kwh" in header)) if not ok]
     if missing:
         raise CarbonInputError(f"{source}: the header must name {', '.join(missing)}; got {', '.join(header) or 'nothing'}")
     rows, seen = [], {}
-    for n, raw in enumerate(reader, start=2):
-        where = f"{source}, line {n}"
+    for raw in reader:
+        where = f"{source}, line {reader.line_num}"  # the file's line (blank lines and quoted line breaks count)
         if not any((v or "").strip() for v in raw.values() if isinstance(v, str)):
             continue  # a blank line
         zone = (raw.get(zone_col) or "").strip()
         if not zone or not zone.isprintable() or len(zone) > 256:
             raise CarbonInputError(f"{where}: {zone_col} must be a name, got {raw.get(zone_col)!r}")
+        if zones and zones.get(zone, zone) != zone:
+            raise CarbonInputError(f"{where}: cluster {zone} takes the intensity of zone {zones[zone]} "
+                                   f"([carbon.zones]), so a series named {zone} would never be read: name it "
+                                   f"{zones[zone]}, or remove the mapping")
         ts = parse_time_ms(raw.get("valid_from") or "", where)
         try:
             g = float((raw.get("gco2e_per_kwh") or "").strip())
@@ -83,7 +93,7 @@ def parse_intensity_csv(text: str, source: str = "<csv>") -> list[dict]:
         if (zone, ts) in seen:
             raise CarbonInputError(f"{where}: {zone} from {raw.get('valid_from')} is given twice "
                                    f"(first on line {seen[(zone, ts)]})")
-        seen[(zone, ts)] = n
+        seen[(zone, ts)] = reader.line_num
         rows.append({"zone": zone, "valid_from_ms": ts, "gco2e_per_kwh": g})
     if not rows:
         raise CarbonInputError(f"{source}: no rows")
@@ -96,16 +106,41 @@ def _query(client, sql: str, params: dict | None = None) -> list[dict]:
 
 
 def record_definition(client, database: str, carbon: CarbonDefinition) -> bool:
-    """Record the [carbon] definition unless the latest recorded one is the same; True when recorded."""
+    """Record the [carbon] definition unless the latest recorded one is the same; True when recorded.
+    Refuses a version already recorded with other figures (CarbonConfigError), as sync_library refuses a
+    changed definition_version: every carbon figure names its carbon_version, which must keep meaning the
+    figures it was reported under (a PUE changed under the same name re-labelled every past figure)."""
     db = quoted_database(database)
-    latest = _query(client, f"SELECT carbon_version, pue, default_gco2e_per_kwh, default_source, zones "
-                            f"FROM {db}.carbon_definitions ORDER BY recorded_at DESC LIMIT 1")
+    columns = "carbon_version, pue, default_gco2e_per_kwh, default_source, zones"
+    latest = _query(client, f"SELECT {columns} FROM {db}.carbon_definitions ORDER BY recorded_at DESC LIMIT 1")
     wanted = {"carbon_version": carbon.version, "pue": carbon.pue, "default_gco2e_per_kwh": carbon.default_gco2e_per_kwh,
               "default_source": carbon.default_source, "zones": dict(carbon.zones)}
-    if latest and {k: (dict(v) if k == "zones" else v) for k, v in latest[0].items()} == wanted:
+
+    def plain(row: dict) -> dict:
+        return {k: (dict(v) if k == "zones" else v) for k, v in row.items()}
+
+    if latest and plain(latest[0]) == wanted:
         return False
+    same_name = [plain(r) for r in _query(client, f"SELECT DISTINCT {columns} FROM {db}.carbon_definitions "
+                                                  "WHERE carbon_version = {v:String}", {"v": carbon.version})]
+    if same_name and wanted not in same_name:
+        was = same_name[-1]
+        changed = ", ".join(f"{k} {was[k]!r} -> {wanted[k]!r}" for k in wanted if was[k] != wanted[k])
+        raise CarbonConfigError(
+            f"carbon definition {carbon.version!r} is already recorded with other figures ({changed}): set a new "
+            "[carbon] version in the ledger config, so carbon figures already reported under it keep their meaning")
     insert_rows(client, "carbon_definitions", [wanted], database=database)
     return True
+
+
+def unread_zones(client, database: str, carbon: CarbonDefinition, zones: Sequence[str]) -> list[str]:
+    """The zones (of a load) no cluster the warehouse has usage of takes its intensity from under `carbon`:
+    a misspelt zone, or a cluster not reporting yet; their series prices nothing until one does."""
+    db = quoted_database(database)
+    clusters = [r["cluster"] for r in _query(client, f"SELECT DISTINCT toString(cluster) AS cluster "
+                                                     f"FROM {db}.usage_capacity_daily")]
+    read = {carbon.zone_of(c) for c in clusters}
+    return sorted(set(zones) - read)
 
 
 def load_intensity(client, database: str, rows: Sequence[dict], source: str, loaded_by: str | None = None) -> int:
@@ -219,17 +254,22 @@ def cmd_carbon(args) -> int:
         if not args.file:
             raise SystemExit("usage: gpuledger carbon load FILE.csv")
         path = Path(args.file)
-        rows = parse_intensity_csv(path.read_text(encoding="utf-8"), path.name)
         carbon = load_ledger_config(settings.ledger_config).carbon
+        rows = parse_intensity_csv(path.read_text(encoding="utf-8-sig"), path.name, carbon.zones)
+        zones = sorted({r["zone"] for r in rows})
         client = connect(settings)
         try:
             recorded = record_definition(client, settings.database, carbon)
             n = load_intensity(client, settings.database, rows, path.name)
+            unread = unread_zones(client, settings.database, carbon, zones)
         finally:
             client.close()
-        zones = sorted({r["zone"] for r in rows})
         print(f"loaded {n} intensity value(s) for {', '.join(zones)}; carbon definition {carbon.version}"
               + (" recorded" if recorded else " (already recorded)"))
+        if unread:
+            print(f"gpuledger: warning: no cluster with usage takes its intensity from {', '.join(unread)} (a cluster's "
+                  "zone is its name, or the one [carbon.zones] maps it to): those values price nothing until one "
+                  "does", file=sys.stderr)
         return 0
     client = connect_readonly(settings)
     try:
