@@ -41,8 +41,26 @@ DeliveryReport = Callable[[Any], None]
 SPOOL_PRODUCER_OVERRIDES: dict[str, Any] = {"message.timeout.ms": 0}
 
 
+#: Kafka error codes that refuse a message for its size (librdkafka's own `message.max.bytes` check at
+#: `produce()`, or the broker's `MESSAGE_TOO_LARGE` / `RECORD_LIST_TOO_LARGE` in a delivery report):
+#: sending the same bytes again can never succeed.
+TOO_LARGE_CODES = frozenset({10, 18})
+
+
 class PublishError(RuntimeError):
     """A message could not even be queued locally."""
+
+
+def is_too_large(err: Any) -> bool:
+    """Whether `err` (a delivery report's KafkaError, or the KafkaException `produce()` raised) refuses
+    the message for its size. Anything else (an unreachable broker, authorization) may pass."""
+    if err is not None and not callable(getattr(err, "code", None)) and getattr(err, "args", None):
+        err = err.args[0]  # KafkaException(KafkaError)
+    code = getattr(err, "code", None)
+    try:
+        return callable(code) and code() in TOO_LARGE_CODES
+    except Exception:
+        return False
 
 
 def redacted(conf: dict[str, Any]) -> dict[str, Any]:

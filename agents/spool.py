@@ -27,9 +27,12 @@ A record is `<body_len u32><crc32 u32><seq u64><appended_ms i64><key_len u16>` +
 the CRC covers everything after itself. Sequence numbers are consecutive across segments and
 restarts. On open every segment is scanned; the first record that is torn (a crash in the
 middle of a write) or fails its CRC ends its segment, which is truncated there, so a torn tail
-costs at most the record being written when the agent died. The records cut away after a damaged
-one are counted in `corrupt` and their sequence numbers are not given out again; a damaged record
-met by a read cuts its segment the same way, and appends go on in a new segment.
+costs at most the record being written when the agent died. The intact records after a damaged
+one (found by their seq and CRC) are first copied, verbatim, into segments of their own named by
+their first seq (`<name>.tmp`, synced, renamed), so the damage costs the damaged records only;
+those are counted in `corrupt` and their sequence numbers are not given out again. A damaged
+record met by a read is handled the same way, and appends go on after the copies or in a new
+segment.
 
 Bounded: when an append would take the spool over `max_bytes`, whole segments are deleted,
 oldest first; the unacknowledged records in them are counted in `dropped` (persisted in
@@ -51,11 +54,15 @@ import struct
 import threading
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
+from gpuledger.agents.publisher import is_too_large
+
 log = logging.getLogger(__name__)
+
+_DROPPED = object()  # a forwarder entry's state: the record can never be sent and was counted as dropped
 
 FsyncPolicy = Literal["always", "interval", "never"]
 FSYNC_POLICIES = ("always", "interval", "never")
@@ -63,6 +70,7 @@ FSYNC_POLICIES = ("always", "interval", "never")
 _HEADER = struct.Struct("<IIQqH")  # body_len, crc32, seq, appended_ms, key_len
 _CRC_FROM = 8  # the CRC covers the header from seq on, then the body
 _SEGMENT_SUFFIX = ".seg"
+_TMP_SUFFIX = ".tmp"
 _CURSOR = "cursor"
 _SLOT = struct.Struct("<QQQQI")
 _SLOT_SIZE = 64
@@ -97,6 +105,7 @@ class _Segment:
     last_seq: int = 0  # last valid record (first_seq - 1 when empty)
     first_ms: int = 0  # append time of its first record (0 when empty)
     cut_to: int = 0    # on open: the last seq the bytes cut away at a damaged record held (0: nothing cut)
+    salvaged: list["_Segment"] = field(default_factory=list)  # on open: segments of the intact records after it
 
     @property
     def count(self) -> int:
@@ -112,19 +121,40 @@ def _encode(seq: int, appended_ms: int, key: bytes, value: bytes) -> bytes:
     return struct.pack("<II", len(key) + len(value), zlib.crc32(tail)) + tail
 
 
-def _last_seq_from(data: bytes, pos: int, last: int) -> int:
-    """The last sequence number held in data[pos:], the bytes from a torn or corrupt record on, where
-    `last` is the record before it (`last` when they hold no complete record: a torn tail). A record
-    whose length field is damaged too is stepped over by finding the next intact one by its seq."""
+@dataclass(slots=True)
+class _Run:
+    """Consecutive intact records found after a damaged one: data[start:end] of the damaged bytes."""
+    start: int
+    end: int
+    first_seq: int
+    last_seq: int
+    first_ms: int
+
+
+#: How many damaged records in a row the search for the next intact one steps over.
+_SEARCH_AHEAD = 64
+
+
+def _after_damage(data: bytes, pos: int, last: int) -> tuple[list[_Run], int]:
+    """What data[pos:], the bytes from a torn or corrupt record on, still holds, where `last` is the
+    record before it: the runs of intact consecutive records after the damage (each can be copied
+    verbatim into a segment of its own), and the last sequence number the bytes held (`last` when they
+    hold no complete record: a torn tail). A record whose length field is damaged too is stepped over
+    by finding the next intact one by its seq."""
+    runs: list[_Run] = []
     while pos < len(data):
         record, nxt, why = _parse(data, pos)
         if record is not None and record.seq > last:
+            if runs and runs[-1].end == pos and runs[-1].last_seq == record.seq - 1:
+                runs[-1].end, runs[-1].last_seq = nxt, record.seq
+            else:
+                runs.append(_Run(pos, nxt, record.seq, record.seq, record.appended_ms))
             last, pos = record.seq, nxt
             continue
         if why == "corrupt":
             last += 1  # a whole record is there, only damaged
         found = []
-        for seq in range(last + 1, last + 9):  # the next intact record, a few damaged ones on at most
+        for seq in range(last + 1, last + 1 + _SEARCH_AHEAD):  # the next intact record, damaged ones on
             at = data.find(struct.pack("<Q", seq), pos + 1)
             while at != -1 and (at < _CRC_FROM or _parse(data, at - _CRC_FROM)[0] is None):
                 at = data.find(struct.pack("<Q", seq), at + 1)
@@ -134,7 +164,7 @@ def _last_seq_from(data: bytes, pos: int, last: int) -> int:
             break
         pos, seq = min(found)
         last = seq - 1  # what lies between was damaged
-    return last
+    return runs, last
 
 
 def _parse(buf: bytes | memoryview, pos: int) -> tuple[Record | None, int, str | None]:
@@ -241,6 +271,8 @@ class Spool:
         return best[0], best[1], best[2]
 
     def _recover(self) -> list[_Segment]:
+        for tmp in self.directory.glob("*" + _SEGMENT_SUFFIX + _TMP_SUFFIX):
+            tmp.unlink(missing_ok=True)  # a salvage (`_salvage`) interrupted before its rename
         segments = []
         for path in sorted(self.directory.glob("*" + _SEGMENT_SUFFIX)):
             try:
@@ -249,16 +281,22 @@ class Spool:
                 log.warning("spool %s: ignoring stray file %s", self.directory, path.name)
                 continue
             segments.append(self._scan(_Segment(first, path, last_seq=first - 1)))
+        damaged = [seg for seg in segments if seg.cut_to]
+        segments = sorted(segments + [run for seg in damaged for run in seg.salvaged], key=lambda s: s.first_seq)
         # Records cut away now (a corrupt middle) are counted once: those of an earlier open or of a read
-        # (`_skip_corrupt` cuts its segment too) were counted then. A middle segment's lost ones end
-        # where the next segment begins; the last segment's, at what its cut bytes held.
-        for seg, nxt in zip(segments, segments[1:] + [None]):
-            if not seg.cut_to:
-                continue
-            lost = (nxt.first_seq - 1 if nxt is not None else seg.cut_to) - max(seg.last_seq, self.acked)
+        # (`_skip_corrupt` cuts its segment too) were counted then. What a damaged segment held ends where
+        # the next segment after its cut bytes begins (for the last segment, at what those bytes held);
+        # what of it is not in a segment now (the intact records after the damage are) is lost.
+        for seg in damaged:
+            nxt = next((s for s in segments if s.first_seq > seg.cut_to), None)
+            end = nxt.first_seq - 1 if nxt is not None else seg.cut_to
+            kept_after = sum(max(0, s.last_seq - max(s.first_seq - 1, self.acked))
+                             for s in segments if seg.last_seq < s.first_seq <= end)
+            lost = end - max(seg.last_seq, self.acked) - kept_after
             if lost > 0:
                 self.corrupt += lost
-                log.error("spool %s: %d record(s) lost to corruption after seq %d", self.directory, lost, seg.last_seq)
+                log.error("spool %s: %d record(s) lost to corruption after seq %d%s", self.directory, lost,
+                          seg.last_seq, f"; {kept_after} intact record(s) after the damage kept" if kept_after else "")
         self._seen_seq = max([s.cut_to for s in segments] + [0])  # never reuse a seq that may have been sent
         kept = []
         for seg in segments:
@@ -276,16 +314,55 @@ class Spool:
             record, nxt, why = _parse(data, pos)
             if record is None or record.seq != expected:
                 why = why or f"sequence {record.seq if record else '?'} where {expected} was expected"
-                log.error("spool %s: %s record at byte %d of %s; truncating %d byte(s)",
-                          self.directory, why, pos, seg.path.name, len(data) - pos)
+                runs, seg.cut_to = _after_damage(data, pos, expected - 1)
+                if why == "torn" and seg.cut_to >= expected:
+                    why = "damaged"  # whole records follow it: not a tail torn by a crash
+                # the intact records after the damage go to segments of their own before the cut
+                seg.salvaged = self._salvage(data, [r for r in runs if r.last_seq > self.acked])
+                log.error("spool %s: %s record at byte %d of %s; truncating %d byte(s)%s",
+                          self.directory, why, pos, seg.path.name, len(data) - pos,
+                          "".join(f"; intact records {r.first_seq}..{r.last_seq} after it kept in {r.path.name}"
+                                  for r in seg.salvaged))
                 os.truncate(seg.path, pos)
-                seg.cut_to = _last_seq_from(data, pos, expected - 1)
                 break
             if pos == 0:
                 seg.first_ms = record.appended_ms
             seg.last_seq, pos, expected = record.seq, nxt, expected + 1
         seg.size = pos
         return seg
+
+    def _salvage(self, data: bytes, runs: list[_Run]) -> list[_Segment]:
+        """Copy each run of intact records (found after a damaged one) into a segment of its own, named
+        by its first seq, before the damaged segment is cut: written to a temporary name, synced, renamed,
+        so a crash leaves either the whole copy or none. A copy already there was made by an earlier
+        open or read that stopped before its cut (the scan of the directory has it): it is kept as it
+        is. A copy that cannot be written (disk full) is logged; its records are lost with the cut."""
+        made = []
+        for run in runs:
+            path = self.directory / _segment_name(run.first_seq)
+            if path.exists():
+                continue
+            tmp = path.with_name(path.name + _TMP_SUFFIX)
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    chunk = memoryview(data)[run.start:run.end]
+                    while chunk:
+                        chunk = chunk[os.write(fd, chunk):]
+                    self._fsync(fd, tmp.name)
+                finally:
+                    self._close_quietly(fd)
+                os.replace(tmp, path)
+            except OSError as exc:
+                log.error("spool %s: cannot save the intact records %d..%d after a damaged one: %s; they are lost",
+                          self.directory, run.first_seq, run.last_seq, exc)
+                tmp.unlink(missing_ok=True)
+                continue
+            made.append(_Segment(run.first_seq, path, size=run.end - run.start, last_seq=run.last_seq,
+                                 first_ms=run.first_ms))
+        if made:
+            self._sync_dir()  # the copies' names are durable before the damaged segment is cut
+        return made
 
     # ------------------------------------------------------------------ state file
     def _write_state(self, sync: bool) -> None:
@@ -399,6 +476,12 @@ class Spool:
             if self._read_seq <= seg.last_seq:
                 self._read_seq, self._read_at = seg.last_seq + 1, None
 
+    def count_dropped(self, n: int, why: str) -> None:
+        """Count `n` records as lost (persisted, logged at ERROR with `why`, `on_drop`): for records
+        the spool holds but that can never be delivered (the forwarder's unsendable ones)."""
+        with self._lock:
+            self._count_dropped(n, why)
+
     def _count_dropped(self, n: int, why: str) -> None:
         self.dropped += n
         log.error("spool %s: %s; %d record(s) lost, %d in total", self.directory, why, n, self.dropped)
@@ -455,8 +538,9 @@ class Spool:
                 while len(out) < max_records and size < max_bytes and pos < len(chunk):
                     record, nxt, why = _parse(chunk, pos)
                     if record is None and why == "torn" and pos == 0 and len(chunk) >= _HEADER.size:
-                        # a single record larger than the chunk: read exactly that record
-                        chunk = os.pread(fd, _HEADER.size + _HEADER.unpack_from(chunk, 0)[0], off)
+                        # a single record larger than the chunk: read exactly that record (never past
+                        # the segment's end: a damaged length field may say up to 4 GiB)
+                        chunk = os.pread(fd, min(_HEADER.size + _HEADER.unpack_from(chunk, 0)[0], seg.size - off), off)
                         record, nxt, why = _parse(chunk, 0)
                     if record is None and why == "torn" and pos > 0:
                         break  # the chunk ended inside a record: read on from there
@@ -506,14 +590,25 @@ class Spool:
             self._close_quietly(fd)
 
     def _skip_corrupt(self, seg: _Segment, at: int) -> None:
-        """The record at byte `at` of `seg` (seq `_read_seq`) is damaged: what follows it in the
-        segment cannot be found reliably, so the segment is cut there and the rest counted lost. Cut,
-        disk and index agree: a rewind or a restart finds no corruption to count again, and appends go
-        on in a new segment (`append`), where reads find them."""
-        lost = seg.last_seq - self._read_seq + 1
-        log.error("spool %s: corrupt record at seq %d in %s; skipping %d record(s)",
-                  self.directory, self._read_seq, seg.path.name, lost)
+        """The record at byte `at` of `seg` (seq `_read_seq`) is damaged: the intact records after it
+        are copied into segments of their own (`_salvage`), the segment is cut there, and what is in
+        neither is counted lost. Cut, disk and index agree: a rewind or a restart finds no corruption to
+        count again, and appends go on after the copies or in a new segment (`append`), where reads find
+        them."""
+        data = os.pread(self._reader(seg), seg.size - at, at)
+        runs, _ = _after_damage(data, 0, self._read_seq - 1)
+        runs = [r for r in runs if r.last_seq <= seg.last_seq]
+        salvaged = self._salvage(data, runs)
+        lost = seg.last_seq - self._read_seq + 1 - sum(s.count for s in salvaged)
+        log.error("spool %s: corrupt record at seq %d in %s; skipping %d record(s)%s",
+                  self.directory, self._read_seq, seg.path.name, lost,
+                  "".join(f"; intact records {s.first_seq}..{s.last_seq} after it kept in {s.path.name}"
+                          for s in salvaged))
         self.corrupt += lost
+        if salvaged and seg is self._segments[-1] and self._wfd is not None:
+            # appends go on in the last copy (its last record is the last one written), not after the cut
+            fd, self._wfd = self._wfd, None
+            self._close_quietly(fd)
         try:
             os.truncate(seg.path, at)
         except OSError as exc:  # the index is cut all the same; a restart finds the damage and cuts it then
@@ -521,7 +616,9 @@ class Spool:
         else:
             seg.size = at
         seg.last_seq = self._read_seq - 1
-        self._read_seq, self._read_at = self._read_seq + lost, None
+        i = self._segments.index(seg) + 1
+        self._segments[i:i] = salvaged
+        self._read_at = None  # `_segment_for` steps over the gap to the next record there is
         self._write_state(sync=False)
 
     def ack(self, seq: int) -> None:
@@ -632,6 +729,15 @@ class Forwarder:
     replaced through `publisher_factory`; when that fails too (counted in `producer_failures`),
     it is tried again after the same backoff while the records wait in the spool.
 
+    A record refused for its size (larger than the producer's or the broker's message limit) can
+    never be sent, and resending it for ever would hold back every record after it: it is dropped,
+    logged and counted in the spool's `dropped` (`unsendable`). The client's own refusal at
+    `produce()` is that record's alone; a broker's refusal may be of a whole batch, so the records
+    up to it are first resent one at a time, and only one refused on its own is dropped.
+
+    `stop()` sends what the spool still holds (the last ticks, spooled as the agent stopped) for up
+    to `flush_s` while the broker takes them; what it cannot send stays for the next start.
+
     Single-threaded by design: `pump()` does one non-blocking step; `start()` runs it in a
     daemon thread that polls the producer while deliveries are outstanding."""
 
@@ -657,7 +763,10 @@ class Forwarder:
         self.max_backoff_s = max_backoff_s
         self.clock = clock
         self.metrics = metrics
-        self._inflight: collections.deque[list[Any]] = collections.deque()  # [seq, None | True | error]
+        # [seq, None | True | _DROPPED | error, refused for its size, key, value bytes]
+        self._inflight: collections.deque[list[Any]] = collections.deque()
+        self._isolate_until = 0  # resend one record at a time up to this seq (after a broker's size refusal)
+        self._dropped_seqs: set[int] = set()  # dropped but not acknowledged yet: a resend skips them, uncounted
         self._failing = False
         self._backoff_s = 0.0
         self._resume_at = 0.0
@@ -668,6 +777,7 @@ class Forwarder:
         self.failures = 0
         self.resends = 0
         self.producer_failures = 0  # replacement producers that could not be made
+        self.unsendable = 0  # records dropped because no broker takes them (too large)
 
     @property
     def inflight(self) -> int:
@@ -682,25 +792,48 @@ class Forwarder:
                 entry[1] = True
                 return
             entry[1] = str(err) or "delivery failed"
+            entry[2] = is_too_large(err)
             self.failures += 1
             if self.metrics is not None:
                 self.metrics.delivery_failed()
         return done
 
+    def _drop(self, entry: list[Any], why: str) -> None:
+        """The record of `entry` can never be sent: count it as dropped (the spool's `dropped`, logged
+        there with the reason) and let the acknowledgement move past it."""
+        entry[1] = _DROPPED
+        if entry[0] in self._dropped_seqs:  # read again after a rewind: counted the first time
+            return
+        self._dropped_seqs.add(entry[0])
+        self.unsendable += 1
+        key = entry[3]
+        self.spool.count_dropped(1, f"record seq {entry[0]} (key {key!r}, {entry[4]} bytes) cannot be sent "
+                                    f"and is dropped: {why}")
+
     def _settle(self) -> None:
         """Acknowledge the delivered prefix; after a failure, rewind once nothing is in flight."""
         inflight = self._inflight
+        if (self._isolate_until and len(inflight) == 1 and inflight[0][2]
+                and inflight[0][1] not in (None, True, _DROPPED)):
+            # sent on its own and still refused for its size: this record can never be sent
+            self._drop(inflight[0], f"refused on its own by the broker ({inflight[0][1]})")
         last_ok, n = None, 0
-        while inflight and inflight[0][1] is True:
-            last_ok = inflight.popleft()[0]
-            n += 1
+        while inflight and (inflight[0][1] is True or inflight[0][1] is _DROPPED):
+            entry = inflight.popleft()
+            last_ok = entry[0]
+            n += entry[1] is True
         if last_ok is not None:
             self.spool.ack(last_ok)
             self.delivered += n
-            if self.metrics is not None:
+            if self._dropped_seqs:
+                self._dropped_seqs = {seq for seq in self._dropped_seqs if seq > last_ok}
+            if self.metrics is not None and n:
                 self.metrics.published(n)
+            if self._isolate_until and last_ok >= self._isolate_until:
+                self._isolate_until = 0
+                log.warning("spool forwarder: past the records refused for their size; sending in windows again")
         if not self._failing:
-            failed = next((e for e in inflight if e[1] not in (None, True)), None)
+            failed = next((e for e in inflight if e[1] is not _DROPPED and e[1] not in (None, True)), None)
             if failed is None:
                 if last_ok is not None:
                     self._backoff_s = 0.0
@@ -709,6 +842,13 @@ class Forwarder:
             log.error("spool forwarder: delivery of seq %d failed (%s); pausing", failed[0], failed[1])
         if all(e[1] is not None for e in inflight):
             # Everything in flight has resolved: start again from the first unacknowledged record.
+            too_large = [e[0] for e in inflight if e[2]]
+            if too_large:
+                # The broker refused a batch for its size: it may be one record's fault, or only the
+                # batch's. Resend one at a time up to it, so that only a record refused alone is dropped.
+                self._isolate_until = max(self._isolate_until, *too_large)
+                log.warning("spool forwarder: the broker refused seq %d for its size; resending one record at a "
+                            "time up to it", max(too_large))
             self.resends += len(inflight)
             inflight.clear()
             self.spool.rewind()
@@ -754,24 +894,33 @@ class Forwarder:
             return 0
         self.publisher.poll(0)
         self._settle()
-        sent = 0
+        sent, dropped = 0, False
         if self._failing or self.clock() < self._resume_at:
             return 0
-        while len(self._inflight) < self.window:
-            records = self.spool.read(min(self.batch, self.window - len(self._inflight)))
+        window = 1 if self._isolate_until else self.window
+        while len(self._inflight) < window:
+            records = self.spool.read(min(self.batch, window - len(self._inflight)))
             if not records:
                 break
             for rec in records:
-                entry = [rec.seq, None]
+                entry = [rec.seq, None, False, rec.key, len(rec.value)]
                 self._inflight.append(entry)
+                if rec.seq in self._dropped_seqs:  # dropped before a rewind: not sent, not counted again
+                    entry[1] = _DROPPED
+                    dropped = True
+                    continue
                 try:
                     self.publisher.publish(self.topic, rec.key or None, rec.value, on_delivery=self._delivery(entry))
                 except Exception as exc:  # PublishError (queue full, closed), a fatal producer
+                    if is_too_large(exc):  # the client refuses this record for its size: it never will take it
+                        self._drop(entry, f"larger than the producer's message limit ({exc})")
+                        dropped = True
+                        continue
                     entry[1] = f"not queued: {exc}"
                     self._settle()
                     return sent
                 sent += 1
-        if sent:
+        if sent or dropped:
             self.publisher.poll(0)
             self._settle()
         return sent
@@ -806,20 +955,29 @@ class Forwarder:
         return self
 
     def stop(self, flush_s: float = 10.0, close_publisher: bool = False) -> int:
-        """Stop the thread, give outstanding deliveries up to `flush_s`, acknowledge what
-        arrived (and close the publisher if asked); returns the records still waiting in the
-        spool (kept for the next start)."""
+        """Stop the thread; for up to `flush_s`, send what the spool still holds (the last records,
+        spooled as the agent stopped, which the thread may not have read yet) and wait for their
+        deliveries, until a delivery fails; acknowledge what arrived (and close the publisher if
+        asked). Returns the records still waiting in the spool (kept for the next start)."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
         deadline = time.monotonic() + flush_s
-        while self._inflight and time.monotonic() < deadline:
-            self.publisher.poll(0.05)
-            self._settle()
-            if self._failing or not self._inflight:
+        while time.monotonic() < deadline:
+            unread = self.spool.unread
+            try:
+                self.pump()
+            except Exception:
+                log.exception("spool forwarder: sending the spool's last records failed; they stay in the spool")
                 break
+            if self._failing or self.publisher is None:
+                break
+            if not self._inflight and self.spool.unread in (0, unread):
+                break  # all sent and acknowledged, or nothing more can go now (backing off): the rest waits on disk
+            if self._inflight:
+                self.publisher.poll(0.05)
         self._settle()
         if close_publisher and self.publisher is not None and hasattr(self.publisher, "close"):
             try:
