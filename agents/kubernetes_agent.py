@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
 #: (kind, plural) of the Kueue objects read; LocalQueues first so queue names resolve.
 KUEUE_RESOURCES = (("localqueue", "localqueues"), ("clusterqueue", "clusterqueues"), ("workload", "workloads"))
-SPOOL_NAME = "kubernetes-agent"
+SPOOL_NAME = "kubernetes-agent"  # the spool is DATA_DIR/spool/kubernetes-agent-<cluster> (`spool_name`)
 SPOOL_TOPIC = "gpuledger-kubernetes-agent"   # the spool's own label; each record names its real topic
 
 
@@ -121,16 +121,39 @@ class SpooledRoutes:
         return self.spooling.close(timeout)
 
 
-def open_publisher(settings: Any, metrics: Any = None) -> Any:
+def spool_name(cluster: str) -> str:
+    """One spool per cluster, as the state file: two clusters' agents may share a data volume."""
+    return f"{SPOOL_NAME}-{cluster}"
+
+
+def adopt_shared_spool(settings: Any, cluster: str) -> None:
+    """Agents before 2026-12-06 spooled every cluster into DATA_DIR/spool/kubernetes-agent, so a second
+    cluster's agent on the same volume was refused. Its records name their own topics and keys, so the
+    first agent to start takes it over whole (one rename) and sends what is left in it."""
+    from gpuledger.agents.gpu_agent import spool_dir
+
+    shared, own = spool_dir(settings, SPOOL_NAME), spool_dir(settings, spool_name(cluster))
+    if shared.is_dir() and not own.exists():
+        try:
+            os.rename(shared, own)
+        except OSError as exc:  # another agent took it first, or the volume refuses: it waits there
+            log.warning("could not take over the shared spool %s: %s", shared, exc)
+        else:
+            log.warning("took over the spool %s of an earlier version as %s", shared, own)
+
+
+def open_publisher(settings: Any, cluster: str, metrics: Any = None) -> Any:
     """The durable publisher: the GPU agent's spool (GPULEDGER_AGENT_SPOOL_*), forwarded to Kafka.
-    `metrics`: an AgentMetrics for the spool's depth and deliveries (optional)."""
+    `metrics`: an AgentMetrics for the spool's depth and deliveries (optional). Raises SpoolLocked
+    when another agent of the cluster holds the spool."""
     from gpuledger.agents.gpu_agent import open_spooled_publisher
     from gpuledger.agents.publisher import SPOOL_PRODUCER_OVERRIDES, KafkaPublisher
 
     if settings.agent_spool_max_bytes <= 0:
         return KafkaPublisher(settings)
+    adopt_shared_spool(settings, cluster)
     spooling = open_spooled_publisher(
-        settings, SPOOL_NAME, topic=SPOOL_TOPIC, metrics=metrics,
+        settings, spool_name(cluster), topic=SPOOL_TOPIC, metrics=metrics,
         publisher_factory=lambda: RoutingPublisher(KafkaPublisher(settings, **SPOOL_PRODUCER_OVERRIDES)))
     return SpooledRoutes(spooling)
 
@@ -820,8 +843,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from gpuledger.metrics import SCHEDULER_AGENTS, serve_scheduler_agent_metrics
 
-    spool_metrics = serve_scheduler_agent_metrics(args.metrics_port, SPOOL_NAME)
-    publisher = _StdoutPublisher() if args.print_ else open_publisher(settings, spool_metrics)
+    from gpuledger.agents.spool import SpoolLocked
+
+    spool_metrics = serve_scheduler_agent_metrics(args.metrics_port, spool_name(args.cluster))
+    try:
+        publisher = _StdoutPublisher() if args.print_ else open_publisher(settings, args.cluster, spool_metrics)
+    except SpoolLocked as exc:
+        print(f"kubernetes agent: {exc} (is another kubernetes agent running for cluster {args.cluster}?)",
+              file=sys.stderr)
+        return 2
     agent = KubernetesAgent(core, publisher, job_events_topic=settings.topics.job_events,
                             snapshots_topic=settings.topics.scheduler_snapshots,
                             job_event_partitions=settings.partitions_job_events,

@@ -85,7 +85,7 @@ def test_the_agent_process_publishes_each_event_once_to_the_broker(make_settings
                 # snapshot or watermark every ~0.3 s, so under load an empty spool at the instant of a
                 # scrape may never come (a CI run saw 30 scrapes in a row with records in flight)
                 wait_for(lambda: sample(scrape(port), "gpuledger_agent_spool_oldest_age_seconds",
-                                        node="kubernetes-agent") < 5, 30, agent)
+                                        node="kubernetes-agent-k8s") < 5, 30, agent)
                 families = scrape(port)
             finally:
                 assert agent.stop() == 0
@@ -95,7 +95,7 @@ def test_the_agent_process_publishes_each_event_once_to_the_broker(make_settings
             assert sample(families, "gpuledger_scheduler_watch_reconnects_total", **own) >= 1    # the dropped watch
             assert 120 <= sample(families, "gpuledger_scheduler_watermark_age_seconds", **own) < 150  # the lateness
             assert sample(families, "gpuledger_scheduler_state_bytes_written_total", **own) > 0  # its state file
-            assert sample(families, "gpuledger_agent_messages_published_total", node="kubernetes-agent") > 0
+            assert sample(families, "gpuledger_agent_messages_published_total", node="kubernetes-agent-k8s") > 0
             assert api.watch_versions(PODS)[:3] == ["100", "102", "200"]
             events, marks = messages(settings)
             # restarted with its state file: nothing repeated, watermarks go on
