@@ -169,6 +169,16 @@ def suggestion_row(s: ReclaimSuggestion, source: Source) -> dict:
     }
 
 
+def _ranks_problem(report: JobProgress) -> str | None:
+    """A rank twice in one report would count twice in the rank step-time spread (job_rank_step_times)."""
+    seen: set[int] = set()
+    for r in report.ranks:
+        if r.rank in seen:
+            return f"progress of {report.job_id}: rank {r.rank} is reported twice in one report"
+        seen.add(r.rank)
+    return None
+
+
 def process_message(kind: str, raw: bytes | None, source: Source, *, now_ms: int | None = None,
                     max_ahead_ms: int = MAX_AHEAD_MS, clock_ahead_ms: int = CLOCK_AHEAD_MS) -> dict[str, list[dict]]:
     """Rows per table for one message of the given line (USAGE, JOB_EVENTS, SNAPSHOTS, SAMPLES, PROGRESS).
@@ -199,7 +209,7 @@ def process_message(kind: str, raw: bytes | None, source: Source, *, now_ms: int
         # held to the clock like a tick: one report from a node an hour fast became the pilot's last
         # window and moved its estimate's central cost 12-fold (tests/unit/test_sink_rules.py)
         problem = time_problem(f"progress of {report.job_id}", report.ts_ms, 0, max_ahead_ms, now_ms,
-                               clock_ahead_ms)
+                               clock_ahead_ms) or _ranks_problem(report)
         if problem:
             raise DecodeError(problem)
         rows = {"job_progress": [progress_row(report, source)]}

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from gpuledger.schemas.models import JobProgress, QueueState, SchedulerSnapshot
+from gpuledger.schemas.models import JobProgress, QueueState, RankProgress, SchedulerSnapshot
 from gpuledger.schemas.wire import DecodeError, encode
 from gpuledger.sink.rows import JOB_EVENTS, PROGRESS, SNAPSHOTS
 from gpuledger.sink.batching import BatchingSink
@@ -110,6 +110,19 @@ def test_progress_and_snapshots_from_a_clock_ahead_are_refused_like_ticks():
     assert process_message(PROGRESS, encode(JobProgress(ts_ms=ahead + DAY_MS, job_id="j1", step=10)), src)
     assert process_message(SNAPSHOTS, encode(SchedulerSnapshot(cluster="c", ts_ms=at_bound, queues=[])), src,
                            now_ms=now)
+
+
+
+def test_a_progress_report_naming_a_rank_twice_is_refused():
+    """Rank 1 listed twice counted twice in job_rank_step_times (its spread and mean moved)."""
+    src = Source("p.job-progress", 0, 0)
+    twice = JobProgress(ts_ms=T0, job_id="j1", step=10, ranks=[RankProgress(rank=0, step_time_ms=100),
+                                                                 RankProgress(rank=1, step_time_ms=300),
+                                                                 RankProgress(rank=1, step_time_ms=300)])
+    with pytest.raises(DecodeError, match="rank 1 is reported twice"):
+        process_message(PROGRESS, encode(twice), src, now_ms=T0)
+    once = twice.model_copy(update={"ranks": twice.ranks[:2]})
+    assert len(process_message(PROGRESS, encode(once), src, now_ms=T0)["job_progress"]) == 1
 
 
 def test_errors_are_classified_by_code():
