@@ -460,9 +460,13 @@ class NodeJoin:
                     held = self.holders.get(gpu.gpu_uuid)
                     holders = list(held.values()) if held else []
                     if holders:
-                        holders = self.judge.judge(gpu, holders, seg_start, definitions)
-                    elif gpu.health is GpuHealth.ok and _busy(gpu, definitions.execution_util_floor_pct):
-                        self._count("busy_unallocated_gpu_seconds", (seg_end - seg_start) / 1000)
+                        # judged per tick, not per piece: another job's change cutting the tick must not
+                        # move this GPU's holders between executing and idle (accounting.md §1a)
+                        holders = self.judge.judge(gpu, holders, tick.ts_ms, definitions)
+                    else:
+                        self.judge.forget(gpu.gpu_uuid)  # nobody holds it: no quiet stretch goes on
+                        if gpu.health is GpuHealth.ok and _busy(gpu, definitions.execution_util_floor_pct):
+                            self._count("busy_unallocated_gpu_seconds", (seg_end - seg_start) / 1000)
                     uuid = gpu.gpu_uuid
                     seg = segments.get(uuid)
                     whole = maker.whole(gpu, holders, seg_start, seg_end, energy * share)
@@ -603,6 +607,7 @@ class NodeJoin:
             "closed_ranges": [list(r) for r in self.closed_ranges],
             "duplicates": self.duplicates,
             "quiet_since": self.judge.to_state(),
+            "quiet_in": self.judge.containers_to_state(),
             "unknown_reported_ms": self.unknown_reported_ms,
             "segments": {gpu: seg.to_state() for gpu, seg in self.segments.items()},
             "awaiting_ms": sorted({*self.awaiting_ms, *(t.ts_ms for t, o in zip(self.pending_ticks, self.pending_offsets)
@@ -633,7 +638,7 @@ class NodeJoin:
             seen_changes=dict(state["seen_changes"]),
             closed_ranges=[list(r) for r in state["closed_ranges"]],
             duplicates=state["duplicates"],
-            judge=ExecutionJudge.from_state(state.get("quiet_since")),
+            judge=ExecutionJudge.from_state(state.get("quiet_since"), state.get("quiet_in")),
             unknown_reported_ms=state.get("unknown_reported_ms", 0),
             segments={gpu: Segment.from_state(seg) for gpu, seg in state.get("segments", {}).items()},
             awaiting_ms=list(state.get("awaiting_ms", [])),
