@@ -269,6 +269,8 @@ class JobState:
     queued_events: int = 0           # queued events of `attempt` (the reason changed in between)
     queued_reason: str = ""          # the pending reason of the last one
     requeue_wait_polls: int = 0      # polls a requeue has waited for Slurm's new submit_time
+    suspended: bool = False          # `interrupted` emitted for a suspend of `attempt`, not resumed yet
+    suspensions: int = 0             # suspends of `attempt` seen (event ids …:interrupted:N, …:started:N+1)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -357,6 +359,7 @@ class SlurmJob:
     raw_priority: int = 0
     sched_ms: int = 0                # last_sched_evaluation: when the pending reason was set
     resize_ms: int = 0               # resize_time: the last change of a running job's nodes
+    suspend_ms: int = 0              # suspend_time: the last suspend or resume (`scontrol suspend/resume`)
 
     @property
     def aliases(self) -> dict[str, str]:
@@ -448,6 +451,7 @@ def parse_job(job: Mapping[str, Any]) -> SlurmJob | None:
         exit_code=_exit_code(job),
         sched_ms=(_int(job, "last_sched_evaluation") or 0) * 1000,
         resize_ms=(_int(job, "resize_time") or 0) * 1000,
+        suspend_ms=(_int(job, "suspend_time") or 0) * 1000,
     )
 
 
@@ -673,6 +677,8 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
             _allocate(job, js, out, gpus, None if gpus or not job.requested_gpus else "GPU indices not in gres_detail")
     elif job.state in HOLDING_STATES and job.state not in TRANSITIONAL_STATES and not js.ended:
         _resized(job, js, out, promised_ms)
+    if job.state in HOLDING_STATES and js.allocated and not js.ended:
+        _suspend_or_resume(job, js, out, promised_ms)
     if (job.state == "COMPLETING" or job.state in FINAL_STATES) and js.allocated and not js.ended \
             and job.nodes and job.resize_ms > js.alloc_start_ms:
         # shrunk and ended between two polls: squeue lists an ended job's nodes, no GPUs any more
@@ -714,12 +720,30 @@ def _requeue(job: SlurmJob, js: JobState, state: AgentState, out: _Emitter, *, r
     js.queued_events, js.queued_reason = 0, ""  # `retried` queued it; reasons follow
 
 
+def _suspend_or_resume(job: SlurmJob, js: JobState, out: _Emitter, promised_ms: int) -> None:
+    """`scontrol suspend` stops the job's processes and keeps its GPUs allocated (SUSPENDED, suspend_time
+    set); `scontrol resume` makes it RUNNING again (suspend_time moved to the resume). The attempt still
+    holds its GPUs; `interrupted` at the suspend and `started` at the resume bill that time as allocated
+    but idle, not as executing until the samples show it idle. A suspend and resume both between two polls
+    are not seen (squeue shows RUNNING with the resume's time)."""
+    at_ms = max(job.suspend_ms, js.alloc_start_ms, promised_ms)
+    if job.state == "SUSPENDED" and not js.suspended:
+        js.suspended, js.suspensions = True, js.suspensions + 1
+        out.emit(_with(job, attempt=js.attempt), JobEventKind.interrupted, at_ms, reason="suspended (scontrol suspend)",
+                 suffix=f":{js.suspensions}")
+    elif job.state != "SUSPENDED" and js.suspended:
+        js.suspended = False
+        out.emit(_with(job, attempt=js.attempt), JobEventKind.started, at_ms, reason="resumed (scontrol resume)",
+                 suffix=f":{js.suspensions + 1}")
+
+
 def _allocate(job: SlurmJob, js: JobState, out: _Emitter, gpus: list[GpuAssignment], note: str | None) -> None:
     """allocated + started at start_time: Slurm has one RUNNING state for both."""
     out.emit(job, JobEventKind.allocated, job.start_ms, gpus=gpus, reason=note)
     out.emit(job, JobEventKind.started, job.start_ms)
     js.allocated, js.alloc_start_ms, js.nodes, js.queue = True, job.start_ms, job.nodes, job.queue
     js.gres_detail, js.allocations = tuple(job.gres_detail), 1
+    js.suspended, js.suspensions = False, 0
 
 
 def _gpu_set(nodes: Iterable[str], gres_detail: Iterable[str]) -> set[tuple[str, int]]:

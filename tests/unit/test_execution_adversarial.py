@@ -2,9 +2,8 @@
 leave and come back, snapshots between any two closes (docs/accounting.md §1a).
 
 Pure: the node join and the execution judge, on the golden fixture ledger with the [execution]
-definition set per test (helpers of tests/unit/test_execution.py). Two tests are expected failures:
-their fix belongs to streams/join.py (the judge is not told of unheld stretches, and is asked per
-stretch, not per tick); each names the change."""
+definition set per test (helpers of tests/unit/test_execution.py); two tests check the node join's
+side (an unheld GPU ends its stretches; a tick cut by another job's change is judged whole)."""
 
 from __future__ import annotations
 
