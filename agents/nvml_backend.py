@@ -151,6 +151,19 @@ def parse_container_id(cgroup_text: str) -> str | None:
     return None
 
 
+#: the MPS control daemon's server process (`comm`): with MPS, NVML's compute-process list shows it, and
+#: the clients (the jobs' processes) only in the MPS list
+MPS_SERVER_COMM = "nvidia-cuda-mps-server"
+
+
+def is_mps_server(pid: int, proc_root: Path | str = "/proc") -> bool:
+    """Whether a host pid is the MPS server, from `<proc_root>/<pid>/comm` (False when not visible)."""
+    try:
+        return (Path(proc_root) / str(pid) / "comm").read_text().strip() == MPS_SERVER_COMM
+    except OSError:
+        return False
+
+
 def container_id_of(pid: int, proc_root: Path | str = "/proc") -> str | None:
     """Container id of a host pid, from `<proc_root>/<pid>/cgroup`; None if not in a container
     or if the process is gone / not visible from here."""
@@ -241,6 +254,7 @@ class NvmlBackend:
         self._gpus: list[_Gpu] = []
         self._by_key: dict[int, _Gpu] = {}
         self._containers: dict[int, str | None] = {}  # pid -> container id, for pids seen last tick
+        self._mps_servers: dict[int, bool] = {}  # pid -> is the MPS server, for pids seen last tick
         try:
             self._call("nvmlInit")
         except nvml.NVMLError as exc:
@@ -375,6 +389,8 @@ class NvmlBackend:
         # Forget container ids of pids that left the GPUs, so a reused pid is looked up again.
         for pid in self._containers.keys() - seen_pids:
             del self._containers[pid]
+        for pid in self._mps_servers.keys() - seen_pids:
+            del self._mps_servers[pid]
         self.calls_last_tick = self._calls
         return samples
 
@@ -624,12 +640,24 @@ class NvmlBackend:
             processes=self._processes(gpu, seen_pids),
         )
 
+    def _is_mps_server(self, pid: int) -> bool:
+        if pid not in self._mps_servers:
+            self._mps_servers[pid] = is_mps_server(pid, self._proc_root)
+        return self._mps_servers[pid]
+
     def _processes(self, gpu: _Gpu, seen_pids: set[int]) -> list[ProcessSample]:
         nv = self._nvml
         mem: dict[int, int | None] = {}
         for proc in self._query(gpu, "compute processes", "nvmlDeviceGetComputeRunningProcesses") or ():
             used = getattr(proc, "usedGpuMemory", None)
             mem[int(proc.pid)] = int(used) if used is not None else None
+        if any(self._is_mps_server(pid) for pid in mem):
+            # MPS: the jobs' processes are the server's clients, listed by their own call. Without them the
+            # GPU shows the daemon's container only, and every job on it would look quiet (someone else's).
+            # Asked only where a server runs: no extra call per tick elsewhere.
+            for proc in self._query(gpu, "MPS compute processes", "nvmlDeviceGetMPSComputeRunningProcesses") or ():
+                used = getattr(proc, "usedGpuMemory", None)
+                mem[int(proc.pid)] = int(used) if used is not None else None
 
         sm: dict[int, list[int]] = {}
         if "process utilization" not in gpu.unsupported:

@@ -20,6 +20,8 @@ from gpuledger.agents.nvml_backend import (
     parse_container_id,
 )
 from gpuledger.schemas.models import GpuHealth, NodeTick
+from gpuledger.streams.attribution import Holder
+from gpuledger.streams.execution import ACTIVE, measured_activity
 
 GiB = 1 << 30
 UINT_MAX = 0xFFFFFFFF
@@ -52,6 +54,7 @@ class FakeDevice:
     reasons: int = 0
     power_usage_mw: int | None = None          # nvmlDeviceGetPowerUsage; None: NOT_SUPPORTED
     procs: list[tuple[int, int | None]] = field(default_factory=list)       # (pid, used bytes)
+    mps_procs: list[tuple[int, int | None]] = field(default_factory=list)   # MPS clients (pid, used bytes)
     proc_util: list[tuple[int, int, int]] | int = field(default_factory=list)  # (pid, ts_us, sm) or error code
     unsupported: set[str] = field(default_factory=set)  # function names answering NOT_SUPPORTED
     lost: bool = False
@@ -215,6 +218,11 @@ class FakeNvml:
         d = self._dev(handle, "nvmlDeviceGetComputeRunningProcesses")
         return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in d.procs]
 
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: Any) -> list[SimpleNamespace]:
+        self._hit("nvmlDeviceGetMPSComputeRunningProcesses")
+        d = self._dev(handle, "nvmlDeviceGetMPSComputeRunningProcesses")
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in d.mps_procs]
+
     def nvmlDeviceGetProcessUtilization(self, handle: Any, last_seen_us: int) -> list[SimpleNamespace]:
         self._hit("nvmlDeviceGetProcessUtilization")
         d = self._dev(handle, "nvmlDeviceGetProcessUtilization")
@@ -366,6 +374,28 @@ def test_processes_with_sm_share_memory_and_container(proc_root: Path) -> None:
     g0, _ = backend.sample(5_000)
     assert fake.proc_util_args[-2] == (0, 20)
     assert {p.pid: p.sm_util_pct for p in g0.processes}[101] == 80.0
+
+
+def test_mps_clients_are_read_where_an_mps_server_runs(proc_root: Path) -> None:
+    """With MPS, NVML's compute-process list shows the MPS server (the daemon's container) and the jobs'
+    processes only in the MPS list. Was: the GPU showed the daemon's container alone, so every job on it
+    was quiet by measurement ("containers on the GPU, none of them the holder's") and billed idle."""
+    daemon = "d" * 64
+    (proc_root / "606").mkdir()
+    (proc_root / "606" / "cgroup").write_text(f"0::/kubepods/besteffort/pod9/{daemon}\n")
+    (proc_root / "606" / "comm").write_text("nvidia-cuda-mps-server\n")
+    (proc_root / "101" / "comm").write_text("python\n")
+    mps = a100(procs=[(606, 1 * GiB)], mps_procs=[(101, 6 * GiB), (202, 2 * GiB)], proc_util=[(101, 10, 70)])
+    plain = h100(procs=[(101, 1 * GiB)], mps_procs=[(999, GiB)], proc_util=F.NVML_ERROR_NOT_FOUND)
+    fake, backend = make([mps, plain], proc_root=proc_root)
+    g0, g1 = backend.sample(0)
+    assert [(p.pid, p.container_id, p.mem_used_bytes) for p in g0.processes] == [
+        (101, CID_A, 6 * GiB), (202, CID_B, 2 * GiB), (606, daemon, GiB)]
+    assert [p.pid for p in g1.processes] == [101]  # no MPS server there: its MPS list is not asked
+    assert fake.calls["nvmlDeviceGetMPSComputeRunningProcesses"] == 1
+    # the job in CID_A is judged on its own process, not as someone else's GPU
+    holder = Holder("j1", 0, "t", "q", 1000, True, CID_A)
+    assert measured_activity(g0, holder, True, 1.0) == ACTIVE
 
 
 def test_zero_process_samples_reported_as_success_error_is_not_a_failure(caplog: pytest.LogCaptureFixture) -> None:
