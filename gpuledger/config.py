@@ -19,6 +19,9 @@ DEFAULT_DATA_DIR = Path(".gpuledger")
 KAFKA_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 #: the shortest topic retention, days (an hour): a smaller one would round to retention.ms=0
 MIN_TOPIC_RETENTION_DAYS = 1 / 24
+#: the longest table retention, days (50 years; 0 keeps rows for ever): a TTL is a ClickHouse Date, which
+#: ends on 2149-06-06 and wraps round to 1970 past it, so a longer one would drop every row at once
+MAX_RETENTION_DAYS = 50 * 365
 
 
 class Settings(BaseSettings):
@@ -56,12 +59,12 @@ class Settings(BaseSettings):
     bills_close_grace_s: float = Field(21600.0, ge=0, description="a billing day of a cluster closes once the warehouse's event-time horizon of the cluster (max end_ms of usage_raw) has passed the day's end by this much, seconds")
     bills_adjust_lookback_days: int = Field(62, ge=1, description="each close run recomputes this many of the latest closed days of a cluster and books the differences as adjustments")
     # retention (docs/retention.md): days each table keeps rows, applied as TTLs by `gpuledger migrate`; 0 keeps them
-    retention_health_days: int = Field(14, ge=0, description="days gpu_health keeps per-sample rows (longer history: gpu_health_hourly)")
-    retention_hourly_days: int = Field(730, ge=0, description="days the hourly per-GPU aggregates (gpu_health_hourly, usage_gpu_hourly) keep rows")
-    retention_load_5m_days: int = Field(90, ge=0, description="days the 5-minute per-GPU load history (usage_gpu_5m) keeps rows")
-    retention_usage_days: int = Field(2557, ge=0, description="days usage_raw, job_events and job_idle_segments keep rows (bills, adjustments and re-bills are computed from them); 0 or more than BILLS_ADJUST_LOOKBACK_DAYS + 7")
-    retention_ops_days: int = Field(400, ge=0, description="days scheduler_snapshots, scheduler_preemptions and node_inventory keep rows")
-    retention_bills_days: int = Field(0, ge=0, description="days the bill tables (daily bill grain, closed bills, adjustments, re-bills) keep rows; 0 or more than BILLS_ADJUST_LOOKBACK_DAYS + 7")
+    retention_health_days: int = Field(14, ge=0, le=MAX_RETENTION_DAYS, description="days gpu_health keeps per-sample rows (longer history: gpu_health_hourly)")
+    retention_hourly_days: int = Field(730, ge=0, le=MAX_RETENTION_DAYS, description="days the hourly per-GPU aggregates (gpu_health_hourly, usage_gpu_hourly) keep rows")
+    retention_load_5m_days: int = Field(90, ge=0, le=MAX_RETENTION_DAYS, description="days the 5-minute per-GPU load history (usage_gpu_5m) keeps rows")
+    retention_usage_days: int = Field(2557, ge=0, le=MAX_RETENTION_DAYS, description="days usage_raw, job_events and job_idle_segments keep rows (bills, adjustments and re-bills are computed from them); 0 or more than BILLS_ADJUST_LOOKBACK_DAYS + 7")
+    retention_ops_days: int = Field(400, ge=0, le=MAX_RETENTION_DAYS, description="days scheduler_snapshots, scheduler_preemptions, alerts and reclaim suggestions keep rows")
+    retention_bills_days: int = Field(0, ge=0, le=MAX_RETENTION_DAYS, description="days the bill tables (daily bill grain, closed bills, adjustments, re-bills) keep rows; 0 or more than BILLS_ADJUST_LOOKBACK_DAYS + 7")
     clickhouse_cluster: str = Field("", pattern=r"^[A-Za-z0-9_\-]*$", description="ClickHouse cluster name: `gpuledger migrate` renders every migration for it (Replicated tables, ON CLUSTER, Distributed tables); empty: one server")
     topic_retention_input_days: float = Field(70.0, ge=MIN_TOPIC_RETENTION_DAYS, description="retention of the input topics (gpu-samples, job-events, scheduler-snapshots), days: long enough to rebuild any day a close run may still adjust; more than BILLS_ADJUST_LOOKBACK_DAYS + 7 + BILLS_CLOSE_GRACE_S in days")
     topic_retention_output_days: float = Field(14.0, ge=MIN_TOPIC_RETENTION_DAYS, description="retention of the ledger's output and internal topics (usage, lifecycle-accepted, node-allocations), days")

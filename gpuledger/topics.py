@@ -51,7 +51,9 @@ def topic_config(settings: Settings, name: str, replicas: int | None = None) -> 
     else:
         days = {"input": settings.topic_retention_input_days, "output": settings.topic_retention_output_days,
                 "diagnostics": settings.topic_retention_diagnostics_days}[kind]
-        config = {"cleanup.policy": "delete", "retention.ms": str(int(days * DAY_MS))}
+        # retention.bytes -1: time alone decides, as documented; a broker's log.retention.bytes (or one
+        # set on the topic before) would otherwise delete the input, a rebuild's only source, by size
+        config = {"cleanup.policy": "delete", "retention.ms": str(int(days * DAY_MS)), "retention.bytes": "-1"}
     isr = min_insync_replicas(settings.replication_factor if replicas is None else replicas)
     if isr is not None:
         config["min.insync.replicas"] = str(isr)
@@ -66,7 +68,21 @@ def _differing(admin: AdminClient, name: str, wanted: dict[str, str], timeout_s:
     except Exception as exc:  # a broker without DescribeConfigs
         log.warning("cannot read the configs of topic %s (%s); setting them", name, exc)
         have = {}
-    return {k: v for k, v in wanted.items() if have.get(k) != v}
+    differing = {k: v for k, v in wanted.items() if have.get(k) != v}
+    for k, v in differing.items():  # say what changes: a shorter retention deletes records at once
+        log.warning("topic %s: %s %s -> %s%s", name, k, have.get(k, "(unknown)"), v, _shortened(k, have.get(k), v))
+    return differing
+
+
+def _shortened(key: str, old: str | None, new: str) -> str:
+    """What a change of a topic's retention.ms deletes, for the warning ('' where it deletes nothing)."""
+    try:
+        before, after = int(old), int(new)  # -1: kept for ever
+    except (TypeError, ValueError):
+        return ""
+    if key != "retention.ms" or after < 0 or 0 <= before <= after:
+        return ""
+    return f": the broker deletes its records older than {after / DAY_MS:g} days"
 
 
 def replica_count(topic_metadata) -> int | None:

@@ -23,6 +23,8 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
+from gpuledger.config import MAX_RETENTION_DAYS
+
 log = logging.getLogger(__name__)
 
 
@@ -71,7 +73,10 @@ RETENTION: dict[str, Retention] = {
                                    partition="", month_end=True),
     "scheduler_snapshots": Retention("retention_ops_days", _RAW, "queue snapshots"),
     "scheduler_preemptions": Retention("retention_ops_days", _RAW, "preemptions"),
-    "node_inventory": Retention("retention_ops_days", _RAW, "node inventory (a node unseen this long is dropped)", partition=""),
+    # as long as the allocations (job_events) it is checked against: a retired node gone from it would
+    # make report unmatched call each of its allocations an unknown node (one row per node: small)
+    "node_inventory": Retention("retention_usage_days", _RAW, "nodes that sent samples: the allocations' unmatched check",
+                                partition=""),
     "usage_by_job_daily": Retention("retention_bills_days", "day", "bill grain of the live bills"),
     "usage_by_job_hourly": Retention("retention_usage_days", "day", "usage per hour and attempt: reports, closes (sql/0027)"),
     "usage_exact_hours": Retention("retention_usage_days", "day", "open days' hours found exact: the reports' reads (sql/0035)"),
@@ -120,6 +125,8 @@ def ttl_expression(table: str, days: int) -> str | None:
     r = RETENTION[table]
     if days <= 0:
         return None
+    if days > MAX_RETENTION_DAYS:  # the settings refuse it: the TTL's Date would wrap round to 1970
+        raise ValueError(f"a retention of {days} days is over {MAX_RETENTION_DAYS}: use 0 to keep {table} for ever")
     counted_from = f"toLastDayOfMonth({r.expiry})" if counts_from_month_end(table) else r.expiry
     return f"{counted_from} + toIntervalDay({int(days)})"
 
