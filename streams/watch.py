@@ -135,6 +135,9 @@ RECLAIM_QUIET_S = 60.0
 #: buckets are kept for reclaim steps not yet judged (usage of a partition, or the snapshots, behind)
 #: at most this far behind what the alert rules need: bounded memory while snapshots stop
 RECLAIM_MAX_LAG_MS = 2 * 3_600_000
+#: scheduler snapshots are kept at most this far behind a cluster's newest (no step is judged while
+#: reclaim is disabled or the cluster's usage has stopped, so nothing else prunes them)
+SNAPSHOT_RETENTION_MS = ENDED_RETENTION_MS
 
 
 class Watcher:
@@ -155,7 +158,9 @@ class Watcher:
         self.lookback_buckets = self._n(lookback_s + a.checkpoint_max_s) + 2
         self.attempts: dict[tuple[str, str, int], Attempt] = {}
         self.ended: dict[tuple[str, str, int], int] = {}
-        self.holders: dict[tuple[str, str], list] = {}         # (cluster, gpu) -> [job_id, attempt, last end]
+        #: (cluster, gpu) -> [[job_id, attempt, last end], ...]: several while the GPU is shared (time
+        #: slicing, MPS), and the one before a successor for DOWN_GAP_MS
+        self.holders: dict[tuple[str, str], list[list]] = {}
         self.gpu_seen: dict[tuple[str, str], int] = {}         # (cluster, gpu) -> end of its newest record
         self.gpu_partition: dict[tuple[str, str], int] = {}    # (cluster, gpu) -> usage partition it comes on
         self.partition_seen: dict[tuple[str, int], int] = {}   # (cluster, usage partition) -> newest record end
@@ -238,11 +243,18 @@ class Watcher:
             raise DecodeError(f"not a usage batch: {type(exc).__name__}: {exc}") from None
         self.counters["usage_records"] += len(parsed)
         self._heard(partition, {p[0] for p in parsed})
+        # the worker emits each GPU's records in time order and, after its restart, emits some again
+        # (same ids, new offsets): a record starting before the newest already read for its GPU is such
+        # a copy, skipped as the sink skips it (per message: shared GPUs have several records a slice)
+        read_to = {(p[0], p[1]): self.gpu_seen.get((p[0], p[1]), 0) for p in parsed}
         outs: list[Out] = []
         touched: set[tuple[str, str, int]] = set()
         clusters: set[str] = set()
         for cluster, gpu, start, end, state, r in sorted(parsed, key=lambda p: (p[2], p[0], p[1])):
             if end <= start:
+                continue
+            if start < read_to[(cluster, gpu)]:
+                self.counters["duplicate_records"] += 1
                 continue
             clusters.add(cluster)
             self.horizon[cluster] = max(self.horizon.get(cluster, 0), end)
@@ -322,8 +334,13 @@ class Watcher:
                                  or ([[q.priority, q.pending_jobs, q.pending_gpus]] if q.pending_gpus > 0 else [])}
                        for q in snap.queues}}
         known = [k for k in self.snapshots.get(snap.cluster, []) if k["ts_ms"] != snap.ts_ms]
-        self.snapshots[snap.cluster] = sorted([*known, compact], key=lambda k: k["ts_ms"])
         self.snapshot_horizon[snap.cluster] = max(self.snapshot_horizon.get(snap.cluster, 0), snap.ts_ms)
+        # bounded whatever the usage does: the reclaim steps prune what they have judged, but with
+        # [reclaim] disabled, or a cluster whose usage stopped or never came (its scheduler agent
+        # names it otherwise), no step ever runs: keep only the newest, or a day of them
+        cut = self.snapshot_horizon[snap.cluster] - (SNAPSHOT_RETENTION_MS if self.d.reclaim.enabled else 0)
+        self.snapshots[snap.cluster] = sorted([k for k in [*known, compact] if k["ts_ms"] >= cut],
+                                              key=lambda k: k["ts_ms"])
         # usage may have come first: the steps it waited on this snapshot for are judged now
         return self._evaluate_reclaim(snap.cluster) if snap.cluster in self.horizon else []
 
@@ -342,7 +359,10 @@ class Watcher:
             a.start_ms = start
         a.last_end[gpu] = max(a.last_end.get(gpu, 0), end)
         a.shares[gpu] = int(r.get("share_milli") or 1000)
-        self.holders[(a.cluster, gpu)] = [a.job_id, a.attempt, a.last_end[gpu]]
+        end = a.last_end[gpu]
+        others = [h for h in self.holders.get((a.cluster, gpu), [])
+                  if (h[0], h[1]) != (a.job_id, a.attempt) and h[2] >= end - DOWN_GAP_MS]
+        self.holders[(a.cluster, gpu)] = [*others, [a.job_id, a.attempt, end]]
         gpu_ms, cost = float(r.get("gpu_ms") or 0), float(r.get("cost_micros") or 0)
         util, mem = r.get("util_pct"), r.get("mem_used_bytes")
         if cost and state == IDLE:
@@ -378,41 +398,48 @@ class Watcher:
                 q[1] += gpu_ms * frac
             t = piece_end
 
-    def _holder(self, cluster: str, gpu: str, start: int) -> Attempt | None:
+    def _holders(self, cluster: str, gpu: str, start: int) -> list[Attempt]:
+        """The attempts on the GPU just before `start`: every one whose slices reached the newest end
+        read for it (all of its holders when it is shared, not one its successor took it from)."""
         held = self.holders.get((cluster, gpu))
-        if held is None:
-            return None
-        a = self.attempts.get((cluster, held[0], held[1]))
-        if a is None or start - held[2] > DOWN_GAP_MS:
-            return None
-        return a
+        if not held:
+            return []
+        newest = max(h[2] for h in held)
+        if start - newest > DOWN_GAP_MS:
+            return []
+        attempts = [self.attempts.get((cluster, h[0], h[1])) for h in held if h[2] == newest]
+        return [a for a in attempts if a is not None]
 
     def _gpu_down(self, cluster: str, gpu: str, start: int, end: int) -> list[Out]:
-        a = self._holder(cluster, gpu, start)
-        if a is None or gpu in a.down or (a.ended_ms is not None and start > a.ended_ms + DOWN_GAP_MS):
-            return []
-        a.down.append(gpu)
-        if not self.d.alerts.gpu_down.enabled or "gpu_down" in a.open:
-            return []
-        return [self._open(a, "gpu_down", [gpu], start, start, end,
-                           f"GPU {gpu} went down under running job {a.job_id} (attempt {a.attempt})")]
+        outs = []
+        for a in self._holders(cluster, gpu, start):
+            if gpu in a.down or (a.ended_ms is not None and start > a.ended_ms + DOWN_GAP_MS):
+                continue
+            a.down.append(gpu)
+            if self.d.alerts.gpu_down.enabled and "gpu_down" not in a.open:
+                outs.append(self._open(a, "gpu_down", [gpu], start, start, end,
+                                       f"GPU {gpu} went down under running job {a.job_id} (attempt {a.attempt})"))
+        return outs
 
     def _gpu_up(self, cluster: str, gpu: str, start: int, end: int, holder: tuple[str, int] | None) -> list[Out]:
         """A GPU's record that is not down; `holder`: the (job, attempt) it is billed to, if any."""
-        held = self.holders.get((cluster, gpu))
-        a = self.attempts.get((cluster, held[0], held[1])) if held else None
-        if a is None or gpu not in a.down:
-            return []
-        a.down.remove(gpu)
-        if holder != (a.job_id, a.attempt):
-            # back, but no longer the job's: its usage stopped at the fault, and judging the job must
-            # not wait for it (the job's horizon is the least of its GPUs' newest usage)
-            a.last_end.pop(gpu, None)
-            a.shares.pop(gpu, None)
-            a.buckets.pop(gpu, None)
-        if a.down or "gpu_down" not in a.open:
-            return []
-        return [self._close(a, "gpu_down", start, start, end, f"GPU {gpu} is back in service")]
+        held = self.holders.get((cluster, gpu), [])
+        outs = []
+        for h in held:
+            a = self.attempts.get((cluster, h[0], h[1]))
+            if a is None or gpu not in a.down:
+                continue
+            a.down.remove(gpu)
+            if holder != (a.job_id, a.attempt) and not any(holder == (o[0], o[1]) for o in held):
+                # back, but no longer the job's: its usage stopped at the fault, and judging the job must
+                # not wait for it (the job's horizon is the least of its GPUs' newest usage). (Back with
+                # another of its holders first: this one's record may follow in the same slice.)
+                a.last_end.pop(gpu, None)
+                a.shares.pop(gpu, None)
+                a.buckets.pop(gpu, None)
+            if not a.down and "gpu_down" in a.open:
+                outs.append(self._close(a, "gpu_down", start, start, end, f"GPU {gpu} is back in service"))
+        return outs
 
     # ------------------------------------------------------------------ alerts
     def _n(self, seconds: float) -> int:
@@ -481,11 +508,15 @@ class Watcher:
         if not a.last_end:
             return []
         # every GPU it holds that is not down: one node's usage may lag another's (a replay's backlog),
-        # and the job is judged only as far as all of them have reported
-        gpus = sorted(g for g in a.last_end if g not in a.down)
-        if not gpus:
+        # and the job is judged only as far as all of them have reported. A GPU whose own usage has
+        # been read DOWN_GAP_MS past the job's last slice on it was given up (one pod of the job
+        # ended: a second `allocated` without it): it no longer holds the horizon back, and counts
+        # only in the steps its slices cover (so the answer does not depend on when that was read)
+        live = sorted(g for g in a.last_end if g not in a.down)
+        holding = [g for g in live if self.gpu_seen.get((a.cluster, g), 0) - a.last_end[g] <= DOWN_GAP_MS]
+        if not holding:
             return []
-        hb = min(a.last_end[g] for g in gpus) // self.bucket_ms  # buckets below hb are complete
+        hb = min(a.last_end[g] for g in holding) // self.bucket_ms  # buckets below hb are complete
         if hb <= a.evaluated_bucket:
             return []
         first = a.evaluated_bucket + 1 if a.evaluated_bucket else min(min(b) for b in a.buckets.values() if b) + 1
@@ -494,6 +525,7 @@ class Watcher:
         # every bucket boundary the horizon passed, in turn: the same alerts at the same times whether
         # the usage came a minute at a time or in one batch per watermark
         for step in range(first, hb + 1):
+            gpus = [g for g in live if g in holding or a.last_end[g] >= step * self.bucket_ms]
             for rule, judge in (("util_drop", self._util_drop), ("low_util", self._low_util),
                                 ("straggler", self._straggler), ("hung", self._hung)):
                 if getattr(self.d.alerts, rule).enabled:
@@ -504,6 +536,10 @@ class Watcher:
         for g in list(a.buckets):  # keep what the longest window needs
             for i in [i for i in a.buckets[g] if i < keep]:
                 del a.buckets[g][i]
+        # and the checkpoint windows that reach a bucket kept: a job running for weeks must not make
+        # every later bucket look through all its checkpoints (nor grow the state)
+        longest = self.d.alerts.checkpoint_max_s * 1000
+        a.checkpoints = [c for c in a.checkpoints if (c[1] if c[1] is not None else c[0] + longest) > keep * self.bucket_ms]
         return outs
 
     def _util_drop(self, a: Attempt, gpus: list[str], hb: int, horizon: int) -> Out | None:
@@ -874,16 +910,19 @@ class Watcher:
             self._attempts_floor[cluster] = min((t for t in activity.values() if t >= cut), default=math.inf)
         if cluster in self._holders_dirty:
             self._holders_dirty.discard(cluster)
-            for key in [k for k, h in self.holders.items()
-                        if k[0] == cluster and (k[0], h[0], h[1]) not in self.attempts]:
-                del self.holders[key]
+            for key in [k for k in self.holders if k[0] == cluster]:
+                held = [h for h in self.holders[key] if (cluster, h[0], h[1]) in self.attempts]
+                if held:
+                    self.holders[key] = held
+                else:
+                    del self.holders[key]
 
     # ------------------------------------------------------------------ state
     def to_state(self) -> dict:
         return {"version": STATE_VERSION,
                 "attempts": [a.to_state() for _, a in sorted(self.attempts.items())],
                 "ended": [[*k, t] for k, t in sorted(self.ended.items())],
-                "holders": [[*k, *h] for k, h in sorted(self.holders.items())],
+                "holders": [[*k, *h] for k, held in sorted(self.holders.items()) for h in held],
                 "gpu_seen": [[*k, t] for k, t in sorted(self.gpu_seen.items())],
                 "gpu_partition": [[*k, p] for k, p in sorted(self.gpu_partition.items())],
                 "partition_seen": [[*k, t] for k, t in sorted(self.partition_seen.items())],
@@ -900,7 +939,9 @@ class Watcher:
         attempts = [Attempt.from_state(s) for s in state["attempts"]]
         self.attempts = {a.key: a for a in attempts}
         self.ended = {(c, j, n): t for c, j, n, t in state["ended"]}
-        self.holders = {(c, g): [j, n, t] for c, g, j, n, t in state["holders"]}
+        self.holders = {}
+        for c, g, j, n, t in state["holders"]:  # (a state written with one holder a GPU reads the same)
+            self.holders.setdefault((c, g), []).append([j, n, t])
         self.gpu_seen = {(c, g): t for c, g, t in state["gpu_seen"]}
         self.gpu_partition = {(c, g): p for c, g, p in state.get("gpu_partition", [])}
         self.partition_seen = {(c, p): t for c, p, t in state.get("partition_seen", [])}

@@ -19,7 +19,7 @@ from gpuledger.streams.configkeys import refuse_unknown_keys
 
 #: version of each rule's logic (docs/alerts.md); an alert's definition_version is
 #: "<[alerts] version>/<rule>.v<n>"
-RULE_VERSIONS = {"util_drop": 1, "low_util": 1, "straggler": 1, "hung": 1, "gpu_down": 1}
+RULE_VERSIONS = {"util_drop": 1, "low_util": 1, "straggler": 1, "hung": 1, "gpu_down": 2}
 RECLAIM_VERSION = 1
 RULES = tuple(RULE_VERSIONS)
 
