@@ -108,11 +108,11 @@ def wait_until(check: Callable[[], bool], what: str, timeout_s: float = 60, aliv
         time.sleep(0.02)
 
 
-def ticks_of(broker_bootstrap: str, topic: str, node: str, acked: int, timeout_s: float = 60) -> list[int]:
-    """ts_ms of every tick of `node` on `topic`, in partition order, read straight from the broker
-    up to the end offsets it has now, and on until at least `acked` ticks of the node (what the
-    publishers' delivery counters say the broker acknowledged) came: after faults Tansu's
-    ListOffsets can report an end behind the log (gpuledger/embedded/processes.py `group_lag`)."""
+def keyed_values(broker_bootstrap: str, topic: str, key: bytes, at_least: int, timeout_s: float = 60) -> list[bytes]:
+    """Values of `key` on `topic`, in partition order, read straight from the broker up to the end
+    offsets it has now, and on until at least `at_least` came (what the publishers' delivery counters
+    say the broker acknowledged): after faults Tansu's ListOffsets can report an end behind the log
+    (gpuledger/embedded/processes.py `group_lag`)."""
     consumer = Consumer({"bootstrap.servers": broker_bootstrap, "group.id": "outage-reader", "enable.auto.commit": False})
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
@@ -120,21 +120,26 @@ def ticks_of(broker_bootstrap: str, topic: str, node: str, acked: int, timeout_s
                 for p in partitions}
         todo = {p for p, end in ends.items() if end > 0}
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        got: list[int] = []
+        got: list[bytes] = []
         deadline = time.monotonic() + timeout_s
-        while todo or len(got) < acked:
+        while todo or len(got) < at_least:
             assert time.monotonic() < deadline, \
-                f"{len(got)} of {acked} acknowledged ticks read; partitions {sorted(todo)} of {topic} not read to their end"
+                f"{len(got)} of {at_least} acknowledged messages read; partitions {sorted(todo)} of {topic} not read to their end"
             for msg in consumer.consume(num_messages=500, timeout=0.5):
                 if msg.error() is not None:
                     continue
-                if msg.key() == node.encode():
-                    got.append(decode(NodeTick, msg.value()).ts_ms)
-                if msg.offset() + 1 >= ends[msg.partition()]:
+                if msg.key() == key:
+                    got.append(msg.value())
+                if msg.offset() + 1 >= ends.get(msg.partition(), 0):
                     todo.discard(msg.partition())
         return got
     finally:
         consumer.close()
+
+
+def ticks_of(broker_bootstrap: str, topic: str, node: str, acked: int, timeout_s: float = 60) -> list[int]:
+    """ts_ms of every tick of `node` on `topic` (`keyed_values`)."""
+    return [decode(NodeTick, v).ts_ms for v in keyed_values(broker_bootstrap, topic, node.encode(), acked, timeout_s)]
 
 
 def run_ticks(publisher, settings, clock: FakeClock, n: int, node: str) -> None:

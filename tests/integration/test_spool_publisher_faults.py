@@ -16,8 +16,8 @@ import time
 from typing import Callable
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from metrics_scrape import sample, scrape
+from test_agent_outage import keyed_values
 
 from gpuledger.agents.gpu_agent import open_spooled_publisher, spool_dir
 from gpuledger.agents.spool import Spool
@@ -38,32 +38,6 @@ def wait_until(check: Callable[[], bool], what: str, timeout_s: float = 60,
         time.sleep(0.05)
 
 
-def read_topic(bootstrap: str, topic: str, key: bytes, at_least: int, timeout_s: float = 60) -> list[bytes]:
-    """Values of `key` on `topic`, in partition order, until at least `at_least` came and every
-    partition was read to the end offset it had when reading began."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "spool-faults-reader", "enable.auto.commit": False})
-    try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
-                for p in partitions}
-        todo = {p for p, end in ends.items() if end > 0}
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        got: list[bytes] = []
-        deadline = time.monotonic() + timeout_s
-        while todo or len(got) < at_least:
-            assert time.monotonic() < deadline, f"{len(got)} of {at_least} messages read from {topic}"
-            for msg in consumer.consume(num_messages=500, timeout=0.5):
-                if msg.error() is not None:
-                    continue
-                if msg.key() == key:
-                    got.append(msg.value())
-                if msg.offset() + 1 >= ends.get(msg.partition(), 0):
-                    todo.discard(msg.partition())
-        return got
-    finally:
-        consumer.close()
-
-
 def test_a_record_over_the_producer_limit_is_dropped_and_the_ones_after_it_delivered(settings):
     create_topics(settings)
     publisher = open_spooled_publisher(settings, "big-node")
@@ -81,7 +55,7 @@ def test_a_record_over_the_producer_limit_is_dropped_and_the_ones_after_it_deliv
         assert (publisher.spool.dropped, publisher.forwarder.unsendable, publisher.forwarder.delivered) == (1, 1, 6)
     finally:
         publisher.close()
-    assert read_topic(settings.kafka_bootstrap, settings.topics.gpu_samples, b"big-node", 6) == small
+    assert keyed_values(settings.kafka_bootstrap, settings.topics.gpu_samples, b"big-node", 6) == small
     with Spool(spool_dir(settings, "big-node")) as spool:  # counted for good, nothing to resend
         assert (spool.depth, spool.dropped) == (0, 1)
 
@@ -117,6 +91,6 @@ def test_sigterm_delivers_the_ticks_held_for_a_batch(settings, tmp_path):
         left = spool.depth
     # before: the batch of every tick it sampled (one record, 20 ticks or more) stayed in the spool
     assert left == 0, f"{left} record(s) left in the spool by a clean stop with the broker reachable"
-    ticks = [t.ts_ms for value in read_topic(settings.kafka_bootstrap, settings.topics.gpu_samples, node.encode(), 1)
+    ticks = [t.ts_ms for value in keyed_values(settings.kafka_bootstrap, settings.topics.gpu_samples, node.encode(), 1)
              for t in decode_node_ticks(value)]
     assert len(ticks) >= 20 and ticks == sorted(set(ticks))
