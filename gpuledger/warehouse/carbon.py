@@ -255,7 +255,7 @@ def cmd_carbon(args) -> int:
             raise SystemExit("usage: gpuledger carbon load FILE.csv")
         path = Path(args.file)
         carbon = load_ledger_config(settings.ledger_config).carbon
-        rows = parse_intensity_csv(path.read_text(encoding="utf-8-sig"), path.name, carbon.zones)
+        rows = parse_intensity_csv(path.read_text(encoding="utf-8"), path.name, carbon.zones)
         zones = sorted({r["zone"] for r in rows})
         client = connect(settings)
         try:
