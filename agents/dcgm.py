@@ -49,6 +49,7 @@ FIELDS: dict[str, tuple[str, float]] = {
     "DCGM_FI_DEV_FB_TOTAL": ("mem_total_bytes", MIB),                 # MiB
     "DCGM_FI_DEV_GPU_TEMP": ("temperature_c", 1.0),                   # degrees C
     "DCGM_FI_DEV_POWER_USAGE": ("power_w", 1.0),                      # W
+    "DCGM_FI_DEV_ENFORCED_POWER_LIMIT": ("power_limit_w", 1.0),       # W (0: none, dropped by the schema)
     "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("energy_j", 1e-3),       # mJ since driver load
     "DCGM_FI_DEV_SM_CLOCK": ("sm_clock_mhz", 1.0),                    # MHz
     "DCGM_FI_DEV_MEM_CLOCK": ("mem_clock_mhz", 1.0),                  # MHz
@@ -124,11 +125,14 @@ class DcgmState:
     """What one scrape leaves for the next, per GPU UUID: the Xid gauge's last value, the
     fatal Xid seen arriving while the agent runs (sticky until the agent restarts, as in the NVML backend:
     a reset is needed; a fatal value already in the gauge at the first scrape is not one, docs/dcgm.md),
-    and every GPU seen in this run (a GPU that vanishes from the scrape is reported down)."""
+    every GPU seen in this run (a GPU that vanishes from the scrape is reported down), and each GPU's
+    energy counter as last scraped (a repeat is the exporter's previous collection, not a new reading)."""
 
     last_xid: dict[str, int] = field(default_factory=dict)
     fatal_xid: dict[str, int] = field(default_factory=dict)
     seen: dict[str, SeenGpu] = field(default_factory=dict)
+    last_energy: dict[str, float] = field(default_factory=dict)  # counter as last scraped, joules
+    repeat_warned: bool = False
 
 
 def parse_exposition(text: str) -> list[Row]:
@@ -213,6 +217,7 @@ def gpu_samples(rows: list[Row], previous: DcgmState, *, hostname: str | None = 
     if not by_gpu and previous.seen:
         raise ExpositionError(f"the exporter serves no GPU (restarting?); {len(previous.seen)} seen before")
     last_xid, fatal_xid = dict(previous.last_xid), dict(previous.fatal_xid)
+    last_energy, repeat_warned = dict(previous.last_energy), previous.repeat_warned
     samples = []
     for uuid, gpu_rows in by_gpu.items():
         xid = _last_xid(gpu_rows)
@@ -230,10 +235,25 @@ def gpu_samples(rows: list[Row], previous: DcgmState, *, hostname: str | None = 
             log.warning("GPU %s: the exporter's last Xid is fatal (%s) but from before this agent started "
                         "(possibly stale: the exporter keeps it after a GPU reset); not reporting the GPU down",
                         uuid, xid_down_reason(xid))
-        samples.append(_gpu_sample(uuid, gpu_rows, new_xids, fatal_xid.get(uuid)))
+        sample = _gpu_sample(uuid, gpu_rows, new_xids, fatal_xid.get(uuid))
+        if sample.energy_j is not None and last_energy.get(uuid) == sample.energy_j:
+            # The exporter serves its last collection until the next (`-c`, 30 s by default): a counter
+            # that did not move is that collection again, not this tick's energy. Reported as such, the
+            # ticks between collections showed 0 J and the next one 30 s of energy (over the power
+            # limit, so power x time): a busy GPU billed a sixth of its energy. None: power x time.
+            if not repeat_warned:
+                repeat_warned = True
+                log.warning("GPU %s: the exporter's energy counter did not move since the last scrape: its collection "
+                            "interval (-c, DCGM_EXPORTER_INTERVAL) is not shorter than the agent's --interval; a tick "
+                            "on a repeated collection reports no energy (the ledger uses power x time)", uuid)
+            sample = sample.model_copy(update={"energy_j": None})
+        elif sample.energy_j is not None:
+            last_energy[uuid] = sample.energy_j
+        samples.append(sample)
     seen = _present(samples, previous.seen)
     samples += _missing_samples(previous.seen, seen)
-    return sorted(samples, key=lambda g: g.index), DcgmState(last_xid, fatal_xid, seen)
+    state = DcgmState(last_xid, fatal_xid, seen, last_energy, repeat_warned)
+    return sorted(samples, key=lambda g: g.index), state
 
 
 # --------------------------------------------------------------------------- vanished GPUs

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import logging
+import math
 import socket
 import sys
 import time
@@ -94,13 +95,24 @@ class DcgmBackend:
         """Nothing to release: each scrape opens and closes its own connection."""
 
 
-def default_node(backend: DcgmBackend) -> str:
+def default_node(backend: DcgmBackend, *, retry_s: float | None = None,
+                 sleep: Callable[[float], Any] = time.sleep) -> str:
     """The node name when --node is not given: the exposition's Hostname label when it names one
-    host, else this machine's host name."""
-    try:
-        hosts = exposition_hostnames(backend.scrape())
-    except ScrapeFailed:
-        hosts = []
+    host, else this machine's host name. Taken from an exposition with rows only: falling back to
+    this host's name while the exporter is not up yet would name another node for the whole run.
+    Retries every `retry_s` seconds until the exporter answers; `retry_s` None: ScrapeFailed."""
+    while True:
+        try:
+            rows = backend.scrape()
+            if rows:
+                break
+            backend._failed(ExpositionError("no GPU rows yet (is dcgm-exporter still starting?)"))
+        except ScrapeFailed:
+            if retry_s is None:
+                raise
+            log.warning("no node name yet (--node not given): retrying %s in %g s", backend.url, retry_s)
+            sleep(retry_s)
+    hosts = exposition_hostnames(rows)
     return hosts[0] if len(hosts) == 1 else socket.gethostname()
 
 
@@ -126,12 +138,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = load_settings()
     p = build_parser(settings)
     args = p.parse_args(argv)
-    if args.timeout is not None and args.timeout <= 0:
-        p.error("--timeout must be positive")
+    # inf reached the socket (OverflowError on every scrape), nan failed every scrape
+    if args.timeout is not None and not (0 < args.timeout < math.inf):
+        p.error(f"--timeout must be a positive number of seconds, got {args.timeout!r}")
     check_tick_options(p, args)
 
     backend = DcgmBackend(args.url, node=args.node, timeout_s=args.timeout or min(args.interval, 10.0))
-    node = backend.node = args.node or default_node(backend)
+    try:
+        node = backend.node = args.node or default_node(backend, retry_s=None if args.once else max(args.interval, 1.0))
+    except ScrapeFailed as exc:  # --once: the exporter's answer is the tick's
+        print(f"dcgm agent: {exc}", file=sys.stderr)
+        return 1
     interval_ms = round(args.interval * 1000)
     if args.once:
         now_ms = int(time.time() * 1000)
@@ -147,7 +164,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gpuledger.agents.publisher import KafkaPublisher
         with KafkaPublisher(settings) as pub:
             pub.publish(settings.topics.gpu_samples, node, encode(tick))
-            return 1 if pub.flush() else 0
+            # flush() counts what is still waiting; a tick the broker refused is not waiting, it failed
+            if pub.flush() or pub.failed:
+                print(f"dcgm agent: the tick was not delivered to {settings.topics.gpu_samples} (reason in the log)",
+                      file=sys.stderr)
+                return 1
+            return 0
 
     log.info("scraping %s every %.3g s as node %s of cluster %s", args.url, args.interval, node, args.cluster)
     return serve_ticks(backend, settings, cluster=args.cluster, node=node, interval_s=args.interval,

@@ -366,7 +366,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gpuledger.agents.publisher import KafkaPublisher
             with KafkaPublisher(settings) as pub:
                 pub.publish(settings.topics.gpu_samples, args.node, encode(tick))
-                return 1 if pub.flush() else 0
+                # flush() counts what still waits; a tick the broker refused does not wait, it failed
+                if pub.flush() or pub.failed:
+                    print(f"gpu agent: the tick was not delivered to {settings.topics.gpu_samples} (reason in the log)",
+                          file=sys.stderr)
+                    return 1
+                return 0
 
         return serve_ticks(backend, settings, cluster=args.cluster, node=args.node, interval_s=args.interval,
                            ticks_per_message=args.ticks_per_message, print_=args.print_,

@@ -2,7 +2,10 @@
 
 Fixtures under tests/fixtures/dcgm/ are real exporter output (tests/fixtures/dcgm/SOURCES.md).
 Where a case is not in them (Xid changes, ECC, hpc_job, per-pod values) the test derives its text
-from a real fixture's lines by changing values or labels, and says so."""
+from a real fixture's lines by changing values or labels, and says so.
+
+Why one file: one agent's mapping and its command line share the fixtures, the derived-text helpers
+and the local exporter; docs/dcgm.md names this file as the agent's tests."""
 
 from __future__ import annotations
 
@@ -559,3 +562,99 @@ def test_default_node_is_the_single_hostname_label_else_this_host():
     assert default_node(DcgmBackend("http://x", fetch=lambda u, t: fixture(H100))) == "gpu-node-1"
     assert default_node(DcgmBackend("http://x", fetch=lambda u, t: fixture(H100) + fixture(QUADRO))) == socket.gethostname()
     assert default_node(DcgmBackend("http://x", fetch=lambda u, t: fixture("readme_quickstart.prom"))) == socket.gethostname()
+
+
+# --------------------------------------------------------------------------- a repeated collection
+def energy_text(energy_mj: int) -> str:
+    return derived(("DCGM_FI_DEV_POWER_USAGE", "300"), ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", str(energy_mj)),
+                   labels=A100_LABELS + ',modelName="NVIDIA A100-SXM4-80GB"')
+
+
+def test_an_energy_counter_repeated_from_the_exporters_last_collection_is_not_this_ticks_energy(caplog):
+    """dcgm-exporter serves its last collection until the next one, every 30 s by default (`-c`); the
+    agent scrapes every 5 s. The same counter came back 5 times in 6 and was reported as this tick's
+    energy: a 0 J delta for 5 ticks, then 30 s of energy in one 5-s tick, above the power limit and so
+    replaced by power x time. A busy A100 (300 W) was billed 3,000 J of 18,000 J in 60 s."""
+    from gpuledger.ledger_files import load_ledger_config
+    from gpuledger.streams.join import NodeJoin
+
+    state, ticks = DcgmState(), []
+    start_ms, interval_ms = 1_793_577_600_000, 5000
+    with caplog.at_level("WARNING", logger="gpuledger.agents.dcgm"):
+        for k in range(12):  # 60 s of 5-s ticks; the exporter collected at 0 s and 30 s
+            counter_mj = 1_000_000_000 + (k // 6) * 9_000_000  # 300 W x 30 s = 9,000 J per collection
+            gpus, state = gpu_samples(parse_exposition(energy_text(counter_mj)), state)
+            ticks.append(NodeTick(cluster="c", node="n1", ts_ms=start_ms + k * interval_ms, interval_ms=interval_ms,
+                                  gpus=gpus))
+    assert [t.gpus[0].energy_j is not None for t in ticks] == [True] + [False] * 5 + [True] + [False] * 5
+    assert [r.levelname for r in caplog.records if "collection" in r.getMessage()] == ["WARNING"]  # once
+    join = NodeJoin(node="n1")
+    for t in ticks:
+        join.add_tick(t)
+    ledger = load_ledger_config(Path(__file__).parents[1] / "fixtures" / "unit_ledger.toml")
+    records = join.close_until(ticks[-1].ts_ms + interval_ms, ledger)
+    assert sum(r["energy_j"] for r in records) == pytest.approx(300 * 60)  # power x time throughout
+    # a counter that moves every scrape (exporter collecting at least as often) is reported every tick
+    state = DcgmState()
+    for counter_mj in (1_000_000_000, 1_001_500_000, 1_003_000_000):
+        [gpu], state = gpu_samples(parse_exposition(energy_text(counter_mj)), state)
+        assert gpu.energy_j == counter_mj / 1000
+
+
+def test_default_node_waits_for_the_exporter_rather_than_taking_this_hosts_name(exporter, capsys):
+    """The exporter not answering yet at the agent's start (a booting node: the exporter's DaemonSet
+    takes seconds to start DCGM) made the node this machine's host name, in Kubernetes the agent pod's
+    name, for the agent's whole run: every tick under a node no scheduler knows, its GPUs' time held by
+    nobody. The name is now taken from the first exposition with GPU rows."""
+    answers: list = [OSError("connection refused"), "", fixture(H100)]  # down, up but not collecting, ready
+
+    def fetch(url: str, timeout_s: float) -> str:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    slept: list = []
+    backend = DcgmBackend("http://x", fetch=fetch)
+    assert default_node(backend, retry_s=2.0, sleep=slept.append) == "gpu-node-1"
+    assert slept == [2.0, 2.0] and backend.scrapes_failed == 2
+    # --once tries once: the failed scrape is the answer (exit 1), not this host's name
+    handler, url = exporter
+    handler.status, handler.body = 503, b"DCGM not ready"
+    assert main(["--url", url, "--once", "--print"]) == 1
+    assert "HTTP Error 503" in capsys.readouterr().err
+
+
+def test_the_enforced_power_limit_is_the_samples_limit_as_with_nvml():
+    """DCGM_FI_DEV_ENFORCED_POWER_LIMIT (W) is NVML's nvmlDeviceGetEnforcedPowerLimit, which the NVML
+    agent sends as `power_limit_w`: the worker's energy cap (docs/accounting.md §4a). It was ignored, so
+    a GPU capped at 250 W was judged against its model's configured limit (400 W for an A100-80GB):
+    a counter rise of 2,000 J in 5 s (400 W) on that GPU was believed, NVML's samples have it refused.
+    0 W is no limit (as in the NVML agent): missing."""
+    [gpu] = samples(derived(("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "250.000000"), ("DCGM_FI_DEV_POWER_USAGE", "245")))
+    assert gpu.power_limit_w == 250.0
+    [gpu] = samples(derived(("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "0"), ("DCGM_FI_DEV_POWER_USAGE", "245")))
+    assert gpu.power_limit_w is None and gpu.power_w == 245
+
+
+def test_agent_once_exits_1_when_the_broker_refuses_the_tick(exporter, monkeypatch, capsys):
+    """`--once` returned 0 when the broker refused the tick (a delivery report with an error, e.g.
+    topic authorization failed): flush() counts only messages still waiting, and a refused one is not
+    waiting. The tick was lost with a success exit. A fake producer, this being the exit code's logic
+    (publishing to the real broker: tests/integration/test_dcgm_agent.py)."""
+    from refusing_producer import refuse_every_message
+
+    refuse_every_message(monkeypatch)
+    _, url = exporter
+    assert main(["--url", url, "--once", "--node", "n1"]) == 1
+    assert "not delivered" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("timeout", ["inf", "nan", "0", "-1"])
+def test_a_timeout_that_is_not_a_positive_number_of_seconds_is_refused(timeout, capsys):
+    """`--timeout inf` passed the check (only <= 0 was refused) and every scrape raised OverflowError
+    from the socket, a traceback per tick (and `--once` died with one); `nan` failed every scrape."""
+    with pytest.raises(SystemExit) as exc:
+        main(["--url", "http://127.0.0.1:9/metrics", "--once", "--print", "--node", "n1", "--timeout", timeout])
+    assert exc.value.code == 2
+    assert "--timeout must be a positive number of seconds" in capsys.readouterr().err

@@ -464,3 +464,14 @@ def test_impossible_tick_options_are_refused_with_one_line(agent, argv, message,
 def test_a_one_millisecond_interval_is_accepted(capsys):
     assert main(["--backend", "sim", "--sim-gpus", "1xT4", "--once", "--print", "--interval", "0.001"]) == 0
     assert decode(NodeTick, capsys.readouterr().out.strip().encode()).interval_ms == 1
+
+
+def test_once_exits_1_when_the_broker_refuses_the_tick(monkeypatch, capsys):
+    """`--once` returned 0 when the broker refused the tick (a delivery report with an error): flush()
+    counts only what still waits, and a refused tick does not wait. A fake producer: the exit code's
+    logic (the dcgm agent's twin: tests/unit/test_dcgm.py)."""
+    from refusing_producer import refuse_every_message
+
+    refuse_every_message(monkeypatch)
+    assert main(["--backend", "sim", "--sim-gpus", "2xL40S", "--once", "--node", "n9"]) == 1
+    assert "not delivered" in capsys.readouterr().err
