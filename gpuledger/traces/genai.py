@@ -41,8 +41,9 @@ class Sample:
 
 def read_genai_samples(path: str | Path) -> list[Sample]:
     """pod_gpu_duty_cycle_anon / pod_gpu_memory_used_bytes_anon (.tar.gz or the CSV inside):
-    columns value, timestamp_anon, container_ip in any order. A row with a NaN value is kept with
-    value NaN (its slot is known, its measurement is not); a row with a NaN timestamp is skipped.
+    columns value, timestamp_anon, container_ip in any order. A row with a NaN (or empty) value is kept
+    with value NaN (its slot is known, its measurement is not); a row with a NaN (or empty) timestamp
+    is skipped.
     Both are counted on stderr with their first line."""
     out = []
     nan_values: list[int] = []  # line numbers
@@ -52,8 +53,8 @@ def read_genai_samples(path: str | Path) -> list[Sample]:
         pod = (row["container_ip"] or "").strip()
         if not pod:
             raise TraceError(f"{where}: container_ip is empty")
-        try:
-            ts, value = float(row["timestamp_anon"]), float(row["value"])
+        try:  # an empty field is a missing number, as NaN is (pandas writes NaN as an empty field)
+            ts, value = (float(row[c]) if row[c].strip() else math.nan for c in ("timestamp_anon", "value"))
         except (TypeError, ValueError):
             raise TraceError(f"{where}: timestamp_anon and value must be numbers, got {row['timestamp_anon']!r}, {row['value']!r}") from None
         if math.isinf(ts) or math.isinf(value):
@@ -73,6 +74,26 @@ def read_genai_samples(path: str | Path) -> list[Sample]:
         raise TraceError(f"{path}: no samples")
     return out
 
+
+
+def check_genai_files(duty: Sequence[Sample], memory: Sequence[Sample], duty_path: str | Path, memory_path: str | Path) -> None:
+    """Refuse the two files swapped (they have the same columns): a duty cycle is a percentage, GPU
+    memory is bytes. Swapped, the replay would clamp the bytes to 100 % busy and find no memory in use.
+    Other duty values outside 0-100 are clamped (genai_ticks), and counted on stderr here."""
+    duty_values = [s.value for s in duty if not math.isnan(s.value)]
+    above = sum(1 for v in duty_values if v > 100)
+    if above * 2 > len(duty_values):
+        raise TraceError(f"{duty_path}: {above} of {len(duty_values)} duty-cycle values are above 100 (up to "
+                         f"{max(duty_values):g}): a duty cycle is a percentage; is this the memory file? (--duty takes "
+                         "pod_gpu_duty_cycle_anon, --memory pod_gpu_memory_used_bytes_anon)")
+    outside = [v for v in duty_values if not 0 <= v <= 100]
+    if outside:
+        say(f"[replay-trace] {duty_path}: {len(outside)} duty-cycle value(s) outside 0-100 clamped (first: {outside[0]:g})")
+    memory_max = max((s.value for s in memory if not math.isnan(s.value)), default=0.0)
+    if 0 < memory_max <= 100:
+        raise TraceError(f"{memory_path}: no GPU memory value above 100 bytes (the largest is {memory_max:g}): GPU memory "
+                         "is in bytes; is this the duty-cycle file? (--duty takes pod_gpu_duty_cycle_anon, --memory "
+                         "pod_gpu_memory_used_bytes_anon)")
 
 
 # =========================================================================== genai: conversion

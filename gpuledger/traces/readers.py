@@ -44,6 +44,8 @@ def open_text(path: Path) -> str:
     """The text of a CSV file, of a gzipped one (.csv.gz, .gz), or of the single CSV inside a
     .tar.gz/.tgz/.tar (read in memory)."""
     path = Path(path)
+    if path.is_dir():
+        raise TraceError(f"{path}: is a folder, expected a trace file (docs/traces.md: which files)")
     if not path.is_file():
         raise TraceError(f"{path}: no such file")
     name = path.name.lower()
@@ -66,20 +68,38 @@ def open_text(path: Path) -> str:
     else:
         data = path.read_bytes()
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")  # a spreadsheet's byte order mark is not part of the first column's name
     except UnicodeDecodeError as exc:
         raise TraceError(f"{path}: not a UTF-8 CSV ({exc.reason} at byte {exc.start}); expected a plain .csv, .csv.gz, "
                          ".tar.gz, .tgz or .tar") from None
 
 
 def csv_rows(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict[str, str]]]:
-    """(line number, row) of a CSV with a header that has at least `required` columns."""
-    reader = csv.DictReader(io.StringIO(open_text(path), newline=""))
-    missing = [c for c in required if c not in (reader.fieldnames or [])]
+    """(line number, row) of a CSV with a header that has at least `required` columns. A row with
+    more or fewer fields than the header is refused: a line cut short or an unquoted comma would
+    otherwise shift or drop columns silently (e.g. a lost scheduled_time reads as never scheduled)."""
+    reader = csv.reader(io.StringIO(open_text(path), newline=""))
+
+    def next_fields() -> list[str] | None:
+        try:
+            return next(reader, None)
+        except csv.Error as exc:  # e.g. a stray quote that makes the rest of the file one field
+            raise TraceError(f"{path}:{reader.line_num}: not a readable CSV ({exc})") from None
+
+    header = next_fields()
+    if header is None:
+        raise TraceError(f"{path}: empty file, expected a CSV header with {', '.join(required)}")
+    missing = [c for c in required if c not in header]
     if missing:
-        raise TraceError(f"{path}: missing column(s) {', '.join(missing)}; header is {reader.fieldnames}")
-    for lineno, row in enumerate(reader, start=2):
-        yield lineno, row
+        raise TraceError(f"{path}: missing column(s) {', '.join(missing)}; header is {header}")
+    while (fields := next_fields()) is not None:
+        if not fields:  # a blank line
+            continue
+        lineno = reader.line_num  # the file's own line, blank lines and quoted line breaks included
+        if len(fields) != len(header):
+            raise TraceError(f"{path}:{lineno}: {len(fields)} field(s), the header has {len(header)} (a line cut short, "
+                             "or a comma inside a field that is not quoted)")
+        yield lineno, dict(zip(header, fields))
 
 
 def parse_int(value: str, what: str, where: str, *, optional: bool = False) -> int | None:
@@ -87,7 +107,7 @@ def parse_int(value: str, what: str, where: str, *, optional: bool = False) -> i
     if text == "" or text.lower() == "nan":
         if optional:
             return None
-        raise TraceError(f"{where}: {what} is empty")
+        raise TraceError(f"{where}: {what} is empty" if text == "" else f"{where}: {what} is NaN (a number is needed)")
     try:
         number = float(text)
     except ValueError:

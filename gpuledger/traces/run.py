@@ -14,7 +14,7 @@ from typing import Any
 
 from gpuledger.embedded.pipeline import Stage, hold_data_dir
 from gpuledger.embedded.processes import group_lag
-from gpuledger.traces.genai import convert_genai, read_genai_samples
+from gpuledger.traces.genai import check_genai_files, convert_genai, read_genai_samples
 from gpuledger.traces.readers import CLUSTER_GENAI, CLUSTER_V2023, TRACES, Emissions, TraceError, say
 from gpuledger.traces.summary import genai_summary, has_replay, v2023_summary
 from gpuledger.traces.v2023 import convert_v2023, read_nodes, read_pods
@@ -92,6 +92,17 @@ def _summarize(settings, fn: Callable[[Any, str], dict], cluster: str) -> dict:
         client.close()
 
 
+#: In the data directory while a replay runs: one stopped (SIGTERM) or failed leaves it, so that
+#: `--summary-only` does not print a partial warehouse's figures as the trace's.
+REPLAY_UNFINISHED = "replay-unfinished.txt"
+
+
+def unfinished_replay(settings) -> str | None:
+    """The trace of a replay in this data directory that did not finish, or None."""
+    path = Path(settings.data_dir) / REPLAY_UNFINISHED
+    return path.read_text().strip() if path.exists() else None
+
+
 def forget_genai_default(settings) -> None:
     """Remove the GenAI default-definition figure: a new replay replaces the warehouse it belongs to."""
     (Path(settings.data_dir) / GENAI_DEFAULT_RESULT).unlink(missing_ok=True)
@@ -111,8 +122,11 @@ def replay_v2023(settings, pods_path: str | Path, nodes_path: str | Path, *, log
     try:
         with hold_data_dir(settings.data_dir):
             forget_genai_default(settings)
+            unfinished = Path(settings.data_dir) / REPLAY_UNFINISHED
+            unfinished.write_text(replay.cluster)
             run = run_embedded(settings, replay.emissions, progress=_progress(replay.emissions, "alibaba-v2023", log),
                                log=log, on_stage=drain.on_stage)
+            unfinished.unlink()
     finally:
         drain.stop()
     summary = _summarize(settings, v2023_summary, replay.cluster)
@@ -136,21 +150,27 @@ def replay_genai(settings, duty_path: str | Path, memory_path: str | Path, *, ma
 
     t0 = time.monotonic()
     duty, memory = read_genai_samples(duty_path), read_genai_samples(memory_path)
+    check_genai_files(duty, memory, duty_path, memory_path)
     replay = convert_genai(duty, memory, max_pods=max_pods)
     log(f"[replay-trace] alibaba-genai: {len(duty)} duty / {len(memory)} memory samples -> {len(replay.emissions)} "
         f"messages {replay.counts} in {time.monotonic() - t0:.1f}s")
     default_settings = settings.model_copy(update={"data_dir": Path(settings.data_dir) / "default-definition"})
-    zero_duty_config = write_ledger_variant(settings.ledger_config, Path(settings.data_dir) / "ledger-zero-duty.toml",
-                                            suffix="zero-duty", execution=GENAI_EXECUTION)
     default = load_ledger_config(settings.ledger_config).definitions
     with hold_data_dir(settings.data_dir):  # both runs: no other replay or demo empties it in between
+        # written under the lock: a replay that is refused must not replace the config of the one running
+        zero_duty_config = write_ledger_variant(settings.ledger_config, Path(settings.data_dir) / "ledger-zero-duty.toml",
+                                                suffix="zero-duty", execution=GENAI_EXECUTION)
         forget_genai_default(settings)
-        summary = _replay_genai_runs(settings, default_settings, zero_duty_config, default, replay, log)
+        unfinished = Path(settings.data_dir) / REPLAY_UNFINISHED
+        unfinished.write_text(replay.cluster)
+        _replay_genai_runs(settings, default_settings, zero_duty_config, default, replay, log)
+        unfinished.unlink()
+        summary = genai_summary_with_default(settings)
     log(f"[replay-trace] alibaba-genai: total {time.monotonic() - t0:.0f}s")
     return summary
 
 
-def _replay_genai_runs(settings, default_settings, zero_duty_config, default, replay, log) -> dict:
+def _replay_genai_runs(settings, default_settings, zero_duty_config, default, replay, log) -> None:
     from gpuledger.embedded.pipeline import run_embedded
 
     for label, run_settings in (("default definition", default_settings),
@@ -169,7 +189,6 @@ def _replay_genai_runs(settings, default_settings, zero_duty_config, default, re
                 "ledger_allocated_idle_gpu_hours": idle,
                 "execution": {"source": default.execution_source, "util_floor_pct": default.execution_util_floor_pct,
                               "min_idle_s": default.execution_min_idle_s}}))
-    return genai_summary_with_default(settings)
 
 
 def genai_summary_with_default(settings) -> dict:
@@ -194,9 +213,20 @@ def _settings(args):
     return Settings(**overrides)
 
 
+#: The options of each trace that belong to the other one.
+OTHER_TRACE_OPTIONS = {CLUSTER_V2023: ("duty", "memory", "max_pods"), CLUSTER_GENAI: ("pods", "nodes")}
+
+
 def cmd_replay_trace(args) -> int:
     settings = _settings(args)
     try:
+        # an option of the other trace is a mistake (e.g. --max-pods on v2023 would replay all 149 days)
+        for option in OTHER_TRACE_OPTIONS[args.trace]:
+            if getattr(args, option) is not None:
+                raise TraceError(f"--{option.replace('_', '-')} does not apply to {args.trace}")
+        if args.summary_only and (unfinished := unfinished_replay(settings)):
+            raise TraceError(f"the last replay in {Path(settings.data_dir).resolve()} ({unfinished}) did not finish "
+                             "(stopped or failed): its tables are partial; replay the trace again")
         if args.trace == "alibaba-v2023":
             missing = [f for f in ("pods", "nodes") if not getattr(args, f)]
             if missing and not args.summary_only:
@@ -245,7 +275,7 @@ def register_cli(subparsers) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m gpuledger.traces replay-trace ...` (the same as `gpuledger replay-trace ...`)."""
+    """`python -m gpuledger.traces.run replay-trace ...` (the same as `gpuledger replay-trace ...`)."""
     parser = argparse.ArgumentParser(prog="gpuledger")
     register_cli(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
