@@ -179,7 +179,7 @@ def build_card(client, database: str, gpu_uuid: str) -> Report:
     xid_rows = [{"seen_at": _at(r["ts_ms"]), "node": r["node"], "xid_codes": r["xid_codes"], "health": r["health"],
                  "down_reason": r["down_reason"]} for r in xids]
     tenants = _q(client, f"""
-        SELECT toString(tenant) AS tenant, uniqExact(job_id) AS jobs, sum(gpu_ms) / 3600000 AS gpu_hours,
+        SELECT toString(tenant) AS tenant, uniqExact(cluster, job_id) AS jobs, sum(gpu_ms) / 3600000 AS gpu_hours,
                min(day) AS first_day, max(day) AS last_day
         FROM {usage} WHERE job_id != '' AND state IN ('executing', 'allocated_idle')
         GROUP BY tenant ORDER BY gpu_hours DESC, tenant""", p)
@@ -308,11 +308,15 @@ def render_card(report: Report, fmt: str) -> str:
 
 
 def _parse_at(text: str | None) -> int:
-    from gpuledger.warehouse.carbon import parse_time_ms
+    from gpuledger.warehouse.carbon import CarbonInputError, parse_time_ms
 
     if text is None:
         return int(dt.datetime.now(dt.timezone.utc).timestamp() * 1000)
-    return parse_time_ms(text, "--at")
+    try:
+        return parse_time_ms(text, "--at")
+    except CarbonInputError:  # its message names the carbon CSV's valid_from column
+        raise ValueError(f"--at must be an ISO date or time (e.g. 2026-11-10T12:00Z, UTC unless an offset is "
+                         f"given), got {text!r}") from None
 
 
 def report_command(args, settings) -> int:
@@ -350,9 +354,10 @@ def cmd_gpu(args) -> int:
     from gpuledger.warehouse import connect
 
     settings = settings_from_args(args)
+    repaired_ms = _parse_at(args.at)  # before the warehouse is opened
     client = connect(settings)
     try:
-        repair_id = record_repair(client, settings.database, args.gpu_uuid, args.note or "", _parse_at(args.at),
+        repair_id = record_repair(client, settings.database, args.gpu_uuid, args.note or "", repaired_ms,
                                   args.by or _user(), force=args.force)
     finally:
         client.close()

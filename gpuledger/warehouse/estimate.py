@@ -27,18 +27,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gpuledger.streams.pricing import JOULES_PER_KWH, LedgerConfig
+from gpuledger.streams.pricing import JOULES_PER_KWH, MAX_APPROVAL_THRESHOLD, LedgerConfig
 from gpuledger.warehouse.client import quoted_database
 
 DEFAULT_THRESHOLD = 10_000.0
 #: the band: these percentiles of the pilot's interval step rates
 LOW_PCT, HIGH_PCT = 10.0, 90.0
 TARGETS = ("steps", "tokens", "epochs")
+#: the largest cost `approvals` can keep (Int64 micros)
+MAX_COST_MICROS = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -95,26 +98,25 @@ class Estimate:
 
 
 def _steps_for(target: str, value: float, reports: list) -> float:
-    """The target as optimizer steps, at the pilot's tokens per step or steps per epoch."""
-    first, last = reports[0], reports[-1]
-    d_step = last[1] - first[1]
+    """The target as optimizer steps, at the pilot's tokens per step or steps per epoch: between the first
+    and the last report that give the count (a report without one, such as a forced one, changes nothing)."""
     if target == "steps":
         return float(value)
-    if target == "tokens":
-        if first[2] is None or last[2] is None or last[2] <= first[2]:
-            raise ValueError("--target-tokens needs a pilot that reports tokens (and processed some)")
-        return value * d_step / (last[2] - first[2])
-    if target == "epochs":
-        if first[3] is None or last[3] is None or last[3] <= first[3]:
-            raise ValueError("--target-epochs needs a pilot that reports epoch (and advanced it)")
-        return value * d_step / (last[3] - first[3])
-    raise ValueError(f"unknown target {target!r}; one of {', '.join(TARGETS)}")
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; one of {', '.join(TARGETS)}")
+    column, what = ((2, "reports tokens (and processed some)") if target == "tokens"
+                    else (3, "reports epoch (and advanced it)"))
+    counted = [r for r in reports if r[column] is not None]
+    if not counted or counted[-1][column] <= counted[0][column] or counted[-1][1] <= counted[0][1]:
+        raise ValueError(f"--target-{target} needs a pilot that {what}")
+    first, last = counted[0], counted[-1]
+    return value * (last[1] - first[1]) / (last[column] - first[column])
 
 
 def estimate_run(pilot: Pilot, target: str, value: float, ledger: LedgerConfig, at_ms: int) -> Estimate:
     """The full run's figures from a pilot (pure; docs/planning.md works one through by hand)."""
-    if value <= 0:
-        raise ValueError(f"the target must be positive, got {value}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"the target must be positive and finite, got {value:g}")
     reports = [r for i, r in enumerate(pilot.reports) if i == 0 or r[0] > pilot.reports[i - 1][0]]
     if len(reports) < 3:
         raise ValueError(f"job {pilot.job_id} attempt {pilot.attempt}: the pilot has {len(reports)} progress "
@@ -135,6 +137,10 @@ def estimate_run(pilot: Pilot, target: str, value: float, ledger: LedgerConfig, 
     if rate_low <= 0:
         raise ValueError(f"job {pilot.job_id}: the pilot's slow intervals made no steps; the upper end is unbounded "
                          "(run the pilot longer, or past its stalls)")
+    # the band holds the mean: it weighs each interval by its time, the percentiles count each interval once,
+    # so one long slow interval (an evaluation) among many short fast ones put the mean below p10 and the
+    # "upper" cost, which the approval threshold is compared with, under the central one
+    rate_low, rate_high = min(rate_low, rate), max(rate_high, rate)
     steps = _steps_for(target, value, reports)
     wall_s = steps / rate
     walls = {"central": wall_s, "low": steps / rate_high, "high": steps / rate_low}
@@ -154,6 +160,9 @@ def estimate_run(pilot: Pilot, target: str, value: float, ledger: LedgerConfig, 
         gpu_hours += hours
         effective += hours * ledger.coefficient_at(model, at_ms).coefficient
         energy_j += power * hours * 3600
+    if cost["high"] > MAX_COST_MICROS:  # approvals keeps costs as Int64 micros
+        raise ValueError(f"job {pilot.job_id}: {target}={value:g} costs up to {cost['high'] / 1e6:.3g} "
+                         f"{ledger.currency}, beyond what the ledger can record: check the target")
     return Estimate(
         job_id=pilot.job_id, attempt=pilot.attempt, target=f"{target}={value:g}", target_steps=steps,
         steps_per_s=rate, steps_per_s_low=rate_low, steps_per_s_high=rate_high, gpus=dict(pilot.gpus),
@@ -171,6 +180,14 @@ def approval_threshold(path: Path | None) -> float:
 
     threshold = load_ledger_config(path).approval_threshold
     return DEFAULT_THRESHOLD if threshold is None else threshold
+
+
+def check_threshold(threshold: float) -> float:
+    """--threshold within the bounds the ledger TOML's is held to: NaN would make every estimate
+    "within the threshold" (no comparison with it is true), a negative one a row the topic refuses."""
+    if not (math.isfinite(threshold) and 0 <= threshold <= MAX_APPROVAL_THRESHOLD):
+        raise ValueError(f"--threshold must be a number >= 0 and <= {MAX_APPROVAL_THRESHOLD:g}, got {threshold:g}")
+    return threshold
 
 
 # --------------------------------------------------------------------------- warehouse
@@ -199,6 +216,8 @@ def load_pilot(client, database: str, job_id: str, attempt: int | None = None, c
     Slurm numbers jobs per cluster, so a job is (cluster, job id). Without `cluster`, the one cluster
     the job id ran in (`job_clusters`); a job id of several clusters is refused. Progress reports are
     those that name the cluster, else those that name none (a reporter not given its cluster)."""
+    if attempt is not None and attempt < 0:  # job_clusters reads a negative one as "any attempt"
+        raise ValueError(f"--attempt is the scheduler's attempt number, 0 or more, got {attempt}")
     db = quoted_database(database)
     clusters, progress = job_clusters(client, database, job_id, attempt)
     if not progress:
@@ -240,9 +259,14 @@ def load_pilot(client, database: str, job_id: str, attempt: int | None = None, c
              FROM {db}.usage_raw
              WHERE {mine} AND state IN ('executing', 'allocated_idle'))
         GROUP BY gpu_model""", p)
+    # None: no record of the model inside the span (the sink behind), not 0 W: priced so, the energy was lost
+    unknown = sorted(r["gpu_model"] for r in power if r["power_w"] is None)
+    if unknown:
+        raise ValueError(f"{where} attempt {attempt}: no usage record of its {', '.join(unknown)} falls within its "
+                         "progress reports' span, so the power drawn is unknown (has the sink caught up?)")
     return Pilot(job_id=job_id, attempt=int(attempt), reports=reports,
                  gpus={r["gpu_model"]: float(r["gpus"]) for r in held},
-                 power_w={r["gpu_model"]: float(r["power_w"] or 0.0) for r in power}, cluster=cluster)
+                 power_w={r["gpu_model"]: float(r["power_w"]) for r in power}, cluster=cluster)
 
 
 def _approval_id(est: Estimate, now_ms: int) -> str:
@@ -366,7 +390,8 @@ def cmd_estimate(args) -> int:
     if len(targets) != 1:
         raise ValueError("give exactly one of --target-steps, --target-tokens, --target-epochs")
     ledger = load_ledger_config(settings.ledger_config)
-    threshold = args.threshold if args.threshold is not None else approval_threshold(settings.ledger_config)
+    threshold = check_threshold(args.threshold) if args.threshold is not None else \
+        approval_threshold(settings.ledger_config)
     now_ms = int(time.time() * 1000)
     client = connect(settings)
     try:
@@ -383,7 +408,8 @@ def cmd_estimate(args) -> int:
         where = f" (cluster {est.cluster})" if est.cluster else ""
         print(f"job {est.job_id}{where} attempt {est.attempt}: {est.target} ({est.target_steps:,.0f} steps) on {gpus}; pilot "
               f"{est.steps_per_s:.4g} steps/s (band {est.steps_per_s_low:.4g} .. {est.steps_per_s_high:.4g}: "
-              f"p{LOW_PCT:g}..p{HIGH_PCT:g} of its interval rates)")
+              f"p{LOW_PCT:g}..p{HIGH_PCT:g} of its interval rates"
+              f"{', widened to the mean' if est.steps_per_s in (est.steps_per_s_low, est.steps_per_s_high) else ''})")
         print(render(est.rows(), "table"), end="")
         if est.priced_by_default:
             print(f"priced by default (no price of their own): {', '.join(est.priced_by_default)}")

@@ -241,6 +241,9 @@ def forecast_rows(series: dict[tuple[str, str], dict[dt.date, float]], capacity:
         t = totals.setdefault((model, "*"), {})
         for d, v in by_day.items():
             t[d] = t.get(d, 0.0) + v
+    for model, cap in capacity.items():  # a model nobody asked for (new, idle) is capacity all the same
+        if cap > 0:
+            totals.setdefault((model, "*"), {})
     run_id = run_id or uuid.uuid4().hex[:12]
     created_at = created_at or dt.datetime.now(dt.timezone.utc)
     rows = []
@@ -269,10 +272,12 @@ def run_forecast(client, database: str, *, horizon: int = HORIZON_DAYS, alpha: f
     check_options(horizon, alpha)  # before reading anything
     until = usage_horizon_day(client, database)
     series, capacity = demand_history(client, database, until)
-    rows = forecast_rows(series, capacity, horizon=horizon, alpha=alpha,
-                         last=until - dt.timedelta(days=1) if until else None)
-    if not rows:
-        raise ValueError("every demand series is shorter than a forecast needs")
+    last = until - dt.timedelta(days=1) if until else None
+    rows = forecast_rows(series, capacity, horizon=horizon, alpha=alpha, last=last)
+    if not rows:  # every series has the same days: all too short (a new warehouse)
+        first = min(d for s in series.values() for d in s)
+        raise ValueError(f"a forecast needs at least {MIN_DAYS} complete days of history; the warehouse has "
+                         f"{(last - first).days + 1} ({first} .. {last})")
     insert_rows(client, "capacity_forecast", rows, database=database)
     return {"run_id": rows[0]["run_id"], "rows": len(rows), "series": len({(r["gpu_model"], r["queue"]) for r in rows})}
 
@@ -300,7 +305,8 @@ def forecast_report(client, database: str, **_opts):
     if not summary:
         raise ValueError("no capacity forecast stored yet: run `gpuledger forecast run` first")
     weekly = _query(client, f"""
-        SELECT toMonday(d) AS week, sumIf(dem, k = 'history') AS history_gpu_hours,
+        SELECT toMonday(d) AS week, uniqExactIf(d, k = 'history') AS history_days,
+               uniqExactIf(d, k = 'forecast') AS forecast_days, sumIf(dem, k = 'history') AS history_gpu_hours,
                sumIf(dem, k = 'forecast') AS forecast_gpu_hours, sumIf(lo, k = 'forecast') AS lower_gpu_hours,
                sumIf(hi, k = 'forecast') AS upper_gpu_hours, sum(cap) AS capacity_gpu_hours
         FROM (SELECT day AS d, kind AS k, demand_gpu_hours AS dem, lower_gpu_hours AS lo, upper_gpu_hours AS hi,
@@ -326,7 +332,9 @@ def forecast_report(client, database: str, **_opts):
         Section("Demand against capacity per GPU model", summary, "sum over the quarter of the daily forecast and its "
                 "band (each model fitted on its own); capacity: the median of the daily GPU time in every state over "
                 f"the last {CAPACITY_DAYS} complete days (a day without records counts 0), held flat"),
-        Section("Weekly demand, all GPU models", weekly, "history, then forecast with its band, against capacity",
+        Section("Weekly demand, all GPU models", weekly, "history, then forecast with its band, against capacity; "
+                "UTC weeks from Monday: the first, the last and the one where history meets forecast may be partial "
+                "(history_days, forecast_days say how many days each sum holds)",
                 Plot("line", "week", ["history_gpu_hours", "forecast_gpu_hours", "lower_gpu_hours", "upper_gpu_hours",
                                       "capacity_gpu_hours"])),
         Section("Demand per GPU model and queue", queues, "next quarter; pending demand has no GPU model"),
@@ -377,10 +385,14 @@ def cmd_forecast(args) -> int:
     if args.action == "backtest":
         from gpuledger.traces.v2023 import read_pods
 
+        if not args.pods:
+            raise SystemExit("usage: gpuledger forecast backtest --pods FILE (a v2023 pod list, "
+                             "openb_pod_list_default.csv)")
+        check_options(HORIZON_DAYS, 1 - args.band)  # the band, before the trace is read (--horizon is not used)
         series = trace_daily_demand(read_pods(args.pods))
         full = [q for q in series if q == "*" or not args.total_only]
         # the last day is cut by the trace's end: leave it out
-        rows = [{"queue": q, **backtest(series[q][:-1], args.holdout)} for q in sorted(full)]
+        rows = [{"queue": q, **backtest(series[q][:-1], args.holdout, 1 - args.band)} for q in sorted(full)]
         print(json.dumps(rows, indent=2, default=str) if args.format == "json" else render(rows, "table"), end="")
         return 0
     client = connect(settings)

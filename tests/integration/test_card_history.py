@@ -114,3 +114,19 @@ def test_upgrade_back_fills_sightings_from_the_hourly_health(tmp_path):
         assert sightings() == before
     finally:
         client.close()
+
+
+def test_tenants_served_count_a_job_id_of_two_clusters_twice(tmp_path):
+    """A GPU moved from cluster a to cluster b served job "1001" in each: Slurm numbers jobs per cluster, so
+    these are two jobs (the card said 1)."""
+    db = "card_two_clusters"
+    with migrated_warehouse(tmp_path, db) as (client, _):
+        client.insert("gpu_sightings", [[OLD, c, "n1", "A100", "", "", "", at(f"2026-11-{d}T00:00"),
+                                         at(f"2026-11-{d}T12:00"), 1] for c, d in (("a", "10"), ("b", "20"))],
+                      column_names=SIGHTING_COLS, database=db)
+        put_usage(client, db, [usage_record("a", OLD, at("2026-11-10T01:00"), at("2026-11-10T02:00"), "executing",
+                                            "1001", "t1"),
+                               usage_record("b", OLD, at("2026-11-20T01:00"), at("2026-11-20T03:00"), "executing",
+                                            "1001", "t1")], 0)
+        (tenant,) = cards.build_card(client, db, OLD).section("Tenants served").rows
+        assert (tenant["tenant"], tenant["jobs"], tenant["gpu_hours"]) == ("t1", 2, pytest.approx(3.0))

@@ -51,3 +51,15 @@ def test_card_and_carbon_commands(tmp_path, monkeypatch, capsys):
     assert "usage: gpuledger report gpu GPU_UUID" in capsys.readouterr().err
     assert main(["report", "gpu-fleet", "--tenant", "t1", *wh]) == 2
     assert "report gpu-fleet takes no --tenant" in capsys.readouterr().err
+
+
+def test_a_repair_time_that_is_not_one_is_refused_in_the_repair_commands_words(monkeypatch, capsys):
+    # it said "--at: valid_from must be an ISO date or time" (the carbon CSV's column), after opening
+    # the warehouse; now it names --at alone, before the warehouse is opened
+    from gpuledger import warehouse
+
+    monkeypatch.setattr(warehouse, "connect", lambda settings: pytest.fail("the warehouse was opened"))
+    assert main(["gpu", "repair", "GPU-x", "--note", "fan", "--at", "yesterday"]) == 2
+    err = capsys.readouterr().err
+    assert "--at must be an ISO date or time (e.g. 2026-11-10T12:00Z, UTC unless an offset is given), " \
+           "got 'yesterday'" in err and "valid_from" not in err, err

@@ -110,6 +110,13 @@ def test_report_forecast_reads_the_latest_run(client):
     assert report.summary["pending_gpu_hours"] == pytest.approx(models[forecast.PENDING_MODEL]["demand_gpu_hours"])
     html = pr.render_report(report, "html")
     assert "<svg" in html and "Capacity forecast" in html
+    # UTC weeks from Monday: history starts on a Tuesday (6 days in its first week) and ends on a Monday, whose
+    # week is 1 day of history and 6 of forecast; a week's sums were shown without saying it was partial
+    weeks = {r["week"]: r for r in report.section("Weekly demand, all GPU models").rows}
+    assert [(weeks[w]["history_days"], weeks[w]["forecast_days"]) for w in (dt.date(2026, 8, 31), dt.date(2026, 9, 7),
+                                                                          dt.date(2026, 10, 12))] == [(6, 0), (7, 0), (1, 6)]
+    assert weeks[dt.date(2026, 10, 12)]["history_gpu_hours"] == pytest.approx(20.0)  # day 41 alone (8 + 12)
+    assert "partial" in report.section("Weekly demand, all GPU models").note
 
 
 # --------------------------------------------------------------------------- complete days, each record once
@@ -218,3 +225,33 @@ def test_a_cluster_still_writing_an_earlier_day_ends_the_history_for_all(client)
             for r in cards(range(11), ("g1",)) + cards([11], ("g1",), until_h=6.0)]
     put_usage(client, db, gone, 2)
     assert forecast.usage_horizon_day(client, db) == day(13)
+
+
+def test_a_model_without_demand_still_shows_its_capacity(client):
+    db = fresh(client, "ledger_forecast_idle_model")
+    # the A100s' demand as before; two H100s installed and never allocated (unallocated all 14 days)
+    idle = [record(i, g, 24.0, "unallocated", model="H100") for i in range(14) for g in ("h1", "h2")]
+    put_usage(client, db, cards(range(14), A100S) + idle, 0)
+    _series, capacity = forecast.demand_history(client, db)
+    assert capacity == {"A100-80GB": 96.0, "H100": 48.0}
+    forecast.run_forecast(client, db, horizon=28)
+    # the H100s were left out of the run: the report's capacity was the A100s' 2,688 GPU-hours alone
+    h100 = latest(client, db, "H100")
+    assert [r["demand_gpu_hours"] for r in h100["history"]] == [0.0] * 14
+    assert [(r["demand_gpu_hours"], r["capacity_gpu_hours"]) for r in h100["forecast"]] == [(0.0, 48.0)] * 28
+    report = pr.build_report(client, db, "forecast")
+    models = {r["gpu_model"]: r for r in report.section("Demand against capacity per GPU model").rows}
+    assert models["H100"]["capacity_gpu_hours"] == pytest.approx(48.0 * 28)
+    assert report.summary["capacity_gpu_hours"] == pytest.approx((96.0 + 48.0) * 28)
+    # no queue of its own: a model without demand is its total alone
+    assert not list(client.query(f"SELECT 1 FROM {db}.capacity_forecast_latest WHERE gpu_model = 'H100' "
+                                 "AND queue != '*'").result_rows)
+
+
+def test_too_short_a_history_is_refused_saying_how_long_it_is(client):
+    db = fresh(client, "ledger_forecast_short")
+    put_usage(client, db, cards(range(3), A100S) + cards([3], A100S, until_h=6.0), 0)  # day 3 still being written
+    # it said "every demand series is shorter than a forecast needs", and not how long that is
+    with pytest.raises(ValueError, match=r"a forecast needs at least 4 complete days of history; the warehouse "
+                                         r"has 3 \(2026-09-01 \.\. 2026-09-03\)"):
+        forecast.run_forecast(client, db, horizon=28)

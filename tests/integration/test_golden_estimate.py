@@ -197,8 +197,12 @@ def test_the_cluster_of_a_job_id_seen_in_one_cluster_is_found(shared):
     # shared-1's reports name cluster a: cluster b's job reported nothing
     with pytest.raises(ValueError, match="job 'shared-1' in cluster 'b' reported no progress"):
         est_mod.load_pilot(shared, DB, "shared-1", cluster="b")
-    # shared-2's name none: with --cluster b they are taken as b's, and only b's GPUs are counted
-    assert est_mod.load_pilot(shared, DB, "shared-2", cluster="b").gpus == {"A100-80GB": 8.0}
+    # shared-2's name none: with --cluster b they are taken as b's, and only b's records are read: b's ran a
+    # week before the reports, so the power its GPUs drew in the reported span is unknown (a's records, in
+    # the span, are not taken; before, b's 8 GPUs were priced at 0 W)
+    with pytest.raises(ValueError, match="job 'shared-2' in cluster 'b' attempt 0: no usage record of its A100-80GB "
+                                         "falls within"):
+        est_mod.load_pilot(shared, DB, "shared-2", cluster="b")
 
 
 def test_estimate_command_takes_the_cluster(shared, monkeypatch, capsys):
@@ -222,3 +226,18 @@ def test_estimate_command_takes_the_cluster(shared, monkeypatch, capsys):
     out = capsys.readouterr().out
     # upper end 13.26 under the threshold of 20 (merged: 66.30, sent for approval)
     assert "job shared-1 (cluster a) attempt 0" in out and "2 x A100-80GB" in out and "no approval needed" in out
+
+
+def test_a_pilot_whose_usage_records_miss_its_reported_span_is_refused(client):
+    # job late-1's records (the golden pilot's: 0..10 min) end before its first report (20 min), as when
+    # the sink is behind: its power read None and was priced as 0 W, an estimate without energy
+    records = [r.model_copy(update=dict(record_id="late/" + r.record_id, job_id="late-1")) for r in usage()]
+    warehouse.insert_rows(client, "usage_raw", usage_rows(UsageBatch(node="n1", records=records), Source("u", 0, 900)),
+                          database=DB)
+    raws = [JobProgress(ts_ms=T0 + (20 + i) * MIN, cluster="c", job_id="late-1", attempt=0, step=s
+                        ).model_dump_json().encode() for i, s in enumerate(STEPS)]
+    warehouse.insert_rows(client, "job_progress", [process_message(PROGRESS, raw, Source("p", 0, 900 + i))
+                                                   ["job_progress"][0] for i, raw in enumerate(raws)], database=DB)
+    with pytest.raises(ValueError, match="job 'late-1' in cluster 'c' attempt 0: no usage record of its A100-80GB "
+                                         "falls within its progress reports"):
+        est_mod.load_pilot(client, DB, "late-1")

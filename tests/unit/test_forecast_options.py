@@ -62,3 +62,30 @@ def test_the_cli_says_what_is_wrong(monkeypatch, capsys, argv, message):
     assert main(["forecast", "run", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("gpuledger: error: ") and message in err
+
+
+def test_backtest_without_a_pod_list_says_so(capsys):
+    # it ended in "TypeError: expected str, bytes or os.PathLike object, not NoneType" and a traceback
+    assert main(["forecast", "backtest"]) == 2
+    assert "usage: gpuledger forecast backtest --pods FILE" in capsys.readouterr().err
+
+
+def test_backtest_uses_the_band_it_is_given(monkeypatch, capsys):
+    # --band was read but not passed on: every backtest measured the 80 % band's coverage
+    import json
+
+    from gpuledger.traces import v2023
+
+    # 50 days: one pod a day holding 1 + (day % 7) GPUs for 10 h, with a little noise in its length
+    pods = [v2023.TracePod(f"p{d}", 1 + d % 7, 1000, (), "LS", "Succeeded", creation_s=d * 86400,
+                           scheduled_s=d * 86400, deletion_s=d * 86400 + 36000 + (d * 7919) % 5400) for d in range(50)]
+    monkeypatch.setattr(v2023, "read_pods", lambda path: pods)
+    series = forecast.trace_daily_demand(pods)["*"][:-1]
+    for band in (0.2, 0.99):
+        assert main(["forecast", "backtest", "--pods", "x.csv", "--band", str(band), "--holdout", "14",
+                     "--total-only", "--format", "json"]) == 0
+        (row,) = json.loads(capsys.readouterr().out)
+        assert row["method"].endswith(f"{band:.0%}")
+        assert row["band_coverage"] == forecast.backtest(series, 14, alpha=1 - band)["band_coverage"]
+    assert main(["forecast", "backtest", "--pods", "x.csv", "--band", "95"]) == 2
+    assert "the band (--band) is its coverage, between 0 and 1" in capsys.readouterr().err

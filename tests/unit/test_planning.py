@@ -182,3 +182,65 @@ def test_progress_reporter_rates_throttle_and_never_raises():
     assert r.dropped == 1 and r.sent == 2
     full = ProgressReporter("job-1", topic="t", producer=FakeProducer(full=True), clock=lambda: now[0])
     assert not full.report(step=1) and full.dropped == 1
+
+
+def test_the_band_holds_the_central_estimate():
+    # 60 reports 10 s apart at 1 step/s, then a 10-minute evaluation without a step, then 10 more steps:
+    # the mean rate (610 steps in 1,210 s = 0.504/s) is far below the interval rates' p10 (1/s). The band
+    # was 1 .. 1/s, so the "upper" cost (1,178.67) was half the central one (2,338.01) and an approval
+    # threshold between them was never reached; now the band is widened to the mean.
+    ledger = load_ledger_config(LEDGER)
+    reports = [(T0 + i * 10_000, 10 * i, None, None) for i in range(61)]
+    reports += [(reports[-1][0] + 600_000, 600, None, None), (reports[-1][0] + 610_000, 610, None, None)]
+    p = estimate.Pilot("j", 0, reports, {"A100-80GB": 8.0}, {"A100-80GB": 300.0})
+    e = estimate.estimate_run(p, "steps", 1_000_000, ledger, T0)
+    assert e.steps_per_s == pytest.approx(610 / 1210)
+    assert (e.steps_per_s_low, e.steps_per_s_high) == (pytest.approx(610 / 1210), 1.0)
+    assert e.wall_hours_low <= e.wall_hours == e.wall_hours_high
+    assert e.cost_low <= e.cost == e.cost_high
+    assert all(r["low"] <= r["central"] <= r["high"] for r in e.rows())
+
+
+@pytest.mark.parametrize("value, message", [(float("nan"), "positive and finite, got nan"),
+                                            (float("inf"), "positive and finite, got inf"),
+                                            (-3.0, "positive and finite, got -3"),
+                                            (1e30, "beyond what the ledger can record")])
+def test_a_target_that_is_not_a_sensible_number_is_refused_as_such(value, message):
+    # nan and inf ended in "cannot convert float NaN to integer" and an OverflowError with a traceback;
+    # 1e30 steps priced at 1.4e25 USD, which no Int64 micros column of `approvals` holds
+    reports = [(T0 + i * 1000, 10 * i, None, None) for i in range(4)]
+    with pytest.raises(ValueError, match=message):
+        estimate.estimate_run(pilot(reports), "steps", value, load_ledger_config(LEDGER), T0)
+
+
+def test_tokens_and_epochs_are_read_from_the_reports_that_carry_them():
+    # the first report (step 0, before any batch) and the last (a forced one) give no token count or
+    # epoch: the rate is that of the reports that do (100 tokens a step, 1,000 steps an epoch), not a
+    # refusal saying the pilot "reports no tokens"
+    reports = [(T0, 0, None, None), (T0 + 1000, 10, 1000, 0.01), (T0 + 2000, 20, 2000, 0.02),
+               (T0 + 3000, 30, 3000, 0.03), (T0 + 4000, 40, None, None)]
+    ledger = load_ledger_config(LEDGER)
+    assert estimate.estimate_run(pilot(reports), "tokens", 10_000, ledger, T0).target_steps == pytest.approx(100)
+    assert estimate.estimate_run(pilot(reports), "epochs", 2, ledger, T0).target_steps == pytest.approx(2000)
+    one = [(t, s, tok if s == 10 else None, None) for t, s, tok, _ in reports]  # one count: no rate
+    with pytest.raises(ValueError, match="reports tokens"):
+        estimate.estimate_run(pilot(one), "tokens", 10_000, ledger, T0)
+
+
+@pytest.mark.parametrize("threshold", ["nan", "-5", "inf", "1e16"])
+def test_a_threshold_outside_the_ledgers_bounds_is_refused_before_anything(monkeypatch, capsys, threshold):
+    # --threshold nan made every estimate "within the threshold" (a comparison with NaN is false): no
+    # approval was ever asked; -5 recorded a row the approvals topic's schema refuses
+    from gpuledger import warehouse
+    from gpuledger.cli import main
+
+    monkeypatch.setattr(warehouse, "connect", lambda settings: pytest.fail("the warehouse was opened"))
+    assert main(["estimate", "j", "--target-steps", "10", "--threshold", threshold, "--no-publish"]) == 2
+    err = capsys.readouterr().err
+    assert "--threshold must be a number >= 0 and <= 1e+15" in err, err
+
+
+def test_a_negative_attempt_is_refused_before_the_warehouse_is_read():
+    # it was read as "any attempt" for the cluster, then sent to the warehouse as a UInt32
+    with pytest.raises(ValueError, match="--attempt is the scheduler's attempt number, 0 or more, got -1"):
+        estimate.load_pilot(None, "db", "j", attempt=-1)
