@@ -772,11 +772,15 @@ def _resized(job: SlurmJob, js: JobState, out: _Emitter, promised_ms: int) -> No
 
 
 def _reallocate(job: SlurmJob, js: JobState, out: _Emitter, gpus: list[GpuAssignment], at_ms: int, note: str) -> None:
-    """A further `allocated` of the allocated attempt `js.attempt` (a resize): ids `…:allocated:2`, `:3`, …"""
+    """A further `allocated` of the allocated attempt `js.attempt` (a resize): ids `…:allocated:2`, `:3`, …;
+    then `started` again (`…:started:resized:2`, …) unless the job is suspended: the worker takes an
+    `allocated` as a set not running yet, so the GPUs the job kept were billed idle to its end."""
     js.allocations = max(js.allocations, 1) + 1
     js.alloc_start_ms = max(at_ms, js.alloc_start_ms)
-    out.emit(_with(job, attempt=js.attempt), JobEventKind.allocated, js.alloc_start_ms, gpus=gpus, reason=note,
-             suffix=f":{js.allocations}")
+    at = _with(job, attempt=js.attempt)
+    out.emit(at, JobEventKind.allocated, js.alloc_start_ms, gpus=gpus, reason=note, suffix=f":{js.allocations}")
+    if not js.suspended:
+        out.emit(at, JobEventKind.started, js.alloc_start_ms, reason=note, suffix=f":resized:{js.allocations}")
 
 
 def _attempt_groups(rows: list[SacctRow]) -> list[list[SacctRow]]:

@@ -35,6 +35,10 @@ def record(job_id: int, state: str, attempt: int, submit: int, start: int, nodes
             "array_job_id": 0, "array_task_id": None, "array_task_string": "", "last_sched_evaluation": T + submit}
 
 
+#: after a resize the job runs on: `started` again (an `allocated` alone is a set not running yet)
+RESTARTED = ("15:0:started:resized:2", 387, [])
+
+
 def poll(records: list[dict], state: AgentState, at: int, **kw):
     return translate({"jobs": records}, state, cluster="review", poll_started_ms=(T + at) * 1000, **kw)
 
@@ -152,7 +156,7 @@ def test_a_resize_in_sacct_is_no_new_attempt():
     assert [(r.state, r.nodes) for r in rows["15"]] == [("RESIZING", "rv[01-02]"), ("COMPLETED", "rv01")]
     events, after, warnings = close_vanished(gone.vanished, gone.state, rows, cluster="review", lost_at_ms=(T + 440) * 1000,
                                              promised_ms=gone.promised_ms)
-    assert summary(events) == [("15:0:allocated:2", 387, RV01), ("15:0:completed", 423, [])]
+    assert summary(events) == [("15:0:allocated:2", 387, RV01), RESTARTED, ("15:0:completed", 423, [])]
     assert warnings == [] and after.jobs["15"].attempt == 0 and after.preemptions == []
     assert gpu_seconds(seen.events + events) == {0: 176.0}
     # a state file from before the GPU sets were kept: no GPUs to keep, but still no invented attempt
@@ -170,7 +174,7 @@ def test_a_running_job_shrunk_gets_a_second_allocated_at_its_resize_time():
     assert first.state.jobs["15"].gres_detail == ("gpu:a100:4(IDX:0-3)",) * 2
     state = AgentState.from_json(json.loads(json.dumps(first.state.to_json())))  # through the state file
     shrunk = poll([JOB15_SHRUNK], state, 389)
-    assert summary(shrunk.events) == [("15:0:allocated:2", 387, RV01)]
+    assert summary(shrunk.events) == [("15:0:allocated:2", 387, RV01), RESTARTED]
     assert "resized" in shrunk.events[0].reason
     again = poll([JOB15_SHRUNK], AgentState.from_json(json.loads(json.dumps(shrunk.state.to_json()))), 391)
     assert again.events == []  # seen once
@@ -190,7 +194,7 @@ def test_a_job_shrunk_and_ended_between_two_polls_stops_billing_the_released_nod
     rv01 with its resize_time and no GPUs. Was: rv02's 4 GPUs billed to the end, 320 GPU-s for 176."""
     first = poll([JOB15_RUNNING], AgentState(), 385)
     done = poll([JOB15_DONE], first.state, 425)
-    assert summary(done.events) == [("15:0:allocated:2", 387, RV01), ("15:0:completed", 423, [])]
+    assert summary(done.events) == [("15:0:allocated:2", 387, RV01), RESTARTED, ("15:0:completed", 423, [])]
     assert gpu_seconds(first.events + done.events) == {0: 176.0}
     assert poll([JOB15_DONE], done.state, 427).events == []  # seen once
     # a job that was not resized ends as before: no second `allocated`
@@ -206,4 +210,36 @@ def test_a_state_file_from_before_gpu_sets_were_kept_loads_and_emits_nothing_new
     assert old.jobs["15"] == JobState(**{**legacy, "gres_detail": None})
     r = poll([JOB15_RUNNING], old, 387)
     assert r.events == [] and r.state.jobs["15"].gres_detail == ("gpu:a100:4(IDX:0-3)",) * 2
-    assert summary(poll([JOB15_SHRUNK], old, 389).events) == [("15:0:allocated:2", 387, RV01)]
+    assert summary(poll([JOB15_SHRUNK], old, 389).events) == [("15:0:allocated:2", 387, RV01), RESTARTED]
+
+
+def test_the_gpus_a_running_job_keeps_after_a_resize_are_billed_executing():
+    """Through the router and rv01's node join at 90 % busy: the job ran on its 4 kept GPUs from the
+    resize (387) to its end (423). An `allocated` alone is a set not running yet: 144 of those 160
+    GPU-s were billed allocated-but-idle before the agent sent `started` again after the resize."""
+    from dataclasses import replace
+
+    from test_execution import FIXTURE_LEDGER
+
+    from gpuledger.schemas.models import GpuSample, NodeTick
+    from gpuledger.streams.join import NodeJoin
+
+    first = poll([JOB15_RUNNING], AgentState(), 385)
+    shrunk = poll([JOB15_SHRUNK], first.state, 389)
+    done = poll([JOB15_DONE], shrunk.state, 425)
+    router, join = LifecycleRouter(), NodeJoin(node="rv01")
+    for event in first.events + shrunk.events + done.events:
+        assert router.sequence_problem(event) is None, event.event_id
+        for change in router.route(event):
+            if change.node == "rv01":
+                join.add_change(change)
+    for s in range(383, 423):
+        join.add_tick(NodeTick(cluster="review", node="rv01", ts_ms=(T + s) * 1000, interval_ms=1000, gpus=[
+            GpuSample(gpu_uuid=f"GPU-{i}", index=i, model="A100-80GB", util_gpu_pct=90.0, power_w=300.0)
+            for i in range(4)]))
+    ledger = replace(FIXTURE_LEDGER, definitions=replace(FIXTURE_LEDGER.definitions, execution_source="both",
+                                                         execution_min_idle_s=300.0))
+    by_state: dict[str, int] = {}
+    for r in join.close_until((T + 423) * 1000, ledger):
+        by_state[r["state"]] = by_state.get(r["state"], 0) + r["gpu_ms"]
+    assert by_state == {"executing": 4 * 40_000}
