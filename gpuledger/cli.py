@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import signal
 import sys
 import threading
@@ -25,7 +26,15 @@ STORAGE_REPORT = "storage"  # the warehouse's tables against their retention: gp
 REPORT_NAMES = TABLE_REPORTS + PERIODIC_REPORTS + CARD_REPORTS + (STORAGE_REPORT,)
 
 
+def _refuse_empty_overrides(args) -> None:
+    """`--data-dir "$DIR"` with DIR unset is a mistake, not a request for the default."""
+    for option in ("data_dir", "bootstrap", "warehouse"):
+        if getattr(args, option, None) == "":
+            raise ValueError(f"--{option.replace('_', '-')} must not be empty")
+
+
 def settings_from_args(args) -> Settings:
+    _refuse_empty_overrides(args)
     overrides = {}
     if getattr(args, "data_dir", None):
         overrides["data_dir"] = Path(args.data_dir)
@@ -80,6 +89,8 @@ def cmd_coefficients(args) -> int:
     if args.action == "add":
         if not (args.model and args.coefficient is not None and args.valid_from):  # 0 is a value (refused below)
             raise SystemExit("coefficients add needs --model, --coefficient and --valid-from")
+        if args.coefficient > 0 and not math.isfinite(args.coefficient):  # inf was written, then refused on reading
+            raise ValueError(f"--coefficient must be a finite number > 0, got {args.coefficient}")
         ledger = add_coefficient(settings.ledger_config, args.model, args.coefficient, _day("--valid-from", args.valid_from))
         print(f"added {args.model}@{args.valid_from} = {args.coefficient} to {settings.ledger_config}; "
               "restart workers to use it for new records")
@@ -164,6 +175,7 @@ def cmd_agent(args) -> int:
     import os
 
     # the agents read their settings (load_settings) from the environment: the options go that way
+    _refuse_empty_overrides(args)
     if args.bootstrap:
         os.environ["GPULEDGER_KAFKA_BOOTSTRAP"] = args.bootstrap
     if args.data_dir:  # e.g. the GPU agent's spool, <data dir>/spool/<node>
@@ -370,6 +382,23 @@ def _periodic_report(args, settings: Settings) -> int:
     return 0
 
 
+#: `gpuledger bills ACTION` options -> the actions that take them (--format: every action that prints a table)
+BILLS_OPTIONS = {"day": ("--day", ("show",)), "cluster": ("--cluster", ("show", "audit")),
+                 "day_from": ("--from", ("audit",)), "day_to": ("--to", ("audit",)), "run": ("--run", ("publish",)),
+                 "no_publish": ("--no-publish", ("close",)), "limit": ("--limit", ("list",)),
+                 "textfile": ("--textfile", ("audit",)), "fail_on_duplicates": ("--fail-on-duplicates", ("audit",))}
+
+
+def _refuse_bills_options_not_taken(args) -> None:
+    """An option the action does not take is an error, not dropped: `bills audit --day D` audited every
+    day, `bills close --cluster C` closed every cluster."""
+    given = [flag for key, (flag, actions) in BILLS_OPTIONS.items()
+             if args.action not in actions and getattr(args, key, None) not in (None, False)]
+    if given:
+        takes = [flag for flag, actions in BILLS_OPTIONS.values() if args.action in actions]
+        raise ValueError(f"bills {args.action} takes no {', '.join(given)} (it takes {', '.join(takes) or 'no options'})")
+
+
 def cmd_bills(args) -> int:
     """`gpuledger bills close|list|show|audit|publish` (gpuledger/warehouse/bills.py)."""
     from gpuledger.warehouse import bills
@@ -377,6 +406,7 @@ def cmd_bills(args) -> int:
     from gpuledger.ledger_files import load_ledger_config
     from gpuledger.warehouse import connect, connect_readonly
 
+    _refuse_bills_options_not_taken(args)
     settings = settings_from_args(args)
     if args.action == "close":
         ledger = load_ledger_config(settings.ledger_config)
@@ -418,6 +448,8 @@ def cmd_bills(args) -> int:
     day = _day("--day", args.day) if args.day else None  # dates are checked before anything is opened
     day_from = _day("--from", args.day_from) if args.day_from else None
     day_to = _day("--to", args.day_to) if args.day_to else None
+    if day_from and day_to and day_from > day_to:  # an audit of no day finds no duplicates
+        raise ValueError(f"--from {day_from} is after --to {day_to}")
     client = connect_readonly(settings)
     try:
         if args.action == "list":
@@ -477,6 +509,29 @@ MODULE_COMMANDS = {
     "approvals": "gpuledger.warehouse.estimate",
     "forecast": "gpuledger.warehouse.forecast",  # forecast run|backtest
 }
+
+
+def _positive_number(text: str) -> float:
+    """argparse type: a finite number > 0 (a usage error before anything is opened: `--speedup 0`
+    failed only after the broker was contacted, `--idle-timeout nan` never timed out)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1 (`tail --max 0` printed one message)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return value
 
 
 def _command_word(argv: list[str]) -> str | None:
@@ -539,8 +594,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("what", choices=["alerts"], help="alerts: the alerts and reclaim-suggestions topics")
     p.add_argument("--json", action="store_true", help="one JSON message per line instead of a sentence")
     p.add_argument("--from-beginning", action="store_true", help="start at the oldest message, not the newest")
-    p.add_argument("--max", type=int, help="exit after this many messages")
-    p.add_argument("--idle-timeout", type=float, help="exit after this many seconds without a message")
+    p.add_argument("--max", type=_positive_int, help="exit after this many messages")
+    p.add_argument("--idle-timeout", type=_positive_number, help="exit after this many seconds without a message")
 
     p = add("agent", cmd_agent, "run an agent: 'gpu' samples GPUs with NVML (or the simulated backend); 'slurm' and "
                                 "'kubernetes' read a scheduler; 'dcgm' reads a dcgm-exporter endpoint", kafka=True)
@@ -552,12 +607,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--hours", type=float, default=6.0)
     p.add_argument("--nodes", type=int, default=8)
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--speedup", type=float, help="event-time speed-up (default: as fast as possible)")
+    p.add_argument("--speedup", type=_positive_number, help="event-time speed-up (default: as fast as possible)")
     p.add_argument("--dump", help="write a JSON Lines topic dump to this file instead of publishing")
 
     p = add("replay", cmd_replay, "publish a recorded topic dump (JSON Lines) in event-time order", kafka=True)
     p.add_argument("file")
-    p.add_argument("--speedup", type=float, help="event-time speed-up (default: as fast as possible)")
+    p.add_argument("--speedup", type=_positive_number, help="event-time speed-up (default: as fast as possible)")
     p.add_argument("--quiet", action="store_true")
 
     p = add("report", cmd_report, "print a report from the ClickHouse tables", warehouse=True)
@@ -631,10 +686,12 @@ def error_message(exc: BaseException) -> str | None:
     from gpuledger.streams.pricing import LedgerConfigError
     from gpuledger.warehouse import WarehouseError
 
-    if isinstance(exc, ValidationError):
-        problems = "; ".join(
-            f"GPULEDGER_{str(e['loc'][0]).upper()}: {e['msg']}" if e.get("loc") else e["msg"] for e in exc.errors())
-        return f"bad settings: {problems}"
+    if isinstance(exc, ValidationError) and exc.title == Settings.__name__:
+        return f"bad settings: {'; '.join(_setting_problem(e) for e in exc.errors())}"
+    if isinstance(exc, ValidationError):  # a message or record built from an option or input, not a setting
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" if e.get("loc") else e["msg"]
+                             for e in exc.errors())
+        return f"invalid {exc.title}: {problems}"
     if isinstance(exc, (WarehouseError, LedgerConfigError, PipelineError)):
         return str(exc)
     if isinstance(exc, ClickHouseError):
@@ -649,9 +706,24 @@ def error_message(exc: BaseException) -> str | None:
         return f"Kafka: {err.str() if hasattr(err, 'str') else err}"
     if isinstance(exc, (ValueError, ConnectionError, FileNotFoundError, PermissionError, TimeoutError)):
         return str(exc)
+    if isinstance(exc, OSError) and exc.filename is not None:  # a directory given for a file, a full disk, ...
+        return str(exc)
     if type(exc) is RuntimeError:  # topics, publishing: messages written for people
         return str(exc)
     return None
+
+
+def _setting_problem(error: dict) -> str:
+    """One bad setting: its variable, what it takes and the value given (a secret's never shown)."""
+    message = error["msg"].removeprefix("Value error, ")
+    if not error.get("loc"):
+        return message
+    name = str(error["loc"][0])
+    given = error.get("input")
+    # pydantic's own messages ("Input should be greater than 0") do not say what was given
+    if isinstance(given, str) and "got " not in message and "password" not in name:
+        message += f", got {given[:80]!r}"
+    return f"GPULEDGER_{name.upper()}: {message}"
 
 
 #: commands that run the embedded pipeline (a broker and child processes) in this process

@@ -4,10 +4,15 @@ Every environment variable the ledger reads is a field here; docs/configuration.
 
 from __future__ import annotations
 
+import dataclasses
+import re
+import string
 from functools import cached_property
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gpuledger.streams.checks import CLOCK_AHEAD_MS, MAX_AHEAD_MS
@@ -17,11 +22,25 @@ DEFAULT_DATA_DIR = Path(".gpuledger")
 #: GPULEDGER_KAFKA_SECURITY_PROTOCOL values (any case; stored upper-case: the SASL settings are sent
 #: only for SASL_*, so a lower-case value must not drop them)
 KAFKA_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+#: GPULEDGER_KAFKA_SASL_MECHANISM values (any case; stored upper-case): those librdkafka and Faust both take
+KAFKA_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER")
 #: the shortest topic retention, days (an hour): a smaller one would round to retention.ms=0
 MIN_TOPIC_RETENTION_DAYS = 1 / 24
 #: the longest table retention, days (50 years; 0 keeps rows for ever): a TTL is a ClickHouse Date, which
 #: ends on 2149-06-06 and wraps round to 1970 past it, so a longer one would drop every row at once
 MAX_RETENTION_DAYS = 50 * 365
+#: Kafka's topic names: these characters, at most 249 of them; the prefix leaves room for the longest name
+TOPIC_NAME_CHARS = re.compile(r"^[A-Za-z0-9._-]*$")
+MAX_TOPIC_PREFIX_LEN = 249 - max(len(name) for name in dataclasses.astuple(TopicNames.with_prefix("")))
+#: a ClickHouse identifier, as gpuledger.warehouse.client.checked_identifier takes it (every query names the database)
+DATABASE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: schemas.models.MAX_CLUSTER_LEN (not imported: a report's command line does not load the models)
+MAX_CLUSTER_LEN = 128
+#: optional settings an empty variable leaves unset (`VAR=${X:-}` in compose or an env file): an empty
+#: path would be Path("") = "." (a spool in the working directory, ssl.ca.location=".")
+OPTIONAL_FIELDS = ("kafka_sasl_username", "kafka_sasl_password_file", "kafka_ssl_cafile", "clickhouse_password_file",
+                   "ledger_config", "slurm_agent_state_file", "agent_spool_dir", "kubernetes_pod_resources_socket",
+                   "kubernetes_device_endpoint", "kubernetes_state_file")
 
 
 class Settings(BaseSettings):
@@ -30,9 +49,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GPULEDGER_", frozen=True, extra="ignore", allow_inf_nan=False)
 
     # --- Kafka
-    kafka_bootstrap: str = Field("localhost:9092", description="Kafka bootstrap servers, host:port[,host:port]")
+    kafka_bootstrap: str = Field("localhost:9092", min_length=1, description="Kafka bootstrap servers, host:port[,host:port]")
     kafka_security_protocol: str = Field("PLAINTEXT", description="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL")
-    kafka_sasl_mechanism: str = Field("PLAIN", description="SASL mechanism when SASL is used")
+    kafka_sasl_mechanism: str = Field("PLAIN", description="SASL mechanism when SASL is used: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, GSSAPI or OAUTHBEARER")
     kafka_sasl_username: str | None = None
     kafka_sasl_password: SecretStr | None = None
     kafka_sasl_password_file: Path | None = Field(None, description="file holding the SASL password (e.g. a mounted secret); used when KAFKA_SASL_PASSWORD is unset")
@@ -47,7 +66,7 @@ class Settings(BaseSettings):
     partitions_bills: int = Field(1, ge=1, description="partitions of the bills topic (closed bill rows, key: tenant)")
 
     # --- Warehouse
-    warehouse: str = Field("chdb", description="'chdb' (embedded, in DATA_DIR/chdb), 'chdb:/abs/dir', or http(s)://host:port of a ClickHouse server")
+    warehouse: str = Field("chdb", min_length=1, description="'chdb' (embedded, in DATA_DIR/chdb), 'chdb:/abs/dir', or http(s)://host:port of a ClickHouse server")
     database: str = Field("gpuledger", description="ClickHouse database")
     clickhouse_user: str = "default"
     clickhouse_password: SecretStr = SecretStr("")
@@ -71,7 +90,7 @@ class Settings(BaseSettings):
     topic_retention_diagnostics_days: float = Field(30.0, ge=MIN_TOPIC_RETENTION_DAYS, description="retention of dead-letters, late-events, bills, alerts and reclaim suggestions, days")
 
     # --- Worker / agent
-    worker_app_id: str = Field("gpuledger-worker", description="Faust application id (consumer group)")
+    worker_app_id: str = Field("gpuledger-worker", min_length=1, description="Faust application id (consumer group)")
     worker_rebalance_timeout_s: float = Field(10.0, gt=0, description="consumer-group rebalance timeout of worker and sink, seconds")
     kafka_fetch_max_wait_ms: int = Field(100, ge=1, le=30_000, description="longest a consumer's fetch waits at the broker for data, milliseconds (worker and sink); brokers that answer a waiting fetch only when the wait ends (Tansu) add up to this much to every hop through a topic")
     worker_snapshot_interval_s: float = Field(2.0, gt=0, description="how often the worker snapshots its state to the worker-state topic and commits its input offsets, seconds")
@@ -82,7 +101,7 @@ class Settings(BaseSettings):
     max_clock_ahead_s: float = Field(CLOCK_AHEAD_MS / 1000, gt=0, le=MAX_AHEAD_MS / 1000, description="a GPU sample, lifecycle event or lifecycle watermark more than this ahead of the receiving process's clock is rejected (its node's or scheduler agent's clock is out of sync), seconds; worker and sink alike. The worker holds a sample until the lifecycle watermark reaches it: one node's clock a day ahead would pause its gpu-samples partition, every node in it, for that day; a watermark from the future would close every node's ticks before their allocation changes")
     sink_retry_max_s: float = Field(30.0, gt=0, description="longest pause between the sink's retries of a failed warehouse write, seconds (it retries until it succeeds)")
     dead_letter_max_bytes: int = Field(900_000, ge=16_384, description="largest dead letter the worker and sink produce, bytes; a larger original is cut (its size and SHA-256 kept). Keep it under the broker's message size (Kafka's default 1 MB)")
-    agent_interval_s: float = Field(5.0, gt=0, description="GPU agent sampling interval, seconds")
+    agent_interval_s: float = Field(5.0, ge=0.001, description="GPU agent sampling interval, seconds (the tick grid is in whole ms)")
     cluster: str = Field("default", description="cluster name the agent reports")
     slurm_agent_interval_s: float = Field(10.0, gt=0, description="Slurm agent: seconds between polls of squeue/sinfo")
     slurm_agent_command_timeout_s: float = Field(20.0, gt=0, description="Slurm agent: seconds a Slurm client command may take (they hang while slurmctld is down)")
@@ -93,7 +112,7 @@ class Settings(BaseSettings):
     agent_ticks_per_message: int = Field(1, ge=1, le=10_000, description="ticks the GPU agent sends per message: 1 sends each tick at once; N sends a NodeTickBatch every N ticks (fewer messages for brokers and workers, N - 1 intervals more latency)")
     agent_spool_dir: Path | None = Field(None, description="directory of the agent's local disk spool; the agent uses <dir>/<node> (default: DATA_DIR/spool/<node>)")
     agent_spool_max_bytes: int = Field(256 * 1024 * 1024, ge=0, description="bound of the agent's spool in bytes; when full the oldest ticks are dropped and counted (0: no spool, publish directly)")
-    agent_spool_fsync: str = Field("always", pattern="^(always|interval|never)$", description="when the spool syncs to disk: every tick (always), at most once a second (interval), or left to the OS (never)")
+    agent_spool_fsync: Literal["always", "interval", "never"] = Field("always", description="when the spool syncs to disk: every tick (always), at most once a second (interval), or left to the OS (never)")
     agent_metrics_port: int = Field(0, ge=0, le=65535, description="port of the agent's Prometheus /metrics endpoint (0: disabled)")
     worker_metrics_port: int = Field(0, ge=0, le=65535, description="port of the worker's Prometheus /metrics endpoint (0: disabled)")
     sink_metrics_port: int = Field(0, ge=0, le=65535, description="port of the sink's Prometheus /metrics endpoint (0: disabled)")
@@ -108,12 +127,71 @@ class Settings(BaseSettings):
     kubernetes_device_wait_s: float = Field(120.0, ge=0, description="how long a scheduled pod waits for its device ids before its allocation is sent without GPUs, seconds")
     kubernetes_pod_resources_socket: Path | None = Field(None, description="kubelet PodResources socket of the agent's node")
     kubernetes_device_endpoint: str | None = Field(None, description="URL template ({node}, {host_ip}) of the per-node PodResources reporters")
-    kubernetes_container_ids: str = Field("runtime", pattern="^(runtime|name)$", description="how GPU holders' containers are named to match the GPU samples' processes: 'runtime' (the runtime's container id, as the NVML GPU agent reads it from cgroups) or 'name' (k8s://<namespace>/<pod>/<container>, as the dcgm agent reads it from dcgm-exporter's pod labels)")
+    kubernetes_container_ids: Literal["runtime", "name"] = Field("runtime", description="how GPU holders' containers are named to match the GPU samples' processes: 'runtime' (the runtime's container id, as the NVML GPU agent reads it from cgroups) or 'name' (k8s://<namespace>/<pod>/<container>, as the dcgm agent reads it from dcgm-exporter's pod labels)")
     kubernetes_kueue: bool = Field(True, description="read Kueue Workloads, ClusterQueues and LocalQueues")
     kubernetes_watch_timeout_s: float = Field(30.0, gt=0, description="length of one watch request, seconds")
     kubernetes_list_page_size: int = Field(500, ge=1, description="objects per page of the agent's lists (the API server's limit/continue)")
     kubernetes_snapshot_interval_s: float = Field(30.0, gt=0, description="seconds between scheduler snapshots")
     kubernetes_state_file: Path | None = Field(None, description="the agent's state file (default: DATA_DIR/kubernetes-agent-<cluster>.json)")
+
+    @field_validator(*OPTIONAL_FIELDS, mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value):
+        return None if value == "" else value
+
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _data_dir_not_empty(cls, value):
+        if value == "":  # Path("") would be the working directory
+            raise PydanticCustomError("empty", "must name a directory (unset: .gpuledger), got ''")
+        return value
+
+    @field_validator("cluster")
+    @classmethod
+    def _cluster_name(cls, value: str) -> str:
+        # every message of the agents carries it (the wire's identifier rule) and their state files and
+        # spools are named by it (a / or \\ would be a directory)
+        if not (0 < len(value) <= MAX_CLUSTER_LEN and value.isprintable() and value == value.strip()
+                and "/" not in value and "\\" not in value):
+            raise PydanticCustomError(
+                "cluster_name", "must be 1 to {max} printable characters without / or \\ and without leading or "
+                "trailing whitespace, got {shown}", {"max": MAX_CLUSTER_LEN, "shown": repr(value[:80])})
+        return value
+
+    @field_validator("topic_prefix")
+    @classmethod
+    def _topic_prefix(cls, value: str) -> str:
+        if not (TOPIC_NAME_CHARS.match(value) and len(value) <= MAX_TOPIC_PREFIX_LEN):
+            raise PydanticCustomError(
+                "topic_prefix", "must be at most {max} of the characters Kafka allows in topic names (letters, "
+                "digits, '.', '_', '-'), got {shown}", {"max": MAX_TOPIC_PREFIX_LEN, "shown": repr(value[:80])})
+        return value
+
+    @field_validator("database")
+    @classmethod
+    def _database_name(cls, value: str) -> str:
+        if not DATABASE_NAME.match(value):
+            raise PydanticCustomError(
+                "database_name", "must be a ClickHouse name of letters, digits and _ (not starting with a digit), "
+                "got {shown}", {"shown": repr(value[:80])})
+        return value
+
+    @field_validator("kubernetes_device_endpoint")
+    @classmethod
+    def _device_endpoint_template(cls, value: str | None) -> str | None:
+        # the agent fills it per node and swallows what fails there (a pod then waits, and is sent
+        # without GPUs): a template it cannot fill is refused here, once
+        if value is None:
+            return value
+        try:
+            fields = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
+        except ValueError as exc:
+            fields = {f"({exc})"}
+        if not (value.startswith(("http://", "https://")) and fields and fields <= {"node", "host_ip"}):
+            raise PydanticCustomError(
+                "device_endpoint", "must be an http(s):// URL template with {node} and/or {host_ip} and no other "
+                "{...}, got {shown}", {"shown": repr(value[:200])})
+        return value
 
     @field_validator("kafka_security_protocol", mode="before")
     @classmethod
@@ -122,6 +200,14 @@ class Settings(BaseSettings):
         if protocol not in KAFKA_SECURITY_PROTOCOLS:
             raise ValueError(f"must be one of {', '.join(KAFKA_SECURITY_PROTOCOLS)} (any case), got {value!r}")
         return protocol
+
+    @field_validator("kafka_sasl_mechanism", mode="before")
+    @classmethod
+    def _sasl_mechanism(cls, value):
+        mechanism = value.strip().upper() if isinstance(value, str) else value
+        if mechanism not in KAFKA_SASL_MECHANISMS:
+            raise ValueError(f"must be one of {', '.join(KAFKA_SASL_MECHANISMS)} (any case), got {value!r}")
+        return mechanism
 
     @model_validator(mode="after")
     def _usage_outlives_adjustments(self):
@@ -158,7 +244,7 @@ class Settings(BaseSettings):
                     try:
                         values = {**values, name: Path(path).read_text(encoding="utf-8").rstrip("\r\n")}
                     except OSError as exc:
-                        raise ValueError(f"cannot read {name}_file {path}: {exc.strerror}") from None
+                        raise ValueError(f"GPULEDGER_{name.upper()}_FILE: cannot read {path}: {exc.strerror}") from None
         return values
 
     @cached_property

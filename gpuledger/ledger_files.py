@@ -19,9 +19,13 @@ def load_ledger_config(path: Path | None = None) -> LedgerConfig:
     """The ledger config in the TOML file `path` (None: the bundled defaults)."""
     path = Path(path) if path else BUNDLED_CONFIG
     try:
-        doc = tomllib.loads(path.read_text())
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))  # TOML is UTF-8, whatever the locale
     except FileNotFoundError:
         raise LedgerConfigError(f"ledger config {path} not found") from None
+    except OSError as exc:  # a directory, no permission: one line with the path, not a traceback
+        raise LedgerConfigError(f"ledger config {path} cannot be read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise LedgerConfigError(f"ledger config {path} is not UTF-8 text (byte {exc.start}); TOML files are UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise LedgerConfigError(f"{path}: {exc}") from None
     return parse_ledger_config(doc, str(path))
@@ -33,10 +37,10 @@ def write_ledger_variant(base: Path | None, target: Path, *, suffix: str, **tabl
     it says which definition it used. Written to `target`; returns it."""
     import tomli_w
 
-    doc = tomllib.loads(Path(base or BUNDLED_CONFIG).read_text())
+    doc = tomllib.loads(Path(base or BUNDLED_CONFIG).read_text(encoding="utf-8"))
     doc.update(tables)
     doc["definition_version"] = f"{doc['definition_version']}+{suffix}"
     parse_ledger_config(doc, str(target))  # refuse to write a config the worker would reject
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(tomli_w.dumps(doc))
+    target.write_text(tomli_w.dumps(doc), encoding="utf-8")
     return target

@@ -4,6 +4,8 @@ real CLI (`main`) on the embedded engine (chDB); no broker is needed (the unreac
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from gpuledger.cli import main
@@ -106,6 +108,52 @@ def test_bad_ledger_config(capsys, monkeypatch, tmp_path):
     one_line_error(code, err, "nope.toml", "not found")
 
 
+def test_a_bad_setting_shows_the_value_given_but_never_a_secret(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("GPULEDGER_AGENT_INTERVAL_S", "-5")
+    code, _, err = run(capsys, "coefficients", "list")
+    one_line_error(code, err, "GPULEDGER_AGENT_INTERVAL_S", "greater than or equal to 0.001", "got '-5'")
+    monkeypatch.delenv("GPULEDGER_AGENT_INTERVAL_S")
+    monkeypatch.setenv("GPULEDGER_KAFKA_SECURITY_PROTOCOL", "tls")
+    code, _, err = run(capsys, "coefficients", "list")
+    line = one_line_error(code, err, "GPULEDGER_KAFKA_SECURITY_PROTOCOL: must be one of", "got 'tls'")
+    assert "Value error" not in line
+    monkeypatch.delenv("GPULEDGER_KAFKA_SECURITY_PROTOCOL")
+    # a password file that cannot be read is named by its variable; a secret's value is never shown
+    monkeypatch.setenv("GPULEDGER_CLICKHOUSE_PASSWORD_FILE", str(tmp_path / "absent"))
+    code, _, err = run(capsys, "coefficients", "list")
+    one_line_error(code, err, "GPULEDGER_CLICKHOUSE_PASSWORD_FILE", "absent")
+    monkeypatch.delenv("GPULEDGER_CLICKHOUSE_PASSWORD_FILE")
+    monkeypatch.setenv("GPULEDGER_KAFKA_SASL_PASSWORD", "hunter2")
+    monkeypatch.setenv("GPULEDGER_KAFKA_SASL_PASSWORD_FILE", str(tmp_path))  # a directory: unread (the variable wins)
+    monkeypatch.setenv("GPULEDGER_PARTITIONS_USAGE", "0")
+    code, _, err = run(capsys, "coefficients", "list")
+    assert "hunter2" not in err
+    one_line_error(code, err, "GPULEDGER_PARTITIONS_USAGE", "got '0'")
+
+
+@pytest.mark.parametrize("make", ["directory", "not_utf8", "unreadable", "empty_variable"])
+def test_a_ledger_config_that_cannot_be_read_is_one_line_naming_it(capsys, monkeypatch, tmp_path, make):
+    path = tmp_path / "ledger.toml"
+    if make == "directory":
+        path.mkdir()
+    elif make == "not_utf8":
+        path.write_bytes(b'definition_version = "caf\xe9"\n')
+    elif make == "unreadable":
+        path.write_text('definition_version = "x"\n')
+        path.chmod(0)
+        if os.access(path, os.R_OK):
+            pytest.skip("running as root: every file is readable")
+    if make == "empty_variable":  # `GPULEDGER_LEDGER_CONFIG=${X:-}`: unset, the bundled file, not "." (a directory)
+        monkeypatch.setenv("GPULEDGER_LEDGER_CONFIG", "")
+        code, out, err = run(capsys, "coefficients", "list", "--format", "csv")
+        assert code == 0 and "A100-80GB" in out, err
+        return
+    monkeypatch.setenv("GPULEDGER_LEDGER_CONFIG", str(path))
+    code, _, err = run(capsys, "coefficients", "list")
+    one_line_error(code, err, f"ledger config {path}", {"directory": "Is a directory", "not_utf8": "UTF-8",
+                                                      "unreadable": "ermission denied"}[make])
+
+
 @pytest.mark.integration  # migrates and reads a real chDB
 def test_migrated_warehouse_unknown_job_and_empty_reports(capsys, chdb_dir, monkeypatch):
     monkeypatch.setenv("GPULEDGER_DATABASE", "cli_ok")
@@ -127,3 +175,21 @@ def test_migrated_warehouse_unknown_job_and_empty_reports(capsys, chdb_dir, monk
     assert code == 0 and '"bill_run_id": null' in out, err
     code, out, err = run(capsys, "bills", "audit", "--warehouse", warehouse, "--fail-on-duplicates")
     assert (code, out) == (0, "(no rows)\n")
+
+
+@pytest.mark.parametrize("argv", [
+    ["replay", "{tmp}", "--bootstrap", "127.0.0.1:1"],          # a directory for the dump
+    ["simulate", "--hours", "0.01", "--dump", "{tmp}"],        # a directory for the output
+    ["schemas", "export", "--output", "{tmp}/file"],           # a file where a directory goes
+])
+def test_a_path_that_is_the_wrong_kind_of_thing_is_one_line_naming_it(capsys, tmp_path, argv):
+    (tmp_path / "file").write_text("x")
+    code, _, err = run(capsys, *[a.format(tmp=tmp_path) for a in argv])
+    one_line_error(code, err, str(tmp_path))
+
+
+def test_a_message_that_fails_its_schema_is_not_called_a_bad_setting(capsys):
+    # the GPU agent's --node goes into every NodeTick; there is no GPULEDGER_NODE to blame
+    code, _, err = run(capsys, "agent", "gpu", "--backend", "sim", "--once", "--print", "--node", " n")
+    line = one_line_error(code, err, "NodeTick", "node", "leading/trailing whitespace")
+    assert "bad settings" not in line and "GPULEDGER_" not in line

@@ -81,6 +81,19 @@ def test_a_zero_coefficient_is_refused_as_such(capsys, monkeypatch, tmp_path):
     assert ledger.read_text() == before
 
 
+@pytest.mark.parametrize("value", ["inf", "1e400"])
+def test_an_infinite_coefficient_leaves_the_ledger_file_as_it_was(capsys, monkeypatch, tmp_path, value):
+    # it was written, `coefficient = inf`, and then refused on reading: every worker and report stopped
+    ledger = tmp_path / "ledger.toml"
+    shutil.copy(Path(__file__).resolve().parents[2] / "gpuledger" / "ledger_defaults.toml", ledger)
+    before = ledger.read_text()
+    monkeypatch.setenv("GPULEDGER_LEDGER_CONFIG", str(ledger))
+    line = one_line_error(capsys, ["coefficients", "add", "--model", "A100", "--coefficient", value,
+                                   "--valid-from", "2024-01-01"])
+    assert "--coefficient must be a finite number > 0, got inf" in line, line
+    assert ledger.read_text() == before
+
+
 @pytest.mark.parametrize("argv, flag", [
     (["--from", "2024-03-01", "--to", "2024-03-02", "--as-of", "x"], "--as-of"),
     (["--from", "March", "--to", "2024-03-02", "--as-of", "2024-03-01"], "--from"),
@@ -168,3 +181,46 @@ def test_the_filter_help_names_the_reports_that_take_it(flag, name):
     help_text = next(a.help for a in report._actions if flag in a.option_strings)
     named = set(help_text.split(":")[0].replace(" ", "").split(","))
     assert named == {r for r, filters in REPORT_FILTERS.items() if name in filters}, help_text
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["tail", "alerts", "--max", "0"], "--max"),          # printed one message and exited
+    (["tail", "alerts", "--max", "-2"], "--max"),
+    (["tail", "alerts", "--idle-timeout", "nan"], "--idle-timeout"),  # never timed out
+    (["tail", "alerts", "--idle-timeout", "-1"], "--idle-timeout"),
+    (["simulate", "--speedup", "0"], "--speedup"),         # refused only after the broker was contacted
+    (["simulate", "--speedup", "inf"], "--speedup"),
+    (["replay", "dump.jsonl", "--speedup", "-3"], "--speedup"),
+])
+def test_an_impossible_number_is_a_usage_error_before_anything_is_opened(capsys, argv, flag):
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--bootstrap", "127.0.0.1:1"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"argument {flag}:" in err and "Kafka" not in err, err
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["report", "bills", "--data-dir", ""], "--data-dir"),
+    (["report", "bills", "--warehouse", ""], "--warehouse"),
+    (["agent", "--data-dir", "", "gpu", "--backend", "sim", "--once", "--print"], "--data-dir"),
+    (["agent", "--bootstrap", "", "gpu", "--backend", "sim", "--once", "--print"], "--bootstrap"),
+])
+def test_an_empty_override_is_refused_not_ignored(capsys, argv, flag):
+    # `--data-dir "$DIR"` with DIR unset ran on GPULEDGER_DATA_DIR or ./.gpuledger without a word
+    line = one_line_error(capsys, argv)
+    assert f"{flag} must not be empty" in line
+
+
+@pytest.mark.parametrize("argv, message", [
+    # reversed days audited nothing and `--fail-on-duplicates` passed
+    (["audit", "--from", "2024-03-05", "--to", "2024-03-01", "--fail-on-duplicates"],
+     "--from 2024-03-05 is after --to 2024-03-01"),
+    (["audit", "--day", "2024-03-01"], "bills audit takes no --day (it takes --cluster, --from, --to"),  # audited every day
+    (["list", "--cluster", "c1"], "bills list takes no --cluster"),
+    (["show", "--day", "2024-03-01", "--from", "2024-03-01"], "bills show takes no --from"),
+    (["close", "--limit", "3"], "bills close takes no --limit"),
+    (["publish", "--run", "r1", "--fail-on-duplicates"], "bills publish takes no --fail-on-duplicates"),
+])
+def test_a_bills_option_its_action_does_not_take_is_refused(capsys, argv, message):
+    line = one_line_error(capsys, ["bills", *argv, "--bootstrap", "127.0.0.1:1"])
+    assert message in line, line

@@ -32,7 +32,7 @@ def test_the_variable_wins_over_the_file(tmp_path, monkeypatch):
 
 
 def test_an_unreadable_secret_file_stops_the_process_with_its_name(tmp_path):
-    with pytest.raises(ValueError, match="clickhouse_password_file"):
+    with pytest.raises(ValueError, match="GPULEDGER_CLICKHOUSE_PASSWORD_FILE"):
         Settings(clickhouse_password_file=tmp_path / "missing")
 
 
