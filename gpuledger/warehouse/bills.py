@@ -1037,9 +1037,11 @@ def list_runs(client, database: str, limit: int | None = None) -> list[dict]:
     sql = (f"SELECT bill_run_id, created_at, days, clusters, definition_version, grace_s, closed_rows, adjustment_rows "
            f"FROM {db}.bill_runs ORDER BY created_at DESC, bill_run_id")
     params = {}
-    if limit:
+    if limit is not None:  # checked here: a negative one reached ClickHouse as a bad query parameter
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise ValueError(f"limit must be a non-negative integer, got {limit!r}")
         sql += " LIMIT {limit:UInt64}"
-        params["limit"] = int(limit)
+        params["limit"] = limit
     rows = _q(client, sql, params)
     for r in rows:  # one cell each in tables and CSV
         r["days"] = " ".join(d.isoformat() for d in r["days"])
@@ -1049,7 +1051,8 @@ def list_runs(client, database: str, limit: int | None = None) -> list[dict]:
 
 def show(client, database: str, day: dt.date, cluster: str | None = None) -> list[dict]:
     """A closed day's bill: its closed tenant lines, the adjustments booked on it, and the
-    adjustments booked later that correct it. Empty when the day is not closed."""
+    adjustments booked later that correct it. A day not closed yet shows only the adjustments booked on
+    it so far (it is the next open day of their cluster); empty when there are none."""
     db = quoted_database(database)
     params: dict[str, Any] = {"day": day}
     ccond = ""

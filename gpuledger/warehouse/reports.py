@@ -68,8 +68,8 @@ _CAPACITY_DIMENSIONS = frozenset({"day", "cluster", "gpu_model"})
 
 def _coerce(name: str, value: Any) -> Any:
     if _FILTERS[name][1] == "Date":
-        if isinstance(value, dt.datetime):
-            return value.date()
+        if isinstance(value, dt.datetime):  # report days are UTC days; an aware time may be on another there
+            return (value.astimezone(dt.timezone.utc) if value.tzinfo else value).date()
         if isinstance(value, dt.date):
             return value
         try:
@@ -207,6 +207,7 @@ def _bills(client, db: str, filters: dict[str, Any]) -> list[dict]:
     Money carries its `currency`."""
     from gpuledger.warehouse import bills as b
 
+    _limit(filters, {})  # the other reports' check: 0 is no row, a negative limit an error
     policy_of, policies = idle_policy_of(client, db, filters)
     shares = policies != {"none"}
     # Redistribution shares depend on every tenant billed that day, so the tenant filter is
@@ -248,7 +249,7 @@ def _bills(client, db: str, filters: dict[str, Any]) -> list[dict]:
         if status == "adjustment":
             head.update(corrects_day=corrects, reason=reason)
         rows.append(_bill_row(head, groups[key], row_currency.get(key) or currency_of(currencies, dv)))
-    _flag_priced_by_default(client, db, rows)
+    _flag_priced_by_default(client, db, rows, filters.get("queue"))
     for row in rows:  # carbon of the day's usage; none on adjustment rows (docs/carbon.md)
         kg = None if row["status"] == "adjustment" else carbon_of.get(
             (row["day"], row["cluster"], row["tenant"], row["definition_version"]))
@@ -262,7 +263,7 @@ def _bills(client, db: str, filters: dict[str, Any]) -> list[dict]:
         _redistribute_cluster_idle(client, db, billed, policy_of, units, filters.get("queue"))
     if filters.get("tenant") is not None:
         rows = [r for r in rows if r["tenant"] == filters["tenant"]]
-    return rows[: filters["limit"]] if filters.get("limit") else rows
+    return rows if filters.get("limit") is None else rows[: filters["limit"]]
 
 
 def _add_unit(units: dict, day, cluster: str, dv: str, tenant: str, queue: str, cost: int) -> None:
@@ -306,10 +307,10 @@ def _billed_units(client, db: str, filters: dict[str, Any]) -> dict[tuple, dict[
 def _redistribute_cluster_idle(client, db: str, rows: list[dict], policy_of: Callable[[str], str],
                                units: dict[tuple, dict[tuple[str, str], int]], queue: str | None) -> None:
     """Add each tenant's part of its cluster's idle (unallocated) cost of the day: equal parts per tenant
-    ('even') or in proportion to the tenant's cost that day ('usage'), each definition version's idle
-    as its own policy says (`policy_of`; 'none': no parts, the idle stays the platform's); the parts of
-    a cluster's day add up to its idle cost exactly. The idle of a cluster goes to the tenants billed on
-    that cluster only.
+    ('even') or in proportion to the tenant's cost that day ('usage'; evenly when none cost anything),
+    each definition version's idle as its own policy says (`policy_of`; 'none': no parts, the idle stays
+    the platform's); the parts of a cluster's day add up to its idle cost exactly. The idle of a cluster
+    goes to the tenants billed on that cluster only.
     The shares are worked out per tenant and queue over every tenant of the cluster's day (`units`),
     whatever the report filters, so that a report for one cluster or queue shows the same parts as the
     whole report and the per-queue reports add up to the cluster's idle: 'even' gives each tenant an
@@ -332,7 +333,9 @@ def _redistribute_cluster_idle(client, db: str, rows: list[dict], policy_of: Cal
             continue
         total = int(idle.get(key, 0))
         ordered = sorted(costs)
-        if policy == "even":
+        # 'usage' with nothing to weigh by (every tenant on a zero-priced model) shares evenly: the idle
+        # would otherwise go to nobody and the parts would not add up to it
+        if policy == "even" or not any(costs.values()):
             tenants = sorted({t for t, _ in ordered})
             for tenant, tenant_part in zip(tenants, split_integer(total, [1] * len(tenants))):
                 mine = [u for u in ordered if u[0] == tenant]
@@ -781,9 +784,14 @@ def _unmatched(client, db: str, filters: dict[str, Any]) -> list[dict]:
       `busy_floor_pct`, default 1 %): a job the scheduler does not know, or a missing event."""
     conds, params = _where(filters, sorted(REPORT_FILTERS["unmatched"]))
     where = _and(conds)
-    params["floor"] = float(filters.get("busy_floor_pct", DEFAULT_BUSY_FLOOR_PCT))
-    if not math.isfinite(params["floor"]):
-        raise ValueError(f"busy_floor_pct must be a number of percent, got {params['floor']!r}")
+    floor = filters.get("busy_floor_pct", DEFAULT_BUSY_FLOOR_PCT)
+    try:
+        params["floor"] = float(floor)
+    except (TypeError, ValueError):
+        params["floor"] = math.nan
+    # a floor below 0 counted every unallocated GPU that reports a utilization as busy
+    if not (math.isfinite(params["floor"]) and 0 <= params["floor"] <= 100):
+        raise ValueError(f"busy_floor_pct must be a number of percent from 0 to 100, got {floor!r}")
     # the default floor's own per-day aggregate (sql/0025, 100x fewer rows), else any whole-number
     # floor's (sql/0033: util_step > F exactly when util_pct > F), else the scan of the records
     aggregate = ((f"{db}.busy_unallocated_daily", "1") if params["floor"] == DEFAULT_BUSY_FLOOR_PCT else
@@ -968,16 +976,19 @@ def fetch(client, database: str, name: str, **filters) -> list[dict]:
     return _FETCHERS[name](client, quoted_database(database), filters)
 
 
-def _flag_priced_by_default(client, db: str, rows: list[dict]) -> None:
+def _flag_priced_by_default(client, db: str, rows: list[dict], queue: str | None = None) -> None:
     """priced_by_default_gpu_hours of each bill row (not adjustments): its GPU time of models priced
-    under the [unpriced] policy, from the usage aggregate (docs/accounting.md §4b), read for the rows' days."""
+    under the [unpriced] policy, from the usage aggregate (docs/accounting.md §4b), read for the rows' days
+    (and only the `queue` filter's queue, as the rows' money is)."""
     days = sorted({row["day"] for row in rows if row.get("status") != "adjustment"})
+    queue_cond = " AND queue = {queue:String}" if queue is not None else ""
     hours = {(r["day"], str(r["cluster"]), str(r["tenant"]), str(r["definition_version"])): r["h"] for r in _query(
         client, f"SELECT day, toString(cluster) AS cluster, toString(tenant) AS tenant, toString(definition_version) "
                 f"AS definition_version, sum(priced_by_default_gpu_ms) / 3600000 AS h FROM {db}.usage_by_job_daily "
                 "WHERE day IN {days:Array(Date)} AND priced_by_default_gpu_ms > 0 AND job_id != '' "
-                "AND state IN ('executing', 'allocated_idle') GROUP BY day, cluster, tenant, definition_version",
-        {"days": days})} if days else {}
+                f"AND state IN ('executing', 'allocated_idle'){queue_cond} "
+                "GROUP BY day, cluster, tenant, definition_version",
+        {"days": days, **({"queue": str(queue)} if queue is not None else {})})} if days else {}
     for row in rows:
         if row.get("status") != "adjustment":
             row["priced_by_default_gpu_hours"] = hours.get(

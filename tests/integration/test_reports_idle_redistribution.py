@@ -134,3 +134,17 @@ def test_each_definition_version_shares_its_idle_as_its_recorded_policy(tmp_path
                  "--format", "markdown", "--output", str(out)]) == 0
     text = out.read_text()  # shared, though the running ledger's policy is none
     assert "**Cluster idle cost (USD)**" in text and "cluster idle shared (each definition version's" in text
+
+
+def test_usage_shares_evenly_when_no_tenant_cost_anything(tmp_path):
+    """Tenants on a zero-priced model beside priced unallocated GPUs: 'usage' has no cost to weigh the
+    parts by, and the idle must still be shared in full (as 'even' would), not left with nobody."""
+    with migrated_warehouse(tmp_path, DB) as (c, _):
+        free = {"cost_micros": 0}
+        put_usage(c, DB, [
+            rec("c1", "g1", 10, "executing", "j1", "alpha", "qa").model_copy(update=free),
+            rec("c1", "g2", 10, "allocated_idle", "j2", "beta", "qa").model_copy(update=free),
+            rec("c1", "g3", 61, "unallocated"),                      # c1 idle 3660
+        ], 0)
+        assert idle_parts(c, idle_redistribution="usage") == {("c1", "alpha"): 1830, ("c1", "beta"): 1830}, \
+            "the cluster idle was shared with nobody: the parts do not add up to it"

@@ -131,3 +131,14 @@ def test_diff_amounts_books_exact_differences_only():
     assert bills.diff_amounts(now, now) == []
     # a record gone from the usage (expired, deleted) is written back out
     assert bills.diff_amounts(booked, {k1: [36_000_000, 1]}) == [(k2, [-5, -1])]
+
+
+def test_report_day_filters_take_the_utc_day_of_an_aware_datetime():
+    """Report days are UTC: 2 March 01:00 at UTC+5 is 1 March 20:00 UTC, so the filter is 1 March (its
+    local date selected the next day); a date, and a naive datetime, are taken as they are."""
+    from gpuledger.warehouse import reports
+
+    at_plus5 = dt.datetime(2024, 3, 2, 1, tzinfo=dt.timezone(dt.timedelta(hours=5)))
+    assert reports._where({"day_from": at_plus5}, ["day_from"])[1] == {"day_from": D}
+    assert reports._where({"day_to": dt.datetime(2024, 3, 1, 23)}, ["day_to"])[1] == {"day_to": D}
+    assert reports._where({"day_to": D}, ["day_to"])[1] == {"day_to": D}
