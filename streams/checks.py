@@ -8,7 +8,7 @@ they accept and reject by the same rules (docs/reliability.md, "Bad input").
   `clock_ahead_ms` ahead of that clock (a node's clock out of sync, docs/reliability.md), and a
   lifecycle event or watermark neither (`watermark_problem`: a promise about events still to come);
 - values that cannot be stored: integers outside their ClickHouse column's range (sql/*.sql),
-  floats that are not finite or absurdly large;
+  floats that are not finite or absurdly large (a lifecycle event's too: `event_values_problem`);
 - dead letters that fit their topic: an oversized original is cut, with its size and SHA-256 kept.
 
 No I/O and no clock here: every time is given by the caller.
@@ -138,6 +138,15 @@ def rows_problem(rows_by_table: dict[str, list[dict]]) -> str | None:
                 if problem:
                     return problem
     return None
+
+
+def event_values_problem(event) -> str | None:
+    """The first number of a lifecycle event (a JobEvent) that its `job_events` column cannot hold, or
+    None. Judged by the worker before the event is routed: the sink refuses such an event, and its
+    attempt in a usage record made the sink refuse the node's whole usage batch (every job's GPU
+    time of that window), after the worker had billed it."""
+    return rows_problem({"job_events": [{"attempt": event.attempt, "priority": event.priority,
+                                         "requested_gpus": event.requested_gpus}]})
 
 
 #: Room left under the topic's message size for the letter's own fields and Kafka's overhead.

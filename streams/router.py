@@ -16,6 +16,7 @@ from gpuledger.schemas.models import (
     JobEventKind,
     NodeWatermark,
 )
+from gpuledger.streams.checks import event_values_problem
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,9 @@ class AttemptRoute:
     gpus: list[GpuAssignment]
     #: event time of the attempt's allocation (0: routed from an older snapshot, unknown)
     since_ms: int = 0
+    #: the latest time a change of the attempt was sent at: its later changes never take effect
+    #: before it (`route`)
+    last_ms: int = 0
 
 
 @dataclass
@@ -81,13 +85,19 @@ class LifecycleRouter:
 
     def sequence_problem(self, event: JobEvent) -> str | None:
         """The reason an event is an impossible sequence (docs/reliability.md, "Bad input"), or None.
-        Rejected: an event that needs the attempt's GPUs (started, checkpoint, interrupted, preempted,
-        completed) for an attempt never allocated; an `allocated` at or after the attempt's end; a
-        terminal event before the attempt's allocation. `failed`/`cancelled` of an attempt never
-        allocated are legitimate (cancelled while queued, a rejected submit): no GPU effect. Call it
-        before `route`, for an event that is not a duplicate; a rejected event still marks the end of
-        its attempt (so its later `allocated` is rejected too)."""
+        Rejected first: a number its `job_events` column cannot hold (an attempt past UInt32, ...;
+        `event_values_problem`), which the sink would refuse after it was billed. Then: an event that
+        needs the attempt's GPUs (started, checkpoint, interrupted, preempted, completed) for an
+        attempt never allocated, or after its end; an `allocated` at or after the attempt's end, or
+        read after it, or before its current allocation (stale); a terminal event before the
+        attempt's allocation. `failed`/`cancelled` of an attempt never allocated are legitimate
+        (cancelled while queued, a rejected submit): no GPU effect. Call it before `route`, for an
+        event that is not a duplicate; a rejected event still marks the end of its attempt (so its
+        later `allocated` is rejected too)."""
         key, job, attempt, kind = self._key(event), event.job_id, event.attempt, event.kind
+        unstorable = event_values_problem(event)
+        if unstorable:  # judged first: such an event marks no end either
+            return unstorable
         attempts = self.routes.get(key, {})
         route = attempts.get(attempt)
         if kind == JobEventKind.allocated:
@@ -95,6 +105,17 @@ class LifecycleRouter:
             if end and end[0] == attempt and event.ts_ms >= end[1]:
                 return (f"impossible sequence: allocated of {job} attempt {attempt} at ts_ms={event.ts_ms} is at or "
                         f"after the attempt's end at ts_ms={end[1]}")
+            if end and end[0] == attempt and route is None:
+                # dated before the end, but the end was judged already (rejected, or accepted with no
+                # GPU effect): no end would ever release what this allocation holds
+                return (f"impossible sequence: allocated of {job} attempt {attempt} at ts_ms={event.ts_ms}, read after "
+                        f"the attempt's end at ts_ms={end[1]}: its GPUs would be held for ever")
+            if route is not None and event.ts_ms < route.since_ms:
+                # taken as current it would stand for the newer set: a node only the older one names
+                # would hear no release, and bill the attempt for ever
+                return (f"impossible sequence: allocated of {job} attempt {attempt} at ts_ms={event.ts_ms} is before "
+                        f"the attempt's current allocation at ts_ms={route.since_ms} (a stale allocation, read after "
+                        "the newer one)")
             return None
         end = self.ended.get(key)
         if kind in TERMINAL_KINDS and end and end[0] == attempt and route is None:
@@ -104,6 +125,9 @@ class LifecycleRouter:
             return None
         if kind in TERMINAL_KINDS:
             self._mark_ended(key, attempt, event.ts_ms)
+        if route is None and end and end[0] == attempt and event.ts_ms >= end[1]:
+            return (f"impossible sequence: {kind.value} of {job} attempt {attempt} at ts_ms={event.ts_ms}, after the "
+                    f"attempt's end at ts_ms={end[1]}")
         if route is None:
             return (f"impossible sequence: {kind.value} of {job} attempt {attempt}, which was never allocated"
                     + (f" (the job's allocated attempts: {', '.join(map(str, sorted(attempts)))})"
@@ -117,6 +141,9 @@ class LifecycleRouter:
         end = self.ended.get(key)
         if end is None or end[0] != attempt or ts_ms < end[1]:
             self.ended[key] = [attempt, ts_ms]
+        # seen, so that `prune` forgets it: the end of a rejected event is kept for a job the router
+        # may know nothing else of (its `allocated` lost), and stayed for ever
+        self.last_seen_ms[key] = max(self.last_seen_ms.get(key, 0), ts_ms)
 
     def route(self, event: JobEvent) -> list[AllocationChange]:
         key = self._key(event)
@@ -134,6 +161,14 @@ class LifecycleRouter:
         attempts = self.routes.setdefault(key, {})
         route = attempts.get(attempt)
         released: set[str] = set()
+        # The node join applies an attempt's changes in time order: one dated before a change already
+        # sent (an end before a `started` or `checkpoint_*`, a `started` before its `allocated`, read
+        # in that order) would come before it there, and the attempt held the GPU for ever after its
+        # end, or ran as idle. It takes effect at the later time.
+        at_ms = max(event.ts_ms, route.last_ms) if route is not None else event.ts_ms
+        if at_ms != event.ts_ms:
+            log.warning("lifecycle %s of %s attempt %s at ts_ms=%d is dated before a change of the attempt already "
+                        "routed: applied at ts_ms=%d", event.kind, job, attempt, event.ts_ms, at_ms)
         if event.kind == JobEventKind.allocated or (event.gpus and route is None):
             new = AttemptRoute(attempt, list(event.gpus), event.ts_ms)
             if route is not None:
@@ -147,6 +182,7 @@ class LifecycleRouter:
             log.warning("lifecycle %s for %s attempt %s without a known allocation: no GPU effect",
                         event.kind, job, attempt)
             return []
+        route.last_ms = at_ms
         if event.kind in TERMINAL_KINDS:
             del attempts[attempt]  # ended: its route is not needed any more (keeps the state bounded)
             if not attempts:
@@ -155,7 +191,7 @@ class LifecycleRouter:
         for gpu in route.gpus:
             by_node.setdefault(gpu.node, []).append(gpu)
         return [
-            AllocationChange(ts_ms=event.ts_ms, event_id=event.event_id, kind=event.kind, node=node,
+            AllocationChange(ts_ms=at_ms, event_id=event.event_id, kind=event.kind, node=node,
                              job_id=job, attempt=attempt, tenant=event.tenant,
                              queue=event.queue, gpus=gpus, cluster=event.cluster)
             for node, gpus in sorted(by_node.items())
@@ -190,7 +226,8 @@ class LifecycleRouter:
 
         for key, attempts in self.routes.items():  # job -> [route of each attempt not ended]
             of(key, "routes")[key[1]] = [{"attempt": r.attempt, "gpus": [g.model_dump(mode="json") for g in r.gpus],
-                                          "since_ms": r.since_ms} for _, r in sorted(attempts.items())]
+                                          "since_ms": r.since_ms, "last_ms": r.last_ms}
+                                         for _, r in sorted(attempts.items())]
         for key, v in self.ended.items():
             of(key, "ended")[key[1]] = list(v)
         for key, ids in self.seen_event_ids.items():
@@ -209,7 +246,8 @@ class LifecycleRouter:
             for job, rs in tables["routes"].items():
                 for r in ([rs] if isinstance(rs, dict) else rs):  # a dict: an older snapshot, one route per job
                     router.routes.setdefault((cluster, job), {})[r["attempt"]] = AttemptRoute(
-                        r["attempt"], [GpuAssignment.model_validate(g) for g in r["gpus"]], r.get("since_ms", 0))
+                        r["attempt"], [GpuAssignment.model_validate(g) for g in r["gpus"]], r.get("since_ms", 0),
+                        r.get("last_ms", r.get("since_ms", 0)))
             router.ended.update({(cluster, job): list(v) for job, v in tables.get("ended", {}).items()})
             router.seen_event_ids.update({(cluster, job): set(ids) for job, ids in tables["seen"].items()})
             router.last_seen_ms.update({(cluster, job): ts for job, ts in tables.get("last_seen_ms", {}).items()})

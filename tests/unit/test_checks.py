@@ -246,3 +246,60 @@ def test_a_restored_router_judges_and_forwards_the_same(crash_at):
     assert accepted(outs) == accepted(clean)
     assert set(verdicts(outs)) == set(verdicts(clean))  # a dead letter may come twice (at least once)
     assert len(accepted(clean)) == 4 and len(set(verdicts(clean))) == 5
+
+
+def test_an_event_with_a_value_its_column_cannot_hold_is_a_dead_letter_not_billed():
+    """An attempt past UInt32 (or a priority past Int32) passed the worker: it was billed, and the sink
+    refused the node's whole usage batch for it (the other jobs' GPU time of that window lost with
+    it) and the event itself. The worker judges by the sink's column ranges too (one set of rules)."""
+    c = core()
+    bad = [event("allocated", 0, 1, job="a", attempt=2**32, gpus=GPU),
+           event("allocated", 0, 1, job="p", gpus=GPU).model_copy(update={"priority": 2**31}),
+           event("allocated", 0, 1, job="r", gpus=GPU).model_copy(update={"requested_gpus": 1e300})]
+    for offset, e in enumerate(bad):
+        outs = c.on_lifecycle(0, offset, encode(e), now_ms=T0)
+        assert [o.topic for o in outs] == [TOPICS.dead_letters], e
+    reasons = [decode(DeadLetter, o.value).reason for o in c.on_lifecycle(0, 3, encode(bad[0]), now_ms=T0)]
+    assert reasons == ["value cannot be stored: job_events.attempt=4294967296 is outside [0, 4294967295]"]
+    assert c.routers[0].router.routes == {}
+    # the edges of the columns are fine
+    ok = event("allocated", 0, 1, job="edge", attempt=2**32 - 1, gpus=GPU).model_copy(update={"priority": -(2**31)})
+    assert TOPICS.lifecycle_accepted in [o.topic for o in c.on_lifecycle(0, 4, encode(ok), now_ms=T0)]
+
+
+def test_an_event_after_its_attempts_end_says_so():
+    # the attempt was allocated: "never allocated" sent the operator looking for a lost allocation
+    router = LifecycleRouter()
+    for e in (event("allocated", 0, 1, gpus=GPU), event("started", 1, 2), event("completed", 10, 3)):
+        router.route(e)
+    problem = router.sequence_problem(event("checkpoint_end", 12, 4))
+    assert problem == (f"impossible sequence: checkpoint_end of j1 attempt 0 at ts_ms={T0 + 12 * S}, after the "
+                       f"attempt's end at ts_ms={T0 + 10 * S}")
+    assert "never allocated" in router.sequence_problem(event("started", 12, 5, attempt=1))
+
+
+def test_the_end_remembered_from_a_rejected_event_is_forgotten_with_its_job():
+    # a `completed` of a job never allocated (its `allocated` dead-lettered, lost upstream): the end
+    # kept to judge a later `allocated` stayed in the router, and in every snapshot, for ever
+    router = LifecycleRouter()
+    assert "never allocated" in router.sequence_problem(event("completed", 10, 1, job="ghost"))
+    assert ("c", "ghost") in router.ended
+    assert router.prune(T0 + 5 * S) == 0  # still within the retention: kept to judge its `allocated`
+    assert router.prune(T0 + 11 * S) == 1
+    assert router.ended == {} and router.to_state()["by_cluster"] == {}
+
+
+@pytest.mark.parametrize("end", ["completed", "cancelled"])
+def test_an_allocation_read_after_its_attempts_end_is_rejected_whatever_its_time(end):
+    # `completed` at 30 s read before `allocated` at 20 s: the end was judged (rejected: never
+    # allocated; a `cancelled` accepted with no GPU effect), so the allocation, accepted, held its
+    # GPUs from 20 s for ever: no end would ever come for it
+    events = [event(end, 30, 1), event("allocated", 20, 2, gpus=GPU)]
+    router, outcomes = LifecycleRouter(), []
+    for e in events:
+        outcomes.append(router.sequence_problem(e))
+        if outcomes[-1] is None:
+            router.route(e)
+    assert outcomes[1] == (f"impossible sequence: allocated of j1 attempt 0 at ts_ms={T0 + 20 * S}, read after the "
+                           f"attempt's end at ts_ms={T0 + 30 * S}: its GPUs would be held for ever")
+    assert router.routes == {}

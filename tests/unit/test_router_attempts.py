@@ -95,7 +95,7 @@ def test_impossible_sequences_of_older_attempts_are_still_rejected():
     assert "before its allocation" in router.sequence_problem(event("completed", -5, 4, attempt=0))
     router.route(event("completed", 30, 5, attempt=0))
     assert "already ended" in router.sequence_problem(event("failed", 35, 6, attempt=0))
-    assert "never allocated" in router.sequence_problem(event("started", 36, 7, attempt=0))
+    assert "after the attempt's end" in router.sequence_problem(event("started", 36, 7, attempt=0))
 
 
 def test_per_attempt_routes_survive_a_snapshot_and_old_snapshots_load():
@@ -112,3 +112,50 @@ def test_per_attempt_routes_survive_a_snapshot_and_old_snapshots_load():
     assert loaded.routes[("", "j1")][1].gpus == [B] and loaded.routes[("", "j1")][1].since_ms == T0
     assert [c.node for c in loaded.route(event("completed", 50, 3, attempt=1))] == ["n2"]
     assert loaded.routes == {}
+
+
+@pytest.mark.parametrize("order", ["started then end", "checkpoint then end"])
+def test_an_end_dated_before_an_event_of_its_attempt_already_routed_still_releases_the_gpu(order):
+    # A producer whose clocks disagree (no agent of ours: they keep a job's events in time order).
+    # Routed at its own time the end came before the running event in the node join, which then held
+    # the GPU for the ended attempt for ever (80 of 100 s executing, the router thinking it ended).
+    # The end takes effect at the latest time already routed for its attempt.
+    running = event("started", 60, 2) if order == "started then end" else event("checkpoint_begin", 70, 2)
+    events = [event("allocated", 0, 1, gpus=[A])] + ([] if order == "started then end" else [event("started", 0, 4)])
+    out, rejected, router = run(events + [running, event("completed", 50, 3)], {"n1": ["A"]})
+    assert not rejected and router.routes == {}
+    held_until_s = running.ts_ms // S - T0 // S
+    assert out[("A", "unallocated", "", 0)] == (100 - held_until_s) * S  # released, not held for ever
+    assert sum(ms for (_, state, job, _), ms in out.items() if job == "j1") == held_until_s * S
+
+
+def test_a_running_event_dated_before_its_attempts_allocation_takes_effect_from_the_allocation():
+    # `started` at 5 s read after `allocated` at 10 s: at its own time the join applied it before the
+    # allocation (5 s executing on a GPU the job did not hold yet), and the allocation then set the
+    # attempt back to not running: its 40 s of work billed as idle.
+    events = [event("allocated", 10, 1, gpus=[A]), event("started", 5, 2), event("completed", 50, 3)]
+    out, rejected, _ = run(events, {"n1": ["A"]})
+    assert not rejected
+    assert out == {("A", "unallocated", "", 0): 60_000, ("A", "executing", "j1", 0): 40_000}
+
+
+def test_a_node_left_by_a_reallocation_dated_before_a_routed_event_is_released():
+    # n2 left at 30 s, read after the attempt's `started` at 40 s: the release must not come before
+    # the `started` that holds n2's GPU, or n2 is held for ever
+    events = [event("allocated", 0, 1, gpus=[A, B]), event("started", 40, 2),
+              event("allocated", 30, 3, gpus=[A]), event("completed", 60, 4)]
+    out, rejected, _ = run(events, {"n1": ["A"], "n2": ["B"]})
+    assert not rejected
+    assert out[("B", "unallocated", "", 0)] == 60_000 and out[("A", "unallocated", "", 0)] == 40_000
+
+
+def test_an_allocation_older_than_the_attempts_current_one_is_rejected_as_stale():
+    # the attempt's set of GPUs at 0 s (n1 and n2) read after its newer set at 30 s (n1 only): taken
+    # as the current one, it held n2's GPU for ever (no change after it ever named n2 again)
+    events = [event("allocated", 30, 1, gpus=[A]), event("allocated", 0, 2, gpus=[A, B]),
+              event("completed", 60, 3)]
+    out, rejected, router = run(events, {"n1": ["A"], "n2": ["B"]})
+    assert rejected == [f"impossible sequence: allocated of j1 attempt 0 at ts_ms={T0} is before the attempt's "
+                        f"current allocation at ts_ms={T0 + 30 * S} (a stale allocation, read after the newer one)"]
+    assert out[("B", "unallocated", "", 0)] == 100_000
+    assert out[("A", "allocated_idle", "j1", 0)] == 30_000 and router.routes == {}
