@@ -7,6 +7,7 @@ import csv
 import datetime as dt
 import io
 import math
+import unicodedata
 from typing import Any, Sequence
 import orjson
 
@@ -80,13 +81,35 @@ def _column_cells(column: list) -> tuple[list[str], bool]:
     return [_cell(v) for v in column], numeric
 
 
+def display_width(text: str) -> int:
+    """The terminal columns `text` takes: two for an East Asian wide or fullwidth character (a tenant
+    named in Chinese), none for a combining mark, one for the rest."""
+    if text.isascii():
+        return len(text)
+    return sum(0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1
+               for ch in text)
+
+
+def pad_right(text: str, width: int) -> str:
+    """`text` left-aligned in `width` terminal columns (str.ljust counts characters, not columns)."""
+    return text + " " * (width - display_width(text))
+
+
+def pad_left(text: str, width: int) -> str:
+    return " " * (width - display_width(text)) + text
+
+
 def _render_table(rows: Sequence[dict], cols: list[str], names: dict[str, str]) -> str:
     if not rows:
         return "(no rows)\n"
     cells, numeric = zip(*(_column_cells([row.get(c) for row in rows]) for c in cols))
     cols = [names.get(c, c) for c in cols]
-    widths = [max(len(c), *map(len, column)) for c, column in zip(cols, cells)]
-    justify = [str.rjust if num else str.ljust for num in numeric]
+    # a column of ASCII text (nearly all of them) is measured and padded by str's own methods
+    ascii_only = [all(map(str.isascii, column)) and c.isascii() for c, column in zip(cols, cells)]
+    widths = [max(len(c), *map(len, column)) if plain else max(map(display_width, (c, *column)))
+              for c, column, plain in zip(cols, cells, ascii_only)]
+    justify = [(str.rjust if num else str.ljust) if plain else (pad_left if num else pad_right)
+               for num, plain in zip(numeric, ascii_only)]
 
     def line(values: Sequence[str]) -> str:
         return "  ".join([pad(v, w) for v, w, pad in zip(values, widths, justify)]).rstrip()

@@ -77,3 +77,30 @@ def test_two_clusters_node001_are_two_nodes_and_cards_name_their_cluster(client)
     assert "| Cluster | GPU UUID | Node |" in pr.render_report(r, "markdown")
     assert re.search(r"^c2 +gpu-c2-1 +node001 ", pr.render_report(r, "table"), re.M)
     assert "<th>Cluster</th><th>GPU UUID</th><th>Node</th>" in pr.render_report(r, "html")
+
+
+def test_queues_are_per_cluster(client):
+    """A queue is (cluster, queue), as in the reclaim suggestions: two clusters' `q1` are two rows in
+    the per-queue sections, not one with both clusters' cards and GPU-hours added up."""
+    from gpuledger.schemas.models import JobEvent
+    from gpuledger.sink.rows import job_event_row
+
+    db = "periodic_inventory_queues"
+    warehouse.migrate(client, db)
+    # c1's q1: two cards at 5 % for 10 h; c2's q1: one card at 5 % for 10 h
+    records = [rec(f"gpu-{cl}-{i}", "A100", 5.0, f"j-{cl}", "q1", cluster=cl, node="node001")
+               for cl, n in (("c1", 2), ("c2", 1)) for i in range(n)]
+    warehouse.insert_rows(client, "usage_raw", usage_rows(UsageBatch(node="node001", records=records),
+                                                          Source("u", 0, 0)), database=db)
+    events = [JobEvent(event_id=f"{cl}-{kind}", ts_ms=T0 + minute * MIN, kind=kind, cluster=cl, job_id=f"j-{cl}",
+                       attempt=0, tenant="t1", queue="q1", priority=0, requested_gpus=float(n),
+                       gpus=[{"node": "node001", "gpu_uuid": f"gpu-{cl}-{i}", "share_milli": 1000} for i in range(n)])
+              for cl, n in (("c1", 2), ("c2", 1))
+              for kind, minute in (("submitted", 0), ("allocated", 0), ("started", 0), ("completed", 600))]
+    warehouse.insert_rows(client, "job_events", [job_event_row(e, Source("e", 0, i)) for i, e in enumerate(events)],
+                          database=db)
+    r = pr.build_report(client, db, "inventory", days=7)
+    assert [(q["cluster"], q["queue"], q["low_util_cards"], q["held_gpu_hours"])
+            for q in r.section("Queues holding the cards under 20%").rows] == [("c1", "q1", 2, 20.0), ("c2", "q1", 1, 10.0)]
+    assert [(q["cluster"], q["queue"], q["attempts"], q["executed_gpu_hours"])
+            for q in r.section("Requested vs used GPU-hours per queue").rows] == [("c1", "q1", 1, 20.0), ("c2", "q1", 1, 10.0)]

@@ -1,7 +1,9 @@
 """The periodic reports' command-line options and plots without a warehouse: a bad --as-of names the
 flag, an option the report does not take is refused (not silently dropped), monthly and weekly share
 the cluster idle as the ledger's [idle] policy says unless --idle-redistribution does, and names with
-matplotlib mathtext pairs ("$...$") are drawn as text, not parsed."""
+matplotlib mathtext pairs ("$...$") are drawn as text, not parsed; a bad count names its flag, and a
+period outside the days a ClickHouse Date holds (1970-01-01 .. 2149-06-06), or a --month that an
+--as-of contradicts, is refused before any query."""
 
 from __future__ import annotations
 
@@ -83,3 +85,35 @@ def test_an_unknown_currency_is_filled_from_every_row_of_the_period():
     assert [r["currency"] for r in fill_unknown_currency([dict(r) for r in kept])] == ["EUR", "EUR"]
     assert [r["currency"] for r in fill_unknown_currency([dict(r) for r in kept], {"EUR", "USD", ""})] == ["", "EUR"]
     assert [r["currency"] for r in fill_unknown_currency([{"currency": ""}], {"USD", ""})] == ["USD"]
+
+
+@pytest.mark.parametrize("name,opts,message", [
+    # before: OverflowError tracebacks (date arithmetic past year 1 or 9999)
+    ("inventory", {"days": 10**6, "as_of": "2026-11-02"}, "the 1,000,000-day period ending 2026-11-02 would start "
+                                                           "before 1970-01-01"),
+    ("weekly", {"as_of": "0001-01-03"}, "as_of (--as-of) must be a UTC day from 1970-01-01 to 2149-06-06, got '0001-01-03'"),
+    ("monthly", {"month": "9999-12"}, "month (--month) must be from 1970-01 to 2149-05, got '9999-12'"),
+    # before: read silently from other days (a ClickHouse Date clamps to 1970-01-01 .. 2149-06-06)
+    ("inventory", {"days": 30000, "as_of": "2026-11-02"}, "at most 20,760 days end on 2026-11-02"),
+    ("weekly", {"as_of": "2200-01-01"}, "as_of (--as-of) must be a UTC day from 1970-01-01 to 2149-06-06"),
+    ("weekly", {"as_of": "1970-01-03"}, "the 7-day period ending 1970-01-03 would start before 1970-01-01"),
+    ("monthly", {"month": "1969-12"}, "month (--month) must be from 1970-01 to 2149-05"),
+    ("monthly", {"month": "2026-1"}, "month (--month) must be YYYY-MM, got '2026-1'"),  # the flag named, as --as-of
+])
+def test_a_period_outside_the_warehouses_days_is_refused(name, opts, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        pr.build_report(None, "db", name, **opts)  # refused before any query
+
+
+def test_monthly_refuses_an_as_of_outside_its_month():
+    """--month and --as-of both name the month: one that contradicts the other is an error, not ignored."""
+    with pytest.raises(ValueError, match=re.escape("--as-of 2026-11-15 is not in --month 2026-10")):
+        pr.build_report(None, "db", "monthly", month="2026-10", as_of="2026-11-15")
+
+
+@pytest.mark.parametrize("name,opts,flag", [("inventory", {"days": 0}, "days (--days)"),
+                                            ("weekly", {"top": 0}, "top (--top)"), ("monthly", {"top": -1}, "top (--top)")])
+def test_a_bad_count_names_its_flag(name, opts, flag):
+    """As --cards, --anomalies and --stretches do: "top must be ..." did not say which option."""
+    with pytest.raises(ValueError, match=re.escape(f"{flag} must be a positive integer")):
+        pr.build_report(None, "db", name, **opts, as_of="2026-11-02")

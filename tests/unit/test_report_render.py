@@ -122,3 +122,24 @@ def test_every_kind_of_value_in_every_format():
         ["2026-01-03", "2026-01-03T00:00:00.250000", "", "2.5", "False", "[]", "-1e-05", "2026-01-01"]]
     # without utc_days the names stay
     assert list(json.loads(render(EDGE, "json"))[0]) == list(EDGE[0])
+
+
+def _cells_at(line: str, starts: list[int]) -> list[int]:
+    """The display column of each cell start in a rendered line (wide characters take two)."""
+    import unicodedata
+
+    cols, col = [], 0
+    for i, ch in enumerate(line):
+        if i in starts:
+            cols.append(col)
+        col += 0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1
+    return cols
+
+
+def test_wide_and_combining_characters_keep_the_table_aligned():
+    """Tenant names in Chinese (the seeds' users) take two terminal columns per character, a combining
+    accent none: the columns after them still start where the header's do."""
+    rows = [{"tenant": "算法组", "queue": "q1"}, {"tenant": "ascii", "queue": "q2"}, {"tenant": "cafe\u0301", "queue": "q3"}]
+    lines = render(rows, "table").splitlines()
+    queue_at = [_cells_at(line, [line.rindex("q")])[0] for line in (lines[0], *lines[2:])]
+    assert queue_at == [queue_at[0]] * 4, lines

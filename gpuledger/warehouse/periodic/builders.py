@@ -26,16 +26,21 @@ from gpuledger.warehouse import reports as base
 from gpuledger.warehouse.client import quoted_database
 from gpuledger.warehouse.periodic.model import Plot, Report, Section
 from gpuledger.warehouse.periodic.queries import (
+    FIRST_DAY,
+    LAST_DAY,
     LAYERS,
+    as_date,
     balance_score,
     coverage,
     currencies,
+    fill_unknown_currency,
     fleet_layers,
     followed_suggestions,
     largest_jobs,
     money_total,
     period_end,
     period_jobs,
+    period_start,
     positive_int,
     query,
     stragglers,
@@ -47,10 +52,10 @@ from gpuledger.warehouse.periodic.queries import (
 
 def inventory(client, database: str, *, days: int = 30, as_of: Any = None, low_util_pct: float = 20.0,
                top: int = 10, cards_listed: int = 50, currency: str = "") -> Report:
-    days, top = positive_int("days", days), positive_int("top", top)
+    days, top = positive_int("days (--days)", days), positive_int("top (--top)", top)
     cards_listed = positive_int("cards_listed (--cards)", cards_listed)
     end = period_end(client, database, as_of)
-    start = end - dt.timedelta(days=days - 1)
+    start = period_start(end, days)
     db = quoted_database(database)
     p = {"d0": start, "d1": end, "low": float(low_util_pct)}
     cards = query(client, f"""
@@ -81,26 +86,29 @@ def inventory(client, database: str, *, days: int = 30, as_of: Any = None, low_u
     unsampled = [{**c, "util_pct": None} for c in per_card if c["gpu_uuid"] in unknown]
     per_card = [c for c in per_card if c["gpu_uuid"] not in unknown]
     p["unknown"] = sorted(unknown)
+    # a queue is (cluster, queue), as the reclaim suggestions' (two clusters may both have a `gpu` partition)
     low_queues = query(client, f"""
-        SELECT queue, uniqExact(gpu_uuid) AS low_util_cards, sum(gpu_ms) / 3600000 AS held_gpu_hours
+        SELECT toString(cluster) AS cluster, queue, uniqExact(gpu_uuid) AS low_util_cards,
+               sum(gpu_ms) / 3600000 AS held_gpu_hours
         FROM {db}.usage_gpu_daily
         WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}} AND queue != '' AND gpu_uuid IN
             (SELECT gpu_uuid FROM {db}.usage_gpu_daily WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}} GROUP BY gpu_uuid
              HAVING coalesce(sumIf(util_weighted_gpu_ms, state = 'executing')
                     / nullIf(sumIf(gpu_ms, state != 'down'), 0), 0) < {{low:Float64}})
           AND gpu_uuid NOT IN {{unknown:Array(String)}}
-        GROUP BY queue ORDER BY held_gpu_hours DESC, queue""", p)
+        GROUP BY cluster, queue ORDER BY held_gpu_hours DESC, cluster, queue""", p)
     largest = largest_jobs(client, database, start, end, top, currency)
     queues = base.fetch(client, database, "queues", day_from=start, day_to=end)
-    req: dict[str, dict] = {}
+    req: dict[tuple[str, str], dict] = {}
     for r in queues:
-        q = req.setdefault(r["queue"], {"queue": r["queue"], "attempts": 0, "requested_gpu_hours": 0.0,
-                                        "allocated_gpu_hours": 0.0, "executed_gpu_hours": 0.0})
+        q = req.setdefault((r["cluster"], r["queue"]), {
+            "cluster": r["cluster"], "queue": r["queue"], "attempts": 0, "requested_gpu_hours": 0.0,
+            "allocated_gpu_hours": 0.0, "executed_gpu_hours": 0.0})
         q["attempts"] += r["attempts"]
         q["requested_gpu_hours"] += (r["requested_gpu_seconds"] or 0) / 3600
         q["allocated_gpu_hours"] += (r["allocated_gpu_seconds"] or 0) / 3600
         q["executed_gpu_hours"] += (r["executed_gpu_seconds"] or 0) / 3600
-    requested = sorted(req.values(), key=lambda r: r["queue"])
+    requested = [req[k] for k in sorted(req)]
     for q in requested:
         q["used_to_requested"] = q["executed_gpu_hours"] / q["requested_gpu_hours"] if q["requested_gpu_hours"] else None
         q["gap_gpu_hours"] = q["requested_gpu_hours"] - q["executed_gpu_hours"]
@@ -175,12 +183,16 @@ def _tenant_rows(tenants: list[dict]) -> list[dict]:
 def monthly(client, database: str, *, month: str | None = None, as_of: Any = None, top: int = 10,
             idle_redistribution: str | None = None, ledger_idle_redistribution: str = "none",
             currency: str = "") -> Report:
-    top = positive_int("top", top)
+    top = positive_int("top (--top)", top)
     if month:
         try:
             first = dt.date.fromisoformat(f"{month}-01")
         except ValueError:
-            raise ValueError(f"month must be YYYY-MM, got {month!r}") from None
+            raise ValueError(f"month (--month) must be YYYY-MM, got {month!r}") from None
+        if not FIRST_DAY <= first < LAST_DAY.replace(day=1):  # the months a ClickHouse Date holds whole
+            raise ValueError(f"month (--month) must be from {FIRST_DAY:%Y-%m} to 2149-05, got {month!r}")
+        if as_of is not None and as_date(as_of).replace(day=1) != first:  # two answers: neither is ignored
+            raise ValueError(f"--as-of {as_date(as_of)} is not in --month {month} (give one of them)")
     else:
         first = period_end(client, database, as_of).replace(day=1)
     last = (first.replace(day=28) + dt.timedelta(days=4)).replace(day=1) - dt.timedelta(days=1)
@@ -278,7 +290,9 @@ def anomalies(client, database: str, start: dt.date, end: dt.date, idle_share: f
         out.append({"kind": "Idle-heavy job", "cluster": r["cluster"], "subject": r["job_id"],
                     "detail": f"{r['tenant']}: {r['share']:.0%} of held GPU-time idle",
                     "gpu_hours": r["idle_gpu_hours"], "cost": None})
-    for r in stragglers(client, database, start=start, end=end):
+    # the furthest below their attempt's median first: the capped list keeps the worst, not the first job ids
+    for r in sorted(stragglers(client, database, start=start, end=end),
+                    key=lambda r: (r["util_pct"] / r["median_pct"], r["job_id"], r["cluster"], r["attempt"], r["gpu"])):
         out.append({"kind": "Straggler", "cluster": r["cluster"], "subject": r["job_id"],
                     "detail": f"attempt {r['attempt']}: {r['gpu']} at {r['util_pct']:.0f}% vs median {r['median_pct']:.0f}%",
                     "gpu_hours": None, "cost": None})
@@ -288,29 +302,33 @@ def anomalies(client, database: str, start: dt.date, end: dt.date, idle_share: f
 def weekly(client, database: str, *, as_of: Any = None, top: int = 10, idle_share: float = 0.3,
            followed_within_s: float = 3600.0, anomalies_per_kind: int = 20, idle_redistribution: str | None = None,
            ledger_idle_redistribution: str = "none", currency: str = "") -> Report:
-    top = positive_int("top", top)
+    top = positive_int("top (--top)", top)
     anomalies_per_kind = positive_int("anomalies_per_kind (--anomalies)", anomalies_per_kind)
     end = period_end(client, database, as_of)
-    start = end - dt.timedelta(days=6)
+    start = period_start(end, 7)
     # Reclaimed = idle GPU time avoided by following reclaim suggestions (docs/alerts.md, "Followed
     # suggestions"): a named job released its GPUs within followed_within_s; until the end of that
     # span (or of the week) it would have held gpus_freed x (1 - its execution rate) idle, each idle
     # GPU-hour at what its idle GPU-hours cost. Not a week-over-week difference of idle time.
     week_end_ms = int(dt.datetime.combine(end + dt.timedelta(days=1), dt.time(), dt.timezone.utc).timestamp() * 1000)
     reclaimed = []
+    named = base.definition_currencies(client, quoted_database(database), currency or None)
     for r in followed_suggestions(client, database, start, end, followed_within_s):
         until = min(r["suggested_ms"] + followed_within_s * 1000, week_end_ms)
         hours = r["gpus_freed"] * (1 - r["execution_rate"]) * max(0, until - r["released_ms"]) / 3_600_000
         when = lambda ms: dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M")  # noqa: E731
         reclaimed.append({"cluster": r["cluster"], "queue": r["queue"], "job_id": r["job_id"], "suggested_at": when(r["suggested_ms"]),
                           "released_at": when(r["released_ms"]), "gpus_freed": r["gpus_freed"],
-                          "reclaimed_gpu_hours": hours, "saved_cost": hours * r["idle_cost_per_gpu_hour"]})
+                          "reclaimed_gpu_hours": hours, "saved_cost": hours * r["idle_cost_per_gpu_hour"],
+                          "currency": base.currency_of(named, r["definition_version"])})
     tenants = tenant_costs(client, database, start, end, idle_redistribution=idle_redistribution,
                            ledger_idle_redistribution=ledger_idle_redistribution, currency=currency)
     for t in tenants:
         t["avoidable_cost"] = t["idle_cost"] + t["failed_retry_cost"]
+    # savings priced in two currencies are summed per currency (money_total), as the tenants' money is
+    fill_unknown_currency(reclaimed, {*currencies(tenants), *currencies(reclaimed)})
     savings = [
-        {"item": "idle avoided by following reclaim suggestions", "cost": total(reclaimed, "saved_cost")},
+        {"item": "idle avoided by following reclaim suggestions", "cost": money_total(reclaimed, "saved_cost")},
         {"item": "idle still allocated this week (reclaimable)", "cost": money_total(tenants, "idle_cost")},
         {"item": "failed-retry GPU time this week (avoidable)", "cost": money_total(tenants, "failed_retry_cost")},
     ]
@@ -322,7 +340,7 @@ def weekly(client, database: str, *, as_of: Any = None, top: int = 10, idle_shar
         "estimated_savings": savings[0]["cost"],
         "potential_savings": money_total(tenants, "avoidable_cost"),
     })
-    report.currencies = currencies(tenants)
+    report.currencies = sorted({*currencies(tenants), *currencies(reclaimed)})
     report.coverage = coverage(client, database, start, end)
     jobs, flagged = period_jobs(client, database, start, end, top, idle_share, currency)
     report.sections = [
@@ -332,7 +350,9 @@ def weekly(client, database: str, *, as_of: Any = None, top: int = 10, idle_shar
                 f"GPUs down, failed attempts, jobs idle more than {idle_share:.0%} of their held time, stragglers; "
                 f"the {anomalies_per_kind} largest of each kind, the rest summed"),
         Section(f"Top {top} costly jobs", jobs, _PERIOD_JOBS_NOTE, Plot("bar", "job_id", ["cost"])),
-        Section("Reclaimed on followed reclaim suggestions", reclaimed,
+        Section("Reclaimed on followed reclaim suggestions",  # each row's currency where the week has several
+                reclaimed if len(report.currencies) > 1 else [{k: v for k, v in r.items() if k != "currency"}
+                                                              for r in reclaimed],
                 f"jobs a suggestion named that released their GPUs within {followed_within_s / 60:g} min of it"),
         Section("Estimated savings", savings),
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections import Counter
 from typing import Sequence
 
 from gpuledger.warehouse.periodic.columns import axis_title, column
@@ -30,7 +31,11 @@ def svg_plot(rows: Sequence[dict], plot: Plot, currency: str = "", width_in: flo
     from matplotlib.ticker import MaxNLocator, PercentFormatter, StrMethodFormatter
 
     x_col = column(plot.x)
-    labels = [x_col.format(r.get(plot.x))[:_MAX_LABEL] for r in rows]
+    shown = [x_col.format(r.get(plot.x)) for r in rows]
+    # two clusters' q1 (or job 1001) are two bars: a name on several bars says its cluster
+    repeated = {n for n, count in Counter(shown).items() if count > 1}
+    labels = [(f"{r['cluster']}/{n}" if n in repeated and r.get("cluster") else n)[:_MAX_LABEL]
+              for n, r in zip(shown, rows)]
     values = [[_value(r, s) for r in rows] for s in plot.series]
     unit = column(plot.series[0]).unit
     if unit == "pct":  # percent values (0..100) drawn on the same axis as ratios

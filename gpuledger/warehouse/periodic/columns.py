@@ -87,6 +87,11 @@ class Column:
             return value.isoformat()
         if not isinstance(value, (int, float)):
             return str(value)
+        text = self._number(value)
+        # a sum that nets to zero (0.30 closed less 0.10 and 0.20 of adjustments: -5.6e-17) is 0.00, not -0.00
+        return text[1:] if text.startswith("-") and not any(d in text for d in "123456789") else text
+
+    def _number(self, value: int | float) -> str:
         if self.unit == "ratio":
             return f"{value * 100:.1f}%"
         if self.unit == "pct":

@@ -46,14 +46,17 @@ class Coverage:
         return 0 < self.hours < self.days * 24 * 0.95  # a few missing minutes at the edges are not a gap
 
     def text(self) -> str:
-        """"6 h of data in 30 days (2026-11-02 00:00 .. 06:00 UTC)"; "no data in 7 days"."""
+        """"6.0 h of data in 30 days (2026-11-02 00:00 .. 06:00 UTC)"; "45 min of data in 7 days (...)";
+        "no data in 7 days"."""
         span = f"{self.days} day" + ("s" if self.days != 1 else "")
         if not self.hours:
             return f"no data in {span}"
         first = dt.datetime.fromtimestamp(self.first_ms / 1000, dt.timezone.utc)
         last = dt.datetime.fromtimestamp(self.last_ms / 1000, dt.timezone.utc)
-        amount = (f"{self.hours:.1f} h" if self.hours < 10 else f"{self.hours:.0f} h" if self.hours < 72
-                  else f"{self.hours / 24:.1f} days")
+        # under an hour in minutes (or seconds): "0.0 h of data" would read as none
+        amount = (f"{self.hours * 3600:.0f} s" if self.hours < 1 / 60 else f"{self.hours * 60:.0f} min"
+                  if self.hours < 1 else f"{self.hours:.1f} h" if self.hours < 10 else f"{self.hours:.0f} h"
+                  if self.hours < 72 else f"{self.hours / 24:.1f} days")
         end = f"{last:%H:%M}" if last.date() == first.date() else f"{last:%Y-%m-%d %H:%M}"
         return f"{amount} of data in {span} ({first:%Y-%m-%d %H:%M} .. {end} UTC)"
 

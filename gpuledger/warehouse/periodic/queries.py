@@ -1,6 +1,9 @@
-"""The warehouse queries the periodic reports share: periods, tenant costs, top jobs, idle by queue,
+"""The warehouse queries the periodic reports share: periods, tenant costs, top jobs, reclaim savings,
 stragglers and the period's data coverage. Numbers come from the same views as `gpuledger report`
-(gpuledger.reports.fetch) and the dashboards (sql/0010_dashboards_tenant_access.sql), so the three agree."""
+(gpuledger.reports.fetch) and the dashboards (sql/0010_dashboards_tenant_access.sql), so the three agree.
+
+Why one file: every query here serves two or more of the reports (builders.py), and their periods'
+bounds (FIRST_DAY .. LAST_DAY) are checked where the periods are made."""
 
 from __future__ import annotations
 
@@ -18,15 +21,34 @@ def query(client, sql: str, params: dict | None = None) -> list[dict]:
     return list(client.query(sql, parameters=params or {}).named_results())
 
 
+#: the days a ClickHouse Date holds: a day outside reads as the nearest of them (clamped), so a period
+#: reaching outside is refused rather than reported from other days
+FIRST_DAY, LAST_DAY = dt.date(1970, 1, 1), dt.date(2149, 6, 6)
+
+
 def as_date(value: Any) -> dt.date:
     if isinstance(value, dt.datetime):
-        return value.date()
-    if isinstance(value, dt.date):
-        return value
-    try:
-        return dt.date.fromisoformat(str(value))
-    except ValueError:  # the flag named: a bare "day is out of range for month" says not which option
-        raise ValueError(f"as_of (--as-of) must be a UTC day YYYY-MM-DD, got {value!r}") from None
+        day = value.date()
+    elif isinstance(value, dt.date):
+        day = value
+    else:
+        try:
+            day = dt.date.fromisoformat(str(value))
+        except ValueError:  # the flag named: a bare "day is out of range for month" says not which option
+            raise ValueError(f"as_of (--as-of) must be a UTC day YYYY-MM-DD, got {value!r}") from None
+    if not FIRST_DAY <= day <= LAST_DAY:
+        raise ValueError(f"as_of (--as-of) must be a UTC day from {FIRST_DAY} to {LAST_DAY}, got {str(value)!r}")
+    return day
+
+
+def period_start(end: dt.date, days: int) -> dt.date:
+    """The first day of the `days` days ending on `end`; refused where it would be before FIRST_DAY
+    (a ClickHouse Date clamps it; far enough back, date arithmetic overflows)."""
+    most = (end - FIRST_DAY).days + 1
+    if days > most:
+        raise ValueError(f"the {days:,}-day period ending {end} would start before {FIRST_DAY}, the first day the "
+                         f"warehouse holds: at most {most:,} days end on {end}")
+    return end - dt.timedelta(days=days - 1)
 
 
 def last_day(client, database: str) -> dt.date | None:
@@ -76,8 +98,6 @@ def money_total(rows: Sequence[dict], key: str) -> float | str:
     if len(found) <= 1:
         return total(rows, key)
     return "; ".join(f"{total([r for r in rows if r['currency'] == c], key):,.2f} {c}" for c in found)
-
-
 
 
 def tenant_costs(client, database: str, start: dt.date, end: dt.date, *, idle_redistribution: str | None = None,
@@ -277,20 +297,12 @@ def unsampled_cards(client, database: str, cards: Sequence[str], start: dt.date,
     return set(cards) - sampled
 
 
-def idle_by_queue(client, database: str, start: dt.date, end: dt.date) -> dict[str, dict]:
-    db = quoted_database(database)
-    rows = query(client, f"""
-        SELECT queue, sum(idle_gpu_hours) AS idle_gpu_hours, sum(idle_cost) AS idle_cost
-        FROM {db}.idle_waste_daily WHERE day BETWEEN {{d0:Date}} AND {{d1:Date}} GROUP BY queue""",
-              {"d0": start, "d1": end})
-    return {r["queue"]: r for r in rows}
-
-
 def followed_suggestions(client, database: str, start: dt.date, end: dt.date, within_s: float) -> list[dict]:
     """Jobs released on a reclaim suggestion (docs/alerts.md, "Followed suggestions"): every job attempt
     a suggestion opened in [start, end] named that ended (completed, failed, preempted, cancelled)
     within `within_s` after it opened, with its cluster, its GPUs, its execution rate then, when it
-    ended, and what an idle GPU-hour of it cost (its idle cost / its idle GPU-hours, from usage). One row per released
+    ended, and what an idle GPU-hour of it cost (its idle cost / its idle GPU-hours, from usage, priced under
+    `definition_version`: the currency is that version's). One row per released
     attempt, from the latest suggestion that named it before it ended: a job named again by a later
     suggestion (the first withdrawn, then demand back) released its GPUs once."""
     db = quoted_database(database)
@@ -310,17 +322,19 @@ def followed_suggestions(client, database: str, start: dt.date, end: dt.date, wi
         ),
         idle AS (
             SELECT cluster, job_id, attempt, sumIf(cost_micros, state = 'allocated_idle') AS idle_cost_micros,
-                   sumIf(gpu_ms, state = 'allocated_idle') AS idle_gpu_ms
+                   sumIf(gpu_ms, state = 'allocated_idle') AS idle_gpu_ms,
+                   toString(anyIf(definition_version, state = 'allocated_idle')) AS idle_definition_version
             FROM {db}.usage_raw WHERE (cluster, job_id) IN (SELECT cluster, job_id FROM named)
             GROUP BY cluster, job_id, attempt
         )
-        SELECT cluster, queue, job_id, attempt, suggested_ms, released_ms, gpus_freed, execution_rate, idle_cost_per_gpu_hour
+        SELECT cluster, queue, job_id, attempt, suggested_ms, released_ms, gpus_freed, execution_rate, idle_cost_per_gpu_hour,
+               definition_version
         FROM (
             SELECT n.cluster AS cluster, n.queue AS queue, n.job_id AS job_id, n.attempt AS attempt,
                    n.opened_at_ms AS suggested_ms, e.end_ms AS released_ms, n.gpus_freed AS gpus_freed,
                    n.rate AS execution_rate,
                    if(ifNull(i.idle_gpu_ms, 0) = 0, 0, i.idle_cost_micros / 1e6 / (i.idle_gpu_ms / 3600000))
-                       AS idle_cost_per_gpu_hour
+                       AS idle_cost_per_gpu_hour, ifNull(i.idle_definition_version, '') AS definition_version
             FROM named AS n
             INNER JOIN ended AS e ON e.cluster = n.cluster AND e.job_id = n.job_id AND e.attempt = n.attempt
             LEFT JOIN idle AS i ON i.cluster = n.cluster AND i.job_id = n.job_id AND i.attempt = n.attempt

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from gpuledger.warehouse.periodic.charts import svg_plot
 from gpuledger.warehouse.periodic.columns import column
 from gpuledger.warehouse.periodic.model import Report
+from gpuledger.warehouse.report_text import display_width, pad_left, pad_right
 
 if TYPE_CHECKING:
     import jinja2
@@ -43,7 +44,8 @@ def summary(report: Report) -> list[tuple[str, str]]:
 
 def markdown_escape(text: str) -> str:
     """Names (tenants, jobs, queues) as literal text: Markdown's markup characters escaped."""
-    return re.sub(r"([\\`*_\[\]<>|#~])", r"\\\1", str(text)).replace("\n", " ")
+    # `&` too: "R&amp;D" would read as "R&D" (an entity), not as the name stored
+    return re.sub(r"([\\`*_\[\]<>|#~&])", r"\\\1", str(text)).replace("\n", " ")
 
 
 @cache
@@ -76,10 +78,11 @@ def _context(report: Report, plots: bool = False) -> dict:
 def _text_table(t: Table) -> str:
     if not t.rows:
         return "(no rows)"
-    widths = [max(len(h), *(len(r[i]) for r in t.rows)) for i, h in enumerate(t.headers)]
+    # in terminal columns: a tenant named in Chinese takes two per character
+    widths = [max(display_width(h), *(display_width(r[i]) for r in t.rows)) for i, h in enumerate(t.headers)]
 
     def line(cells: list[str]) -> str:
-        return "  ".join(c.rjust(w) if n else c.ljust(w) for c, w, n in zip(cells, widths, t.numeric)).rstrip()
+        return "  ".join(pad_left(c, w) if n else pad_right(c, w) for c, w, n in zip(cells, widths, t.numeric)).rstrip()
 
     return "\n".join([line(t.headers), "  ".join("-" * w for w in widths), *(line(r) for r in t.rows)])
 
