@@ -306,9 +306,13 @@ def forecast_report(client, database: str, **_opts):
         raise ValueError("no capacity forecast stored yet: run `gpuledger forecast run` first")
     weekly = _query(client, f"""
         SELECT toMonday(d) AS week, uniqExactIf(d, k = 'history') AS history_days,
-               uniqExactIf(d, k = 'forecast') AS forecast_days, sumIf(dem, k = 'history') AS history_gpu_hours,
-               sumIf(dem, k = 'forecast') AS forecast_gpu_hours, sumIf(lo, k = 'forecast') AS lower_gpu_hours,
-               sumIf(hi, k = 'forecast') AS upper_gpu_hours, sum(cap) AS capacity_gpu_hours
+               uniqExactIf(d, k = 'forecast') AS forecast_days,
+               -- none, not 0, in a week without such days: the chart's history line would drop to 0 under
+               -- the forecast, and the band's lines sit at 0 under the history
+               if(history_days = 0, NULL, sumIf(dem, k = 'history')) AS history_gpu_hours,
+               if(forecast_days = 0, NULL, sumIf(dem, k = 'forecast')) AS forecast_gpu_hours,
+               if(forecast_days = 0, NULL, sumIf(lo, k = 'forecast')) AS lower_gpu_hours,
+               if(forecast_days = 0, NULL, sumIf(hi, k = 'forecast')) AS upper_gpu_hours, sum(cap) AS capacity_gpu_hours
         FROM (SELECT day AS d, kind AS k, demand_gpu_hours AS dem, lower_gpu_hours AS lo, upper_gpu_hours AS hi,
                      capacity_gpu_hours AS cap
               FROM {db}.capacity_forecast_latest WHERE queue = '*' AND gpu_model != {{p:String}})

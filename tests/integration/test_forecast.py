@@ -117,6 +117,11 @@ def test_report_forecast_reads_the_latest_run(client):
                                                                           dt.date(2026, 10, 12))] == [(6, 0), (7, 0), (1, 6)]
     assert weeks[dt.date(2026, 10, 12)]["history_gpu_hours"] == pytest.approx(20.0)  # day 41 alone (8 + 12)
     assert "partial" in report.section("Weekly demand, all GPU models").note
+    # a week without forecast days has no forecast (not 0) and the other way round: the chart's lines
+    # broke to 0 there (the history line under the forecast, the band under the history)
+    history_week, forecast_week = weeks[dt.date(2026, 9, 7)], max(weeks.values(), key=lambda r: r["week"])
+    assert [history_week[k] for k in ("forecast_gpu_hours", "lower_gpu_hours", "upper_gpu_hours")] == [None] * 3
+    assert forecast_week["history_gpu_hours"] is None and forecast_week["forecast_gpu_hours"] > 0
 
 
 # --------------------------------------------------------------------------- complete days, each record once

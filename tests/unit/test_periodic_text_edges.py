@@ -72,6 +72,20 @@ def test_plot_bars_of_two_clusters_same_name_say_their_cluster():
     assert ">q1<" in one and "c1/" not in one
 
 
+def test_a_line_has_a_gap_where_a_row_has_no_value():
+    """A missing value on a line plot (the forecast's history under its forecast weeks) is a gap, not
+    a point at 0: the plot of [1, none, 3] was the plot of [1, 0, 3]."""
+    from gpuledger.warehouse.periodic.charts import svg_plot
+    from gpuledger.warehouse.periodic.model import Plot
+
+    def plot(middle):
+        rows = [{"day": f"2026-09-0{i + 1}", "demand_gpu_hours": v} for i, v in enumerate([1.0, middle, 3.0])]
+        return svg_plot(rows, Plot("line", "day", ["demand_gpu_hours"]))
+
+    assert plot(None) != plot(0.0)
+    assert "<svg" in plot(None)
+
+
 def test_weekly_lists_the_worst_stragglers_first(monkeypatch):
     """The weekly anomalies keep "the N largest of each kind": for stragglers the GPUs furthest below
     their attempt's median, not the first job ids in alphabetical order (a fake warehouse: pure logic)."""

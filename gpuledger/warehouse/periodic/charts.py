@@ -14,9 +14,10 @@ from gpuledger.warehouse.periodic.model import Plot
 _MAX_LABEL = 24  # characters of an x tick label; job ids and GPU names can be long
 
 
-def _value(row: dict, key: str) -> float:
+def _value(row: dict, key: str, missing: float = 0.0) -> float:
+    """The number to draw; `missing` where the row has none (a line breaks at NaN, a bar is 0)."""
     v = row.get(key)
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else 0.0
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else missing
 
 
 def svg_plot(rows: Sequence[dict], plot: Plot, currency: str = "", width_in: float = 9.0,
@@ -36,7 +37,8 @@ def svg_plot(rows: Sequence[dict], plot: Plot, currency: str = "", width_in: flo
     repeated = {n for n, count in Counter(shown).items() if count > 1}
     labels = [(f"{r['cluster']}/{n}" if n in repeated and r.get("cluster") else n)[:_MAX_LABEL]
               for n, r in zip(shown, rows)]
-    values = [[_value(r, s) for r in rows] for s in plot.series]
+    missing = math.nan if plot.kind == "line" else 0.0  # a line with no value there has a gap, not a drop to 0
+    values = [[_value(r, s, missing) for r in rows] for s in plot.series]
     unit = column(plot.series[0]).unit
     if unit == "pct":  # percent values (0..100) drawn on the same axis as ratios
         values = [[v / 100 for v in vs] for vs in values]
@@ -66,7 +68,7 @@ def svg_plot(rows: Sequence[dict], plot: Plot, currency: str = "", width_in: flo
         ax.set_ylabel(axis_title(plot.series, currency))
         ax.yaxis.set_major_locator(MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))
         if unit in ("ratio", "pct"):
-            ax.set_ylim(0, max(1.0, max(max(vs) for vs in values) * 1.05))
+            ax.set_ylim(0, max(1.0, max((v for vs in values for v in vs if not math.isnan(v)), default=0.0) * 1.05))
             ax.yaxis.set_major_formatter(PercentFormatter(xmax=1, decimals=0))
         else:
             ax.set_ylim(bottom=0)
