@@ -1,5 +1,8 @@
 """Capacity forecast (issue #15 point 3; docs/planning.md, "Capacity forecast").
 
+Why one file: reading the demand history, fitting it and the forecast report share one series shape
+(model, queue) -> day -> GPU-hours and the same constants; split, each part would import the others.
+
 Demand is GPU-hours per day: allocated (usage records in executing or allocated_idle, each record id
 once) plus pending (the scheduler snapshots' pending GPUs x the time to the queue's next snapshot, at
 most SNAPSHOT_GAP_CAP_S). Allocated demand is known by GPU model and queue; pending demand only by queue
@@ -307,8 +310,7 @@ def forecast_report(client, database: str, **_opts):
     weekly = _query(client, f"""
         SELECT toMonday(d) AS week, uniqExactIf(d, k = 'history') AS history_days,
                uniqExactIf(d, k = 'forecast') AS forecast_days,
-               -- none, not 0, in a week without such days: the chart's history line would drop to 0 under
-               -- the forecast, and the band's lines sit at 0 under the history
+               -- none, not 0, in a week without such days (a line plot would drop to 0 there)
                if(history_days = 0, NULL, sumIf(dem, k = 'history')) AS history_gpu_hours,
                if(forecast_days = 0, NULL, sumIf(dem, k = 'forecast')) AS forecast_gpu_hours,
                if(forecast_days = 0, NULL, sumIf(lo, k = 'forecast')) AS lower_gpu_hours,
