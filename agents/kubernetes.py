@@ -181,11 +181,19 @@ def conditions(status: dict) -> dict[str, dict]:
     return {c.get("type"): c for c in _list(status.get("conditions"), "status.conditions") if isinstance(c, dict)}
 
 
+def sidecars(pod_spec: dict) -> list[dict]:
+    """The pod's sidecars: init containers with `restartPolicy: Always`, which run beside its
+    containers for the pod's whole life (their GPUs are held as long; the kubelet's PodResources
+    lists them). Plain init containers run before, and are not counted."""
+    return [c for c in _list(pod_spec.get("initContainers"), "spec.initContainers")
+            if isinstance(c, dict) and c.get("restartPolicy") == "Always"]
+
+
 def requested_gpus(pod_spec: dict, mapping: KubernetesMapping) -> float:
-    """GPUs the pod asks for: its containers' GPU limits (requests when no limit; extended
-    resources must have equal requests and limits anyway)."""
+    """GPUs the pod asks for: its containers' and sidecars' GPU limits (requests when no limit;
+    extended resources must have equal requests and limits anyway)."""
     total = 0.0
-    for c in _list(pod_spec.get("containers"), "spec.containers"):
+    for c in _list(pod_spec.get("containers"), "spec.containers") + sidecars(pod_spec):
         res = _dict(_dict(c, "container").get("resources"), "resources")
         asked = {**_dict(res.get("requests"), "requests"), **_dict(res.get("limits"), "limits")}
         for name, value in asked.items():
@@ -557,8 +565,13 @@ class KubernetesLedger:
             self._emit(out, job, K.queued, parse_time_ms(scheduled.get("lastTransitionTime")) or created,
                        reason=why or None)
         node = spec.get("nodeName")
+        # a sidecar's status is among the init containers': after the containers', so that a failure
+        # reason is the containers' own (a sidecar is stopped, exit code 143, when they are done)
+        sidecar_names = {c.get("name") for c in sidecars(spec)}
         statuses = [s for s in _list(status.get("containerStatuses"), "status.containerStatuses")
-                    if isinstance(s, dict)]
+                    if isinstance(s, dict)] + [
+                    s for s in _list(status.get("initContainerStatuses"), "status.initContainerStatuses")
+                    if isinstance(s, dict) and s.get("name") in sidecar_names]
         if not track.allocated and node:
             track.node = node
             track.scheduled_ms = (parse_time_ms(scheduled.get("lastTransitionTime"))
@@ -585,6 +598,15 @@ class KubernetesLedger:
             track.allocated, track.waiting_since_ms, track.gpus = True, None, gpus
             self._waiting.pop(track.uid, None)
             self._reallocate(out, job, track.scheduled_ms)
+        elif track.allocated and not track.gpus and track.node and self.mapping.devices_expected and not terminal:
+            # sent without GPUs when the wait ran out (the node's reporter away): each later update
+            # looks again, and the GPUs found are billed from the earliest time the ledger still takes
+            devices = devices_for(track.node, track.namespace, track.name, status.get("hostIP"))
+            if devices is not None and any(devices.values()):
+                track.gpus = self._assignments(track, track.node, devices, statuses)
+                log.warning("device ids for pod %s/%s on %s found after the wait: its GPUs are billed from now on",
+                            track.namespace, track.name, track.node)
+                self._reallocate(out, job, track.scheduled_ms or created)
         if not track.allocated:
             if terminal:
                 self._end_pod(out, track, job, pod, meta, status, conds, statuses, now_ms, deleted)

@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import fcntl
+import hashlib
 import json
 import logging
 import os
 import queue
+import re
 import signal
 import sys
 import threading
@@ -121,25 +124,64 @@ class SpooledRoutes:
         return self.spooling.close(timeout)
 
 
+class DirectPublisher:
+    """Straight to Kafka, without the spool (GPULEDGER_AGENT_SPOOL_MAX_BYTES=0). A message the producer
+    refuses for its size (over `message.max.bytes`, e.g. the allocation of a JobSet of thousands of
+    pods) can never be sent: it is dropped, logged at ERROR with its topic, key and size, and counted
+    in `unsendable`, as the spool's forwarder does, instead of stopping the agent. A broker's refusal
+    comes later in a delivery report, which KafkaPublisher logs and counts in `failed`."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        self.unsendable = 0
+
+    def publish(self, topic: str, key: str | bytes | None, value: bytes, partition: int | None = None) -> None:
+        from gpuledger.agents.publisher import is_too_large
+
+        try:
+            self.inner.publish(topic, key, value, partition=partition)
+        except Exception as exc:
+            if not is_too_large(exc):
+                raise
+            self.unsendable += 1
+            log.error("dropped a message to %s (key %r, %d bytes): larger than the producer's message limit "
+                      "(%s); %d dropped so far", topic, key, len(value), exc, self.unsendable)
+
+    def __getattr__(self, name: str) -> Any:  # poll, flush, close, produced, failed
+        return getattr(self.inner, name)
+
+
 def spool_name(cluster: str) -> str:
-    """One spool per cluster, as the state file: two clusters' agents may share a data volume."""
-    return f"{SPOOL_NAME}-{cluster}"
+    """One spool per cluster, as the state file: two clusters' agents may share a data volume. The
+    spool's directory keeps only the characters [A-Za-z0-9._-] of its name (gpu_agent.spool_dir), so
+    a cluster name with others also carries a digest of itself: 'a b' and 'a_b' spool apart."""
+    if re.fullmatch(r"[A-Za-z0-9._-]+", cluster):
+        return f"{SPOOL_NAME}-{cluster}"
+    digest = hashlib.blake2b(cluster.encode(), digest_size=4).hexdigest()
+    return f"{SPOOL_NAME}-{re.sub(r'[^A-Za-z0-9._-]', '_', cluster)}-{digest}"
 
 
 def adopt_shared_spool(settings: Any, cluster: str) -> None:
-    """Agents before 2026-12-06 spooled every cluster into DATA_DIR/spool/kubernetes-agent, so a second
-    cluster's agent on the same volume was refused. Its records name their own topics and keys, so the
-    first agent to start takes it over whole (one rename) and sends what is left in it."""
+    """Spools of earlier versions the cluster's agent takes over whole (one rename) and sends what is
+    left in: agents before 2026-12-06 spooled every cluster into DATA_DIR/spool/kubernetes-agent (a
+    second cluster's agent on the same volume was refused), and those before `spool_name`'s digest
+    spooled a cluster named with other characters than [A-Za-z0-9._-] into the directory of its name
+    with those as '_'. Their records name their own topics and keys, so any agent may send them; one
+    in use (another agent holds its lock) is left alone."""
     from gpuledger.agents.gpu_agent import spool_dir
 
-    shared, own = spool_dir(settings, SPOOL_NAME), spool_dir(settings, spool_name(cluster))
-    if shared.is_dir() and not own.exists():
+    own = spool_dir(settings, spool_name(cluster))
+    for earlier in (spool_dir(settings, f"{SPOOL_NAME}-{cluster}"), spool_dir(settings, SPOOL_NAME)):
+        if earlier == own or not earlier.is_dir() or own.exists():
+            continue
         try:
-            os.rename(shared, own)
-        except OSError as exc:  # another agent took it first, or the volume refuses: it waits there
-            log.warning("could not take over the shared spool %s: %s", shared, exc)
+            with open(earlier / "lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)   # released when closed, after the rename
+                os.rename(earlier, own)
+        except OSError as exc:  # another agent holds it or took it first, or the volume refuses: it waits there
+            log.warning("could not take over the spool %s: %s", earlier, exc)
         else:
-            log.warning("took over the spool %s of an earlier version as %s", shared, own)
+            log.warning("took over the spool %s of an earlier version as %s", earlier, own)
 
 
 def open_publisher(settings: Any, cluster: str, metrics: Any = None) -> Any:
@@ -150,7 +192,7 @@ def open_publisher(settings: Any, cluster: str, metrics: Any = None) -> Any:
     from gpuledger.agents.publisher import SPOOL_PRODUCER_OVERRIDES, KafkaPublisher
 
     if settings.agent_spool_max_bytes <= 0:
-        return KafkaPublisher(settings)
+        return DirectPublisher(KafkaPublisher(settings))
     adopt_shared_spool(settings, cluster)
     spooling = open_spooled_publisher(
         settings, spool_name(cluster), topic=SPOOL_TOPIC, metrics=metrics,
@@ -768,7 +810,8 @@ def build_parser(settings: Any) -> argparse.ArgumentParser:
     p.add_argument("--no-kueue", dest="kueue", action="store_false", default=settings.kubernetes_kueue,
                    help="do not read Kueue objects (queues come from the pods' labels)")
     p.add_argument("--state-file", type=Path, default=settings.kubernetes_state_file,
-                   help="the agent's state (default DATA_DIR/kubernetes-agent-<cluster>.json)")
+                   help="the agent's state (default DATA_DIR/kubernetes-agent-<cluster>.json; "
+                        "with --print only when given)")
     p.add_argument("--print", dest="print_", action="store_true", help="write messages to stdout instead of Kafka")
     p.add_argument("--metrics-port", type=int, default=settings.agent_metrics_port,
                    help="port of the agent's Prometheus /metrics (default GPULEDGER_AGENT_METRICS_PORT; 0: off)")
@@ -786,6 +829,21 @@ def mapping_from(settings: Any, cluster: str, devices_expected: bool) -> Kuberne
         container_ids=settings.kubernetes_container_ids)
 
 
+def default_state_path(settings: Any, cluster: str) -> Path:
+    """DATA_DIR/<spool_name(cluster)>.json: a cluster named with other characters than [A-Za-z0-9._-]
+    gets the spool's digest too (a name of 80 CJK characters is 240 bytes, and with '.journal' over
+    a file system's 255). The file earlier versions named with the raw cluster name is still used
+    while no file of the new name exists."""
+    path = Path(settings.data_dir) / f"{spool_name(cluster)}.json"
+    earlier = Path(settings.data_dir) / f"kubernetes-agent-{cluster}.json"
+    try:
+        if earlier != path and earlier.exists() and not path.exists():
+            return earlier
+    except OSError:  # a raw name too long for the file system: no such file
+        pass
+    return path
+
+
 class _StdoutPublisher:
     def publish(self, topic: str, key: Any, value: bytes, partition: int | None = None) -> None:
         if partition not in (None, 0):
@@ -798,12 +856,22 @@ class _StdoutPublisher:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from gpuledger.config import load_settings
+    from gpuledger.config import check_cluster_name, check_device_endpoint, load_settings
 
     settings = load_settings()
     args = build_parser(settings).parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # the flags are held to the rules of the settings they stand for: the cluster names every message,
+    # the state file and the spool (a '/' would put them outside the data dir), and a device endpoint
+    # the agent cannot fill fails at every lookup, silently sending every pod without GPUs
+    for flag, value, rule in (("--cluster", args.cluster, check_cluster_name),
+                              ("--device-endpoint", args.device_endpoint, check_device_endpoint)):
+        try:
+            rule(value)
+        except ValueError as exc:
+            print(f"kubernetes agent: {flag} {exc}", file=sys.stderr)
+            return 2
     devices_expected = not args.no_devices
     mapping = mapping_from(settings, args.cluster, devices_expected)
     local = None
@@ -835,10 +903,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if local is not None and not args.node:
         print("kubernetes agent: --pod-resources-socket needs --node (or $NODE_NAME)", file=sys.stderr)
         return 2
-    state_path = args.state_file or Path(settings.data_dir) / f"kubernetes-agent-{args.cluster}.json"
+    # a look with --print keeps no state unless given one: the default file is the publishing agent's
+    state_path = args.state_file or (None if args.print_ else default_state_path(settings, args.cluster))
     try:
-        core = KubernetesLedger(mapping, load_state(state_path))
-    except (ValueError, KeyError, TypeError) as exc:
+        core = KubernetesLedger(mapping, load_state(state_path) if state_path is not None else None)
+    except (ValueError, KeyError, TypeError, OSError) as exc:  # OSError: a directory, no permission
         print(f"kubernetes agent: unreadable state file {state_path}: {exc}", file=sys.stderr)
         return 2
     from gpuledger.metrics import SCHEDULER_AGENTS, serve_scheduler_agent_metrics

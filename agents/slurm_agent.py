@@ -372,13 +372,17 @@ def build_parser(settings: Any) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from gpuledger.config import load_settings
+    from gpuledger.config import check_cluster_name, load_settings
 
     settings = load_settings()
     p = build_parser(settings)
     args = p.parse_args(argv)
     if args.interval <= 0 or args.command_timeout <= 0:
         p.error("--interval and --command-timeout must be positive")
+    try:  # GPULEDGER_CLUSTER's rule: every event carries the name, and the state file and spool are named by it
+        check_cluster_name(args.cluster)
+    except ValueError as exc:
+        p.error(f"--cluster {exc}")
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     state_file = args.state_file or default_state_file(settings, args.cluster)

@@ -132,7 +132,7 @@ class Settings(BaseSettings):
     kubernetes_watch_timeout_s: float = Field(30.0, gt=0, description="length of one watch request, seconds")
     kubernetes_list_page_size: int = Field(500, ge=1, description="objects per page of the agent's lists (the API server's limit/continue)")
     kubernetes_snapshot_interval_s: float = Field(30.0, gt=0, description="seconds between scheduler snapshots")
-    kubernetes_state_file: Path | None = Field(None, description="the agent's state file (default: DATA_DIR/kubernetes-agent-<cluster>.json)")
+    kubernetes_state_file: Path | None = Field(None, description="the agent's state file (default: DATA_DIR/kubernetes-agent-<cluster>.json; a cluster named with characters other than A-Z a-z 0-9 . _ -: those as _ plus 8 hex digits of the name)")
 
     @field_validator(*OPTIONAL_FIELDS, mode="before")
     @classmethod
@@ -302,3 +302,14 @@ class Settings(BaseSettings):
 
 def load_settings(**overrides) -> Settings:
     return Settings(**overrides)
+
+
+def check_cluster_name(value: str) -> str:
+    """An agent's `--cluster`, held to GPULEDGER_CLUSTER's rule: the name, or ValueError saying why.
+    It names every message, state file and spool (a '/' would put them outside the data dir)."""
+    return Settings._cluster_name(value)
+
+
+def check_device_endpoint(value: str | None) -> str | None:
+    """An agent's `--device-endpoint`, held to GPULEDGER_KUBERNETES_DEVICE_ENDPOINT's rule."""
+    return Settings._device_endpoint_template(value)

@@ -19,7 +19,7 @@ from gpuledger.schemas.models import JobEventKind as K
 from gpuledger.schemas.wire import encode
 from gpuledger.streams.core import WorkerCore
 from gpuledger.streams.topic_names import TopicNames
-from kube.objects import at_time, gpu_pod, kinds, local_queue, ms, workload
+from kube.objects import at, at_time, gpu_pod, kinds, local_queue, ms, workload
 
 UUID = "GPU-8d0e2fb4-1c4a-4d0d-9c8e-6f3f2a1b0c11"
 MIG = "MIG-1a2b3c4d-0000-5555-aaaa-0123456789ab"
@@ -103,6 +103,26 @@ def test_a_pod_listed_without_device_ids_gives_up_after_the_wait(caplog):
         late = core.observe_pod(gpu_pod(stage="scheduled"), NOW + 60_000, listed)
     assert kinds(late) == ["allocated"] and late[0].gpus == [] and core.waiting_pods() == []
     assert "no device ids for pod default/train-0" in caplog.text
+
+
+def test_device_ids_found_after_the_wait_are_sent_with_the_pods_next_update():
+    """The node's reporter was away for longer than the wait (restarted, or the node's network): the
+    pod went out without GPUs. Before, its later updates (its container starting, a relist after the
+    agent's restart) never looked again, so all its GPU time, for hours, was billed to nobody."""
+    core = ledger(device_wait_ms=60_000)
+    unreachable = devices({})
+    core.observe_pod(gpu_pod(stage="scheduled"), NOW, unreachable)
+    assert core.observe_pod(gpu_pod(stage="scheduled"), NOW + 60_000, unreachable)[0].gpus == []
+    core.watermark(NOW + 70_000)
+    back = devices({("kube-worker-1", "default", "train-0"): {"nginx": [UUID]}})
+    events = core.observe_pod(gpu_pod(stage="running", started=100), NOW + 100_000, back)
+    assert kinds(events) == ["allocated", "started"]
+    assert [g.gpu_uuid for g in events[0].gpus] == [UUID] and events[0].gpus[0].container_id
+    assert events[0].ts_ms == core.watermark_ms      # the earliest time the ledger still takes
+    # found once: later updates change nothing, and a pod that has ended is not looked up again
+    assert core.observe_pod(gpu_pod(stage="running", started=100), NOW + 110_000, back) == []
+    ended = core.observe_pod(gpu_pod(stage="succeeded", started=100, finished=200), NOW + 200_000, back)
+    assert kinds(ended) == ["completed"]
 
 
 # --------------------------------------------------------------------------- malformed part-way
@@ -241,3 +261,33 @@ def test_the_agent_sends_the_cancel_of_a_workload_deleted_in_the_queue():
     agent.dirty = False
     assert kinds(agent._apply("workload", "DELETED", workload(status="pending"))) == ["cancelled"]
     assert agent.dirty and agent.skipped == 0                   # the state that ended the attempt is saved
+
+
+# --------------------------------------------------------------------------- sidecar holding a GPU
+def with_gpu_sidecar(pod: dict, *, started: int = 3) -> dict:
+    """The pod with its GPU moved to a sidecar: an init container with `restartPolicy: Always` (the
+    Pod API's sidecar, Kubernetes 1.29+), which runs beside the main containers for the pod's life
+    and whose status is in `initContainerStatuses`. The kubelet's PodResources lists its devices."""
+    main = pod["spec"]["containers"][0]["resources"]
+    for part in ("limits", "requests"):
+        main[part].pop("nvidia.com/gpu")
+    pod["spec"]["initContainers"] = [{"name": "gpu-sidecar", "image": "nginx", "restartPolicy": "Always",
+                                      "resources": {"limits": {"nvidia.com/gpu": "1"},
+                                                    "requests": {"nvidia.com/gpu": "1"}}}]
+    pod["status"]["initContainerStatuses"] = [{
+        "name": "gpu-sidecar", "image": "nginx", "imageID": "", "ready": True, "restartCount": 0, "started": True,
+        "containerID": "containerd://51decafe", "state": {"running": {"startedAt": at(started)}}}]
+    return pod
+
+
+def test_a_gpu_held_by_a_sidecar_container_is_billed():
+    # before: the pod asked for no GPU as far as the agent saw (spec.containers only), so it was
+    # ignored: its GPU time billed to nobody
+    core = ledger()
+    table = devices({("kube-worker-1", "default", "train-0"): {"gpu-sidecar": [UUID]}})
+    events = core.observe_pod(with_gpu_sidecar(gpu_pod(stage="running")), NOW, table)
+    assert kinds(events) == ["submitted", "allocated", "started"]
+    assert events[0].requested_gpus == 1
+    (gpu,) = events[1].gpus
+    assert gpu.gpu_uuid == UUID and gpu.container_id == "51decafe"   # matched to the sidecar's processes
+    assert events[2].ts_ms == ms(3)                                    # the sidecar started first

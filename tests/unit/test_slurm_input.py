@@ -159,3 +159,15 @@ def test_a_job_submitted_to_several_partitions_waits_in_the_first_listed(runs_in
     running = {"jobs": [_multi_partition_job("RUNNING", runs_in, 1796084050, ["gpu:a100:1(IDX:0)"], "gpu01")]}
     later = translate(running, first.state, cluster="c", poll_started_ms=1796084060_000)
     assert [(e.kind, e.queue) for e in later.events] == [("allocated", runs_in), ("started", runs_in)]
+
+
+@pytest.mark.parametrize("cluster", ["../../etc/east", " east", "x" * 129])
+def test_a_cluster_name_the_settings_refuse_is_a_usage_error(cluster, capsys, tmp_path, monkeypatch):
+    """`--cluster` is held to GPULEDGER_CLUSTER's rule before anything runs: '../../etc/east' named the
+    spool DATA_DIR/spool/slurm-agent-.._.._etc_east and every event carried it."""
+    from gpuledger.agents.slurm_agent import main
+
+    monkeypatch.setenv("GPULEDGER_DATA_DIR", str(tmp_path))
+    with pytest.raises(SystemExit) as exc:
+        main(["--cluster", cluster, "--once", "--print", "--metrics-port", "0"])
+    assert exc.value.code == 2 and "--cluster" in capsys.readouterr().err
