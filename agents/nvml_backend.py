@@ -54,6 +54,9 @@ _UINT_MAX = 0xFFFFFFFF  # NVLink throughput scopeId that sums every link (nvml.h
 #: bounds the unbilled time where events are missing; a read is ~2 calls per MIG device slot, a few
 #: percent of a MIG GPU's per-tick calls at 60 s.
 MIG_REFRESH_S = 60.0
+#: Running GPU processes in a row not found under proc_root before the agent warns (once) that it does
+#: not see the host's processes.
+INVISIBLE_PIDS_WARNING = 3
 #: Whole-GPU instance profiles, largest first: their slice count is the GPU's (7 on A100/H100/H200, 4 on A30).
 _WHOLE_GPU_PROFILES = ("NVML_GPU_INSTANCE_PROFILE_7_SLICE", "NVML_GPU_INSTANCE_PROFILE_4_SLICE")
 
@@ -151,17 +154,22 @@ def parse_container_id(cgroup_text: str) -> str | None:
     return None
 
 
-#: the MPS control daemon's server process (`comm`): with MPS, NVML's compute-process list shows it, and
-#: the clients (the jobs' processes) only in the MPS list
+#: the MPS control daemon's server process: with MPS, NVML's compute-process list shows it, and the clients
+#: (the jobs' processes) only in the MPS list
 MPS_SERVER_COMM = "nvidia-cuda-mps-server"
+#: what the kernel shows of a name in /proc/<pid>/comm: 15 characters (TASK_COMM_LEN 16, NUL included)
+_COMM_LEN = 15
 
 
 def is_mps_server(pid: int, proc_root: Path | str = "/proc") -> bool:
-    """Whether a host pid is the MPS server, from `<proc_root>/<pid>/comm` (False when not visible)."""
+    """Whether a host pid is the MPS server, from `<proc_root>/<pid>/comm` (False when not visible). The
+    kernel cuts the name to `nvidia-cuda-mps`, which the control daemon's also reads; that one never
+    holds a GPU context, so never is in the GPU's process list."""
     try:
-        return (Path(proc_root) / str(pid) / "comm").read_text().strip() == MPS_SERVER_COMM
+        comm = (Path(proc_root) / str(pid) / "comm").read_text().strip()
     except OSError:
         return False
+    return comm in (MPS_SERVER_COMM, MPS_SERVER_COMM[:_COMM_LEN])
 
 
 def container_id_of(pid: int, proc_root: Path | str = "/proc") -> str | None:
@@ -251,10 +259,15 @@ class NvmlBackend:
         self.calls_last_tick = 0
         self._closed = True
         self._event_set: Any = None
+        #: codes that say a call or struct version does not exist here (an older driver): ask the older one
+        self._no_such_call = {getattr(nvml, name, None) for name in (
+            "NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_ARGUMENT_VERSION_MISMATCH")} - {None}
+        self._event_error: int | None = None  # the error code nvmlEventSetWait answered last, until it works
         self._gpus: list[_Gpu] = []
         self._by_key: dict[int, _Gpu] = {}
         self._containers: dict[int, str | None] = {}  # pid -> container id, for pids seen last tick
         self._mps_servers: dict[int, bool] = {}  # pid -> is the MPS server, for pids seen last tick
+        self._invisible_in_a_row = 0  # running GPU processes, one after the other, not found under proc_root
         try:
             self._call("nvmlInit")
         except nvml.NVMLError as exc:
@@ -402,9 +415,15 @@ class NvmlBackend:
             try:
                 data = self._call("nvmlEventSetWait", self._event_set, 0)  # 0 ms: never block the tick
             except nv.NVMLError as exc:
-                if getattr(exc, "value", None) != nv.NVML_ERROR_TIMEOUT:  # TIMEOUT = queue empty
-                    log.warning("reading NVML events failed: %s", exc)
+                code = getattr(exc, "value", None)
+                if code == nv.NVML_ERROR_TIMEOUT:  # the queue is empty
+                    self._events_readable()
+                elif code != self._event_error:
+                    # said once per cause: GPU_IS_LOST comes back every tick while a GPU is off the bus
+                    log.warning("reading NVML events failed: %s (Xid errors unread until it works again)", exc)
+                    self._event_error = code
                 return
+            self._events_readable()
             gpu = self._by_key.get(_handle_key(data.device))
             if int(data.eventType) & getattr(nv, "nvmlEventMigConfigChange", 0):
                 # A MIG device was created or destroyed: read the layout next tick (all GPUs if NVML
@@ -426,6 +445,11 @@ class NvmlBackend:
             else:
                 log.warning("GPU %d (%s): Xid %d", gpu.index, gpu.uuid, xid)
         log.warning("more than %d NVML events in one tick; the rest are read next tick", self._max_events)
+
+    def _events_readable(self) -> None:
+        if self._event_error is not None:
+            log.warning("reading NVML events works again")
+            self._event_error = None
 
     def _is_lost(self, exc: Exception | int) -> str | None:
         """The down_reason when an NVML error (or return code) means the GPU itself is gone."""
@@ -612,7 +636,7 @@ class NvmlBackend:
         if power_mw is None:  # drivers without the power field: the classic call
             power_mw = self._query(gpu, "power usage", "nvmlDeviceGetPowerUsage")
         util = self._query(gpu, "utilization", "nvmlDeviceGetUtilizationRates")
-        mem = self._query(gpu, "memory info", "nvmlDeviceGetMemoryInfo")
+        mem_used, mem_total = self._read_memory(gpu)
         temp = self._query(gpu, "temperature", "nvmlDeviceGetTemperature", nv.NVML_TEMPERATURE_GPU)
         sm_clock = self._query(gpu, "SM clock", "nvmlDeviceGetClockInfo", nv.NVML_CLOCK_SM)
         mem_clock = self._query(gpu, "memory clock", "nvmlDeviceGetClockInfo", nv.NVML_CLOCK_MEM)
@@ -623,8 +647,8 @@ class NvmlBackend:
         energy_mj = f.get("energy_mj")
         return dict(
             util_gpu_pct=_bounded(float(util.gpu), 0, 100) if util is not None else None,
-            mem_used_bytes=int(mem.used) if mem is not None else None,
-            mem_total_bytes=int(mem.total) if mem is not None else None,
+            mem_used_bytes=mem_used,
+            mem_total_bytes=mem_total,
             temperature_c=_bounded(float(temp), -50, 200) if temp is not None else None,
             power_w=_bounded(power_mw / 1000.0, 0, 5000) if power_mw is not None else None,
             energy_j=energy_mj / 1000.0 if energy_mj is not None else None,
@@ -639,6 +663,55 @@ class NvmlBackend:
             ecc_dbe_total=int(f["ecc_dbe"]) if f.get("ecc_dbe") is not None else None,
             processes=self._processes(gpu, seen_pids),
         )
+
+    def _read_memory(self, gpu: _Gpu) -> tuple[int | None, int | None]:
+        """(used, total) bytes. Used is what processes allocated: v1's `used` also counts the memory the
+        driver and firmware reserve (~0.9 GiB on an idle A100), which no job holds, so v2 is asked where
+        driver and pynvml have it. A used above total (a misread free) is dropped: the worker refuses a
+        whole tick that lists one (streams/checks.py `tick_gpus_problem`)."""
+        nv = self._nvml
+        version = getattr(nv, "nvmlMemory_v2", None)
+        mem = None
+        if version is not None and "memory info v2" not in gpu.unsupported:
+            try:
+                mem = self._call("nvmlDeviceGetMemoryInfo", gpu.handle, version)
+            except nv.NVMLError as exc:
+                lost = self._is_lost(exc)
+                if lost:
+                    raise _GpuLost(lost) from None
+                if getattr(exc, "value", None) not in self._no_such_call:
+                    self._warn_once(gpu, "memory info", exc)
+                    return None, None
+                gpu.unsupported.add("memory info v2")  # e.g. a driver before R510 (FUNCTION_NOT_FOUND)
+                log.info("GPU %d (%s): memory info v2 unavailable (%s); v1 from now on, reserved memory "
+                         "counted as used", gpu.index, gpu.uuid, exc)
+        if mem is not None:
+            total = int(mem.total)
+            # v2's `used` leaves the reserved memory out (some NVML docs say it includes it): take it
+            # from the parts, which is right either way
+            used: int | None = total - int(mem.reserved) - int(mem.free)
+        else:
+            mem = self._query(gpu, "memory info", "nvmlDeviceGetMemoryInfo")
+            if mem is None:
+                return None, None
+            total, used = int(mem.total), int(mem.used)
+        if used is not None and not 0 <= used <= total:
+            self._warn_once(gpu, "memory used", ValueError(f"{used} bytes used of {total}"))
+            used = None
+        return used, total
+
+    def _note_visible(self, pid: int, container_id: str | None) -> None:
+        """Say once when the GPUs' processes cannot be found under proc_root: NVML lists host pids, so an
+        agent outside the host's PID namespace (or given the wrong --proc-root) reports every process
+        without a container, and every job on a shared GPU looks quiet. A few in a row, not one: a
+        process may exit between NVML's list and the read."""
+        visible = container_id is not None or (self._proc_root / str(pid)).is_dir()
+        self._invisible_in_a_row = 0 if visible else self._invisible_in_a_row + 1
+        if self._invisible_in_a_row == INVISIBLE_PIDS_WARNING:
+            log.warning("%d processes in a row on this node's GPUs are not under %s (the last: pid %d): their "
+                        "containers are unknown. Run the agent in the host's PID namespace (hostPID: true, "
+                        "--pid=host) and pass the host's /proc as --proc-root", self._invisible_in_a_row,
+                        self._proc_root, pid)
 
     def _is_mps_server(self, pid: int) -> bool:
         if pid not in self._mps_servers:
@@ -686,6 +759,8 @@ class NvmlBackend:
             seen_pids.add(pid)
             if pid not in self._containers:
                 self._containers[pid] = container_id_of(pid, self._proc_root)
+                if pid in mem:  # running: a pid only sampled may have exited since
+                    self._note_visible(pid, self._containers[pid])
             shares = sm.get(pid)
             out.append(ProcessSample(
                 pid=pid,

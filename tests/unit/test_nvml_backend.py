@@ -1,4 +1,7 @@
-"""NvmlBackend's real code path against a fake pynvml module (no GPU, no driver)."""
+"""NvmlBackend's real code path against a fake pynvml module (no GPU, no driver).
+
+Why one file: every test here drives the one fake pynvml module (FakeNvml and its MIG/power-limit
+variants) defined at the top, as the backend is one class over one library."""
 
 from __future__ import annotations
 
@@ -16,11 +19,13 @@ from gpuledger.agents.nvml_backend import (
     NvmlBackend,
     NvmlUnavailable,
     container_id_of,
+    is_mps_server,
     ledger_model_name,
     parse_container_id,
 )
 from gpuledger.schemas.models import GpuHealth, NodeTick
 from gpuledger.streams.attribution import Holder
+from gpuledger.streams.checks import tick_gpus_problem
 from gpuledger.streams.execution import ACTIVE, measured_activity
 
 GiB = 1 << 30
@@ -46,8 +51,11 @@ class FakeDevice:
     # (field id, scope) -> value (valueType 3, ullVal) or ("err", code)
     fields: dict[tuple[int, int], Any] = field(default_factory=dict)
     util: int = 0
-    mem_used: int = 0
+    mem_used: int = 0                          # allocated by processes
     mem_total: int = 80 * GiB
+    mem_reserved: int = 0                      # set aside by the driver/firmware (v1 counts it as used)
+    memory_v2: bool = True                     # the driver has nvmlDeviceGetMemoryInfo_v2
+    memory_errors: list[int] = field(default_factory=list)  # codes the next memory-info calls fail with
     temp: int = 40
     sm_clock: int = 1410
     mem_clock: int = 1593
@@ -72,11 +80,13 @@ class FakeNvml:
             if name.startswith(("NVML_", "nvmlEventType")) and isinstance(getattr(real_pynvml, name), int):
                 setattr(self, name, getattr(real_pynvml, name))
         self.NVMLError = FakeNVMLError
+        self.nvmlMemory_v2 = real_pynvml.nvmlMemory_v2
         self.devices = devices
         self.handles = [object() for _ in devices]  # opaque handles, like ctypes pointers
         self.calls: Counter[str] = Counter()
         self.events: deque[SimpleNamespace] = deque()
         self.registered: list[tuple[Any, int]] = []
+        self.event_wait_error: int | None = None  # nvmlEventSetWait fails with this code
         self.proc_util_args: list[tuple[int, int]] = []
         self.init_error = init_error
         self.initialized = False
@@ -157,6 +167,8 @@ class FakeNvml:
     def nvmlEventSetWait(self, event_set: Any, timeout_ms: int) -> SimpleNamespace:
         self._hit("nvmlEventSetWait")
         assert timeout_ms == 0, "the agent must never block on events"
+        if self.event_wait_error is not None:
+            raise FakeNVMLError(self.event_wait_error)
         if not self.events:
             raise FakeNVMLError(self.NVML_ERROR_TIMEOUT)
         return self.events.popleft()
@@ -187,10 +199,20 @@ class FakeNvml:
         self._hit("nvmlDeviceGetUtilizationRates")
         return SimpleNamespace(gpu=self._dev(handle, "nvmlDeviceGetUtilizationRates").util, memory=0)
 
-    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> SimpleNamespace:
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> SimpleNamespace:
+        # pynvml: no version -> v1 (used = total - free, reserved included); a version -> the _v2 symbol
         self._hit("nvmlDeviceGetMemoryInfo")
         d = self._dev(handle, "nvmlDeviceGetMemoryInfo")
-        return SimpleNamespace(used=d.mem_used, total=d.mem_total, free=d.mem_total - d.mem_used)
+        if d.memory_errors:
+            raise FakeNVMLError(d.memory_errors.pop(0))
+        if not version:
+            used = d.mem_used + d.mem_reserved
+            return SimpleNamespace(used=used, total=d.mem_total, free=(d.mem_total - used) % (1 << 64))
+        assert version == real_pynvml.nvmlMemory_v2
+        if not d.memory_v2:
+            raise FakeNVMLError(self.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return SimpleNamespace(version=version, used=d.mem_used, total=d.mem_total, reserved=d.mem_reserved,
+                               free=d.mem_total - d.mem_reserved - d.mem_used)
 
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
         self._hit("nvmlDeviceGetTemperature")
@@ -355,6 +377,37 @@ def test_out_of_range_reading_is_dropped_not_fatal() -> None:
     assert g.power_w is None and g.util_gpu_pct == 87.0
 
 
+def test_memory_used_leaves_out_what_the_driver_reserves() -> None:
+    """nvmlDeviceGetMemoryInfo (v1) counts the driver's/firmware's reserved memory as used: an idle A100
+    showed ~912 MiB used, billed as the job's memory (dcgm's FB_USED leaves it out). Was: 920 MiB here."""
+    MiB = 1 << 20
+    idle = a100(mem_reserved=912 * MiB)
+    idle.mem_used = 8 * MiB
+    old_driver = h100(mem_reserved=579 * MiB, memory_v2=False)  # no nvmlDeviceGetMemoryInfo_v2 symbol
+    old_driver.mem_used = GiB
+    fake, backend = make([idle, old_driver])
+    for now in (0, 5_000):
+        g0, g1 = backend.sample(now)
+        assert (g0.mem_used_bytes, g0.mem_total_bytes) == (8 * MiB, 80 * GiB)
+        assert (g1.mem_used_bytes, g1.mem_total_bytes) == (GiB + 579 * MiB, 80 * GiB)  # v1: the best there is
+    assert fake.calls["nvmlDeviceGetMemoryInfo"] == 2 + 3  # v2 not asked again where the driver lacks it
+    idle.memory_errors = [F.NVML_ERROR_UNKNOWN]  # a passing failure is not a missing v2: asked again
+    assert backend.sample(10_000)[0].mem_used_bytes is None
+    assert backend.sample(15_000)[0].mem_used_bytes == 8 * MiB
+
+
+def test_more_memory_used_than_the_gpu_has_is_dropped_not_the_whole_tick() -> None:
+    """The worker refuses a whole tick (every GPU of the node) that lists a GPU using more memory than it
+    has (`tick_gpus_problem`); a garbage reading of one GPU must cost that reading only."""
+    bad = h100(memory_v2=False)
+    bad.mem_used = 81 * GiB  # v1 used = total - free, with free misreported
+    _, backend = make([a100(), bad])
+    g0, g1 = backend.sample(0)
+    assert g1.mem_used_bytes is None and g1.mem_total_bytes == 80 * GiB and g1.power_w == 500.0
+    tick = NodeTick(cluster="c", node="n", ts_ms=0, interval_ms=5_000, gpus=[g0, g1])
+    assert tick_gpus_problem(tick) is None and g0.mem_used_bytes == 40 * GiB
+
+
 def test_processes_with_sm_share_memory_and_container(proc_root: Path) -> None:
     dev = a100(procs=[(101, 1 * GiB), (202, 2 * GiB), (404, None)],
                proc_util=[(101, 10, 40), (101, 20, 60), (303, 15, 10), (202, 18, 30)])
@@ -398,6 +451,43 @@ def test_mps_clients_are_read_where_an_mps_server_runs(proc_root: Path) -> None:
     assert measured_activity(g0, holder, True, 1.0) == ACTIVE
 
 
+def test_mps_server_is_recognised_by_the_comm_the_kernel_shows(proc_root: Path) -> None:
+    """/proc/<pid>/comm holds at most 15 characters (TASK_COMM_LEN): the server's reads `nvidia-cuda-mps`,
+    never `nvidia-cuda-mps-server`. Was: no real MPS server was recognised, its clients never read, and
+    every MPS job judged quiet beside the daemon's container."""
+    (proc_root / "606").mkdir()
+    (proc_root / "606" / "cgroup").write_text(f"0::/kubepods/besteffort/pod9/{'d' * 64}\n")
+    (proc_root / "606" / "comm").write_text("nvidia-cuda-mps\n")  # as the kernel truncates it
+    (proc_root / "101" / "comm").write_text("nvidia-cuda-mp\n")  # a different (shorter) name is no server
+    assert is_mps_server(606, proc_root) and not is_mps_server(101, proc_root)
+    mps = a100(procs=[(606, GiB)], mps_procs=[(101, 6 * GiB)], proc_util=F.NVML_ERROR_NOT_FOUND)
+    _, backend = make([mps], proc_root=proc_root)
+    (g,) = backend.sample(0)
+    assert [(p.pid, p.container_id) for p in g.processes] == [(101, CID_A), (606, "d" * 64)]
+
+
+def test_gpu_processes_invisible_under_proc_root_are_reported(proc_root: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """NVML lists host pids; an agent in a container without the host's PID namespace (or with a wrong
+    --proc-root) finds none of them and reports every process without a container: every job on a
+    shared GPU then looks quiet. Was: silently; now one warning that names the cause."""
+    _, backend = make([a100(procs=[(101, GiB), (202, GiB)], proc_util=F.NVML_ERROR_NOT_FOUND)], proc_root=proc_root)
+    backend.sample(0)  # visible pids: nothing to say
+    assert "PID namespace" not in caplog.text
+    elsewhere = proc_root / "empty"
+    elsewhere.mkdir()
+    dev = a100(procs=[(7001, GiB)], proc_util=[(7009, 10, 50)])  # 7009: sampled, exited (not counted)
+    fake, backend = make([dev], proc_root=elsewhere)
+    backend.sample(0)
+    dev.procs = [(7002, GiB), (7003, GiB)]
+    (g,) = backend.sample(5_000)
+    assert all(p.container_id is None for p in g.processes)
+    warnings = [r for r in caplog.records if "PID namespace" in r.getMessage()]
+    assert len(warnings) == 1 and str(elsewhere) in warnings[0].getMessage()
+    dev.procs = [(7004, GiB)]
+    backend.sample(10_000)
+    assert len([r for r in caplog.records if "PID namespace" in r.getMessage()]) == 1  # said once
+
+
 def test_zero_process_samples_reported_as_success_error_is_not_a_failure(caplog: pytest.LogCaptureFixture) -> None:
     # pynvml raises NVMLError(NVML_SUCCESS) when the driver has zero samples and wants no buffer.
     _, backend = make([a100(procs=[(7, 1)], proc_util=F.NVML_SUCCESS)])
@@ -438,6 +528,22 @@ def test_fatal_xid_takes_gpu_down_and_keeps_it_down() -> None:
     g0, g1 = backend.sample(5_000)
     assert (g0.health, g0.xid_errors) == (GpuHealth.down, [])
     assert g1.xid_errors == []
+
+
+def test_a_failing_event_queue_is_logged_once_not_every_tick(caplog: pytest.LogCaptureFixture) -> None:
+    """nvmlEventSetWait answers GPU_IS_LOST while a GPU of the set is off the bus: was one warning per
+    tick (17,280 a day at 5 s) for as long as the GPU stays lost; now one, and one when it works again."""
+    fake, backend = make([a100(), h100()])
+    fake.devices[1].lost = True
+    fake.event_wait_error = F.NVML_ERROR_GPU_IS_LOST
+    for now in range(0, 50_000, 5_000):
+        g0, g1 = backend.sample(now)
+        assert g0.health == GpuHealth.ok and g1.health == GpuHealth.down  # the tick itself goes on
+    assert len([r for r in caplog.records if "NVML events" in r.getMessage()]) == 1
+    fake.event_wait_error = None
+    fake.xid(0, 48)
+    assert backend.sample(50_000)[0].down_reason == "xid 48: double-bit ECC error"
+    assert len([r for r in caplog.records if "NVML events" in r.getMessage()]) == 2  # "read again"
 
 
 def test_init_failure_is_a_clear_error() -> None:
