@@ -317,6 +317,12 @@ def check_tick_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> 
     if not 1 <= args.ticks_per_message <= MAX_TICKS_PER_MESSAGE:
         p.error(f"--ticks-per-message must be within 1..{MAX_TICKS_PER_MESSAGE} (a NodeTickBatch's limit), "
                 f"got {args.ticks_per_message}")
+    from gpuledger.config import check_cluster_name
+
+    try:  # every tick carries it: a name the wire refuses failed each tick with a traceback
+        check_cluster_name(args.cluster)
+    except ValueError as exc:
+        p.error(f"--cluster {exc}")
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 

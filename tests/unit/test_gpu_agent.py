@@ -475,3 +475,18 @@ def test_once_exits_1_when_the_broker_refuses_the_tick(monkeypatch, capsys):
     refuse_every_message(monkeypatch)
     assert main(["--backend", "sim", "--sim-gpus", "2xL40S", "--once", "--node", "n9"]) == 1
     assert "not delivered" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("agent", ["gpu", "dcgm"])
+def test_a_cluster_name_the_wire_refuses_is_a_usage_error(agent, capsys):
+    """`--cluster ' bad'` was a pydantic traceback at the first tick (NodeTick refuses it); now a usage
+    error naming the flag, for both agents that build ticks (check_tick_options)."""
+    from gpuledger.agents.dcgm_agent import main as dcgm_main
+
+    argv = ["--cluster", " bad", "--once", "--print", "--node", "n1"]
+    with pytest.raises(SystemExit) as exc:
+        if agent == "gpu":
+            main(["--backend", "sim", "--sim-gpus", "1xL40S", *argv])
+        else:
+            dcgm_main(["--url", "http://127.0.0.1:9/metrics", *argv])
+    assert exc.value.code == 2 and "--cluster" in capsys.readouterr().err
