@@ -260,7 +260,9 @@ def cmd_report(args) -> int:
         filters["by"] = args.by
     ledger = load_ledger_config(settings.ledger_config)
     if args.report == "jobs":
-        filters["reference_cost_per_gpu_hour"] = ledger.reference_cost_per_gpu_hour()
+        import time  # the price valid now: not one agreed in advance for a later date
+
+        filters["reference_cost_per_gpu_hour"] = ledger.reference_cost_per_gpu_hour(at_ms=int(time.time() * 1000))
     if args.report == "bills":  # each row's idle as its definition version's [idle] policy; the flag: every row's
         filters.update(idle_redistribution=args.idle_redistribution,
                        ledger_idle_redistribution=ledger.definitions.idle_redistribution)

@@ -53,10 +53,21 @@ class CarbonDefinition:
 def _number(value, name: str, low: float, high: float, low_open: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise CarbonConfigError(f"carbon.{name} must be a number, got {value!r}")
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:  # a TOML integer of 400 digits: no float holds it
+        raise CarbonConfigError(f"carbon.{name} must be a finite number, got an integer of {len(str(abs(value)))} "
+                                "digits") from None
     if not math.isfinite(v) or v > high or v < low or (low_open and v == low):
         raise CarbonConfigError(f"carbon.{name} must be within {'(' if low_open else '['}{low:g}, {high:g}], got {value!r}")
     return v
+
+
+def _text(value, name: str) -> str:
+    """A TOML string: a number (version = 1) is not guessed at, as definition_version = 3 is not."""
+    if not isinstance(value, str):
+        raise CarbonConfigError(f"carbon.{name} must be a string (quoted), got {value!r}")
+    return value
 
 
 def parse_carbon(doc: dict, power_pue: float) -> CarbonDefinition:
@@ -66,13 +77,15 @@ def parse_carbon(doc: dict, power_pue: float) -> CarbonDefinition:
         raise CarbonConfigError("[carbon] must be a table")
     refuse_unknown_keys(raw, ("version", "pue", "default_gco2e_per_kwh", "default_source", "zones"), "carbon",
                         CarbonConfigError)
-    version = str(raw.get("version", DEFAULT_CARBON_VERSION)).strip()
+    version = _text(raw.get("version", DEFAULT_CARBON_VERSION), "version").strip()
     if not version or not version.isprintable():
         raise CarbonConfigError(f"carbon.version must be printable text, got {raw.get('version')!r}")
     zones = raw.get("zones", {})
-    if not isinstance(zones, dict) or not all(isinstance(k, str) and isinstance(v, str) and v.strip()
-                                              for k, v in zones.items()):
-        raise CarbonConfigError("carbon.zones must map cluster names to zone names (text)")
+    # a cluster name as records carry it: " gpu-east" matches no record, whose carbon would take the default
+    if not isinstance(zones, dict) or not all(isinstance(k, str) and k and k == k.strip() and isinstance(v, str)
+                                              and v.strip() for k, v in zones.items()):
+        raise CarbonConfigError(f"carbon.zones must map cluster names to zone names (text; a cluster name without "
+                                f"leading or trailing whitespace), got {zones!r}")
     has_default = "default_gco2e_per_kwh" in raw
     pue = _number(raw.get("pue", power_pue), "pue", 0.0, 10.0, low_open=True)
     if pue < MIN_PUE:
@@ -84,6 +97,6 @@ def parse_carbon(doc: dict, power_pue: float) -> CarbonDefinition:
         pue=pue,
         default_gco2e_per_kwh=_number(raw.get("default_gco2e_per_kwh", WORLD_AVERAGE_GCO2E_PER_KWH),
                                       "default_gco2e_per_kwh", 0.0, MAX_GCO2E_PER_KWH),
-        default_source=str(raw.get("default_source", "" if has_default else WORLD_AVERAGE_SOURCE)),
+        default_source=_text(raw.get("default_source", "" if has_default else WORLD_AVERAGE_SOURCE), "default_source"),
         zones={k: v.strip() for k, v in zones.items()},
     )

@@ -32,6 +32,9 @@ MAX_POWER_W = 5000.0
 MAX_PRICE_PER_HOUR = 1_000_000.0
 MAX_PRICE_PER_KWH = 1_000_000.0
 MAX_PUE = 10.0
+#: a throughput coefficient relative to the baseline card: far above any real card's, and it keeps a
+#: record's effective_gpu_ms (an hour x this, 3.6e9) well within usage_raw's UInt64
+MAX_COEFFICIENT = 1000.0
 #: longest interval one record can cover (NodeTick.interval_ms <= 1 h), milliseconds
 MAX_INTERVAL_MS = MS_PER_HOUR
 #: the most one usage record can cost, micros: a GPU-hour at the highest prices the config accepts
@@ -225,7 +228,11 @@ class LedgerConfig:
     #: [approvals] threshold (currency) when the file sets one; None: the estimator's default
     approval_threshold: float | None = None
 
-    def price(self, model: str) -> UnitPrice:
+    def price(self, model: str, at_ms: int | None = None) -> UnitPrice:
+        """The unit price of `model` valid at at_ms; None: its latest entry, which may be one agreed in
+        advance and not valid yet (the edge passes the clock: this module reads none)."""
+        if at_ms is not None:
+            return self.price_at(model, at_ms).price
         return self.prices.get(model) or self.prices["default"]
 
     def price_at(self, model: str, ts_ms: int) -> PriceEntry:
@@ -292,9 +299,10 @@ class LedgerConfig:
                    (price.maintenance_per_hour if d.include_maintenance else 0.0)
         return per_hour, d.include_power, (self.pue if d.include_cooling else 1.0)
 
-    def reference_cost_per_gpu_hour(self) -> float:
-        """Opportunity cost of one waiting GPU for one hour: the reference card's fixed hourly cost."""
-        return self.price(self.reference_model).fixed_per_hour
+    def reference_cost_per_gpu_hour(self, at_ms: int | None = None) -> float:
+        """Opportunity cost of one waiting GPU for one hour: the reference card's fixed hourly cost valid at
+        at_ms (None: its latest entry, see `price`)."""
+        return self.price(self.reference_model, at_ms).fixed_per_hour
 
 
 def date_ms(value, where: str) -> int:
@@ -314,6 +322,20 @@ def date_ms(value, where: str) -> int:
         except ValueError:
             pass
     raise LedgerConfigError(f"{where}: valid_from must be a date like 2026-01-01, got {value!r}")
+
+
+#: the days a warehouse `Date` holds (coefficients.valid_from, prices.valid_from): an entry outside them
+#: would price records in the worker and then fail every sync_library with an opaque DataError
+FIRST_VALID_DAY, LAST_VALID_DAY = date(1970, 1, 1), date(2149, 6, 6)
+
+
+def valid_from_ms(value, where: str) -> int:
+    """date_ms of an entry's valid_from, which must be a day the warehouse can store."""
+    ms = date_ms(value, where)
+    if not date_ms(FIRST_VALID_DAY, where) <= ms <= date_ms(LAST_VALID_DAY, where):
+        raise LedgerConfigError(f"{where}: valid_from must be within {FIRST_VALID_DAY} and {LAST_VALID_DAY} (the "
+                                f"warehouse's dates), got {value}")
+    return ms
 
 
 def table(doc: dict, name: str, known, source: str, *, required: bool = False) -> dict:
@@ -347,7 +369,18 @@ def _number(value, where: str) -> float:
     """A TOML number (integer or float); a string or boolean is refused, never coerced."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise LedgerConfigError(f"{where} must be a number (unquoted), got {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # a TOML integer of 400 digits: no float holds it
+        raise LedgerConfigError(f"{where} must be a finite number, got an integer of {len(str(abs(value)))} "
+                                "digits") from None
+
+
+def _required(raw: dict, key: str, where: str):
+    """raw[key], else an error naming the entry it is missing from (a bare KeyError names no entry)."""
+    if key not in raw:
+        raise LedgerConfigError(f"{where}: missing key {key!r}")
+    return raw[key]
 
 
 def _text(value, where: str) -> str:
@@ -372,8 +405,7 @@ def _unit_price(p: dict, where: str, extra: tuple = ()) -> UnitPrice:
     if not isinstance(p, dict):
         raise LedgerConfigError(f"{where} must be a table, got {p!r}")
     check_keys(p, _PRICE_KEYS + extra, where)
-    return UnitPrice(_bounded(p["depreciation_per_hour"], 0, MAX_PRICE_PER_HOUR, f"{where}.depreciation_per_hour"),
-                     _bounded(p["maintenance_per_hour"], 0, MAX_PRICE_PER_HOUR, f"{where}.maintenance_per_hour"))
+    return UnitPrice(*(_bounded(_required(p, key, where), 0, MAX_PRICE_PER_HOUR, f"{where}.{key}") for key in _PRICE_KEYS))
 
 
 def parse_prices(raw, source: str) -> dict[str, tuple[PriceEntry, ...]]:
@@ -382,13 +414,18 @@ def parse_prices(raw, source: str) -> dict[str, tuple[PriceEntry, ...]]:
     by_model: dict[str, list[PriceEntry]] = {}
     if isinstance(raw, dict):
         for name, p in raw.items():
+            # a model as records name it: 5, "" or " A100" matches no record, whose cards the default would price
+            _name(name, f"{source}: the model name of [prices.{name}]")
             by_model[name] = [PriceEntry(name, _unit_price(p, f"{source}: prices.{name}"), 0)]
     elif isinstance(raw, list):
         first: dict[str, int] = {}  # version -> index of the entry that has it
         for i, p in enumerate(raw):
             where = f"{source}: prices[{i}]"
-            entry = PriceEntry(str(p["model"]), _unit_price(p, where, ("model", "valid_from")),
-                               date_ms(p["valid_from"], f"{where} (model {p['model']!r})"))
+            if not isinstance(p, dict):
+                raise LedgerConfigError(f"{where} must be a table, got {p!r}")
+            model = _name(_required(p, "model", where), f"{where}.model")
+            entry = PriceEntry(model, _unit_price(p, where, ("model", "valid_from")),
+                               valid_from_ms(_required(p, "valid_from", where), f"{where} (model {model!r})"))
             if entry.version in first:
                 raise LedgerConfigError(f"{where}: {entry.version} is listed twice (prices[{first[entry.version]}] "
                                         "has the same model and valid_from)")
@@ -457,9 +494,12 @@ _COEFFICIENT_KEYS = ("model", "coefficient", "valid_from")
 
 
 def _name(value, where: str) -> str:
-    """A non-empty string (a number is refused: `definition_version = 3` is not guessed at)."""
+    """A non-empty string (a number is refused: `definition_version = 3` is not guessed at), printable and
+    without surrounding whitespace, as records name models and versions."""
     if not isinstance(value, str) or not value.strip():
         raise LedgerConfigError(f"{where} must be a non-empty string, got {value!r}")
+    if value != value.strip() or not value.isprintable():  # "v7\n" would be a version apart from "v7"
+        raise LedgerConfigError(f"{where} must be printable text without leading or trailing whitespace, got {value!r}")
     return value
 
 
@@ -507,23 +547,23 @@ def parse_ledger_config(doc: dict, source: str = "<config>") -> LedgerConfig:
         for i, c in enumerate(coefficients):
             if not isinstance(c, dict):
                 raise LedgerConfigError(f"{source}: coefficients[{i}] must be a table, got {c!r}")
-            check_keys(c, _COEFFICIENT_KEYS, f"{source}: coefficients[{i}]")
-            coef = _number(c["coefficient"], f"{source}: coefficients[{i}].coefficient")
-            if not (math.isfinite(coef) and coef > 0):
-                raise LedgerConfigError(f"{source}: coefficients[{i}] must be > 0, got {coef}")
-            entry = Coefficient(c["model"], coef,
-                                date_ms(c["valid_from"], f"{source}: coefficients[{i}] (model {c['model']!r})"))
+            where = f"{source}: coefficients[{i}]"
+            check_keys(c, _COEFFICIENT_KEYS, where)
+            model = _name(_required(c, "model", where), f"{where}.model")
+            coef = _bounded(_required(c, "coefficient", where), 0, MAX_COEFFICIENT, f"{where}.coefficient", low_open=True)
+            entry = Coefficient(model, coef, valid_from_ms(_required(c, "valid_from", where), f"{where} (model {model!r})"))
             # one entry per model and day: the version id names the entry in records and caches
             if entry.version in first_coefficient:
                 raise LedgerConfigError(f"{source}: coefficients[{i}]: {entry.version} is listed twice (coefficients"
                                         f"[{first_coefficient[entry.version]}] has the same model and valid_from)")
             first_coefficient[entry.version] = i
-            by_model.setdefault(c["model"], []).append(entry)
+            by_model.setdefault(model, []).append(entry)
         power = table(doc, "power", _POWER_KEYS, source)
         power_limits = doc.get("power_limits", {})
         if not isinstance(power_limits, dict):
             raise LedgerConfigError(f"{source}: power_limits must be a table ([power_limits]), got {power_limits!r}")
-        limits = {str(m): _bounded(w, 0, MAX_POWER_W, f"{source}: power_limits.{m}", low_open=True)
+        limits = {_name(m, f"{source}: power_limits key"): _bounded(w, 0, MAX_POWER_W, f"{source}: power_limits.{m}",
+                                                                    low_open=True)
                   for m, w in power_limits.items()}
         policy = _text(table(doc, "unpriced", ("policy",), source).get("policy", "default"), f"{source}: unpriced.policy")
         if policy not in UNPRICED_POLICIES:

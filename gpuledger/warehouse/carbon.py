@@ -41,13 +41,12 @@ class CarbonInputError(ValueError):
 
 def parse_time_ms(text: str, where: str) -> int:
     """'2026-11-10', '2026-11-10T06:00', '2026-11-10T06:00:00+01:00' or '...Z' -> epoch ms (UTC when no
-    offset is given: the ledger's days are UTC days)."""
+    offset is given: the ledger's days are UTC days). `where` names the value: "FILE, line 3: valid_from"."""
     value = text.strip()
     try:
         when = dt.datetime.fromisoformat(value.replace("Z", "+00:00") if value.endswith("Z") else value)
     except ValueError:
-        raise CarbonInputError(f"{where}: valid_from must be an ISO date or time (e.g. 2026-11-10T06:00Z), "
-                               f"got {text!r}") from None
+        raise CarbonInputError(f"{where} must be an ISO date or time (e.g. 2026-11-10T06:00Z), got {text!r}") from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.timezone.utc)
     return int(when.timestamp() * 1000)
@@ -83,7 +82,7 @@ def parse_intensity_csv(text: str, source: str = "<csv>", zones: Mapping[str, st
             raise CarbonInputError(f"{where}: cluster {zone} takes the intensity of zone {zones[zone]} "
                                    f"([carbon.zones]), so a series named {zone} would never be read: name it "
                                    f"{zones[zone]}, or remove the mapping")
-        ts = parse_time_ms(raw.get("valid_from") or "", where)
+        ts = parse_time_ms(raw.get("valid_from") or "", f"{where}: valid_from")
         try:
             g = float((raw.get("gco2e_per_kwh") or "").strip())
         except ValueError:

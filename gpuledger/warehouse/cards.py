@@ -314,7 +314,7 @@ def _parse_at(text: str | None) -> int:
         return int(dt.datetime.now(dt.timezone.utc).timestamp() * 1000)
     try:
         return parse_time_ms(text, "--at")
-    except CarbonInputError:  # its message names the carbon CSV's valid_from column
+    except CarbonInputError:  # in the repair command's words, with an example
         raise ValueError(f"--at must be an ISO date or time (e.g. 2026-11-10T12:00Z, UTC unless an offset is "
                          f"given), got {text!r}") from None
 

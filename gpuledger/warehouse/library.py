@@ -10,7 +10,10 @@ into `rebilled_usage`, leaving the original bills as they were. See docs/account
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import tomllib
 import uuid
 from dataclasses import asdict
 from datetime import date
@@ -23,6 +26,7 @@ from gpuledger.streams.pricing import (
     LedgerConfigError,
     PriceEntry,
     date_ms,
+    parse_ledger_config,
 )
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
@@ -75,7 +79,9 @@ def coefficients_as_of(ledger: LedgerConfig, day: date) -> dict[str, tuple[float
 
 
 def add_coefficient(config_path: Path | None, model: str, coefficient: float, valid_from: date) -> LedgerConfig:
-    """Append a coefficient entry to the ledger config file (history is never edited)."""
+    """Append a coefficient entry to the ledger config file (history is never edited). The new file is
+    checked as the workers will load it before it is written, and written atomically (aside, then
+    renamed over the old one): a refused entry or a crash never leaves a file every worker refuses."""
     if config_path is None or Path(config_path).resolve() == BUNDLED_CONFIG.resolve():
         raise LedgerConfigError(
             "refusing to edit the bundled defaults: copy gpuledger/ledger_defaults.toml, edit it, and point "
@@ -88,9 +94,31 @@ def add_coefficient(config_path: Path | None, model: str, coefficient: float, va
     day = valid_from.isoformat()
     if any(row["model"] == model and row["valid_from"] == day for row in history_rows(ledger)):
         raise LedgerConfigError(f"{model} already has a coefficient valid from {day}; history is append-only")
-    with open(config_path, "a") as f:
-        f.write(f'\n[[coefficients]]\nmodel = "{model}"\ncoefficient = {coefficient!r}\nvalid_from = "{day}"\n')
-    return load_ledger_config(config_path)
+    path = Path(config_path).resolve()  # a symlinked config: replace its target, not the link
+    with open(path, encoding="utf-8", newline="") as f:  # newline="": its line endings are written back as they were
+        text = f.read()
+    text += ("\n" if text and not text.endswith("\n") else "") + \
+        f'\n[[coefficients]]\nmodel = "{model}"\ncoefficient = {coefficient!r}\nvalid_from = "{day}"\n'
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:  # e.g. the file holds `coefficients = [...]` inline
+        raise LedgerConfigError(f"{config_path}: a [[coefficients]] entry cannot be appended ({exc}); "
+                                "add it by hand") from None
+    new = parse_ledger_config(doc, str(config_path))  # a refused entry is never written
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        shutil.copymode(path, tmp)
+        os.replace(tmp, path)
+    except OSError as exc:  # a read-only directory, a full disk: one line, and the file is as it was
+        raise LedgerConfigError(f"{config_path}: cannot write the new entry ({exc.strerror or exc}); the file "
+                                "is unchanged") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return new
 
 
 def sync_library(client, database: str, ledger: LedgerConfig) -> dict:

@@ -34,6 +34,43 @@ def test_add_keeps_history_and_refuses_edits(config):
         add_coefficient(config, "A100-80GB", 0, date(2026, 12, 2))
 
 
+def test_add_refused_by_the_loader_leaves_the_file_as_it_was(config):
+    # before: the entry was appended, then the re-read refused it: the file on disk was one that every
+    # worker and command refused from then on (here: the baseline card must keep coefficient 1.0)
+    before = config.read_bytes()
+    with pytest.raises(LedgerConfigError, match="baseline_model 'V100-32GB' must have coefficient 1.0"):
+        add_coefficient(config, "V100-32GB", 1.1, date(2026, 12, 1))
+    with pytest.raises(LedgerConfigError, match=r"coefficient must be a number > 0 and <= 1000"):
+        add_coefficient(config, "A100-80GB", float("inf"), date(2026, 12, 1))
+    assert config.read_bytes() == before
+    load_ledger_config(config)
+
+
+def test_add_writes_the_file_atomically(config, monkeypatch):
+    """The new file is written aside and renamed over the old one: a crash mid-write never leaves a
+    half-written ledger file (the rename failing here stands for the crash)."""
+    import os
+
+    before = config.read_bytes()
+    config.chmod(0o640)
+
+    def crash(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(LedgerConfigError, match=r"ledger.toml: cannot write the new entry \(disk full\); the file is unchanged"):
+        add_coefficient(config, "A100-80GB", 2.6, date(2026, 12, 1))
+    assert config.read_bytes() == before
+    assert sorted(p.name for p in config.parent.iterdir()) == ["ledger.toml"]  # no temporary file left
+    monkeypatch.undo()
+    add_coefficient(config, "A100-80GB", 2.6, date(2026, 12, 1))
+    assert config.read_bytes().startswith(before) and (config.stat().st_mode & 0o777) == 0o640
+    crlf = config.read_bytes().replace(b"\n", b"\r\n")  # a file saved on Windows keeps its line endings
+    config.write_bytes(crlf)
+    add_coefficient(config, "A100-80GB", 2.7, date(2026, 12, 2))
+    assert config.read_bytes().startswith(crlf)
+
+
 def test_cli_add_list_and_sync(config, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GPULEDGER_LEDGER_CONFIG", str(config))
     data = str(tmp_path / "data")

@@ -224,3 +224,27 @@ def test_an_empty_override_is_refused_not_ignored(capsys, argv, flag):
 def test_a_bills_option_its_action_does_not_take_is_refused(capsys, argv, message):
     line = one_line_error(capsys, ["bills", *argv, "--bootstrap", "127.0.0.1:1"])
     assert message in line, line
+
+
+def test_the_jobs_reports_opportunity_cost_is_the_price_valid_now(monkeypatch, tmp_path):
+    """A price agreed in advance (A100-80GB from 2099) is not today's: the jobs report's opportunity cost of
+    waiting took the latest entry, 4.0/h instead of 0.48/h (the warehouse's reading is replaced: the
+    filters the command builds are what is checked)."""
+    from gpuledger import warehouse
+    from gpuledger.warehouse import reports
+
+    ledger = tmp_path / "ledger.toml"
+    defaults = (Path(__file__).resolve().parents[2] / "gpuledger" / "ledger_defaults.toml").read_text()
+    ledger.write_text(defaults + '\n[[prices]]\nmodel = "A100-80GB"\nvalid_from = "2099-01-01"\n'
+                                 'depreciation_per_hour = 3.95\nmaintenance_per_hour = 0.05\n')
+    monkeypatch.setenv("GPULEDGER_LEDGER_CONFIG", str(ledger))
+    seen: dict = {}
+
+    class NoWarehouse:
+        def close(self):
+            pass
+
+    monkeypatch.setattr(warehouse, "connect_readonly", lambda settings: NoWarehouse())
+    monkeypatch.setattr(reports, "fetch", lambda client, db, name, **filters: seen.update(filters) or [])
+    assert main(["report", "jobs", "--format", "json"]) == 0
+    assert seen["reference_cost_per_gpu_hour"] == pytest.approx(0.48)

@@ -3,7 +3,8 @@ TOML"): non-finite numbers in the definitions, an empty definition_version, a re
 price, a baseline_model whose coefficient is not 1.0; what the fingerprint covers ([alerts], [reclaim]
 and [approvals] are not definitions; old warehouses recorded a fingerprint that held [alerts] and
 [reclaim]); and which prices are history (dated [[prices]], 1970-01-01 too) and which belong to the
-definition version (undated [prices.MODEL] tables)."""
+definition version (undated [prices.MODEL] tables); the key path of a bad [[prices]] or
+[[coefficients]] entry, names records can carry, integers no float holds, [carbon] text and zones."""
 
 from __future__ import annotations
 
@@ -111,3 +112,100 @@ def test_only_undated_price_tables_belong_to_the_definition_version():
     undated = {p["model"]: {"depreciation_per_hour": p["depreciation_per_hour"],
                             "maintenance_per_hour": p["maintenance_per_hour"]} for p in BASE["prices"]}
     assert load(prices=undated).prices_undated
+
+
+def _entries(name: str, i: int, **changes) -> list:
+    """The bundled [[prices]] or [[coefficients]] list with entry i changed (a value None: the key removed)."""
+    entries = copy.deepcopy(BASE[name])
+    for key, value in changes.items():
+        if value is None:
+            del entries[i][key]
+        else:
+            entries[i][key] = value
+    return entries
+
+
+@pytest.mark.parametrize("changes,message", [
+    # before: "'int' object is not subscriptable", no key path
+    (dict(prices=[1]), r"ledger.toml: prices\[0\] must be a table, got 1"),
+    # before: accepted; a number or "" names no model a record has, so its cards were priced by default
+    (dict(prices=_entries("prices", 1, model=5)), r"ledger.toml: prices\[1\]\.model must be a non-empty string"),
+    (dict(prices=_entries("prices", 1, model="")), r"ledger.toml: prices\[1\]\.model must be a non-empty string"),
+    (dict(prices=_entries("prices", 1, model=" H100-80GB")), r"prices\[1\]\.model must be .*without leading"),
+    (dict(coefficients=_entries("coefficients", 1, model=5)), r"coefficients\[1\]\.model must be a non-empty string"),
+    (dict(coefficients=_entries("coefficients", 1, model="")), r"coefficients\[1\]\.model must be a non-empty string"),
+    (dict(prices={"": {"depreciation_per_hour": 1, "maintenance_per_hour": 0}}), r"the model name of \[prices\.\] must be a non-empty"),
+    # before: "missing key 'model'" without saying which entry
+    (dict(prices=_entries("prices", 1, model=None)), r"ledger.toml: prices\[1\]: missing key 'model'"),
+    (dict(prices=_entries("prices", 1, valid_from=None)), r"ledger.toml: prices\[1\]: missing key 'valid_from'"),
+    (dict(prices=_entries("prices", 1, maintenance_per_hour=None)),
+     r"ledger.toml: prices\[1\]: missing key 'maintenance_per_hour'"),
+    (dict(prices={"default": {"depreciation_per_hour": 1}}), r"prices\.default: missing key 'maintenance_per_hour'"),
+    (dict(coefficients=_entries("coefficients", 1, model=None)), r"ledger.toml: coefficients\[1\]: missing key 'model'"),
+    (dict(coefficients=_entries("coefficients", 1, coefficient=None)),
+     r"ledger.toml: coefficients\[1\]: missing key 'coefficient'"),
+    (dict(coefficients=_entries("coefficients", 1, valid_from=None)),
+     r"ledger.toml: coefficients\[1\]: missing key 'valid_from'"),
+])
+def test_price_and_coefficient_entries_name_their_path(changes, message):
+    with pytest.raises(LedgerConfigError, match=message):
+        load(**changes)
+
+
+BIG = 10 ** 400  # `pue = 1` and 400 zeros: tomllib reads an int no float can hold
+
+
+@pytest.mark.parametrize("changes,message", [
+    (dict(power={"pue": BIG}), r"ledger.toml: power.pue must be a finite number"),
+    (dict(power={"electricity_price_per_kwh": BIG}), r"power.electricity_price_per_kwh must be a finite number"),
+    (dict(coefficients=_entries("coefficients", 1, coefficient=BIG)), r"coefficients\[1\].coefficient must be a finite"),
+    (dict(prices=_entries("prices", 1, depreciation_per_hour=BIG)), r"prices\[1\].depreciation_per_hour must be a finite"),
+    (dict(segments={"flush_after_s": BIG}), r"segments.flush_after_s must be a finite number"),
+    (dict(execution={"min_idle_s": -BIG}), r"execution.min_idle_s must be a finite number"),
+    (dict(carbon={"pue": BIG}), r"ledger.toml: carbon.pue must be a finite number"),
+    (dict(carbon={"default_gco2e_per_kwh": BIG}), r"carbon.default_gco2e_per_kwh must be a finite number"),
+])
+def test_an_integer_too_large_for_a_float_is_refused_by_name(changes, message):
+    # before: OverflowError "int too large to convert to float", a traceback naming no key
+    with pytest.raises(LedgerConfigError, match=message):
+        load(**changes)
+
+
+def test_a_coefficient_is_bounded():
+    # before: 1e300 loaded; one GPU-hour is then 3.6e306 effective GPU-ms, which no UInt64 column holds
+    with pytest.raises(LedgerConfigError, match=r"coefficients\[1\].coefficient must be a number > 0 and <= 1000"):
+        load(coefficients=_entries("coefficients", 1, coefficient=1e300))
+    assert load(coefficients=_entries("coefficients", 1, coefficient=1000)).coefficients["A100-80GB"][0].coefficient == 1000
+
+
+@pytest.mark.parametrize("key,value", [("default_source", 1), ("version", 1), ("version", 2.5), ("default_source", True)])
+def test_carbon_text_values_must_be_strings(key, value):
+    # before: accepted and turned into "1": a number is not guessed at (as definition_version = 3 is not)
+    with pytest.raises(LedgerConfigError, match=rf"ledger.toml: carbon.{key} must be"):
+        load(carbon={key: value})
+
+
+@pytest.mark.parametrize("zones", [{" gpu-east": "US-NY"}, {"": "US-NY"}, {"gpu-east": " "}])
+def test_carbon_zones_name_clusters_as_records_do(zones):
+    # before, " gpu-east" loaded: no record's cluster has a leading space, so gpu-east's carbon took the
+    # default intensity in silence instead of US-NY's series
+    with pytest.raises(LedgerConfigError, match="carbon.zones must map cluster names to zone names"):
+        load(carbon={"zones": zones})
+    assert load(carbon={"zones": {"gpu-east": " US-NY"}}).carbon.zone_of("gpu-east") == "US-NY"
+
+
+@pytest.mark.parametrize("key,value", [("definition_version", " v7"), ("definition_version", "v7\n"),
+                                       ("currency", "USD "), ("baseline_model", "V100-32GB "),
+                                       ("reference_model", "A100-80GB\t")])
+def test_names_are_printable_without_surrounding_whitespace(key, value):
+    # before, each loaded: "v7\n" was a definition version apart from "v7" on every record, "USD " a
+    # currency of its own on the bills, and "V100-32GB " a baseline no card is (checked against the default)
+    with pytest.raises(LedgerConfigError, match=rf"ledger.toml: {key} must be printable text without leading or "
+                                                "trailing whitespace"):
+        load(**{key: value})
+
+
+def test_power_limits_name_models_as_records_do():
+    # before, "T4 " = 70 loaded: no card is "T4 ", so T4s were capped at the default 1500 W in silence
+    with pytest.raises(LedgerConfigError, match=r"ledger.toml: power_limits key must be printable text without"):
+        load(power_limits={"T4 ": 70})

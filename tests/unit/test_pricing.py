@@ -44,7 +44,7 @@ def test_bad_configs_have_clear_errors(tmp_path):
         parse_ledger_config({k: v for k, v in doc().items() if k != "definition_version"})
     with pytest.raises(LedgerConfigError, match=r"prices.default"):
         parse_ledger_config(doc(prices={"X": {"depreciation_per_hour": 1, "maintenance_per_hour": 0}}))
-    with pytest.raises(LedgerConfigError, match="must be > 0"):
+    with pytest.raises(LedgerConfigError, match=r"coefficients\[0\].coefficient must be a number > 0"):
         parse_ledger_config(doc(coefficients=[{"model": "A", "coefficient": 0, "valid_from": "2026-01-01"}]))
     with pytest.raises(LedgerConfigError, match="valid_from"):
         parse_ledger_config(doc(coefficients=[{"model": "A", "coefficient": 1, "valid_from": "soon"}]))
@@ -90,3 +90,30 @@ def test_two_entries_of_one_model_on_one_day_are_refused():
         parse_ledger_config(doc(coefficients=[{"model": "A", "coefficient": 2.0, "valid_from": "2026-01-01"},
                                               {"model": "A", "coefficient": 4.0, "valid_from": "2026-01-01"}]))
 
+
+
+def test_valid_from_is_within_the_warehouse_date_range():
+    # the warehouse keeps valid_from as a Date (1970-01-01 .. 2149-06-06); before, 1969-12-01 loaded (the
+    # workers priced with it) and `gpuledger migrate` then failed in sync_library with "Unable to create
+    # native array for column `valid_from`: error", after recording the definition version
+    for bad in ("1969-12-31", "2149-06-07", datetime(1900, 1, 1, tzinfo=timezone.utc)):
+        with pytest.raises(LedgerConfigError, match=r"prices\[1\] \(model 'A100-80GB'\): valid_from must be within "
+                                                    r"1970-01-01 and 2149-06-06"):
+            parse_ledger_config(doc(prices=_a100_prices(bad)))
+        with pytest.raises(LedgerConfigError, match=r"coefficients\[0\] \(model 'A'\): valid_from must be within"):
+            parse_ledger_config(doc(coefficients=[{"model": "A", "coefficient": 2.0, "valid_from": bad}]))
+    cfg = parse_ledger_config(doc(prices=_a100_prices("1970-01-01", "2149-06-06")))
+    assert [e.version for e in cfg.price_history["A100-80GB"]] == ["A100-80GB@1970-01-01", "A100-80GB@2149-06-06"]
+
+
+def test_reference_cost_is_the_price_valid_now_not_a_future_entry():
+    # a price agreed in advance (valid from 2099) is history to come: the jobs report's opportunity cost
+    # takes the entry valid at the time the edge passes (before, only the latest: 2.0/h instead of 1.0/h)
+    prices = [*_a100_prices("2020-01-01"),
+              {"model": "A100-80GB", "valid_from": "2099-01-01", "depreciation_per_hour": 2.0, "maintenance_per_hour": 0.0}]
+    cfg = parse_ledger_config(doc(prices=prices, reference_model="A100-80GB"))
+    now_ms = int(datetime.now(timezone.utc).timestamp() * 1000)
+    assert cfg.reference_cost_per_gpu_hour(at_ms=now_ms) == 1.0
+    assert cfg.reference_cost_per_gpu_hour(at_ms=4_070_908_800_000) == 2.0  # 2099-01-01
+    assert cfg.reference_cost_per_gpu_hour() == 2.0  # no time given: the latest entry, as before
+    assert cfg.price("A100-80GB", now_ms).depreciation_per_hour == 1.0
