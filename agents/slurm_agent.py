@@ -8,6 +8,9 @@ a LifecycleWatermark on every partition of the job-events topic, and a Scheduler
 cluster). Jobs that left squeue unfinished (the agent was down longer than MinJobAge) are
 closed from `sacct`.
 
+Why one file: the agent's thin I/O edge around the pure core: the commands, the sacct parser, the
+state file and the spool sink share one poll's order (spool, then state, then watermark).
+
 Durability: every message goes into a local disk spool (agents/spool.py) before the state file
 is written, and the spool is drained to Kafka in order; so a Kafka outage or an agent crash
 loses nothing, and a crash between the two re-emits events with the same ids (the ledger drops

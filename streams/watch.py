@@ -102,6 +102,9 @@ class Attempt:
     #: its end (a terminal lifecycle event), and how it ended; its usage before it is still judged
     ended_ms: int | None = None
     ended_kind: str = ""
+    #: node -> when the attempt was allocated GPUs on it (its `allocated` events): a node not read up to
+    #: DOWN_GAP_MS past that yet holds the job's judgement back (`_nodes_behind`); dropped once read
+    awaited_nodes: dict[str, int] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -114,7 +117,7 @@ class Attempt:
                 "buckets": {g: [[i, *b] for i, b in sorted(bs.items())] for g, bs in self.buckets.items()},
                 "last_end": self.last_end, "shares": self.shares, "idle_cost_micros": self.idle_cost_micros,
                 "evaluated_bucket": self.evaluated_bucket, "open": self.open, "down": self.down, "rearm": self.rearm,
-                "ended_ms": self.ended_ms, "ended_kind": self.ended_kind}
+                "ended_ms": self.ended_ms, "ended_kind": self.ended_kind, "awaited_nodes": self.awaited_nodes}
 
     @classmethod
     def from_state(cls, s: dict) -> "Attempt":
@@ -122,7 +125,8 @@ class Attempt:
                    s["started_by_event"], [list(c) for c in s["checkpoints"]],
                    {g: {row[0]: list(row[1:]) for row in rows} for g, rows in s["buckets"].items()},
                    dict(s["last_end"]), dict(s["shares"]), s["idle_cost_micros"], s["evaluated_bucket"],
-                   dict(s["open"]), list(s["down"]), dict(s["rearm"]), s["ended_ms"], s["ended_kind"])
+                   dict(s["open"]), list(s["down"]), dict(s["rearm"]), s["ended_ms"], s["ended_kind"],
+                   dict(s.get("awaited_nodes", {})))
 
 
 #: reclaim judgement stops waiting for a GPU whose usage is this far behind the rest of its usage
@@ -162,6 +166,8 @@ class Watcher:
         #: slicing, MPS), and the one before a successor for DOWN_GAP_MS
         self.holders: dict[tuple[str, str], list[list]] = {}
         self.gpu_seen: dict[tuple[str, str], int] = {}         # (cluster, gpu) -> end of its newest record
+        #: (cluster, node) -> [end of its newest record, usage partition it comes on]
+        self.node_seen: dict[tuple[str, str], list[int]] = {}
         self.gpu_partition: dict[tuple[str, str], int] = {}    # (cluster, gpu) -> usage partition it comes on
         self.partition_seen: dict[tuple[str, int], int] = {}   # (cluster, usage partition) -> newest record end
         #: (cluster, usage partition) -> wall-clock time (the caller's `now_s`) the partition last
@@ -261,6 +267,9 @@ class Watcher:
             self.gpu_seen[(cluster, gpu)] = max(self.gpu_seen.get((cluster, gpu), 0), end)
             self.gpu_partition[(cluster, gpu)] = partition
             self.partition_seen[(cluster, partition)] = max(self.partition_seen.get((cluster, partition), 0), end)
+            if r.get("node"):
+                seen = self.node_seen.get((cluster, r["node"]))
+                self.node_seen[(cluster, r["node"])] = [max(end, seen[0] if seen else 0), partition]
             if state == DOWN:
                 outs += self._gpu_down(cluster, gpu, start, end)
                 continue
@@ -314,9 +323,13 @@ class Watcher:
         a = self._attempt(key, e.tenant, e.queue)
         if e.kind is JobEventKind.started and not a.started_by_event:
             a.start_ms, a.started_by_event = e.ts_ms, True
-        elif e.kind is JobEventKind.allocated and not a.started_by_event:
-            a.start_ms = e.ts_ms if a.start_ms is None else min(a.start_ms, e.ts_ms)
-            self._attempts_floor.pop(a.cluster, None)  # its last activity may have moved back
+        elif e.kind is JobEventKind.allocated:
+            if not a.started_by_event:
+                a.start_ms = e.ts_ms if a.start_ms is None else min(a.start_ms, e.ts_ms)
+                self._attempts_floor.pop(a.cluster, None)  # its last activity may have moved back
+            # its nodes' usage comes on their own partitions, at each one's pace (`_nodes_behind`); a
+            # second allocation without a node (a pod ended) no longer waits for it
+            a.awaited_nodes = {n: a.awaited_nodes.get(n, e.ts_ms) for n in sorted({g.node for g in e.gpus})}
         elif e.kind is JobEventKind.checkpoint_begin:
             a.checkpoints.append([e.ts_ms, None])
         elif e.kind is JobEventKind.checkpoint_end:
@@ -438,7 +451,12 @@ class Watcher:
                 a.shares.pop(gpu, None)
                 a.buckets.pop(gpu, None)
             if not a.down and "gpu_down" in a.open:
-                outs.append(self._close(a, "gpu_down", start, start, end, f"GPU {gpu} is back in service"))
+                if a.ended_ms is not None and a.ended_ms <= start:
+                    # back after the job's end (its other GPUs' usage behind): closed at the end, as
+                    # `_forget_ended` closes it when they are read first
+                    outs.append(self._close(a, "gpu_down", a.ended_ms, a.ended_ms, a.ended_ms, f"the job {a.ended_kind}"))
+                else:
+                    outs.append(self._close(a, "gpu_down", start, start, end, f"GPU {gpu} is back in service"))
         return outs
 
     # ------------------------------------------------------------------ alerts
@@ -504,8 +522,29 @@ class Watcher:
                 found.append(i)
         return found
 
+    def _nodes_behind(self, a: Attempt) -> bool:
+        """Whether a node of the attempt's allocation has had its usage read only to before the
+        allocation + DOWN_GAP_MS: its partition is behind (a backlog), and its GPUs' usage of the job is
+        still to come. Judged on the nodes read so far, each step would be judged once without them
+        (the demo's straggler, on the one node of six read last, was never seen). Not waited for: a
+        node its partition went on without (it stopped), one whose partition stopped (`_waited_for`),
+        one never read (no agent on it) once the cluster is RECLAIM_STALE_MS past the allocation
+        (within the startup grace: nothing is judged earlier anyway). Nodes read far enough are
+        dropped from the list."""
+        quiet: dict[int, bool] = {}
+        for node, at in list(a.awaited_nodes.items()):
+            seen = self.node_seen.get((a.cluster, node))
+            if seen is None:
+                if self.horizon[a.cluster] - at <= RECLAIM_STALE_MS:
+                    return True
+            elif seen[0] >= at + DOWN_GAP_MS:
+                del a.awaited_nodes[node]
+            elif self._partition_waited_for(a.cluster, seen[1], seen[0], self.horizon[a.cluster], quiet):
+                return True
+        return False
+
     def _evaluate(self, a: Attempt) -> list[Out]:
-        if not a.last_end:
+        if not a.last_end or self._nodes_behind(a):
             return []
         # every GPU it holds that is not down: one node's usage may lag another's (a replay's backlog),
         # and the job is judged only as far as all of them have reported. A GPU whose own usage has
@@ -514,9 +553,12 @@ class Watcher:
         # only in the steps its slices cover (so the answer does not depend on when that was read)
         live = sorted(g for g in a.last_end if g not in a.down)
         holding = [g for g in live if self.gpu_seen.get((a.cluster, g), 0) - a.last_end[g] <= DOWN_GAP_MS]
-        if not holding:
+        if not live:
             return []
-        hb = min(a.last_end[g] for g in holding) // self.bucket_ms  # buckets below hb are complete
+        # buckets below hb are complete. None holding: its usage on every GPU is complete (its last
+        # minutes came in one batch with over DOWN_GAP_MS of the GPUs' later usage, as the worker emits
+        # them when it catches up): judged to its last slice, not left unjudged and then forgotten
+        hb = (min(a.last_end[g] for g in holding) if holding else max(a.last_end[g] for g in live)) // self.bucket_ms
         if hb <= a.evaluated_bucket:
             return []
         first = a.evaluated_bucket + 1 if a.evaluated_bucket else min(min(b) for b in a.buckets.values() if b) + 1
@@ -683,7 +725,10 @@ class Watcher:
         """Whether reclaim judgement waits for this GPU's usage (`_usage_horizon`); `quiet` caches
         each partition's silence (for this cluster: other clusters' usage on it does not count) for one
         look."""
-        p = self.gpu_partition.get((cluster, gpu), 0)
+        return self._partition_waited_for(cluster, self.gpu_partition.get((cluster, gpu), 0), end, newest, quiet)
+
+    def _partition_waited_for(self, cluster: str, p: int, end: int, newest: int, quiet: dict[int, bool]) -> bool:
+        """`_waited_for` of usage read up to `end` on partition p."""
         partition_end = self.partition_seen.get((cluster, p), end)
         if partition_end - end > RECLAIM_STALE_MS:
             return False  # its partition went on without it: its node stopped
@@ -814,7 +859,10 @@ class Watcher:
         for job_rate, minus_idle, _, _, a, gpus in sorted(candidates, key=lambda c: c[:4]):
             if freed >= waiting.gpus:
                 break
-            frees = round(sum(a.shares.get(g, 1000) for g in gpus) / 1000, 3)
+            # its share of each GPU in the window's last bucket (GPU-time / duration), not of the newest
+            # record read: a shared GPU's share changes, and usage may be read well past the step
+            frees = round(sum(a.buckets[g][hb - 1][GPU_MS] / a.buckets[g][hb - 1][DUR] if a.buckets[g][hb - 1][DUR]
+                              else a.shares.get(g, 1000) / 1000 for g in gpus), 3)
             chosen.append(SuggestedJob(job_id=a.job_id, attempt=a.attempt, tenant=a.tenant, gpus=gpus, gpus_freed=frees,
                                        execution_rate=round(job_rate, 4), idle_cost_micros=-minus_idle))
             freed += frees
@@ -853,18 +901,28 @@ class Watcher:
         outs = []
         horizon = self.horizon[cluster]
 
+        quiet: dict[int, bool] = {}
+
         def gpu_done(g: str, end: int) -> bool:
             # a bucket past the end: a GPU the fault killed the job with would show down by then;
-            # a node that stops at the job's end (a replayed pod) is done once the cluster is well past
+            # a node that stops at the job's end (a replayed pod) is done once its partition is well
+            # past, or has stopped too (not the cluster's newest: another partition's backlog may run
+            # hours ahead, and the job was forgotten before its GPU's down record was read)
             seen = self.gpu_seen.get((cluster, g), 0)
-            return seen >= end + self.bucket_ms or (seen >= end and horizon >= end + DOWN_GAP_MS)
+            if seen >= end + self.bucket_ms:
+                return True
+            p = self.gpu_partition.get((cluster, g), 0)
+            return seen >= end and (self.partition_seen.get((cluster, p), seen) >= end + DOWN_GAP_MS
+                                    or not self._partition_waited_for(cluster, p, seen, horizon, quiet))
 
-        def done(a: Attempt) -> bool:  # (no usage of it read yet: its end came first, its usage follows)
-            return bool(a.last_end) and all(gpu_done(g, a.ended_ms) for g in a.last_end)
+        def done(a: Attempt) -> bool:  # (no usage of it read yet: its end came first, its usage follows;
+            # nor of one of its nodes: `_nodes_behind`)
+            return bool(a.last_end) and all(gpu_done(g, a.ended_ms) for g in a.last_end) and not self._nodes_behind(a)
 
         judged_to = self.reclaim_evaluated.get(cluster, 0) * self.bucket_ms
         reclaim_waits = self.d.reclaim.enabled and cluster in self.snapshot_horizon
         for key in sorted(k for k in self._ending if k[0] == cluster and done(self.attempts[k])):
+            outs += self._evaluate(self.attempts[key])  # all its usage is in: judged to its last slice first
             a = self.attempts.pop(key)
             self._ending.discard(key)
             self._holders_dirty.add(cluster)
@@ -924,6 +982,7 @@ class Watcher:
                 "ended": [[*k, t] for k, t in sorted(self.ended.items())],
                 "holders": [[*k, *h] for k, held in sorted(self.holders.items()) for h in held],
                 "gpu_seen": [[*k, t] for k, t in sorted(self.gpu_seen.items())],
+                "node_seen": [[*k, *v] for k, v in sorted(self.node_seen.items())],
                 "gpu_partition": [[*k, p] for k, p in sorted(self.gpu_partition.items())],
                 "partition_seen": [[*k, t] for k, t in sorted(self.partition_seen.items())],
                 "queues": [[c, q, [[i, *b] for i, b in sorted(bs.items())]] for (c, q), bs in sorted(self.queues.items())],
@@ -944,6 +1003,7 @@ class Watcher:
             self.holders.setdefault((c, g), []).append([j, n, t])
         self.gpu_seen = {(c, g): t for c, g, t in state["gpu_seen"]}
         self.gpu_partition = {(c, g): p for c, g, p in state.get("gpu_partition", [])}
+        self.node_seen = {(c, n): [t, p] for c, n, t, p in state.get("node_seen", [])}
         self.partition_seen = {(c, p): t for c, p, t in state.get("partition_seen", [])}
         self.queues = {(c, q): {row[0]: list(row[1:]) for row in rows} for c, q, rows in state["queues"]}
         self.horizon = dict(state["horizon"])

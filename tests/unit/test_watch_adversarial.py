@@ -1,6 +1,7 @@
 """The watcher (streams/watch.py) on input a running ledger does produce but the worked scenarios of
 test_watch.py do not: usage the worker emits again after its restart, a job that gives up one of its
-GPUs while it runs, scheduler snapshots no reclaim step ever consumes.
+GPUs while it runs, scheduler snapshots no reclaim step ever consumes, a job's nodes whose usage
+partitions are read at different paces (the demo's pipeline), many minutes closed in one batch.
 
 Pure: no Kafka, on the unit fixture ledger."""
 
@@ -9,6 +10,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 import orjson
+
+from gpuledger.schemas.models import GpuAssignment, JobEvent
+from gpuledger.schemas.wire import encode
 
 from test_watch import LIFE, MIN, SNAP, T0, USAGE, Feed, event, record, snapshot, watcher  # (tests/unit is on the path)
 
@@ -188,3 +192,147 @@ def test_a_gpu_handed_to_its_next_job_alerts_only_that_job_when_it_goes_down():
             feed.send(LIFE, event("completed", 10, job="X"))
     assert [(a.job_id, a.rule, a.status) for a in feed.alerts()] == [("Y", "gpu_down", "open")]
     assert {a.definition_version for a in feed.alerts()} == {"alerts-unit-1/gpu_down.v2"}  # its meaning changed
+
+
+def two_node_feed(batches: list[tuple[int, int, list]], lifecycle: list[bytes], ahead: int | None) -> list[bytes]:
+    """What the watcher publishes for usage `batches` (minute, partition, records), each partition
+    read in order, after `lifecycle` (read ahead of usage, as in the pipeline): in time order, or
+    with partition `ahead`'s whole backlog read before the rest of the other's (a consumer's first
+    fetch reads every partition: each delivers its first minute first)."""
+    w, out, offsets = watcher(), [], {}
+
+    def send(topic, partition, raw):
+        offsets[topic, partition] = offsets.get((topic, partition), -1) + 1
+        out.extend(w.on_message(topic, partition, offsets[topic, partition], raw))
+
+    for raw in lifecycle:
+        send(LIFE, 0, raw)
+    if ahead is not None:
+        batches = sorted(batches, key=lambda b: (b[0] > 0, b[1] != ahead, b[0]))
+    for _, p, records in batches:
+        send(USAGE, p, usage(records))
+    return [o.value for o in out]
+
+
+def on_node(node: str, records: list[dict]) -> list[dict]:
+    return [{**r, "node": node} for r in records]
+
+
+def test_a_straggler_on_another_node_is_seen_whichever_node_is_read_first():
+    """The demo's straggler (a 16-GPU job over 6 nodes) opened in the pure test and not in the
+    pipeline, where each node's usage comes on its own partition at its own pace: the job was judged
+    on the GPUs whose usage of it had been read, each minute once, so a node whose partition was
+    still before the job's start (read later) never took part. A job now waits for every node of
+    its allocation."""
+    allocated = encode(JobEvent(event_id="j1-alloc", ts_ms=T0 + 10 * MIN, kind="allocated", cluster="c1",
+                                job_id="j1", tenant="acme", queue="batch", requested_gpus=2,
+                                gpus=[GpuAssignment(node="n1", gpu_uuid="GPU-a"), GpuAssignment(node="n2", gpu_uuid="GPU-b")]))
+    batches = []
+    for m in range(60):  # j1 from 10 min; GPU-b, on n2, falls to 40 % from 40 min
+        s, e = T0 + m * MIN, T0 + (m + 1) * MIN
+        if m < 10:
+            batches += [(m, p, on_node(n, [record(g, s, e, state="unallocated")]))
+                        for p, n, g in ((0, "n1", "GPU-a"), (1, "n2", "GPU-b"))]
+            continue
+        batches.append((m, 0, on_node("n1", [record("GPU-a", s, e, util=90.0)])))
+        batches.append((m, 1, on_node("n2", [record("GPU-b", s, e, util=40.0 if m >= 40 else 90.0)])))
+    lifecycle = [allocated, event("started", 10)]
+    in_order = two_node_feed(batches, lifecycle, None)
+    opened = [orjson.loads(raw) for raw in in_order]
+    assert [(a["rule"], a["opened_at_ms"] - T0, a["gpus"]) for a in opened] == [("straggler", 46 * MIN, ["GPU-b"])]
+    # before: n1's backlog read first, nothing (judged on GPU-a alone)
+    assert two_node_feed(batches, lifecycle, 0) == in_order
+    assert two_node_feed(batches, lifecycle, 1) == in_order
+
+
+def test_a_gpu_down_read_after_another_partition_ran_ahead_still_names_the_job_it_killed():
+    """Xid 79 on GPU-b kills j1 at 20 min; the failure is read first (lifecycle runs ahead), then
+    n1's usage, an hour ahead (another partition's backlog), then n2's. The job was forgotten once
+    GPU-b had reported up to its end while the cluster was 5 min further, before GPU-b's down
+    record: no gpu_down. Now the GPU's own partition tells whether it stopped there."""
+    batches = []
+    for m in range(60):
+        s, e = T0 + m * MIN, T0 + (m + 1) * MIN
+        batches.append((m, 0, on_node("n1", [record("GPU-a", s, e, job="other")])))
+        if m < 26:
+            batches.append((m, 1, on_node("n2", [record("GPU-b", s, e) if m < 20 else
+                                                 record("GPU-b", s, e, state="down")])))
+    lifecycle = [event("started", 0), event("started", 0, job="other"), event("failed", 20)]
+    for ahead in (None, 0):
+        alerts = [orjson.loads(raw) for raw in two_node_feed(batches, lifecycle, ahead)]
+        assert [(a["rule"], a["job_id"], a["status"], a["opened_at_ms"] - T0) for a in alerts] == \
+            [("gpu_down", "j1", "open", 20 * MIN), ("gpu_down", "j1", "closed", 20 * MIN)], ahead
+
+
+def test_a_gpu_back_after_the_job_it_killed_ended_closes_its_alert_at_the_end_whatever_the_pace():
+    """GPU-b (n2) goes down at 20 min and kills j1, back at 30; j1's other GPU is on n1, whose
+    partition is behind. The alert closed at the end ("the job failed") when n1 was read in step,
+    and at 30 min ("back in service") when n2's partition ran ahead: the job's alerts are forgotten
+    only once all its GPUs are past its end."""
+    batches = []
+    for m in range(40):
+        s, e = T0 + m * MIN, T0 + (m + 1) * MIN
+        batches.append((m, 0, on_node("n1", [record("GPU-a", s, e) if m < 20 else
+                                             record("GPU-a", s, e, state="unallocated")])))
+        batches.append((m, 1, on_node("n2", [record("GPU-b", s, e) if m < 20 else
+                                             record("GPU-b", s, e, state="down" if m < 30 else "unallocated")])))
+    lifecycle = [event("started", 0), event("failed", 20)]
+    for ahead in (None, 1):
+        alerts = [orjson.loads(raw) for raw in two_node_feed(batches, lifecycle, ahead)]
+        assert [(a["status"], a.get("closed_at_ms") and a["closed_at_ms"] - T0) for a in alerts] == \
+            [("open", None), ("closed", 20 * MIN)], ahead
+        assert alerts[1]["message"].endswith("closed: the job failed")
+
+
+def test_the_gpus_a_suggestion_frees_are_the_jobs_shares_at_the_windows_end():
+    """An idle job holds half of GPU-s (time slicing) to 32 min, a quarter after. The suggestion
+    opened at 30 min frees 0.5 GPU whether the snapshots come with the usage or after all of it
+    (before: 0.25, the share of the newest record read when the step was judged)."""
+    def run(snapshots_late: bool) -> list:
+        feed = Feed(watcher())
+        for job in ("idle-job", "busy-job"):
+            feed.send(LIFE, event("started", 0, job=job))
+        for m in range(40):
+            if not snapshots_late:
+                feed.send(SNAP, snapshot(m))
+            share = 500 if m < 32 else 250
+            feed.minute(m, lambda s, e: [
+                {**record("GPU-s", s, e, state="allocated_idle", job="idle-job", util=0.0),
+                 "share_milli": share, "gpu_ms": (e - s) * share // 1000},
+                record("GPU-4", s, e, state="allocated_idle", job="busy-job", util=0.0)])
+        for m in range(40 if snapshots_late else 0):
+            feed.send(SNAP, snapshot(m))
+        return [(s.status, s.opened_at_ms - T0, [(j.job_id, j.gpus_freed) for j in s.jobs]) for s in feed.suggestions()]
+
+    assert run(False)[0] == ("open", 30 * MIN, [("busy-job", 1.0), ("idle-job", 0.5)])
+    assert run(True) == run(False)
+
+
+def test_a_job_whose_last_minutes_come_in_one_batch_with_later_usage_is_still_judged():
+    """The worker closes many minutes at once when it catches up (the demo's pipeline: one message
+    of 20 minutes per node). j1 hangs from 20 min and completes at 40; its node's minutes 25-50 come
+    in one batch, the job's end first. Each GPU had then been read over 5 min past the job's last
+    slice on it, so every GPU counted as given up: the job was not judged past 25 min, then forgotten
+    (the demo lost job-00043's `hung`). Judged to its last slice, it opens at 30 min as when the
+    minutes come one by one."""
+    def run(batched: bool) -> list:
+        feed = Feed(watcher())
+        feed.send(LIFE, event("started", 0))
+        feed.send(LIFE, event("completed", 40))
+
+        def minute(m):
+            s, e = T0 + m * MIN, T0 + (m + 1) * MIN
+            return [record(g, s, e, util=0.0 if m >= 20 else 90.0) if m < 40 else record(g, s, e, state="unallocated")
+                    for g in ("GPU-a", "GPU-b")]
+        for m in range(25):
+            feed.send(USAGE, usage(minute(m)))
+        if batched:
+            feed.send(USAGE, usage([r for m in range(25, 50) for r in minute(m)]))
+        else:
+            for m in range(25, 50):
+                feed.send(USAGE, usage(minute(m)))
+        return [(a.rule, a.status, (a.closed_at_ms or a.opened_at_ms) - T0) for a in feed.alerts()]
+
+    one_by_one = run(False)
+    assert ("hung", "open", 30 * MIN) in one_by_one
+    assert run(True) == one_by_one
