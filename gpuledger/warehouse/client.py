@@ -26,6 +26,7 @@ import logging
 import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
+from urllib.parse import urlsplit, urlunsplit
 
 import clickhouse_connect
 from clickhouse_connect.driver.exceptions import ProgrammingError
@@ -109,7 +110,7 @@ def _open(settings: Settings, *, create_dir: bool = True):
                 password=settings.clickhouse_password.get_secret_value(),
             )
         except Exception as exc:
-            raise WarehouseError(f"cannot reach ClickHouse at {settings.warehouse}: {exc}") from exc
+            raise _server_error(settings, exc) from exc
     else:
         raise WarehouseError(
             f"unknown warehouse {settings.warehouse!r}: use 'chdb', 'chdb:/abs/dir' or http(s)://host:port"
@@ -117,6 +118,29 @@ def _open(settings: Settings, *, create_dir: bool = True):
     if settings.clickhouse_cluster:
         _cluster_session(client, settings.clickhouse_cluster)
     return client
+
+
+def shown_url(url: str) -> str:
+    """The warehouse URL as messages and logs may show it: a password in it replaced by ***."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{parts.netloc.rpartition('@')[2]}"))
+
+
+def _server_error(settings: Settings, exc: Exception) -> WarehouseError:
+    """One line saying why the ClickHouse server cannot be used: a refused login (code 516) is not an
+    unreachable server."""
+    url = shown_url(settings.warehouse)
+    if getattr(exc, "code", None) == 516 or getattr(exc, "name", None) == "AUTHENTICATION_FAILED":
+        in_url = urlsplit(settings.warehouse).username
+        ignored = (f"; the user {in_url!r} in GPULEDGER_WAREHOUSE is not used"
+                   if in_url and in_url != settings.clickhouse_user else "")
+        return WarehouseError(f"ClickHouse at {url} refused user {settings.clickhouse_user!r}: authentication failed "
+                              "(check GPULEDGER_CLICKHOUSE_USER and GPULEDGER_CLICKHOUSE_PASSWORD or "
+                              f"GPULEDGER_CLICKHOUSE_PASSWORD_FILE{ignored})")
+    detail = " ".join(str(exc).split()) or repr(exc)
+    return WarehouseError(f"cannot reach ClickHouse at {url}: {detail}")
 
 
 def _cluster_session(client, cluster: str) -> None:
@@ -162,7 +186,8 @@ def connect_readonly(settings: Settings):
             if any(m in text for m in ("UNKNOWN_DATABASE", "UNKNOWN_TABLE", "does not exist", "doesn't exist")):
                 raise WarehouseError(f"warehouse not migrated: database {database!r} has no {MIGRATIONS_TABLE} "
                                      "(run `gpuledger migrate`)") from None
-            raise WarehouseError(f"cannot read the warehouse {settings.warehouse}: {text.splitlines()[0] if text else exc!r}") from exc
+            raise WarehouseError(f"cannot read the warehouse {shown_url(settings.warehouse)}: "
+                                 f"{text.splitlines()[0] if text else exc!r}") from exc
         pending = [mg.version for mg in load_migrations() if mg.version not in applied]
         if pending:
             raise WarehouseError(f"warehouse not migrated: migration(s) {', '.join(pending)} not applied to "

@@ -26,6 +26,12 @@ _EXCHANGE = re.compile(r"^EXCHANGE TABLES `?(\w+)`? AND `?(\w+)`?")
 _CREATE_TABLE = re.compile(r"^CREATE TABLE (?:IF NOT EXISTS )?`?(\w+)`?")
 _ORDER_BY = re.compile(r"^ORDER BY \((.+)\)\s*$", re.MULTILINE)
 _PARTITION_BY = re.compile(r"^PARTITION BY (.+?)\s*$", re.MULTILINE)
+_STATEMENT_END = re.compile(r";[ \t]*$")
+
+
+def _without_comments(statement: str) -> str:
+    """The statement without its whole-line `--` comments."""
+    return "\n".join(line for line in statement.splitlines() if not line.strip().startswith("--")).strip()
 
 
 
@@ -71,26 +77,32 @@ class Migration:
             return True
         raise WarehouseError(
             f"migration {self.version}_{self.name} was applied with checksum {recorded[:12]}… but its SQL now has "
-            f"{self.checksum[:12]}…; applied migrations must not change (comments may; add a new migration)")
+            f"{self.checksum[:12]}…; applied migrations must not change (comments may): restore "
+            f"sql/{self.version}_{self.name}.sql as it was applied and put the change in a new migration")
 
     def declared_keys(self) -> dict[str, tuple[str, str]]:
         """Table -> (partition key, sort key) as written ("toYYYYMM(day)", "a, f(b), c") of each CREATE
         TABLE in the file; the partition key is "" where there is none."""
         keys = {}
         for st in self.statements():
-            body = "\n".join(line for line in st.splitlines() if not line.strip().startswith("--")).strip()
+            body = _without_comments(st)
             if (name := _CREATE_TABLE.match(body)) and (order := _ORDER_BY.search(body)):
                 partition = _PARTITION_BY.search(body)
                 keys[name.group(1)] = (partition.group(1) if partition else "", order.group(1))
         return keys
 
     def statements(self) -> list[str]:
-        """Statements end with ';' at the end of a line; comment-only chunks are dropped."""
-        out = []
-        for chunk in re.split(r";[ \t]*(?:\n|$)", self.sql):
-            body = "\n".join(line for line in chunk.splitlines() if not line.strip().startswith("--")).strip()
-            if body:
-                out.append(chunk.strip())
+        """Statements end with ';' at the end of a line of SQL (a whole-line comment ending in ';' is
+        prose: it would split a statement in two); comment-only chunks are dropped."""
+        out, chunk = [], []
+        for line in [*self.sql.splitlines(), ";"]:
+            if line.lstrip().startswith("--") or not _STATEMENT_END.search(line):
+                chunk.append(line)
+                continue
+            chunk.append(_STATEMENT_END.sub("", line))
+            if _without_comments("\n".join(chunk)):
+                out.append("\n".join(chunk).strip())
+            chunk = []
         return out
 
 
@@ -115,7 +127,21 @@ def applied_migrations(client, database: str) -> dict[str, dict]:
     # a re-recorded version has a newer row (see migrate): the latest row of each version wins
     rows = client.query(f"SELECT version, name, checksum, applied_at FROM `{db}`.{MIGRATIONS_TABLE} "
                         "ORDER BY version, applied_at")
-    return {r["version"]: r for r in rows.named_results()}
+    # a `NNNN.i` row notes a statement of an unfinished file (see _resume_after), not a migration
+    return {r["version"]: r for r in rows.named_results() if "." not in r["version"]}
+
+
+def _resume_after(client, db: str, mg: Migration) -> int:
+    """Index of the last statement of `mg` noted as done by an earlier, interrupted run (-1: none).
+
+    A file's back-fills (`INSERT ... SELECT`) are not all idempotent (sql/0018 adds to summing
+    aggregates whatever they hold), so each one completed is noted as a `NNNN.i` row (statements 0..i
+    done), and a run of the file again resumes after it. Notes of another text of the file (edited
+    before it was recorded) do not count."""
+    rows = client.query(f"SELECT version FROM `{db}`.{MIGRATIONS_TABLE} "
+                        "WHERE startsWith(version, {prefix:String}) AND checksum = {checksum:String}",
+                        parameters={"prefix": mg.version + ".", "checksum": mg.checksum}).result_rows
+    return max((int(v.rpartition(".")[2]) for (v,) in rows), default=-1)
 
 
 def migrate(client, database: str, *, cluster: str | None = None,
@@ -123,10 +149,11 @@ def migrate(client, database: str, *, cluster: str | None = None,
     """Apply pending migrations in order; returns the versions applied now ([] when up to date).
 
     Each file is recorded in `schema_migrations` with the sha256 of its SQL (`sql_checksum`: whole-line
-    comments left out) after all its statements ran; statements are IF NOT EXISTS, so a file
-    interrupted halfway is safe to run again. Refuses to run when the SQL of a file already applied
-    has changed: add a new migration. A checksum recorded under the earlier whole-file rule is
-    re-recorded (a newer row) under this one.
+    comments left out) after all its statements ran. Statements are IF NOT EXISTS, and each
+    `INSERT ... SELECT` completed is noted (a `NNNN.i` row, _resume_after), so a file interrupted
+    halfway runs again from the statement after its last back-fill, none done twice. Refuses to run
+    when the SQL of a file already applied has changed: add a new migration. A checksum recorded
+    under the earlier whole-file rule is re-recorded (a newer row) under this one.
 
     `cluster` (GPULEDGER_CLICKHOUSE_CLUSTER) renders every statement for that ClickHouse cluster
     (gpuledger/warehouse/cluster.py); `retention` (table -> TTL expression or None, from
@@ -147,6 +174,11 @@ def migrate(client, database: str, *, cluster: str | None = None,
             client.command(statement)
         applied = applied_migrations(client, db)
         migrations = load_migrations()
+        unknown = sorted(set(applied) - {mg.version for mg in migrations})
+        if unknown:
+            # e.g. a rollback: this release may not write what the newer schema expects
+            log.warning("warehouse %s holds migration(s) this release does not have: %s (applied by a newer "
+                        "release?)", db, ", ".join(f"{v}_{applied[v]['name']}" for v in unknown))
         earlier = [mg for mg in migrations
                    if mg.version in applied and mg.recorded_as_earlier(applied[mg.version]["checksum"])]
         for mg in earlier:
@@ -155,12 +187,16 @@ def migrate(client, database: str, *, cluster: str | None = None,
         now: list[str] = []
         for mg in migrations:
             # on a cluster every file is rendered, applied or not: the renderer learns the tables
-            statements = ([sql for st in mg.statements() for sql in renderer.render(st)] if renderer
-                          else mg.statements())
+            statements = [(i, sql) for i, st in enumerate(mg.statements())
+                          for sql in (renderer.render(st) if renderer else [st])]
             if mg.version in applied:
                 continue
-            log.info("applying migration %s_%s to %s%s", mg.version, mg.name, db, on_cluster)
-            for statement in statements:
+            done = _resume_after(client, db, mg)
+            log.info("applying migration %s_%s to %s%s%s", mg.version, mg.name, db, on_cluster,
+                     f" (resuming after statement {done + 1}, done before)" if done >= 0 else "")
+            for i, statement in statements:
+                if i <= done:
+                    continue
                 if _exchanged_already(client, db, statement, mg, bool(cluster)):
                     log.info("migration %s_%s: %s took effect before; not run again", mg.version, mg.name,
                              statement.splitlines()[0])
@@ -169,6 +205,8 @@ def migrate(client, database: str, *, cluster: str | None = None,
                     client.command(statement)
                 except Exception as exc:
                     raise WarehouseError(f"migration {mg.version}_{mg.name} failed: {exc}") from exc
+                if _without_comments(statement).startswith("INSERT"):
+                    _record(client, db, mg, on_cluster=bool(cluster), step=i)
             _record(client, db, mg, on_cluster=bool(cluster))
             now.append(mg.version)
         if retention is not None:
@@ -185,7 +223,7 @@ def _exchanged_already(client, db: str, statement: str, mg: Migration, cluster: 
     or partition key, filled, then swapped in) already took effect: `a` has b's declared partition and
     sort keys. The one statement of a migration that is not idempotent; a file interrupted after it
     must not swap the tables back."""
-    m = _EXCHANGE.match(statement)
+    m = _EXCHANGE.match(_without_comments(statement))  # comments may come before it
     if m is None:
         return False
     table, rebuilt = m.groups()
@@ -205,11 +243,13 @@ def _unspaced(key: str) -> str:
     return "".join(key.split())
 
 
-def _record(client, db: str, mg: Migration, *, on_cluster: bool = False) -> None:
-    """Record `mg` as applied. On a cluster the table is Distributed, whose inserts are sent later by
-    default: a migrate run right after would not see the record and run the file again (its back-fills
-    twice), so the insert waits until the shard has it."""
-    client.insert(MIGRATIONS_TABLE, [[mg.version, mg.name, mg.checksum]], column_names=["version", "name", "checksum"],
+def _record(client, db: str, mg: Migration, *, on_cluster: bool = False, step: int | None = None) -> None:
+    """Record `mg` as applied (with `step`: note its statements 0..step as done, _resume_after). On a
+    cluster the table is Distributed, whose inserts are sent later by default: a migrate run right after
+    would not see the record and run the file again (its back-fills twice), so the insert waits until
+    the shard has it."""
+    version = mg.version if step is None else f"{mg.version}.{step}"
+    client.insert(MIGRATIONS_TABLE, [[version, mg.name, mg.checksum]], column_names=["version", "name", "checksum"],
                   database=db, settings={"distributed_foreground_insert": 1} if on_cluster else None)
 
 

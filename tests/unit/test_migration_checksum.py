@@ -69,3 +69,22 @@ def test_every_shipped_migration_has_sql_under_its_comments():
     for mg in load_migrations():
         assert mg.checksum != sql_checksum(""), mg.version
         assert mg.checksum == sql_checksum(mg.sql + "\n-- a note added later\n")
+
+
+def test_a_comment_line_ending_in_a_semicolon_does_not_end_a_statement():
+    text = ("-- two tables;\nCREATE TABLE IF NOT EXISTS t\n(\n    -- the key (a counter);\n    a UInt8\n)\n"
+            "ENGINE = MergeTree\nORDER BY (a);\n\n-- then a copy;\nINSERT INTO t SELECT 1;\n")
+    create, insert = migration(text).statements()
+    assert create.endswith("ORDER BY (a)") and "a UInt8" in create
+    assert insert.endswith("INSERT INTO t SELECT 1")
+    assert migration(text).declared_keys() == {"t": ("", "a")}
+
+
+def test_a_changed_applied_file_says_what_to_do():
+    recorded = migration(APPLIED).checksum
+    changed = migration(APPLIED.replace("UInt8", "UInt16"))
+    with pytest.raises(WarehouseError) as err:
+        changed.recorded_as_earlier(recorded)
+    # the operator's way out: the file as applied back, the change as a new file
+    assert f"restore sql/{changed.version}_{changed.name}.sql as it was applied" in str(err.value)
+    assert "new migration" in str(err.value)
