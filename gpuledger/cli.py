@@ -206,8 +206,14 @@ def cmd_replay(args) -> int:
     from gpuledger.agents.publisher import KafkaPublisher
     from gpuledger.embedded.replay import publish, read_dump
 
+    from gpuledger.embedded.replay import logical_line
+    from gpuledger.topics import check_topics
+
     settings = settings_from_args(args)
     lines = read_dump(Path(args.file), settings.topic_prefix)  # an unknown topic: refused with its line
+    # a missing topic would be created by the producer with the broker's default count, and a count
+    # other than the settings' leaves ticks unclosed or refuses watermark copies: checked first
+    check_topics(settings, sorted({settings.topic_prefix + logical_line(x.topic, settings.topic_prefix) for x in lines}))
     with KafkaPublisher(settings) as publisher:
         counts = publish(lines, publisher, settings, speedup=args.speedup,
                          progress=_progress_printer() if not args.quiet else None)

@@ -28,6 +28,51 @@ KINDS: dict[str, tuple[str, ...]] = {
     "state": ("worker_state", "watch_state"),
 }
 
+#: TopicNames attribute -> the setting(s) its partition count follows (Settings.partitions); the others have 1
+PARTITION_SETTINGS: dict[str, str] = {
+    "gpu_samples": "GPULEDGER_PARTITIONS_GPU_SAMPLES",
+    "node_allocations": "GPULEDGER_PARTITIONS_GPU_SAMPLES",
+    "job_events": "GPULEDGER_PARTITIONS_JOB_EVENTS",
+    "lifecycle_accepted": "GPULEDGER_PARTITIONS_JOB_EVENTS",
+    "worker_state": "GPULEDGER_PARTITIONS_GPU_SAMPLES + GPULEDGER_PARTITIONS_JOB_EVENTS",
+    "scheduler_snapshots": "GPULEDGER_PARTITIONS_SCHEDULER_SNAPSHOTS",
+    "usage": "GPULEDGER_PARTITIONS_USAGE",
+    "dead_letters": "GPULEDGER_PARTITIONS_DEAD_LETTERS",
+    "late_events": "GPULEDGER_PARTITIONS_DEAD_LETTERS",
+    "bills": "GPULEDGER_PARTITIONS_BILLS",
+}
+
+
+def partition_problems(settings: Settings, existing: dict, names: list[str] | None = None) -> list[str]:
+    """One line per existing topic (name -> topic metadata; of `names` where given) whose partition count
+    is not the configured one, naming the setting it follows. The worker broadcasts watermarks to
+    partitions 0..n-1 of the configured n and joins gpu-samples with node-allocations partition by
+    partition: with a count that disagrees, ticks are billed as unallocated or never closed, silently."""
+    problems, configured = [], settings.partitions()
+    for attr, name in vars(settings.topics).items():
+        wanted = configured.get(name)
+        if names is not None and name not in names:
+            continue
+        if name in existing and wanted is not None and len(existing[name].partitions) != wanted:
+            setting = PARTITION_SETTINGS.get(attr, "the ledger (fixed)")
+            problems.append(f"topic {name} has {len(existing[name].partitions)} partitions, {setting} says {wanted}")
+    return problems
+
+
+def check_topics(settings: Settings, names: list[str] | None = None, timeout_s: float = 30.0) -> None:
+    """RuntimeError unless each topic of `names` (default: every topic of the ledger) exists with its
+    configured partition count. For the processes that write or read them (a replay, the worker): a
+    producer would create a missing topic with the broker's default count, and a count that disagrees
+    bills ticks as unallocated or never closes them (`partition_problems`), silently."""
+    names = list(settings.partitions()) if names is None else names
+    existing = AdminClient(settings.kafka_client_config()).list_topics(timeout=timeout_s).topics
+    missing = [name for name in names if name not in existing]
+    problems = partition_problems(settings, existing, names)
+    if missing:
+        problems.insert(0, f"topic(s) {', '.join(missing)} missing (run `gpuledger topics create` first)")
+    if problems:
+        raise RuntimeError("; ".join(problems))
+
 
 def topic_kind(settings: Settings, name: str) -> str:
     for kind, attrs in KINDS.items():
@@ -96,21 +141,23 @@ def create_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, str]
     topic gets the configs it lacks.
 
     Returns topic -> 'created' | 'exists' | 'updated'. An existing topic with a different partition
-    count is an error: co-partitioning of gpu-samples and node-allocations depends on it. An existing
-    topic keeps its replicas: its min.insync.replicas follows its real replica count (never more than
-    it has, which would refuse every write), with a warning where that differs from
-    GPULEDGER_REPLICATION_FACTOR."""
+    count is an error (`partition_problems`: all of them, before any topic is changed): co-partitioning
+    of gpu-samples and node-allocations depends on it. An existing topic keeps its replicas: its
+    min.insync.replicas follows its real replica count (never more than it has, which would refuse
+    every write), with a warning where that differs from GPULEDGER_REPLICATION_FACTOR."""
     admin = AdminClient(settings.kafka_client_config())
     wanted = settings.partitions()
     configs = {name: topic_config(settings, name) for name in wanted}
     existing = admin.list_topics(timeout=timeout_s).topics
+    problems = partition_problems(settings, existing)
+    if problems:  # all of them, before any topic is changed
+        raise RuntimeError("; ".join(problems) + ". Set the partition settings to the topics' counts (Kafka cannot "
+                           "take partitions away; adding some moves keys to other partitions, so a node's ticks "
+                           "and allocations must be repartitioned together)")
     result: dict[str, str] = {}
     to_create = []
     for name, partitions in wanted.items():
         if name in existing:
-            have = len(existing[name].partitions)
-            if have != partitions:
-                raise RuntimeError(f"topic {name} exists with {have} partitions, configuration says {partitions}")
             replicas = replica_count(existing[name])
             if replicas is not None and replicas != settings.replication_factor:
                 log.warning("topic %s has %d replica(s) but GPULEDGER_REPLICATION_FACTOR is %d: its "

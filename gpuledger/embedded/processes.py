@@ -24,7 +24,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
     """Environment that gives a child process the same Settings (GPULEDGER_* variables)."""
     env = dict(os.environ)
     for name, value in settings.model_dump().items():
-        if value is None:
+        if value is None:  # unset here, so unset there: not the value this process's environment has
+            env.pop(f"GPULEDGER_{name.upper()}", None)
             continue
         if hasattr(value, "get_secret_value"):
             value = value.get_secret_value()

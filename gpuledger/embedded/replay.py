@@ -243,10 +243,12 @@ def publish(
     0..partitions_job_events-1 and counted once. With `speedup`, event time advances `speedup`
     times faster than `clock`. `progress(done, total)` is called every 1000 messages and at the
     end (total 0 when the input's length is unknown). Raises RuntimeError if the final flush
-    leaves messages undelivered: losing metering data is not a warning."""
+    leaves messages undelivered, or if the broker refused any (the publisher's `failed`, each
+    logged with its reason): losing metering data is not a warning."""
     if speedup is not None and speedup <= 0:
         raise ValueError(f"speedup must be > 0 (or None for as fast as possible), got {speedup}")
     prefix = settings.topic_prefix
+    failed_before = getattr(publisher, "failed", 0)  # refusals of this call only, on a reused publisher
     messages, total = _stream(emissions_or_lines, prefix)
     counts = {name: 0 for name in LINES}
     t0_event: int | None = None
@@ -278,6 +280,12 @@ def publish(
         progress(done, total or done)
     if left:
         raise RuntimeError(f"replay: {left} message(s) still undelivered after flush")
+    # a refused message has left the queue too (flush does not count it), e.g. a watermark copy for a
+    # partition the topic lacks: GPULEDGER_PARTITIONS_JOB_EVENTS above its real partition count
+    refused = getattr(publisher, "failed", 0) - failed_before
+    if refused:
+        raise RuntimeError(f"replay: {refused} message(s) refused by the broker (the log says why, e.g. an unknown "
+                           "partition: compare GPULEDGER_PARTITIONS_* with `gpuledger topics list`)")
     return counts
 
 

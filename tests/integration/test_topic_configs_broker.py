@@ -47,3 +47,35 @@ def test_existing_topics_keep_min_insync_within_their_replicas(broker, make_sett
     for name in three.partitions():
         assert described(three, name).get("min.insync.replicas") in (None, "1"), name
     assert "replica(s) but GPULEDGER_REPLICATION_FACTOR is 3" in caplog.text
+
+
+def test_changed_partition_settings_are_refused_before_any_topic_changes(broker, make_settings):
+    """GPULEDGER_PARTITIONS_USAGE raised after the topics exist, with a longer input retention in the
+    same run: the error names the topic and the setting, and the input topics (before usage in the
+    list) keep their retention. The first mismatch used to stop the run after updating those."""
+    settings = make_settings(kafka_bootstrap=broker.bootstrap, partitions_usage=2)
+    create_topics(settings)
+    changed = make_settings(kafka_bootstrap=broker.bootstrap, topic_prefix=settings.topic_prefix, partitions_usage=3,
+                            topic_retention_input_days=90)
+    with pytest.raises(RuntimeError, match=rf"topic {settings.topics.usage} has 2 partitions, "
+                                           r"GPULEDGER_PARTITIONS_USAGE says 3"):
+        create_topics(changed)
+    assert described(changed, changed.topics.gpu_samples)["retention.ms"] == \
+        topic_config(settings, settings.topics.gpu_samples)["retention.ms"]
+
+
+def test_check_topics_names_missing_topics_and_disagreeing_counts(broker, make_settings):
+    """What a replay or the worker can check before it writes or reads (gpuledger.topics.check_topics)."""
+    from gpuledger.topics import check_topics
+
+    settings = make_settings(kafka_bootstrap=broker.bootstrap)
+    inputs = [settings.topics.gpu_samples, settings.topics.job_events, settings.topics.scheduler_snapshots]
+    with pytest.raises(RuntimeError, match=rf"{settings.topics.gpu_samples}, .* missing \(run `gpuledger topics create"):
+        check_topics(settings, inputs)
+    create_topics(settings)
+    check_topics(settings)
+    check_topics(settings, inputs)
+    more = make_settings(kafka_bootstrap=broker.bootstrap, topic_prefix=settings.topic_prefix, partitions_job_events=4)
+    with pytest.raises(RuntimeError) as err:
+        check_topics(more, inputs)
+    assert str(err.value) == f"topic {more.topics.job_events} has 2 partitions, GPULEDGER_PARTITIONS_JOB_EVENTS says 4"

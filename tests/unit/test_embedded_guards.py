@@ -1,6 +1,6 @@
 """The embedded pipeline's guards that need no broker or engine: the data-directory lock, dump
-lines on an unknown topic, non-finite demo hours, the SIGTERM handler of the pipeline commands
-and the parent-death signal of child processes. (With the real Tansu and chDB:
+lines on an unknown topic, messages the broker refused, non-finite demo hours, the SIGTERM handler
+of the pipeline commands and the parent-death signal of child processes. (With the real Tansu and chDB:
 tests/integration/test_embedded_faults.py.)"""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from gpuledger.cli import exit_on_sigterm, main
 from gpuledger.config import Settings
 from gpuledger.embedded.demo import load_dump
 from gpuledger.embedded.pipeline import LOCK_FILE, PipelineError, hold_data_dir, run_embedded
+from gpuledger.embedded.processes import settings_env
 from gpuledger.embedded.replay import DumpError, DumpLine, publish, read_dump
 
 GOOD = {"topic": "job-events", "key": None, "value": {"type": "watermark", "cluster": "c", "ts_ms": 5}}
@@ -146,3 +147,50 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+# --------------------------------------------------------------------------- refused deliveries
+class _RefusingPublisher(ListPublisher):
+    """The broker refuses every message to a partition from `refuse_from` on (e.g. a job-events
+    topic with fewer partitions than GPULEDGER_PARTITIONS_JOB_EVENTS): counted in `failed` at
+    delivery, as KafkaPublisher counts it; flush then leaves nothing in the queue."""
+
+    def __init__(self, refuse_from: int):
+        super().__init__()
+        self.refuse_from = refuse_from
+
+    def publish(self, topic, key, value, partition=None, on_delivery=None):
+        if partition is not None and partition >= self.refuse_from:
+            self.failed += 1
+            return
+        super().publish(topic, key, value, partition)
+
+
+def test_publish_raises_when_the_broker_refused_messages():
+    """A watermark for 4 partitions on a topic with 2: the 2 refused copies were only logged, and
+    replay printed its counts and exited 0 as if the whole dump were on Kafka."""
+    settings = Settings(partitions_job_events=4)
+    publisher = _RefusingPublisher(refuse_from=2)
+    with pytest.raises(RuntimeError, match=r"2 message\(s\) refused by the broker"):
+        publish([DumpLine("job-events", None, GOOD["value"])], publisher, settings)
+    assert len(publisher.messages) == 2  # what the broker took is still counted as delivered there
+
+
+def test_publish_counts_only_this_runs_refusals():
+    publisher = _RefusingPublisher(refuse_from=2)
+    publisher.failed = 3  # an earlier publish on the same producer
+    assert publish([DumpLine("job-events", None, GOOD["value"])], publisher, Settings(partitions_job_events=2)) \
+        == {"gpu-samples": 0, "job-events": 1, "scheduler-snapshots": 0}
+
+
+
+# --------------------------------------------------------------------------- child settings
+def test_a_setting_unset_in_the_parent_is_unset_in_the_child(monkeypatch):
+    """A child process reads its settings from the environment: a GPULEDGER_* variable the parent's
+    settings do not use (None there, e.g. SASL credentials cleared for the embedded broker) must not
+    reach it from the parent's own environment."""
+    monkeypatch.setenv("GPULEDGER_KAFKA_SASL_USERNAME", "prod-user")
+    monkeypatch.setenv("GPULEDGER_KAFKA_SASL_PASSWORD", "prod-secret")
+    env = settings_env(Settings().model_copy(update={"kafka_sasl_username": None, "kafka_sasl_password": None}))
+    assert "GPULEDGER_KAFKA_SASL_USERNAME" not in env and "GPULEDGER_KAFKA_SASL_PASSWORD" not in env
+    assert env["GPULEDGER_KAFKA_SECURITY_PROTOCOL"] == "PLAINTEXT"

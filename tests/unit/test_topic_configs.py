@@ -124,3 +124,34 @@ def test_topic_config_for_real_replicas(tmp_path):
     name = s.topics.gpu_samples
     assert "min.insync.replicas" not in topic_config(s, name, replicas=1)
     assert topic_config(s, name, replicas=5)["min.insync.replicas"] == "3"
+
+
+def test_partition_counts_that_disagree_are_all_named_with_their_setting_before_anything_changes(tmp_path, monkeypatch):
+    """GPULEDGER_PARTITIONS_* changed after the topics exist: one error names every topic that
+    disagrees and the setting it follows, and no topic's configs were changed before it (the
+    first mismatch used to stop the run half-way, after altering the topics before it)."""
+    import gpuledger.topics as topics
+
+    before = Settings(data_dir=tmp_path, topic_prefix="t.", partitions_gpu_samples=4, partitions_job_events=2)
+    admin = _FakeAdmin(before, 1)
+    monkeypatch.setattr(topics, "AdminClient", lambda config: admin)
+    now = Settings(data_dir=tmp_path, topic_prefix="t.", partitions_gpu_samples=8, partitions_job_events=2)
+    with pytest.raises(RuntimeError) as err:
+        topics.create_topics(now)
+    text = str(err.value)
+    assert "topic t.gpu-samples has 4 partitions, GPULEDGER_PARTITIONS_GPU_SAMPLES says 8" in text
+    assert "topic t.node-allocations has 4 partitions, GPULEDGER_PARTITIONS_GPU_SAMPLES says 8" in text
+    assert ("topic t.worker-state has 6 partitions, GPULEDGER_PARTITIONS_GPU_SAMPLES + "
+            "GPULEDGER_PARTITIONS_JOB_EVENTS says 10") in text
+    assert "job-events" not in text
+    assert admin.altered == {}
+
+
+def test_every_partition_setting_names_a_topic_and_a_real_setting(tmp_path):
+    from gpuledger.topics import PARTITION_SETTINGS
+
+    s = Settings(data_dir=tmp_path)
+    for attr, variables in PARTITION_SETTINGS.items():
+        assert hasattr(s.topics, attr), attr
+        for variable in variables.split(" + "):
+            assert variable.removeprefix("GPULEDGER_").lower() in Settings.model_fields, variable
