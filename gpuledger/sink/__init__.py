@@ -19,11 +19,14 @@ Exactly-once effect (docs/reliability.md, "Exactly-once into ClickHouse"):
   block written again after a crash is dropped by ClickHouse (usage_raw and, with
   `deduplicate_blocks_in_dependent_materialized_views`, each materialized view's target on its own);
 - after a restart the sink resumes from the progress table: messages below a done range are
-  skipped; a pending range is rebuilt exactly (same messages, same horizons, same token) and
-  written again, so whatever part of it reached ClickHouse is not counted twice;
+  skipped; a pending range is rebuilt exactly (same messages, same horizons, same token, from its
+  recorded start even when its first messages are gone) and written again, so whatever part of it
+  reached ClickHouse is not counted twice; a continuous sink, like a caught-up run, writes one whose
+  rest is past its partition's end (its consumer had every message) rather than hold it;
 - usage records the worker emitted twice (after a worker crash, at new offsets) are dropped before
   the insert by a per-GPU horizon: the worker emits each GPU's records in time order, so a record
-  starting before the end of the latest record already taken for its GPU is a re-emission.
+  starting before the end of the latest record already taken for its GPU is a re-emission (counted
+  in gpuledger_duplicates_total{component="sink",kind="row"}, as resent health rows are).
 - gpu_health rows of a tick an agent sent again (its spool delivers at least once, at new offsets)
   are dropped before the insert when gpu_health already holds the same (cluster, node, GPU, ts_ms)
   from a message outside the block's own range (so a rebuilt pending block keeps its rows).

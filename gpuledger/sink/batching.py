@@ -77,7 +77,7 @@ class BatchingSink:
     _reported: dict[tuple[str, int], int] = field(default_factory=dict, init=False)
     buffered: int = field(default=0, init=False)
     skipped_duplicates: int = field(default=0, init=False)
-    dropped_records: int = field(default=0, init=False)
+    dropped_records: int = field(default=0, init=False)  # rows a restarted worker emitted again (horizons)
     retries: int = field(default=0, init=False)
     poisoned: int = field(default=0, init=False)
     splits: int = field(default=0, init=False)
@@ -132,10 +132,16 @@ class BatchingSink:
             letter()
         if buf is not None and buf.rebuilding and source.offset >= state.pending[1]:
             self.flush_partition(key, gap=True)  # the replayed range is complete (its end was a gap)
+            if key not in self._state:
+                return True  # revoked while the write waited: the message is the new owner's
             buf, state = None, self._state[key]  # the next block starts from the range's done progress
         if buf is None:
-            buf = self._buffers[key] = _Buffer(first=source.offset, next=source.offset, running=dict(state.horizons),
-                                              rebuilding=state.pending is not None and source.offset < state.pending[1])
+            rebuilding = state.pending is not None and source.offset < state.pending[1]
+            # a pending range read again is the recorded range from its start, even when its first
+            # messages are gone (retention): the same token, so a block already in is not stored twice
+            first = state.pending[0] if rebuilding else source.offset
+            buf = self._buffers[key] = _Buffer(first=first, next=source.offset, running=dict(state.horizons),
+                                              rebuilding=rebuilding)
         if source.topic == self.usage_topic and "usage_raw" in rows_by_table:
             rows_by_table = {**rows_by_table, "usage_raw": self._new_usage(rows_by_table["usage_raw"], buf.running)}
         if origin is not None:
@@ -239,9 +245,18 @@ class BatchingSink:
             plans.append((key, buf, state, start, end))
         if not plans:
             return written
-        pending_rows = [self._row(key, state.epoch, start, end, "pending", state.horizons)
-                        for key, buf, state, start, end in plans]
-        self._retry(lambda: self.progress.save(pending_rows), "recording a pending block")
+
+        def owned(plans):
+            # a partition revoked while a step waited (the run loop polls there; a rebalance may come) is
+            # its new owner's: it loaded no range of this block, so none may be recorded or inserted now
+            return [plan for plan in plans if self._buffers.get(plan[0]) is plan[1]]
+
+        self._retry(lambda: self.progress.save([self._row(key, state.epoch, start, end, "pending", state.horizons)
+                                                for key, buf, state, start, end in owned(plans)]),
+                    "recording a pending block")
+        plans = owned(plans)
+        if not plans:
+            return written
         for key, buf, state, start, end in plans:
             for table, rows in buf.rows.items():
                 if table == "gpu_health" and self.stored_health is not None:
@@ -258,7 +273,8 @@ class BatchingSink:
         done_rows = [self._row(key, state.epoch, start, end, "done", buf.running)
                      for key, buf, state, start, end in plans]
         self._retry(lambda: self.progress.save(done_rows), "recording a done block")
-        for key, buf, state, start, end in plans:
+        # (a partition revoked after its pending row: its new owner rebuilds the same block, same token)
+        for key, buf, state, start, end in owned(plans):
             self._state[key] = Progress(state.epoch, end, None, dict(buf.running))
             self._drop(key)
         return written

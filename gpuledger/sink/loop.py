@@ -1,8 +1,12 @@
 """The sink's Kafka loop: consume the ledger's output topics, convert, batch, write, commit.
+
+Why one file: the loop's steps (pausing during an outage, dead letters, rebalances, closing a pending
+range, the caught-up check, the recreated-topic check) all act on the one consumer and sink it holds.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -35,6 +39,7 @@ class SinkStats:
     batches: int = 0
     duplicates: int = 0  # messages the warehouse already held (redelivered after a restart)
     duplicate_rows: int = 0  # gpu_health rows of ticks an agent sent again (already stored)
+    reemitted_rows: int = 0  # usage records and accepted job events a restarted worker emitted again
     rows: dict[str, int] = field(default_factory=dict)
     assignments: int = 0  # partition assignments received (1 when the sink never left its group)
     retries: int = 0  # warehouse steps retried (transient errors)
@@ -48,6 +53,7 @@ class SinkStats:
             "batches": self.batches,
             "duplicates": self.duplicates,
             "duplicate_rows": self.duplicate_rows,
+            "reemitted_rows": self.reemitted_rows,
             "assignments": self.assignments,
             "retries": self.retries,
         }
@@ -84,7 +90,8 @@ def run_sink(
     it connects to the configured warehouse, applies pending migrations and closes the client
     at the end; a given client is used as is (already migrated) and left open. `wrap_writer` wraps
     the ClickHouse writer (the tests' fault injection: tests/sink_faults.py).
-    Returns {"messages", "rows": {table: n}, "dead_letters", "skipped", "batches", "duplicates"}."""
+    Returns {"messages", "rows": {table: n}, "dead_letters", "skipped", "batches", "duplicates",
+    "duplicate_rows", "reemitted_rows", "assignments", "retries"}."""
     from gpuledger.metrics import InstrumentedWriter, sink_metrics
     from gpuledger.warehouse import connect, migrate
 
@@ -159,6 +166,11 @@ def run_sink(
                     if msg.error() is None:
                         key = (msg.topic(), msg.partition())
                         reread[key] = min(reread.get(key, msg.offset()), msg.offset())
+                if revoked:
+                    # a rebalance during the wait: the block being written must leave those partitions
+                    # to their new owner (BatchingSink skips a revoked partition's buffer); `rebalanced`
+                    # sees them again and handles the assignment
+                    sink.revoke(list(revoked))
                 producer.poll(0)
                 metrics.measure_lag(consumer, paused=True)  # the lag grows while the warehouse is down
 
@@ -167,10 +179,15 @@ def run_sink(
                 return
             try:
                 consumer.resume(paused)
-                for (t, p), offset in reread.items():
-                    consumer.seek(TopicPartition(t, p, offset))
             except KafkaException as exc:  # a partition revoked meanwhile: the next assignment sorts it out
                 log.warning("resuming the partitions: %s", exc)
+            # each on its own: one revoked partition's refusal must not leave another's messages read
+            # during the wait unread (its position is past them: they would be recorded done, unwritten)
+            for (t, p), offset in reread.items():
+                try:
+                    consumer.seek(TopicPartition(t, p, offset))
+                except KafkaException as exc:
+                    log.warning("seeking %s[%d] back to %d: %s", t, p, offset, exc)
             log.warning("warehouse writes succeed again: %d partitions resumed", len(paused))
             paused.clear()
             reread.clear()
@@ -178,7 +195,7 @@ def run_sink(
         def poisoned(key, offset, table, rows, reason, message_key) -> None:  # its rows as original, its key
             stats.dead_letters += 1
             metrics.dead_letter(key[0], reason)
-            produce_letter(key[0], key[1], offset, message_key, orjson.dumps(rows, default=str), reason)
+            produce_letter(key[0], key[1], offset, message_key, _letter_original(rows), reason)
 
         sink = BatchingSink(writer, ClickHouseProgress(client, settings.database, group), batch_rows=batch_rows,
                             batch_interval_s=batch_interval_s, backoff_max_s=settings.sink_retry_max_s,
@@ -199,6 +216,9 @@ def run_sink(
             if sink.duplicate_health > stats.duplicate_rows:
                 metrics.duplicate(sink.duplicate_health - stats.duplicate_rows)
                 stats.duplicate_rows = sink.duplicate_health
+            if sink.dropped_records > stats.reemitted_rows:  # second copies too, dropped by the horizons
+                metrics.duplicate(sink.dropped_records - stats.reemitted_rows)
+                stats.reemitted_rows = sink.dropped_records
             metrics.batch_flushed(written)
             if written:
                 stats.batches += 1
@@ -225,7 +245,7 @@ def run_sink(
                 refuse_recreated(consumer, sink, gained)
 
         last_message = time.monotonic()
-        last_check = 0.0
+        last_check = last_gap_check = 0.0
         short_ends: set[tuple[str, int]] = set()  # partitions ending inside a pending range (logged once)
         while not stop.is_set():
             messages = consumer.consume(num_messages=500, timeout=0.2)
@@ -239,6 +259,8 @@ def run_sink(
                         raise RuntimeError(f"Kafka consumer failed: {err}")
                     log.warning("consumer error: %s", err)
                     continue
+                if (msg.topic(), msg.partition()) in revoked:
+                    continue  # revoked during a write's wait, after this message was fetched: not ours
                 last_message = time.monotonic()
                 stats.messages += 1
                 metrics.message_in(msg.topic())
@@ -254,7 +276,7 @@ def run_sink(
                 # (original, reason) of each letter: the whole message, or each rejected part of it (a
                 # batch's bad ticks), every one under the message's key as the worker's letters are
                 bad = [(msg.value(), reason)] if reason is not None else \
-                    [(orjson.dumps(part), why) for why, part in getattr(rows, "rejected", None) or ()]
+                    [(_letter_original(part), why) for why, part in getattr(rows, "rejected", None) or ()]
                 letter = None
                 if bad:
                     def letter(msg=msg, bad=bad) -> None:  # sent by the sink once it knows the message is new
@@ -276,6 +298,12 @@ def run_sink(
                 flush_and_commit()
             metrics.measure_lag(consumer, paused=bool(paused))  # every few seconds, not per message
             now = time.monotonic()
+            if not until_caught_up and now - last_gap_check >= idle_s and sink.rebuilding():
+                # a continuous sink too: on a quiet partition no later offset may ever come to prove the
+                # rest of a pending range a gap, and the range's rows would wait for good
+                last_gap_check = now
+                _close_pending_past_end(consumer, sink, short_ends, timeout_s=1.0)
+                flush_and_commit()
             if until_caught_up and now - last_message >= idle_s and now - last_check >= 0.5:
                 last_check = now
                 _close_pending_past_end(consumer, sink, short_ends)
@@ -290,6 +318,16 @@ def run_sink(
         if own_client:
             client.close()
     return stats.as_dict()
+
+
+def _letter_original(obj) -> bytes:
+    """A dead letter's original given as a JSON value (a batch's rejected tick, rows the warehouse
+    refused). orjson writes no integer beyond 64 bits, which pydantic's JSON parser reads: a tick
+    holding one raised here and stopped the sink on every restart. The standard library writes it."""
+    try:
+        return orjson.dumps(obj, default=str)
+    except TypeError:
+        return json.dumps(obj, default=str, separators=(",", ":")).encode()
 
 
 def _dump_stacks_on_sigusr1() -> None:
@@ -335,7 +373,8 @@ def _caught_up(consumer: Consumer, partitions: list[TopicPartition]) -> bool:
     return True
 
 
-def _close_pending_past_end(consumer: Consumer, sink: BatchingSink, short_ends: set[tuple[str, int]]) -> None:
+def _close_pending_past_end(consumer: Consumer, sink: BatchingSink, short_ends: set[tuple[str, int]],
+                            timeout_s: float = 10.0) -> None:
     """A pending range read again waits for its last message (docs/reliability.md). When the consumer
     has had every message of the partition and its end offset is at or past the range's end, the rest
     of the range holds no messages any more (compacted, or offsets without messages): write it with
@@ -345,7 +384,7 @@ def _close_pending_past_end(consumer: Consumer, sink: BatchingSink, short_ends: 
     for (topic, partition), (next_offset, end) in sink.rebuilding().items():
         tp = TopicPartition(topic, partition)
         try:
-            _low, high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+            _low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
             position = consumer.position([tp])[0].offset
         except KafkaException as exc:
             log.debug("cannot tell whether %s[%d]'s pending range can still come: %s", topic, partition, exc)

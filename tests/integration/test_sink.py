@@ -287,3 +287,27 @@ def test_a_block_written_again_after_a_restart_counts_once_in_the_views(settings
         assert counts() == (2, 2)
     finally:
         client.close()
+
+
+def test_usage_records_a_restarted_worker_emits_again_are_counted_as_duplicates(settings):
+    """The per-GPU horizon drops the records a restarted worker emits again (at new offsets); they are
+    second copies dropped silently, so gpuledger_duplicates_total{component="sink",kind="row"} counts
+    them, as it counts health rows sent again. They were dropped and counted nowhere: after a worker
+    crash the metric and the run's stats said no copy had come."""
+    from prometheus_client import REGISTRY
+
+    def duplicates() -> float:
+        return REGISTRY.get_sample_value("gpuledger_duplicates_total", {"component": "sink", "kind": "row"}) or 0.0
+
+    create_topics(settings)
+    t = settings.topics
+    producer = Producer(settings.kafka_client_config())
+    batches = [[0, 1], [1], [1, 2]]  # gpu-A's minutes: minute 1 emitted again twice (a worker restarted)
+    for minutes in batches:
+        producer.produce(t.usage, encode(UsageBatch(node="n1", records=[record("gpu-A", m, "unallocated") for m in minutes])),
+                         key=b"n1", partition=0)
+    assert producer.flush(30) == 0
+    before = duplicates()
+    stats = run_until_caught_up(settings)
+    assert stats["rows"] == {"usage_raw": 3}
+    assert stats["reemitted_rows"] == 2 and duplicates() - before == 2

@@ -115,3 +115,38 @@ def test_a_bad_tick_in_a_batch_does_not_cost_the_good_ones_their_rows(settings) 
     # caught up, run again: every letter was confirmed before its range was recorded done, none goes twice
     assert run_until_caught_up(settings)["dead_letters"] == 0
     assert len(read_topic(settings, t.dead_letters)) == 5
+
+
+def test_a_tick_with_an_integer_beyond_64_bits_is_a_letter_and_the_sink_goes_on(settings) -> None:
+    """pydantic's JSON parser takes an integer of any size, orjson writes none beyond 64 bits: a batch
+    whose bad tick held one (an ECC count of 2**70) killed the sink while it wrote the tick's letter,
+    and again on every restart (the message was never committed)."""
+    import json
+
+    create_topics(settings)
+    t = settings.topics
+    huge = 2**70
+
+    def ecc_beyond_64_bits(ticks: list) -> None:
+        ticks[2]["gpus"][0]["ecc_dbe_total"] = 123_456_789_123  # replaced by `huge` in the bytes below
+
+    raw = batch("huge", ecc_beyond_64_bits).replace(b"123456789123", str(huge).encode())
+    producer = Producer(settings.kafka_client_config())
+    producer.produce(t.gpu_samples, raw, key=b"huge", partition=0)
+    producer.produce(t.gpu_samples, batch("good"), key=b"good", partition=0)
+    assert producer.flush(30) == 0
+    stats = run_until_caught_up(settings)
+
+    client = warehouse.connect(settings)
+    try:
+        health = dict(client.query(f"SELECT node, count() FROM {settings.database}.gpu_health GROUP BY node")
+                      .result_rows)
+    finally:
+        client.close()
+    assert health == {"huge": 8, "good": 10}  # the other four ticks of the batch, and the batch behind it
+    assert stats["dead_letters"] == 1
+    [(key, letter)] = [(m.key(), decode(DeadLetter, m.value())) for m in read_topic(settings, t.dead_letters)]
+    assert key == b"huge" and letter.offset == 0
+    assert letter.reason.startswith(f"value cannot be stored: gpu_health.ecc_dbe_total={huge} is outside")
+    original = json.loads(letter.original)  # the tick, its integer exactly as sent
+    assert original["ts_ms"] == T0 + 2 * S and original["gpus"][0]["ecc_dbe_total"] == huge

@@ -125,3 +125,13 @@ def test_every_optional_setting_takes_empty_as_unset():
 
     optional = {name for name, f in Settings.model_fields.items() if f.default is None} - {"kafka_sasl_password"}
     assert optional == set(OPTIONAL_FIELDS)
+
+
+def test_a_dead_letter_larger_than_the_producers_can_send_is_refused(monkeypatch):
+    """The worker's and sink's producers keep their clients' 1 MB message limit: a letter set larger was
+    refused by the producer at once (MSG_SIZE_TOO_LARGE), and the sink stopped on it."""
+    monkeypatch.setenv("GPULEDGER_DEAD_LETTER_MAX_BYTES", "2000000")
+    with pytest.raises(ValidationError, match="less than or equal to 990000"):
+        Settings()
+    monkeypatch.setenv("GPULEDGER_DEAD_LETTER_MAX_BYTES", "990000")
+    assert Settings().dead_letter_max_bytes == 990_000

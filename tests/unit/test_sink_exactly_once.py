@@ -1,6 +1,9 @@
 """The sink's exactly-once effect without Kafka or ClickHouse: BatchingSink over a fake warehouse
 that deduplicates blocks by token (as ClickHouse does with insert_deduplication_token), crashed at
-every possible point and restarted from its progress store and the last committed offsets."""
+every possible point and restarted from its progress store and the last committed offsets.
+
+Why one file: every test here runs on the same crash harness (FakeWarehouse, CrashingProgress, the
+re-emitting streams, a sink crashed with a pending range)."""
 
 from __future__ import annotations
 
@@ -400,3 +403,27 @@ def test_until_caught_up_writes_a_pending_range_whose_rest_is_past_the_partition
     assert sink.rebuilding() == {(EVENTS, 1): (3, 5)} and short_ends == {(EVENTS, 1)}
     assert sink.flush()[1] == {(EVENTS, 0): 5}
     assert "written without them" in caplog.text and caplog.text.count("inside the pending range") == 1
+
+
+def test_a_pending_range_whose_first_messages_are_gone_is_written_under_its_own_token():
+    """The sink died after its insert of [0, 5), before the done row; while it was down the topic's
+    retention removed offsets 0-1. The range read again starts at offset 2, but it is still the range
+    [0, 5): written under that token, ClickHouse drops it (the block is in). Under a token of its own
+    (2-5) offsets 2-4 were stored twice."""
+    progress = MemoryProgress()
+    warehouse = FakeWarehouse()
+    warehouse.crash_at = (1, "after")  # the insert went in, the process died before `done`
+    sink = BatchingSink(warehouse, progress, batch_rows=100)
+    sink.assign([(EVENTS, 0)])
+    for i in range(5):
+        sink.add(*reversed(events_message(0, i)))
+    with pytest.raises(Crash):
+        sink.flush()
+    warehouse.crash_at = None
+    sink = BatchingSink(warehouse, progress, batch_rows=100)
+    sink.assign([(EVENTS, 0)])
+    for i in range(2, 5):  # offsets 0-1 are gone (retention)
+        sink.add(*reversed(events_message(0, i)))
+    assert sink.flush()[1] == {(EVENTS, 0): 5}
+    assert warehouse.tokens == {f"{EVENTS}/0/e0/0-5/job_events"}
+    assert sorted(r["event_id"] for r in warehouse.tables["job_events"]) == [f"e0-{i}" for i in range(5)]

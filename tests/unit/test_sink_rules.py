@@ -295,3 +295,34 @@ def test_the_sink_rejects_the_ticks_the_worker_finds_inconsistent():
     assert full_why.startswith("inconsistent tick: n GPU G uses 81 bytes of 80")
     assert twice_why.endswith("(2 of the batch's 3 ticks rejected; the others stored)")
     assert [twice_tick["ts_ms"], full_tick["ts_ms"]] == [T0 + 5000, T0 + 10_000]
+
+
+def test_a_partition_revoked_while_its_pending_row_waits_for_the_warehouse_is_left_to_its_new_owner():
+    """The warehouse is down when a block's pending rows are to be saved; the run loop keeps polling
+    meanwhile, and a rebalance there gives partition 1 to another sink, which loads its progress (no
+    pending range: it cuts blocks of its own from the last done offset). This sink must then neither
+    record a range of partition 1 nor insert its rows: under this sink's token they were stored again
+    beside the new owner's blocks, and the pending row (a higher seq) made the new owner's next load
+    rebuild a range it had already written."""
+
+    class DownProgress(MemoryProgress):
+        down = 1
+
+        def save(self, rows):
+            if self.down:
+                self.down -= 1
+                raise ConnectionError("warehouse down")
+            super().save(rows)
+
+    wh, progress = Warehouse(), DownProgress()
+    sink = BatchingSink(wh, progress, sleep=lambda _s: sink.revoke([(SNAP, 1)]))  # the loop's rebalance
+    sink.assign([(SNAP, 0), (SNAP, 1)])
+    for partition in (0, 1):
+        for offset, rows in snapshot_rows(2, months_apart=False):
+            sink.add({"scheduler_snapshots": [{**r, "q": partition} for r in rows["scheduler_snapshots"]]},
+                     Source(SNAP, partition, offset))
+    written, offsets = sink.flush()
+    assert written == {"scheduler_snapshots": 2} and offsets == {(SNAP, 0): 2}
+    assert {r["q"] for r in wh.tables["scheduler_snapshots"]} == {0}
+    assert {(r["partition"], r["phase"]) for r in progress.rows} == {(0, "pending"), (0, "done")}
+    assert sink.progress_of((SNAP, 1)).done_to == 0 and sink.buffered == 0
