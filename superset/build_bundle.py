@@ -7,6 +7,9 @@ how it is kept consistent: stable UUIDs (uuid5 of the names), dataset columns re
 migrated schema (a throw-away chDB), every chart placed in its dashboard's `position` with
 `meta.chartId`, native filters targeting datasets by UUID. Edit here, re-run, commit both.
 
+Why one file: the definitions (datasets, charts, dashboards) and the writer that ties them together
+(UUIDs, chart ids, filter scopes from the datasets' columns) are one artefact, read side by side.
+
 Numbers read like the periodic reports': column headers and units from gpuledger.warehouse.periodic.columns,
 raw tables rounded per column, axes titled with their units, money metrics, columns and axes in the
 currency of the shipped ledger (gpuledger/ledger_defaults.toml), which `gpuledger superset import` rewrites
@@ -71,6 +74,8 @@ LAYERS = {
 
 #: the forecast's series of pending demand, which has no GPU model (gpuledger/warehouse/forecast.py)
 FORECAST_PENDING = "(pending: any model)"
+#: the forecast rows of the fleet's line: every GPU model's total, pending demand (no model) left out
+FLEET_FORECAST = f"kind = 'forecast' AND queue = '*' AND gpu_model != '{FORECAST_PENDING}'"
 #: metrics of the 5-minute load tables (per GPU and per node: the same columns)
 LOAD_METRICS = [
     m("hardware_util_pct", "sum(util_weighted_gpu_ms) / nullIf(sum(util_gpu_ms), 0)", "Hardware utilization %", ".1f"),
@@ -171,9 +176,10 @@ DATASETS: dict[str, tuple[str, str | None, list[dict], bool]] = {
                                  "forecast with its 80 % band, against capacity", "day", [
         m("fleet_demand", f"sumIf(demand_gpu_hours, queue = '*' AND gpu_model != '{FORECAST_PENDING}')",
           "Demand GPU-hours", ",.0f"),
-        m("fleet_demand_lower", f"sumIf(lower_gpu_hours, kind = 'forecast' AND queue = '*' AND gpu_model != '{FORECAST_PENDING}')",
+        # none, not 0, on a history day: a line at 0 under the history is no band (as the forecast report)
+        m("fleet_demand_lower", f"if(countIf({FLEET_FORECAST}) = 0, NULL, sumIf(lower_gpu_hours, {FLEET_FORECAST}))",
           "Band low GPU-hours", ",.0f"),
-        m("fleet_demand_upper", f"sumIf(upper_gpu_hours, kind = 'forecast' AND queue = '*' AND gpu_model != '{FORECAST_PENDING}')",
+        m("fleet_demand_upper", f"if(countIf({FLEET_FORECAST}) = 0, NULL, sumIf(upper_gpu_hours, {FLEET_FORECAST}))",
           "Band high GPU-hours", ",.0f"),
         m("fleet_capacity", f"sumIf(capacity_gpu_hours, queue = '*' AND gpu_model != '{FORECAST_PENDING}')",
           "Capacity GPU-hours", ",.0f"),
@@ -191,7 +197,9 @@ def axes(x_title: str, y_title: str, money: bool = False) -> dict:
     return {**params, "currency_format": CURRENCY_FORMAT} if money else params
 
 
-def ts_chart(viz: str, x: str, grain: str, metrics: list[str], groupby=(), fmt=None, **extra) -> dict:
+def ts_chart(viz: str, x: str, grain: str | None, metrics: list[str], groupby=(), fmt=None, **extra) -> dict:
+    """A time series; `grain` None on a Date x-axis (a day or a month already): Superset's grains cast the
+    column with toDateTime(), which puts a Date at the server's midnight, not the UTC day's."""
     params = {"viz_type": viz, "x_axis": x, "time_grain_sqla": grain, "metrics": metrics, "groupby": list(groupby),
               "adhoc_filters": [], "row_limit": 10000, "show_legend": True, "legendOrientation": "top",
               "rich_tooltip": True, "x_axis_time_format": "smart_date", "truncateYAxis": False,
@@ -302,18 +310,20 @@ DASHBOARDS = {
                                       "last_repaired", "flag", "down_seconds", "xid_errors", "max_temperature_c"],
                                      ("repairs", False), 1000), 7),
              ("gpu_card_monthly", "GPU ID card: temperature and utilization by month", "gpu_card_monthly",
-              ts_chart("echarts_timeseries_line", "month", "P1M", ["card_avg_temperature", "card_avg_util"], fmt=".0f",
+              ts_chart("echarts_timeseries_line", "month", None, ["card_avg_temperature", "card_avg_util"], fmt=".0f",
                        **axes("Month (UTC)", "°C / %")), 5)],
         ],
     ),
     "algorithm": (
         "GPU Ledger — Algorithm (job health)", "gpuledger-algorithm",
         "Per job: utilization distribution, balance across its GPUs, idle stretches, cost by GPU model and attempt. "
-        "Pick a tenant and a job.",
-        [("tenant", "Tenant", "job_cost_by_attempt"), ("job_id", "Job", "job_cost_by_attempt")],
+        "Pick a tenant, a cluster and a job (a job id in two clusters is two jobs).",
+        # a job is (cluster, job id), as in the reports: schedulers number jobs per cluster
+        [("tenant", "Tenant", "job_cost_by_attempt"), ("cluster", "Cluster", "job_cost_by_attempt"),
+         ("job_id", "Job", "job_cost_by_attempt", {"cascadeParentIds": ["NATIVE_FILTER-algorithm-cluster"]})],
         [
             [("job_list", "Jobs: cost and attempts", "job_cost_by_attempt",
-              table_agg(["tenant", "job_id"], ["cost_sum", "gpu_hours_sum", "attempts"], "cost_sum", 500), 5),
+              table_agg(["cluster", "tenant", "job_id"], ["cost_sum", "gpu_hours_sum", "attempts"], "cost_sum", 500), 5),
              ("job_util_distribution", "Utilization distribution (executing GPU-hours by utilization)", "job_util_histogram",
               bar_chart("util_bucket", ["gpu_hours"], fmt=",.2f", **axes("Utilization bucket", "GPU-hours")), 7)],
             [("job_gpu_balance", "Balance across the job's GPUs (utilization % per GPU)", "job_gpu_balance",
@@ -356,7 +366,8 @@ DASHBOARDS = {
             # in the Currency filter's currency, without a symbol: a raw table cannot list the calculated currency
             # column (Superset 6.1 selects it as a literal name, which ClickHouse does not know)
             [("top_costly_jobs", "Top-10 costly jobs", "job_cost",
-              table_raw(["job_id", "tenant", "queue", "attempts", "gpu_hours", "effective_gpu_hours", "idle_gpu_hours", "cost"],
+              table_raw(["cluster", "job_id", "tenant", "queue", "attempts", "gpu_hours", "effective_gpu_hours",
+                         "idle_gpu_hours", "cost"],
                         ("cost", False), 10, symbol=False), 7),
              ("cluster_idle_by_model", "Cluster idle (unallocated GPU-hours) by GPU model", "capacity_daily",
               bar_chart("gpu_model", ["unallocated_gpu_hours"], fmt=",.1f",
@@ -365,7 +376,7 @@ DASHBOARDS = {
               bar_chart("tenant", ["co2e_kg_sum"], fmt=",.1f", **axes("Tenant", "kg CO2e")), 12)],
             [("capacity_forecast", "Capacity forecast: demand, next quarter's 80 % band, capacity (GPU-hours a day; "
               "gpuledger forecast run)", "capacity_forecast_latest",
-              ts_chart("echarts_timeseries_line", "day", "P1D", ["fleet_demand", "fleet_demand_lower", "fleet_demand_upper",
+              ts_chart("echarts_timeseries_line", "day", None, ["fleet_demand", "fleet_demand_lower", "fleet_demand_upper",
                                                                  "fleet_capacity"], fmt=",.0f",
                        **axes("Day (UTC)", "GPU-hours")), 12)],
             [("tenant_ranking", "Tenant ranking", "tenant_daily_bill",

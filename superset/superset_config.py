@@ -1,7 +1,9 @@
 """Superset configuration for GPU Ledger (the CI check and the compose stack).
 
 Environment:
-  SUPERSET_SECRET_KEY         required outside tests (Superset refuses its placeholder key)
+  SUPERSET_SECRET_KEY         set your own outside tests and the demo stack: the default below is public,
+                              and whoever knows the key can forge Superset sessions (Superset refuses only
+                              its own placeholder, not this one)
   SUPERSET_METADATA_URI       metadata database (default: SQLite under SUPERSET_HOME)
 """
 

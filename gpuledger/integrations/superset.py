@@ -1,8 +1,8 @@
 """Dashboards as code: import the Superset bundle (superset/bundle/) into a running Superset, pointed at
+the configured warehouse, and turn per-tenant grants into Superset row-level security.
 
 Why one file: one integration (Superset's REST API, its bundle and its row-level security) and its
 CLI command.
-the configured warehouse, and turn per-tenant grants into Superset row-level security.
 
     gpuledger superset import --url http://localhost:8088 --username admin --password admin
 
@@ -10,7 +10,9 @@ the configured warehouse, and turn per-tenant grants into Superset row-level sec
   `clickhousedb:///DB?interface=chdb&path=/abs/dir` (clickhouse-connect's SQLAlchemy dialect with its
   chDB interface: install clickhouse-connect and chdb-core next to Superset, and close every other
   process on that directory first: one process per chDB directory), a server becomes
-  `clickhousedb://user:…@host:port/DB` (the password travels in the import's `passwords` field).
+  `clickhousedb://user:…@host:port/DB` (the password travels in the import's `passwords` field, never
+  in a message): GPULEDGER_CLICKHOUSE_PASSWORD, else the warehouse URL's (`http://user:pw@host:8123`),
+  as the ledger's own client takes it.
   `--database-uri` overrides this when Superset reaches the warehouse under another name.
 - Each dataset's schema becomes the configured database.
 - Money is labelled with the configured ledger's currency: the bundle is built with the shipped ledger's
@@ -24,6 +26,11 @@ the configured warehouse, and turn per-tenant grants into Superset row-level sec
   the `tenant_access` table) creates the Superset role if missing, gives it read access to the
   tenant-scoped datasets and one "Regular" RLS rule `tenant IN (...)` on them. chDB has no users or
   roles, so ClickHouse row policies are not an option on the embedded engine; Superset RLS works on both.
+  With `--grants-from-warehouse` the grants are the whole truth: a role that has a rule from an earlier
+  import but no active grant now (every tenant revoked, `active = 0`) keeps its rule with the clause
+  `1 = 0` (no rows); deleting the rule would let the role's dataset access read every tenant.
+- Errors (no bundle, Superset unreachable or refusing) are one line, `gpuledger: error: ...`; the
+  bundle and the warehouse are checked before Superset is asked anything.
 
 Only the standard library talks to Superset (urllib, a cookie jar for the CSRF session).
 """
@@ -75,18 +82,30 @@ class SupersetError(RuntimeError):
 
 
 # --------------------------------------------------------------------------- the bundle
+def warehouse_password(settings: Settings) -> str:
+    """The password the ledger's own client logs in with (warehouse.connect: clickhouse-connect takes the
+    DSN's when none is configured): GPULEDGER_CLICKHOUSE_PASSWORD, else the warehouse URL's."""
+    configured = settings.clickhouse_password.get_secret_value()
+    if configured or settings.embedded_warehouse_dir is not None:
+        return configured
+    return urllib.parse.unquote(urllib.parse.urlsplit(settings.warehouse).password or "")
+
+
 def database_uri(settings: Settings, *, masked_password: bool = True) -> str:
     """The SQLAlchemy URI by which Superset reaches the configured warehouse (clickhouse-connect dialect)."""
+    from gpuledger.warehouse.client import shown_url
+
     db = settings.database
     chdb_dir = settings.embedded_warehouse_dir
     if chdb_dir is not None:
         return f"clickhousedb:///{db}?" + urllib.parse.urlencode({"interface": "chdb", "path": str(chdb_dir)})
     url = urllib.parse.urlsplit(settings.warehouse)
     if url.scheme not in ("http", "https") or not url.hostname:
-        raise SupersetError(f"cannot point Superset at warehouse {settings.warehouse!r}")
+        raise SupersetError(f"cannot point Superset at warehouse {shown_url(settings.warehouse)!r} "
+                            "(it takes chdb, chdb:/dir or http(s)://host:port)")
     port = url.port or (8443 if url.scheme == "https" else 8123)
     user = urllib.parse.quote(settings.clickhouse_user, safe="")
-    password = settings.clickhouse_password.get_secret_value()
+    password = warehouse_password(settings)
     auth = user
     if password:
         auth += ":" + (MASKED if masked_password else urllib.parse.quote(password, safe=""))
@@ -99,8 +118,13 @@ def load_bundle(bundle: Path = DEFAULT_BUNDLE) -> dict[str, dict]:
     bundle = Path(bundle)
     if not (bundle / "metadata.yaml").is_file():
         raise SupersetError(f"{bundle} is not a Superset bundle (no metadata.yaml)")
-    return {p.relative_to(bundle).as_posix(): yaml.safe_load(p.read_text(encoding="utf-8"))
-            for p in sorted(bundle.rglob("*.yaml"))}
+    files = {}
+    for p in sorted(bundle.rglob("*.yaml")):
+        try:
+            files[p.relative_to(bundle).as_posix()] = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise SupersetError(f"cannot read the bundle's {p}: {' '.join(str(exc).split())}") from None
+    return files
 
 
 def bundle_charts(files: Mapping[str, dict]) -> dict[str, list[dict]]:
@@ -299,7 +323,7 @@ def import_bundle(api: SupersetAPI, settings: Settings, *, bundle: Path = DEFAUL
     """Import (overwriting) the bundle pointed at the settings' warehouse; returns, per dashboard slug,
     the chart names Superset now has on it. Raises SupersetError when a chart is missing."""
     files = load_bundle(bundle)
-    password = settings.clickhouse_password.get_secret_value()
+    password = warehouse_password(settings)
     currency = load_ledger_config(settings.ledger_config).currency
     zipped = build_zip(files, uri or database_uri(settings), settings.database, currency)
     fields: dict[str, str] = {}
@@ -360,21 +384,32 @@ def _datasource_permissions(api: SupersetAPI, dataset_ids: Mapping[str, int]) ->
     return ids
 
 
+#: the clause of a role whose every grant was revoked: no rows (its dataset access alone would read all)
+NO_ROWS = "1 = 0"
+
+
 def apply_tenant_access(api: SupersetAPI, grants: Mapping[str, Iterable[str]],
-                        datasets: Iterable[str] = TENANT_SCOPED_DATASETS) -> dict[str, str]:
+                        datasets: Iterable[str] = TENANT_SCOPED_DATASETS, *,
+                        revoke_others: bool = False) -> dict[str, str]:
     """For each role: create it if missing, let it read the tenant-scoped datasets, and keep one RLS
-    rule `tenant IN (...)` on them for it (created or updated). Returns role -> clause."""
+    rule `tenant IN (...)` on them for it (created or updated). With `revoke_others` (the grants are all
+    there are: the warehouse's), a role with a rule of ours but no tenant granted gets `NO_ROWS`.
+    Returns role -> clause."""
     dataset_ids = api.dataset_ids(datasets)
     perms = _datasource_permissions(api, dataset_ids)
     rules = {r["name"]: r["id"] for r in api.list_all("/api/v1/rowlevelsecurity/")}
+    wanted = {role: sorted(set(tenants)) for role, tenants in grants.items()}
+    if revoke_others:
+        for name in rules:
+            if name.startswith(RLS_PREFIX) and not wanted.get(name[len(RLS_PREFIX):]):
+                wanted[name[len(RLS_PREFIX):]] = []
     applied = {}
-    for role, tenants in sorted(grants.items()):
-        tenants = sorted(set(tenants))
-        if not tenants:
-            continue
+    for role, tenants in sorted(wanted.items()):
+        if not tenants and RLS_PREFIX + role not in rules:
+            continue  # nothing granted, nothing to take back
         role_id = _role_id(api, role)
         api.request("POST", f"/api/v1/security/roles/{role_id}/permissions", {"permission_view_menu_ids": perms})
-        clause = f"tenant IN ({', '.join(_sql_string(t) for t in tenants)})"
+        clause = f"tenant IN ({', '.join(_sql_string(t) for t in tenants)})" if tenants else NO_ROWS
         body = {"name": RLS_PREFIX + role, "filter_type": "Regular", "tables": sorted(dataset_ids.values()),
                 "roles": [role_id], "clause": clause, "group_key": "tenant",
                 "description": "GPU Ledger: this role sees only these tenants' rows"}
@@ -406,6 +441,16 @@ def cmd_superset_import(args) -> int:
         overrides["warehouse"] = args.warehouse
     settings = Settings(**overrides)
     grants = _parse_grants(args.grant or [])
+    try:
+        return _superset_import(args, settings, grants)
+    except SupersetError as exc:  # a message for people (the CLI prints a SystemExit's string on one line)
+        raise SystemExit(" ".join(str(exc).split())) from None
+
+
+def _superset_import(args, settings: Settings, grants: dict[str, list[str]]) -> int:
+    load_bundle(Path(args.bundle))  # no bundle, no warehouse Superset can reach: said before Superset is asked
+    if args.database_uri is None:
+        database_uri(settings)
     if args.grants_from_warehouse:
         from gpuledger.warehouse import connect
 
@@ -421,8 +466,8 @@ def cmd_superset_import(args) -> int:
     found = import_bundle(api, settings, bundle=Path(args.bundle), uri=args.database_uri)
     for slug, names in found.items():
         print(f"{slug}: {len(names)} charts")
-    if grants:
-        for role, clause in apply_tenant_access(api, grants).items():
+    if grants or args.grants_from_warehouse:  # the warehouse's grants: revocations too, even of the last one
+        for role, clause in apply_tenant_access(api, grants, revoke_others=args.grants_from_warehouse).items():
             print(f"row-level security: role {role}: {clause}")
     return 0
 
@@ -448,7 +493,8 @@ def register_cli(subparsers) -> argparse.ArgumentParser:
     imp.add_argument("--grant", action="append", metavar="ROLE=TENANT[,TENANT]",
                      help="row-level security: this Superset role sees only these tenants (repeatable)")
     imp.add_argument("--grants-from-warehouse", action="store_true",
-                     help="also apply the active grants of the warehouse's tenant_access table")
+                     help="also apply the active grants of the warehouse's tenant_access table; a role with "
+                          "a rule from an earlier import and no active grant now sees no rows")
     imp.add_argument("--wait", type=float, default=0, metavar="S", help="wait up to S seconds for Superset to answer first")
     return p
 

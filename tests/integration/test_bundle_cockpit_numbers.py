@@ -9,10 +9,15 @@ metric expressions of superset/bundle/, as Superset would send them) run on a re
   3,600 micros (0.0036). The bill dataset's calculated `currency` column gives each row its version's
   currency, the cockpit's money charts keep to one currency (Currency filter, group by currency), and
   `gpuledger superset import` labels money with the configured ledger's currency.
+* A day is a UTC day on a server in any time zone: Superset's time grains cast a column with
+  `toDateTime(col)`, which puts a Date at the server's midnight (Europe/Berlin: the evening before, in
+  UTC), so a chart whose x-axis is a Date column (a day or a month already) has no time grain. The
+  forecast chart's band is none on history days, not a line at 0.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 import zipfile
@@ -202,3 +207,63 @@ def test_import_labels_money_with_the_configured_currency(tmp_path):
     (flt,) = [f for f in yaml.safe_load(text["gpuledger_bundle/dashboards/cockpit.yaml"])["metadata"]
               ["native_filter_configuration"] if f["name"] == "Currency"]
     assert flt["defaultDataMask"]["filterState"]["value"] == ["EUR"]
+
+
+# --------------------------------------------------------------------------- days are UTC days
+#: Superset's time grains for ClickHouse (its ClickHouse engine spec, Superset 6.1), those the
+#: bundle's charts use
+SUPERSET_GRAINS = {None: "{col}", "PT5M": "toDateTime(intDiv(toUInt32(toDateTime({col})), 300)*300)",
+                   "PT1H": "toStartOfHour(toDateTime({col}))", "P1D": "toStartOfDay(toDateTime({col}))",
+                   "P1M": "toStartOfMonth(toDateTime({col}))"}
+
+
+def date_axis_charts() -> list[str]:
+    """The time-series charts (those with a time grain setting) whose x-axis is a Date column."""
+    datasets = {d["uuid"]: d for d in (yaml.safe_load(p.read_text(encoding="utf-8"))
+                                       for p in (BUNDLE / "datasets").rglob("*.yaml"))}
+    out = []
+    for path in sorted((BUNDLE / "charts").glob("*.yaml")):
+        c = yaml.safe_load(path.read_text(encoding="utf-8"))
+        params = c["params"]
+        types = {col["column_name"]: col["type"] for col in datasets[c["dataset_uuid"]]["columns"]}
+        if "time_grain_sqla" in params and types[params["x_axis"]].removeprefix("Nullable(").startswith("Date") \
+                and "DateTime" not in types[params["x_axis"]]:
+            out.append(path.stem)
+    return out
+
+
+def test_a_day_axis_shows_the_utc_day_on_a_server_in_another_time_zone(tmp_path):
+    assert {"cockpit__capacity_forecast", "operations__gpu_card_monthly"} <= set(date_axis_charts())
+    forecast = chart("cockpit__capacity_forecast")["params"]
+    ds = dataset("capacity_forecast_latest")
+    with migrated_warehouse(tmp_path, DB) as (client, _):
+        client.insert("capacity_forecast", [["r1", dt.date(2024, 3, 1), "A100", "*", "history", 10.0, 0.0, 0.0, 20.0, "ets"]],
+                      column_names=["run_id", "day", "gpu_model", "queue", "kind", "demand_gpu_hours", "lower_gpu_hours",
+                                    "upper_gpu_hours", "capacity_gpu_hours", "method"], database=DB)
+        x = SUPERSET_GRAINS[forecast.get("time_grain_sqla")].format(col=forecast["x_axis"])
+        rows = client.query(f"SELECT {x} AS x, {metric(ds, 'fleet_demand')} FROM {DB}.capacity_forecast_latest GROUP BY x",
+                            settings={"session_timezone": "Europe/Berlin"}).result_rows
+    (day, demand), = rows
+    assert (day.year, day.month, day.day, getattr(day, "hour", 0)) == (2024, 3, 1, 0) and demand == 10.0
+    for stem in date_axis_charts():  # a day or a month already: nothing to cut, no server midnight to move it
+        assert chart(stem)["params"].get("time_grain_sqla") is None, stem
+
+
+def test_the_forecast_band_is_drawn_on_forecast_days_only(tmp_path):
+    """The band of the capacity forecast chart is none on a history day, not 0 (a line at 0 under the whole
+    history read as a forecast of no demand), as the forecast report's weekly rows."""
+    forecast = chart("cockpit__capacity_forecast")["params"]
+    ds = dataset("capacity_forecast_latest")
+    with migrated_warehouse(tmp_path, DB) as (client, _):
+        client.insert("capacity_forecast", [
+            ["r1", dt.date(2024, 3, 1), "A100", "*", "history", 10.0, 0.0, 0.0, 20.0, "ets"],
+            ["r1", dt.date(2024, 3, 2), "A100", "*", "forecast", 12.0, 8.0, 16.0, 20.0, "ets"],
+        ], column_names=["run_id", "day", "gpu_model", "queue", "kind", "demand_gpu_hours", "lower_gpu_hours",
+                         "upper_gpu_hours", "capacity_gpu_hours", "method"], database=DB)
+        metrics = ", ".join(f"{metric(ds, m)} AS `{m}`" for m in forecast["metrics"])
+        got = {r["day"]: r for r in client.query(f"SELECT day, {metrics} FROM {DB}.capacity_forecast_latest "
+                                                 "GROUP BY day").named_results()}
+    history, ahead = got[dt.date(2024, 3, 1)], got[dt.date(2024, 3, 2)]
+    assert (history["fleet_demand"], history["fleet_capacity"]) == (10.0, 20.0)
+    assert history["fleet_demand_lower"] is None and history["fleet_demand_upper"] is None
+    assert (ahead["fleet_demand"], ahead["fleet_demand_lower"], ahead["fleet_demand_upper"]) == (12.0, 8.0, 16.0)

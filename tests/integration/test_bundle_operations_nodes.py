@@ -2,7 +2,9 @@
 clusters may both have a node001. Each chart's SQL as Superset sends it (bench/queries.py chart_sql on the
 bundle's files) runs on a chDB warehouse where c1/node001 runs at 90 % and 85 °C and c2/node001 at 10 % and
 40 °C: the load and temperature series are one per cluster and node (by node alone they were one series at
-50 % and 85 °C), the GPU tables name each GPU's cluster, and a Cluster filter reaches them."""
+50 % and 85 °C), the GPU tables name each GPU's cluster, and a Cluster filter reaches them. Likewise a job
+is (cluster, job id): job "j" ran in both clusters, and the algorithm dashboard and the cockpit's costliest
+jobs show two jobs."""
 
 from __future__ import annotations
 
@@ -89,3 +91,26 @@ def test_a_cluster_filter_reaches_the_node_charts_and_the_node_filter_follows_it
         "operations__gpu_temperature")}
     assert node_charts <= set(cluster["chartsInScope"]) and not node_charts & set(cluster["scope"]["excluded"])
     assert filters["Node"]["cascadeParentIds"] == [cluster["id"]]
+
+
+# --------------------------------------------------------------------------- a job is (cluster, job id)
+def test_a_job_id_in_two_clusters_is_two_jobs_on_the_algorithm_dashboard(client):
+    """Job "j" of tenant t ran 5 minutes in c1 and 5 in c2 (Slurm numbers jobs per cluster): the job list
+    shows two jobs, each 0.0003 (by tenant and job id alone it was one job at 0.0006), and a Cluster
+    filter reaches every chart, the Job filter listing the jobs of the clusters it picks (as the reports:
+    an id in two clusters is two jobs)."""
+    jobs = rows(client, "algorithm__job_list")
+    assert sorted((r.get("cluster") or "", r["job_id"], r["cost_sum"]) for r in jobs) == [
+        ("c1", "j", pytest.approx(0.0003)), ("c2", "j", pytest.approx(0.0003))]
+    dash = load(BUNDLE / "dashboards" / "algorithm.yaml")
+    charts = [v["meta"]["chartId"] for v in dash["position"].values() if isinstance(v, dict) and v.get("type") == "CHART"]
+    filters = {f["name"]: f for f in dash["metadata"]["native_filter_configuration"]}
+    assert "Cluster" in filters, sorted(filters)
+    cluster = filters["Cluster"]
+    assert sorted(cluster["chartsInScope"]) == sorted(charts) and not cluster["scope"]["excluded"]
+    assert filters["Job"]["cascadeParentIds"] == [cluster["id"]]
+
+
+def test_the_costliest_jobs_say_which_cluster_each_ran_in(client):
+    top = rows(client, "cockpit__top_costly_jobs")
+    assert sorted((r.get("cluster") or "", r["job_id"]) for r in top) == [("c1", "j"), ("c2", "j")]
