@@ -12,7 +12,8 @@ process serves them with `start_metrics_server(port)` (port 0: disabled) on
     scheduler agents (Slurm, Kubernetes): SCHEDULER_AGENTS.attach(agent, cluster, stats), read at
              scrape time: their watermark and its age, events published, jobs tracked, failures
     worker   WorkerMetrics: message_in / message_out / dead_letter / sample_seen / set_lag (from
-             the `measure_lag` timer of streams/app.py, every LAG_EVERY_S)
+             the `measure_lag` timer of streams/app.py, every LAG_EVERY_S) / snapshot_written /
+             forget_nodes (a revoked partition's nodes: their new owner reports them)
     sink     SinkMetrics:   message_in / dead_letter / InstrumentedWriter (rows, insert failures,
              insert time) / measure_lag(consumer) (each poll-loop turn; measures every LAG_EVERY_S)
 
@@ -70,6 +71,9 @@ DUPLICATES = Counter("gpuledger_duplicates", "Second copies dropped silently (at
 SAMPLES_PAUSED = Gauge("gpuledger_worker_samples_paused", "1 while the worker has paused a gpu-samples partition: more than "
                        "GPULEDGER_WORKER_SAMPLES_AHEAD_S of samples per node waited for the lifecycle watermark "
                        "(catching up on a backlog, or no watermark coming: check the scheduler agent)", ["partition"])
+SNAPSHOT_BYTES = Gauge("gpuledger_worker_snapshot_bytes", "Size of the worker's latest state snapshot of an input "
+                       "partition, by kind (router: job-events, join: gpu-samples); the worker-state topic takes at most "
+                       "16 MiB: a larger one stops the worker", ["kind", "partition"])
 CONSUMER_LAG = Gauge("gpuledger_consumer_lag_messages", "End offset minus the consumer's position", ["component", "topic", "partition"])
 SINK_ROWS = Counter("gpuledger_sink_rows_inserted", "Rows inserted into the warehouse", ["table"])
 SINK_INSERT_FAILURES = Counter("gpuledger_sink_insert_failures", "Failed insert attempts (each retry counts)", ["table"])
@@ -99,6 +103,12 @@ class _LastSample(Collector):
         with self._lock:
             if ts > self._seen.get(key, float("-inf")):
                 self._seen[key] = ts
+
+    def forget(self, component: str, nodes: Iterable[tuple[str, str]]) -> None:
+        """Drop the series of `nodes` ((cluster, node) pairs): another process reads them now."""
+        with self._lock:
+            for cluster, node in nodes:
+                self._seen.pop((component, cluster, node), None)
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         now = self.clock()
@@ -378,6 +388,11 @@ class WorkerMetrics:
     def sample_seen(self, node: str, ts_ms: int, cluster: str = "") -> None:
         LAST_SAMPLE.observe(self.component, node, ts_ms, cluster)
 
+    def forget_nodes(self, nodes: Iterable[tuple[str, str]]) -> None:
+        """The (cluster, node)s of a partition revoked from this worker: their last-sample series go
+        (its new owner reports them; kept, they grew old here and the node looked silent)."""
+        LAST_SAMPLE.forget(self.component, nodes)
+
     def duplicate(self, kind: str) -> None:
         """A second copy dropped: kind "tick" or "change"."""
         DUPLICATES.labels(self.component, kind).inc()
@@ -392,6 +407,9 @@ class WorkerMetrics:
             PRICED_BY_DEFAULT.labels(self.component, kind[len("priced_by_default:"):]).inc(amount)
         else:
             UNMATCHED.labels(self.component, kind).inc(amount)
+
+    def snapshot_written(self, kind: str, partition: int, size: int) -> None:
+        SNAPSHOT_BYTES.labels(kind, str(partition)).set(size)
 
     def samples_paused(self, partition: int, paused: bool) -> None:
         SAMPLES_PAUSED.labels(str(partition)).set(1 if paused else 0)

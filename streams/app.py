@@ -17,7 +17,15 @@ ahead of a durable snapshot. (A snapshot leaves out ticks still waiting for thei
 it covers gpu-samples only up to the first message holding one; later messages wait for a later
 snapshot.) On (re)assignment a partition's state is restored from its latest
 snapshot before its first message; input the snapshot already covers is skipped, input after it
-is processed again and re-emits the same records (same ids), which the sink recognises.
+is processed again and re-emits the same records (same ids), which the sink recognises. A message
+Faust hands out after its partition was revoked is left alone (its new owner reads it). Whatever
+would let the state run ahead of its outputs stops the worker instead (status 75: an output it
+could not send or confirm, a snapshot it could not read; 78: a snapshot it cannot restore or one
+larger than the worker-state topic takes), so that it restarts from its last durable snapshot.
+
+Why one file: the agents, the timers and the rebalance handler share one lock and the bookkeeping of
+what a snapshot covers (partitions loaded and changed, events to acknowledge, outputs in flight),
+closures of `create_app`; the Faust plumbing beside them is what they are configured with.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import gc
 import logging
 import os
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import faust
 from faust.transport.drivers import aiokafka as aiokafka_driver
@@ -89,6 +97,23 @@ def read_last_snapshot(settings: Settings, partition: int, timeout_s: float = 30
         raise TimeoutError(f"could not read the last snapshot of {tp.topic}[{partition}] within {timeout_s:.0f}s")
     finally:
         consumer.close()
+
+
+#: room under STATE_MAX_MESSAGE_BYTES for a snapshot record's key and Kafka's batch overhead
+SNAPSHOT_OVERHEAD_BYTES = 1024
+
+
+def oversized_snapshot(kind: str, partition: int, size: int, limit: int = STATE_MAX_MESSAGE_BYTES) -> str | None:
+    """Why a snapshot of `size` bytes cannot be written to the worker-state topic, or None. The
+    producer's refusal names a max_request_size the ledger has no setting for, and a restart makes the
+    same snapshot again: say what grew and what makes it smaller."""
+    if size + SNAPSHOT_OVERHEAD_BYTES <= limit:
+        return None
+    what = ("every job's event ids for GPULEDGER_WORKER_RETENTION_S" if kind == ROUTER else
+            "its nodes' joins (change ids and tick ranges for GPULEDGER_WORKER_RETENTION_S)")
+    return (f"the state snapshot of {kind} partition {partition} is {size} bytes, more than the worker-state topic "
+            f"takes ({limit} bytes with {SNAPSHOT_OVERHEAD_BYTES} of overhead): it holds {what}; lower "
+            "GPULEDGER_WORKER_RETENTION_S, or move to a topic set with more partitions")
 
 
 def make_core(settings: Settings, ledger: LedgerConfig) -> WorkerCore:
@@ -209,34 +234,74 @@ def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.
     dirty: set[tuple[str, int]] = set()           # ... and changed since their last snapshot
     to_ack: dict[tuple[str, int], list] = defaultdict(list)  # events a snapshot must cover first
     in_flight: list = []                          # delivery futures of outputs not yet confirmed
+    taken_away: set[tuple[str, int]] = set()      # partitions revoked and not assigned again
+    revocations: Counter[tuple[str, int]] = Counter()  # how often each partition was revoked
 
     def part_of(topic: str, partition: int) -> tuple[str, int]:
         return (ROUTER, partition) if topic == topics.job_events else (JOIN, partition)
 
-    async def ensure_loaded(key: tuple[str, int]) -> None:
+    async def ensure_loaded(key: tuple[str, int]) -> bool:
+        """Restore the partition's state unless it is; False: the partition is not this worker's."""
         if key in loaded:
-            return
+            return True
         kind, partition = key
-        blob = await asyncio.get_running_loop().run_in_executor(
-            None, read_last_snapshot, settings, core.state_partition(kind, partition))
-        core.restore(kind, partition, blob)
+        revoked_before = revocations[key]
+        # Without its state the partition cannot be processed, and an exception here would only
+        # restart the agent, which then passed over the partition's messages: exit instead
+        try:
+            blob = await asyncio.get_running_loop().run_in_executor(
+                None, read_last_snapshot, settings, core.state_partition(kind, partition))
+        except Exception as exc:
+            stop(75, f"cannot read the snapshot of {kind} partition {partition} ({type(exc).__name__}: {exc})")
+        if revocations[key] != revoked_before:  # revoked while its snapshot was read: restored when read again
+            return False
+        try:
+            core.restore(kind, partition, blob)
+        except Exception as exc:  # a restart reads it again: exit with another status than a broker's hiccup
+            stop(78, f"cannot restore {kind} partition {partition} from its snapshot ({type(exc).__name__}: {exc}); "
+                     "it was not written by this worker version, or is damaged")
+        if kind == JOIN and partition in core.joins:
+            # its nodes' last samples, so that one silent since before a rebalance still ages (and
+            # alerts) here; one silent for longer than the retention is taken for retired
+            jp = core.joins[partition]
+            for join in jp.nodes.values():
+                if join.closed_until_ms and join.closed_until_ms >= jp.data_ms - core.retention_ms:
+                    metrics.sample_seen(join.node, join.closed_until_ms, join.cluster)
         to_ack.pop(key, None)
         loaded.add(key)
         log.info("restored %s partition %d from %s", kind, partition, "a snapshot" if blob else "nothing (fresh)")
+        return True
+
+    def stop(status: int, why: str) -> None:
+        log.critical("%s; exiting (status %d)", why, status)
+        logging.shutdown()
+        os._exit(status)
 
     async def send(outs: list[Out]) -> None:
         for out in outs:
             metrics.message_out(out.topic)
-            fut = await outputs[out.topic].send(key=out.key, value=out.value, partition=out.partition,
-                                                headers=list(out.headers) if out.headers else None)
+            try:
+                fut = await outputs[out.topic].send(key=out.key, value=out.value, partition=out.partition,
+                                                    headers=list(out.headers) if out.headers else None)
+            except Exception as exc:
+                # the core's state is past what made this output (a message, a watermark): going on,
+                # the next snapshot covered it without the output, lost for good. Restart from the last one
+                stop(75, f"cannot send to {out.topic} ({type(exc).__name__}: {exc})")
             in_flight.append(fut)
 
-    async def handle(event, process) -> None:
+    async def handle(event, process) -> bool:
+        """Process one message; False: left alone, its partition was revoked while it waited."""
         message = event.message
         key = part_of(message.topic, message.partition)
         metrics.message_in(message.topic)
+        revoked_before = revocations[key]
         async with lock:
-            await ensure_loaded(key)
+            # Faust revokes without waiting for the agents: a message handed out before may come after,
+            # also after its partition was assigned again and its position set back to the committed
+            # offset. Processed, it went before the messages read again (which were then skipped as
+            # seen), or its partition's state was snapshotted here over its new owner's
+            if revocations[key] != revoked_before or not await ensure_loaded(key):
+                return False
             core.source_key = message.key  # the worker's dead letters keep the input's key
             try:
                 outs = process(message)
@@ -247,6 +312,7 @@ def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.
             await send(outs)
             to_ack[key].append(event)
             dirty.add(key)
+        return True
 
     @app.agent(job_events, name="route_lifecycle")
     async def route_lifecycle(stream):
@@ -267,6 +333,8 @@ def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.
         CPU per tick (docs/performance.md §1). So a partition's samples are paused while more than
         `worker_samples_ahead_s` of them wait per node (`WorkerCore.samples_waiting_ms`), resumed at half
         of it; its allocation changes and watermarks keep flowing, and the backlog waits in Kafka."""
+        if (JOIN, partition) in taken_away:
+            return  # aiokafka refuses to pause a partition it is not assigned (IllegalStateError)
         now = time.monotonic()
         if partition not in paused and now - paced_at.get(partition, 0.0) < PACE_EVERY_S:
             return  # a pause may wait for the next sample; a resume never waits (no sample comes)
@@ -287,9 +355,9 @@ def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.
     async def join_nodes(stream):
         stream.enable_acks = False  # acknowledged by the snapshot timer
         async for event in stream.events():
-            await handle(event, lambda m, e=event: core.on_node(m.topic, m.partition, m.offset, e.value,
-                                                                int(time.time() * 1000)))
-            await pace_samples(event.message.partition)
+            if await handle(event, lambda m, e=event: core.on_node(m.topic, m.partition, m.offset, e.value,
+                                                                   int(time.time() * 1000))):
+                await pace_samples(event.message.partition)
 
     @app.timer(settings.worker_watermark_flush_s, name="flush_watermarks")
     async def flush_watermarks() -> None:
@@ -335,6 +403,11 @@ def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.
                 return
             keys = sorted(dirty & loaded)
             blobs = [(core.state_partition(kind, p), core.snapshot(kind, p)) for kind, p in keys]
+            for (kind, p), (_, blob) in zip(keys, blobs):
+                metrics.snapshot_written(kind, p, len(blob))
+                problem = oversized_snapshot(kind, p, len(blob))
+                if problem:
+                    stop(78, problem)
             events = []
             for key in keys:  # acknowledge what the snapshot covers; keep the rest for a later one
                 covered = core.covered_offsets(*key)
@@ -354,9 +427,7 @@ def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.
         except BaseException as exc:
             # Outputs or the snapshot may be lost: never acknowledge the input they cover. Exit, and
             # let the supervisor restart the worker from the last durable snapshot.
-            log.critical("worker could not confirm its outputs or snapshot (%s); exiting to recover", exc)
-            logging.shutdown()
-            os._exit(75)
+            stop(75, f"worker could not confirm its outputs or snapshot ({exc})")
         for event in events:
             event.ack()
         core.counters["snapshots"] += len(blobs)
@@ -370,9 +441,18 @@ def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.
             if tp.topic == topics.gpu_samples and tp.partition in paused:
                 paused.discard(tp.partition)  # a new assignment starts unpaused
                 metrics.samples_paused(tp.partition, False)
+            if tp.topic == topics.gpu_samples and tp.partition in core.joins:
+                metrics.forget_nodes((j.cluster, j.node) for j in core.joins[tp.partition].nodes.values())
+            taken_away.add(key)
+            revocations[key] += 1
             loaded.discard(key)
             dirty.discard(key)
             to_ack.pop(key, None)
+
+    @app.on_partitions_assigned.connect
+    async def on_assigned(sender, assigned, **kwargs) -> None:
+        for tp in assigned:  # restored from its latest snapshot before its first message (ensure_loaded)
+            taken_away.discard(part_of(tp.topic, tp.partition))
 
     return app
 

@@ -295,7 +295,9 @@ class WorkerCore:
             return []
         problem = rp.router.sequence_problem(message)
         if problem:
-            self.counters["impossible_sequences"] += 1
+            # sequence_problem also refuses numbers the sink cannot store (streams/checks.py): not a sequence's fault
+            impossible = problem.startswith("impossible sequence")
+            self.counters["impossible_sequences" if impossible else "unstorable_events"] += 1
             return [self.dead_letter_out(topic, partition, offset, raw, problem)]
         self.counters["job_events"] += 1
         changes = rp.router.route(message)
@@ -339,6 +341,9 @@ class WorkerCore:
         if topic == self.topics.gpu_samples:
             return self._on_ticks(jp, topic, partition, offset, raw, ticks)
         if isinstance(message, NodeWatermark):
+            problem = self._node_watermark_problem(message)
+            if problem:  # kept, it would stop the partition's clock (or break it: KeyError) for good
+                return [self.dead_letter_out(topic, partition, offset, raw, problem)]
             watermark = jp.clock.observe(message)
             for join in jp.nodes.values():
                 if join.report_unknown_node(watermark, UNKNOWN_NODE_GRACE_MS):
@@ -357,6 +362,16 @@ class WorkerCore:
         elif verdict.status == LATE:
             return [self._late(topic, partition, offset, raw, verdict.reason)]
         return []
+
+    def _node_watermark_problem(self, mark: NodeWatermark) -> str | None:
+        """Why a node watermark names no job-events partition of this worker, or None. The clock waits
+        for every one of `source_partitions` (the largest seen), so one naming more partitions than the
+        topic has, or a partition beyond its own count, would hold it back or break it for good."""
+        if mark.source_partition < mark.source_partitions <= self.partitions_job_events:
+            return None
+        return (f"inconsistent watermark: job-events partition {mark.source_partition} of {mark.source_partitions}, "
+                f"but job-events has {self.partitions_job_events} partitions (GPULEDGER_PARTITIONS_JOB_EVENTS): "
+                "not sent by a worker of this topic set")
 
     def _on_ticks(self, jp: JoinPartition, topic: str, partition: int, offset: int, raw: bytes, ticks) -> list[Out]:
         """The ticks of one gpu-samples message (one, or a node's batch): each is checked and
@@ -491,12 +506,29 @@ class WorkerCore:
         if blob is None:
             return
         doc = orjson.loads(zlib.decompress(blob))
-        if doc.get("version") != SNAPSHOT_VERSION or doc.get("kind") != kind or doc.get("partition") != partition:
+        version = doc.get("version")
+        if isinstance(version, int) and version > SNAPSHOT_VERSION:  # a rollback: its state is not ours to guess
+            raise ValueError(f"the snapshot of {kind} partition {partition} is of version {version}, written by a newer "
+                             f"worker; this one reads version {SNAPSHOT_VERSION}: run the newer worker")
+        if version != SNAPSHOT_VERSION or doc.get("kind") != kind or doc.get("partition") != partition:
             raise ValueError(f"snapshot for {kind} partition {partition} does not match: "
                              f"{ {k: doc.get(k) for k in ('version', 'kind', 'partition')} }")
         if doc["state"] is not None:
             cls = RouterPartition if kind == ROUTER else JoinPartition
             target[partition] = cls.from_state(doc["state"])
+            if kind == JOIN:
+                self._repair_clock(partition, target[partition].clock)
+
+    def _repair_clock(self, partition: int, clock: WatermarkClock) -> None:
+        """Forget what a snapshot's watermark clock holds of job-events partitions the topic does not
+        have (kept before `_node_watermark_problem` refused them): it would wait for them for ever."""
+        known = self.partitions_job_events
+        if clock.source_partitions <= known and all(p < known for p in clock.by_source):
+            return
+        log.warning("join partition %d: its snapshot's watermark clock names job-events partitions %s of %d; "
+                    "job-events has %d: forgotten", partition, sorted(clock.by_source), clock.source_partitions, known)
+        clock.source_partitions = min(clock.source_partitions, known)
+        clock.by_source = {p: ts for p, ts in clock.by_source.items() if p < known}
 
     def state_partition(self, kind: str, partition: int) -> int:
         """Partition of the worker-state topic holding this input partition's snapshots."""

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from gpuledger.metrics import dead_letter_kind
-from gpuledger.schemas.models import DeadLetter, NodeTick, NodeWatermark, UsageBatch
+from gpuledger.schemas.models import DeadLetter, GpuAssignment, JobEvent, NodeTick, NodeWatermark, UsageBatch
 from gpuledger.schemas.wire import decode, encode, encode_node_ticks
 from gpuledger.streams.checks import dead_letter
 from gpuledger.streams.core import WorkerCore
@@ -133,3 +133,51 @@ def test_a_large_original_that_is_not_utf8_is_cut_to_fit() -> None:
     assert len(blob) <= 100_000 and letter.original_size == len(raw)
     assert letter.original_sha256 == hashlib.sha256(raw).hexdigest()
     assert raw.startswith(bytes.fromhex(letter.original_hex)) and len(letter.original_hex) > 10_000
+
+
+# --------------------------------------------------------------------------- defect: a node watermark of no partition
+@pytest.mark.parametrize("source, sources", [(5, 2), (2, 2), (1, 9)])
+def test_a_node_watermark_of_no_job_events_partition_is_a_dead_letter(source: int, sources: int) -> None:
+    """A schema-valid NodeWatermark naming a job-events partition the worker does not have (5 of 2;
+    or of 9 partitions where the topic has 2) would raise KeyError in the watermark clock on every
+    later tick of the partition (dead-lettering good ticks), or hold its clock at 0 for good. It is
+    a dead letter saying why; the partition's good watermarks and ticks go on."""
+    core = WorkerCore(T, partitions_gpu_samples=1, partitions_job_events=2, ledger=LEDGER)
+    feed = Feeder(core)
+    allocate_and_start(feed, "n1", None)
+    feed(T.node_allocations, encode(NodeWatermark(ts_ms=T0 + 10 * S, source_partition=source,
+                                                  source_partitions=sources)))
+    for k in range(12):
+        feed(T.gpu_samples, encode_node_ticks("n1", [tick("n1", T0 + 10 * S * k)]))
+    for p in (0, 1):
+        feed(T.node_allocations, encode(NodeWatermark(ts_ms=T0 + 120 * S, source_partition=p, source_partitions=2)))
+    reasons = [letter.reason for letter in feed.letters()]
+    assert len(reasons) == 1, reasons
+    assert reasons[0].startswith(f"inconsistent watermark: job-events partition {source} of {sources}"), reasons[0]
+    assert feed.billed("n1") == 120_000 and core.joins[0].clock.value == T0 + 120 * S
+
+
+# --------------------------------------------------------------------------- defect: a counter's name
+def test_an_unstorable_event_is_not_counted_as_an_impossible_sequence() -> None:
+    """An event whose attempt its column cannot hold (2**32) is refused before its sequence is judged
+    (streams/checks.py `event_values_problem`): counted as unstorable, not as an impossible sequence."""
+    core = WorkerCore(T, partitions_gpu_samples=1, partitions_job_events=1, ledger=LEDGER)
+    gpus = [GpuAssignment(node="n1", gpu_uuid="GPU-n1", share_milli=1000)]
+    for offset, (job, attempt, kind) in enumerate([("j1", 2**32, "allocated"), ("j2", 0, "started")]):
+        event = JobEvent(event_id=f"{job}/{kind}", ts_ms=T0, kind=kind, cluster="c", job_id=job, attempt=attempt,
+                         tenant="t", queue="q", gpus=gpus)
+        (out,) = core.on_lifecycle(0, offset, encode(event), now_ms=T0)
+        assert out.topic == T.dead_letters
+    assert core.counters["unstorable_events"] == 1 and core.counters["impossible_sequences"] == 1, core.counters
+
+
+def test_a_snapshot_holding_a_watermark_of_no_partition_is_repaired_on_restore() -> None:
+    """A snapshot taken before such watermarks were refused keeps them: restored as they were, the
+    partition's clock waited for 9 job-events partitions of 2 for ever (no GPU time billed again)."""
+    before = WorkerCore(T, partitions_gpu_samples=1, partitions_job_events=2, ledger=LEDGER)
+    before.join_partition(0).clock.by_source.update({0: T0, 1: T0, 5: T0})
+    before.join_partition(0).clock.source_partitions = 9
+    core = WorkerCore(T, partitions_gpu_samples=1, partitions_job_events=2, ledger=LEDGER)
+    core.restore("join", 0, before.snapshot("join", 0))
+    clock = core.joins[0].clock
+    assert (clock.source_partitions, sorted(clock.by_source), clock.value) == (2, [0, 1], T0)
