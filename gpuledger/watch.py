@@ -17,6 +17,14 @@ so Faust commits offsets that never run ahead of a durable snapshot. After a cra
 restored from the latest snapshot before the first message; input it covers is skipped, input
 after it is read again and gives the same alerts with the same ids, which consumers keep one of
 (latest per alert_id). Run one watch process per ledger: the state is one document.
+
+Whatever would let the state run ahead of its outputs stops the watcher instead (status 75: an
+alert or suggestion it could not send or confirm, a snapshot it could not read or write; 78: a
+snapshot it cannot restore), so that it restarts from its last durable snapshot: an exception there
+would only restart the agent, whose state is past the message, and the next snapshot would cover
+alerts never sent. A usage record the watcher cannot read is left out of its batch (logged with the
+reason, counted `bad_records`) before the batch is applied, so the batch's other records are
+applied, each once.
 """
 
 from __future__ import annotations
@@ -31,10 +39,13 @@ import time
 from typing import TextIO
 
 import faust
+import orjson
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
+from pydantic import ValidationError
 
 from gpuledger.config import Settings
 from gpuledger.ledger_files import load_ledger_config
+from gpuledger.schemas.models import UsageBatch, UsageRecord
 from gpuledger.streams.app import new_ledger_app, read_last_snapshot
 from gpuledger.streams.pricing import LedgerConfig
 from gpuledger.streams.watch import Watcher
@@ -44,6 +55,52 @@ log = logging.getLogger(__name__)
 STATE_KEY = b"watch"
 #: exit status when outputs or the snapshot could not be confirmed (the supervisor restarts it)
 EXIT_RECOVER = 75
+#: exit status when the last snapshot cannot be restored (another version's, or damaged)
+EXIT_BAD_SNAPSHOT = 78
+
+
+def stop(status: int, why: str) -> None:
+    log.critical("watch: %s; exiting (status %d)", why, status)
+    logging.shutdown()
+    os._exit(status)
+
+
+def readable_usage(raw: bytes | None, where: str, counters) -> bytes | None:
+    """The usage batch with only the records the watcher can read (UsageRecord, attempt >= 0 as an
+    alert's). The watcher applies a batch record by record, its offset marked read first: a record it
+    cannot read, k of n, stopped it half way, records after k never applied and the alerts of those
+    before k never sent. Each record left out is logged with the reason and counted (`bad_records`);
+    a message that is no batch at all goes on whole (the watcher skips it as `bad_input`)."""
+    if raw is None:
+        return raw
+    try:
+        if all(r.attempt >= 0 for r in UsageBatch.model_validate_json(raw, extra="ignore").records):
+            return raw  # the usual case: one validation of the whole batch
+    except (ValidationError, TypeError):
+        pass
+    try:
+        batch = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw
+    if not isinstance(batch, dict) or not isinstance(batch.get("records"), list):
+        return raw
+    readable = []
+    for i, r in enumerate(batch["records"]):
+        try:
+            record = UsageRecord.model_validate(r, extra="ignore")
+            if record.attempt < 0:
+                raise ValueError(f"attempt {record.attempt} is negative")
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            why = f"{'.'.join(map(str, first['loc'])) or 'record'}: {first['msg']}"
+        except ValueError as exc:
+            why = str(exc)
+        else:
+            readable.append(r)
+            continue
+        log.warning("watch: leaving out record %d of %d of %s: %s", i, len(batch["records"]), where, why[:300])
+        counters["bad_records"] += 1
+    return orjson.dumps({**batch, "records": readable})
 
 
 class SnapshotPacer:
@@ -104,20 +161,38 @@ def create_watch_app(settings: Settings, ledger: LedgerConfig | None = None) -> 
         m = event.message
         async with lock:
             if not state["loaded"]:
-                blob = await asyncio.get_running_loop().run_in_executor(
-                    None, lambda: read_last_snapshot(settings, 0, topic=t.watch_state))
-                watcher.restore(blob)
+                # without its state the watcher cannot go on, and an exception here would only restart
+                # the agent, which then passed over this message: exit instead
+                try:
+                    blob = await asyncio.get_running_loop().run_in_executor(
+                        None, lambda: read_last_snapshot(settings, 0, topic=t.watch_state))
+                except Exception as exc:
+                    stop(EXIT_RECOVER, f"cannot read its snapshot ({type(exc).__name__}: {exc})")
+                try:
+                    watcher.restore(blob)
+                except Exception as exc:  # a restart reads it again: another status than a broker's hiccup
+                    stop(EXIT_BAD_SNAPSHOT, f"cannot restore its snapshot ({type(exc).__name__}: {exc}); it was "
+                                            "not written by this watcher version, or is damaged")
                 state["loaded"] = True
                 log.info("watch: restored from %s", "a snapshot" if blob else "nothing (fresh)")
             watcher.counters["messages"] += 1
+            raw = event.value
+            if m.topic == t.usage and m.offset >= watcher.next_offsets.get(m.topic, {}).get(m.partition, 0):
+                raw = readable_usage(raw, f"{m.topic}[{m.partition}]@{m.offset}", watcher.counters)
             try:
-                outs = watcher.on_message(m.topic, m.partition, m.offset, event.value, now_s=time.monotonic())
+                outs = watcher.on_message(m.topic, m.partition, m.offset, raw, now_s=time.monotonic())
             except Exception:  # a bug must not stop the watcher: the message is skipped and counted
                 log.exception("watch: cannot process %s[%d]@%d", m.topic, m.partition, m.offset)
                 watcher.counters["errors"] += 1
                 outs = []
             for out in outs:
-                in_flight.append(await outputs[out.topic].send(key=out.key, value=out.value))
+                try:
+                    fut = await outputs[out.topic].send(key=out.key, value=out.value)
+                except Exception as exc:
+                    # the state is past this message: going on, the next snapshot covered it without
+                    # the alert, lost for good. Restart from the last snapshot, which reads it again
+                    stop(EXIT_RECOVER, f"cannot send to {out.topic} ({type(exc).__name__}: {exc})")
+                in_flight.append(fut)
             to_ack.append(event)
             state["dirty"] = True
 
@@ -156,9 +231,7 @@ def create_watch_app(settings: Settings, ledger: LedgerConfig | None = None) -> 
         except BaseException as exc:
             # Outputs or the snapshot may be lost: never acknowledge the input they cover. Exit, and
             # let the supervisor restart the watcher from the last durable snapshot.
-            log.critical("watch: could not confirm its outputs or snapshot (%s); exiting to recover", exc)
-            logging.shutdown()
-            os._exit(EXIT_RECOVER)
+            stop(EXIT_RECOVER, f"could not confirm its outputs or snapshot ({exc})")
         for event in events:
             event.ack()
         watcher.counters["snapshots"] += 1
@@ -218,9 +291,13 @@ def tail_alerts(settings: Settings, *, out: TextIO = sys.stdout, as_json: bool =
             last = time.monotonic()
             try:
                 doc = json.loads(msg.value())
-            except ValueError:
+            except (TypeError, ValueError):  # not JSON, or no value (a tombstone)
                 continue
-            out.write((json.dumps(doc, sort_keys=True) if as_json else _line(msg.topic(), doc)) + "\n")
+            try:
+                line = json.dumps(doc, sort_keys=True) if as_json else _line(msg.topic(), doc)
+            except (KeyError, TypeError, ValueError):  # JSON, but no alert or suggestion this can read
+                line = f"{msg.topic()}: {json.dumps(doc, sort_keys=True)}"
+            out.write(line + "\n")
             out.flush()
             printed += 1
             if max_messages is not None and printed >= max_messages:
