@@ -9,6 +9,8 @@ from gpuledger.schemas.models import GpuHealth, GpuSample, MeteredGpu, UsageStat
 from gpuledger.streams.pricing import MAX_POWER_W, Definitions, LedgerConfig
 
 UNIT = 1_000_000  # weights of one GPU in millionths
+#: the most memory a record says (bytes): what the wire (64-bit integers) and the sink's checks take
+MAX_MEM_BYTES = 2**63 - 1
 DOWN, UNALLOCATED = UsageState.down.value, UsageState.unallocated.value
 ALLOCATED_IDLE, EXECUTING = UsageState.allocated_idle.value, UsageState.executing.value
 
@@ -88,7 +90,8 @@ def measured_use(gpu: Gpu, holder: Holder) -> tuple[float | None, int | None]:
                 util = p.sm_util_pct if util is None else util + p.sm_util_pct
             if p.mem_used_bytes is not None:
                 mem = p.mem_used_bytes if mem is None else mem + p.mem_used_bytes
-    return (None if util is None else min(100.0, util)), mem
+    # a container's processes can sum past what a record holds (bogus readings): capped like util
+    return (None if util is None else min(100.0, util)), (mem if mem is None or mem <= MAX_MEM_BYTES else MAX_MEM_BYTES)
 
 
 def whole_gpu_util(gpu: Gpu) -> float | None:

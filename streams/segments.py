@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from gpuledger.streams.attribution import Holder, Piece
+from gpuledger.streams.attribution import MAX_MEM_BYTES, Holder, Piece
 
 
 
@@ -33,6 +33,16 @@ def _segment_key(template: dict, slots: list[list]) -> tuple:
     """`piece_key` of the pieces a segment's slots started with (a restored segment)."""
     return (template["cluster"], template["gpu_model"], template["coefficient_version"], template["price_version"],
             tuple((sl[0], sl[1], sl[7] is None, sl[9] is None) for sl in slots), template["definition_version"])
+
+
+#: the largest integer a snapshot (JSON through orjson) holds
+_MAX_JSON_INT = 2**63 - 1
+
+
+def _storable(memory_sum: int | float) -> int | float:
+    """A slot's memory x time sum as a snapshot can hold it: past 64 bits (only a bogus memory reading
+    over a long segment gets there) a float, else every snapshot of the worker fails."""
+    return memory_sum if memory_sum <= _MAX_JSON_INT else float(memory_sum)
 
 
 #: a segment slot, as a list: state, holder, Σ share × ms, gpu_ms, energy_j, cost_micros,
@@ -131,8 +141,8 @@ class Segment:
                 weight, at = (gpu_ms, 10) if gpu_ms else (duration, 13)
                 if util is not None:
                     util, metric = sl[at] / weight, sl[at + 1] / weight
-                if mem is not None:
-                    mem = round(sl[at + 2] / weight)
+                if mem is not None:  # the float division can round a mean past what any sample said (2**63)
+                    mem = min(MAX_MEM_BYTES, round(sl[at + 2] / weight))
             out.append(fill(self.template, uuid, self.start_ms, self.end_ms, slot, state, holder,
                             min(1000, round(share_ms / duration)), util, mem, gpu_ms, energy, cost, effective,
                             metric, self.samples))
@@ -141,7 +151,8 @@ class Segment:
     def to_state(self) -> list:
         return [self.start_ms, self.end_ms, self.window_end_ms, self.template, self.samples, self.pieces,
                 self.last_tick_ms,
-                [[sl[0], None if sl[1] is None else holder_state(sl[1]), *sl[2:]] for sl in self.slots]]
+                [[sl[0], None if sl[1] is None else holder_state(sl[1]), *sl[2:12], _storable(sl[12]), *sl[13:15],
+                  _storable(sl[15])] for sl in self.slots]]
 
     @classmethod
     def from_state(cls, state: list) -> "Segment":

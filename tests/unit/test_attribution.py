@@ -170,3 +170,14 @@ def test_the_workers_metered_view_attributes_exactly_like_the_whole_sample(util,
     assert attribute(gpu=metered, **kw) == records
     assert sum(r.gpu_ms for r in records) == duration  # conservation, whatever the split
     assert sum(r.cost_micros for r in records) == LEDGER.interval_cost_micros("A100-80GB", duration, energy)
+
+
+def test_the_memory_of_a_containers_processes_never_sums_past_what_a_record_holds():
+    """Three processes of the holder's container each reporting 2**63 - 1 bytes (bogus, but within what a
+    sample may carry): their sum made a record no encoder takes ("Integer exceeds 64-bit range"), and
+    the worker failed on the watermark that closed the tick, again after every restart."""
+    g = gpu(processes=[ProcessSample(pid=i, container_id="ca", sm_util_pct=10.0, mem_used_bytes=2**63 - 1)
+                       for i in range(3)])
+    (alone,) = run(g, [Holder("a", 0, "t", "q", 1000, True, "ca")])
+    shared = run(g, [Holder("a", 0, "t", "q", 500, True, "ca"), Holder("b", 0, "t", "q", 500, True, "cb")])
+    assert alone.mem_used_bytes == shared[0].mem_used_bytes == 2**63 - 1

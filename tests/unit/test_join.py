@@ -1,10 +1,14 @@
 """The join without Kafka: router fan-out, watermark clock, node join in event time."""
 
 import random
+import tomllib
 from pathlib import Path
+
+import orjson
 
 from gpuledger.schemas.models import GpuAssignment, GpuSample, JobEvent, NodeTick, NodeWatermark
 from gpuledger.streams.join import NodeJoin
+from gpuledger.streams.pricing import parse_ledger_config
 from gpuledger.streams.router import LifecycleRouter, WatermarkClock
 from gpuledger.ledger_files import load_ledger_config
 
@@ -288,3 +292,41 @@ def test_utilization_over_100_and_negative_durations_are_schema_violations():
                 {**raw, "gpus": [{**raw["gpus"][0], "sm_active_pct": -1.0}]}):
         with _pytest.raises(DecodeError, match="schema violation"):
             decode(NodeTick, __import__("orjson").dumps(bad))
+
+
+def test_an_open_segment_of_a_huge_memory_reading_still_snapshots():
+    """A GPU reporting 16 TiB used (a bogus reading the input checks let through: no total to compare it
+    with), 10-s ticks, 1-hour segments: after 18 minutes the segment's memory x time sum passed 64 bits
+    and every snapshot of the worker failed ("Integer exceeds 64-bit range"). The records stay those of
+    an uninterrupted run."""
+    ledger = parse_ledger_config({**tomllib.loads(UNIT_LEDGER.read_text()), "segments": {"window_s": 3600}}, "hour")
+    ticks = [NodeTick(cluster="c", node="n1", ts_ms=T0 + 10 * S * k, interval_ms=10 * S,
+                      gpus=[GpuSample(gpu_uuid="A", index=0, model="A100-80GB", power_w=100.0, util_gpu_pct=5.0,
+                                      mem_used_bytes=1 << 44)]) for k in range(120)]
+
+    def run(restore: bool):
+        join = NodeJoin(node="n1")
+        for t in ticks:
+            join.add_tick(t)
+        records = join.close_until(T0 + 1200 * S, ledger)
+        if restore:
+            join = NodeJoin.from_state(orjson.loads(orjson.dumps(join.to_state())))
+        return records + join.close_until(T0 + 3 * 3600 * S, ledger)
+
+    assert run(restore=True) == run(restore=False)
+    (record,) = run(restore=False)
+    assert (record["gpu_ms"], record["mem_used_bytes"]) == (1_200_000, 1 << 44)
+
+
+def test_a_segments_mean_memory_stays_within_what_each_sample_said():
+    """Two 10-s ticks of a GPU reporting 2**63 - 1 bytes used (accepted, and storable in a per-tick
+    record): the segment's mean, a float division, came out as 2**63, which usage_raw cannot store (the
+    sink refuses the record)."""
+    ledger = parse_ledger_config({**tomllib.loads(UNIT_LEDGER.read_text()), "segments": {"window_s": 60}}, "minute")
+    join = NodeJoin(node="n1")
+    for k in range(2):
+        join.add_tick(NodeTick(cluster="c", node="n1", ts_ms=T0 + 10 * S * k, interval_ms=10 * S,
+                               gpus=[GpuSample(gpu_uuid="A", index=0, model="A100-80GB", power_w=100.0,
+                                               mem_used_bytes=2**63 - 1)]))
+    (record,) = join.close_until(T0 + 3600 * S, ledger)
+    assert (record["sample_count"], record["mem_used_bytes"]) == (2, 2**63 - 1)
