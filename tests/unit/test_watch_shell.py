@@ -23,28 +23,11 @@ from gpuledger.ledger_files import load_ledger_config
 from gpuledger.schemas.models import Alert, JobEvent, UsageRecord
 from gpuledger.schemas.wire import encode
 from gpuledger import watch as watch_shell
+from faust_shell_fakes import Exited, Stream, event
 
 LEDGER = load_ledger_config(Path(__file__).parents[1] / "fixtures" / "unit_ledger.toml")
 MIN = 60_000
 T0 = 28_333_334 * MIN
-
-
-class Exited(BaseException):
-    pass
-
-
-def event(offset: int, raw: bytes, topic: str) -> SimpleNamespace:
-    message = SimpleNamespace(topic=topic, partition=0, offset=offset, key=b"n1")
-    return SimpleNamespace(message=message, value=raw, ack=lambda: None)
-
-
-class Stream:
-    def __init__(self, events):
-        self.enable_acks, self._events = True, events
-
-    async def events(self):
-        for e in self._events:
-            yield e
 
 
 @pytest.fixture

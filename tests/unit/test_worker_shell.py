@@ -16,25 +16,8 @@ from gpuledger.config import Settings
 from gpuledger.schemas.models import GpuAssignment, JobEvent
 from gpuledger.schemas.wire import encode
 from gpuledger.streams import app as worker_app
+from faust_shell_fakes import Exited, Stream, event
 from worker_feeder import LEDGER, T0
-
-
-class Exited(BaseException):
-    pass
-
-
-def event(offset: int, raw: bytes, topic: str, partition: int = 0) -> SimpleNamespace:
-    message = SimpleNamespace(topic=topic, partition=partition, offset=offset, key=b"j1")
-    return SimpleNamespace(message=message, value=raw, ack=lambda: None)
-
-
-class Stream:
-    def __init__(self, events):
-        self.enable_acks, self._events = True, events
-
-    async def events(self):
-        for e in self._events:
-            yield e
 
 
 @pytest.fixture
