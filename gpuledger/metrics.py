@@ -431,12 +431,15 @@ class SinkMetrics:
     def message_in(self, topic: str) -> None:
         MESSAGES_IN.labels(self.component, topic).inc()
 
-    def dead_letter(self, source_topic: str, reason: str) -> None:
+    def dead_letter(self, source_topic: str, reason: str, letter_topic: str) -> None:
+        """A letter produced to `letter_topic`: the topic's own (prefixed) name, as the worker counts
+        its letters, so one topic is one series (it was "dead-letters" here)."""
         DEAD_LETTERS.labels(self.component, source_topic, dead_letter_kind(reason)).inc()
-        MESSAGES_OUT.labels(self.component, "dead-letters").inc()
+        MESSAGES_OUT.labels(self.component, letter_topic).inc()
 
     def duplicate(self, n: int = 1) -> None:
-        """Messages whose rows the warehouse already holds (skipped)."""
+        """Second copies dropped: messages the warehouse already held, health rows sent again, usage
+        records and job events a restarted worker emitted again."""
         DUPLICATES.labels(self.component, "row").inc(n)
 
     def batch_flushed(self, written: Mapping[str, int]) -> None:

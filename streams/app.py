@@ -402,7 +402,12 @@ def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.
             if not dirty:
                 return
             keys = sorted(dirty & loaded)
-            blobs = [(core.state_partition(kind, p), core.snapshot(kind, p)) for kind, p in keys]
+            blobs = []
+            for kind, p in keys:
+                try:
+                    blobs.append((core.state_partition(kind, p), core.snapshot(kind, p)))
+                except Exception as exc:  # the timer died with it: no snapshot again, no offset committed
+                    stop(75, f"cannot snapshot {kind} partition {p} ({type(exc).__name__}: {exc})")
             for (kind, p), (_, blob) in zip(keys, blobs):
                 metrics.snapshot_written(kind, p, len(blob))
                 problem = oversized_snapshot(kind, p, len(blob))

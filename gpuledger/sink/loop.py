@@ -194,7 +194,7 @@ def run_sink(
 
         def poisoned(key, offset, table, rows, reason, message_key) -> None:  # its rows as original, its key
             stats.dead_letters += 1
-            metrics.dead_letter(key[0], reason)
+            metrics.dead_letter(key[0], reason, settings.topics.dead_letters)
             produce_letter(key[0], key[1], offset, message_key, _letter_original(rows), reason)
 
         sink = BatchingSink(writer, ClickHouseProgress(client, settings.database, group), batch_rows=batch_rows,
@@ -281,7 +281,7 @@ def run_sink(
                 if bad:
                     def letter(msg=msg, bad=bad) -> None:  # sent by the sink once it knows the message is new
                         for original, why in bad:
-                            metrics.dead_letter(msg.topic(), why)
+                            metrics.dead_letter(msg.topic(), why, settings.topics.dead_letters)
                             produce_letter(msg.topic(), msg.partition(), msg.offset(), msg.key(), original, why)
                             stats.dead_letters += 1
                 if not sink.add(rows or {}, source, origin=_origin(msg) if lines[msg.topic()] == JOB_EVENTS else None,

@@ -93,7 +93,7 @@ def test_endpoint_serves_every_metric(port: int, tmp_path: Path) -> None:
         sink = metrics.sink_metrics()
         sink.duplicate()
         sink.message_in("p.usage")
-        sink.dead_letter("p.usage", "invalid JSON")
+        sink.dead_letter("p.usage", "invalid JSON", "p.dead-letters")
         inner = FakeWriter(fail=1)
         writer = metrics.InstrumentedWriter(inner)
         with pytest.raises(ConnectionError):
@@ -107,6 +107,8 @@ def test_endpoint_serves_every_metric(port: int, tmp_path: Path) -> None:
         assert not missing, f"not served: {sorted(missing)}"
         assert all(name.startswith("gpuledger_") for name in EXPECTED)
         assert sample(families, "gpuledger_agent_spool_records", node="node-m1") == 1
+        # one topic, one series: the sink counted its letters under "dead-letters", the worker under the real name
+        assert sample(families, "gpuledger_messages_out_total", component="sink", topic="p.dead-letters") == 1
         assert sample(families, "gpuledger_agent_spool_bytes", node="node-m1") > 0
         assert sample(families, "gpuledger_agent_ticks_sampled_total", node="node-m1") >= 1
         assert sample(families, "gpuledger_consumer_lag_messages", component="worker", topic="p.gpu-samples", partition="0") == 20

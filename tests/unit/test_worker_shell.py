@@ -165,6 +165,37 @@ def test_a_snapshot_over_the_state_topics_limit_stops_the_worker_saying_so(shell
     assert f"router partition 0 is {STATE_MAX_MESSAGE_BYTES} bytes" in caplog.text, caplog.text
 
 
+def test_a_snapshot_the_core_cannot_make_stops_the_worker_saying_so(shell, monkeypatch, caplog) -> None:
+    """An exception from `core.snapshot` escaped the snapshot timer inside its lock: the timer died,
+    no snapshot was written again and no offset committed, and only the lag said so. It stops the
+    worker (75, restart from the last snapshot) with the partition and the reason."""
+    import inspect
+
+    snapshot_state = next(inspect.unwrap(t) for t in shell.app._app_tasks
+                          if inspect.unwrap(t).__name__ == "snapshot_state")
+    topic = shell.settings.topics.job_events
+
+    def broken(kind, partition):
+        raise TypeError("Integer exceeds 64-bit range")
+
+    async def accept(self, *args, **kwargs):
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+    monkeypatch.setattr(faust.topics.Topic, "send", accept)
+
+    async def scenario() -> None:
+        await shell.app.agents["route_lifecycle"].fun(Stream([event(0, allocated(1), topic)]))
+        monkeypatch.setattr(shell.core, "snapshot", broken)
+        await snapshot_state()
+
+    with pytest.raises(Exited):
+        asyncio.run(scenario())
+    assert shell.exits == [75]
+    assert "cannot snapshot router partition 0 (TypeError: Integer exceeds 64-bit range)" in caplog.text, caplog.text
+
+
 @pytest.mark.parametrize("given_back", [False, True])
 def test_a_message_of_a_partition_revoked_while_it_waited_is_not_processed(shell, monkeypatch, given_back) -> None:
     """Faust revokes without waiting for the agents (stream_wait_empty=False): a message whose
