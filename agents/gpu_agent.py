@@ -157,10 +157,15 @@ def run_agent(
 
 
 # --------------------------------------------------------------------------- spool
+def file_safe(name: str) -> str:
+    """`name` as the agents name files and directories by it: only [A-Za-z0-9._-], the rest as '_'."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
 def spool_dir(settings: Any, node: str) -> Path:
     """The node's spool directory: <GPULEDGER_AGENT_SPOOL_DIR or DATA_DIR/spool>/<node>."""
     base = settings.agent_spool_dir or Path(settings.data_dir) / "spool"
-    return Path(base) / (re.sub(r"[^A-Za-z0-9._-]", "_", node) or "_")
+    return Path(base) / (file_safe(node) or "_")
 
 
 def open_spooled_publisher(

@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import queue
-import re
 import signal
 import sys
 import threading
@@ -155,10 +154,12 @@ def spool_name(cluster: str) -> str:
     """One spool per cluster, as the state file: two clusters' agents may share a data volume. The
     spool's directory keeps only the characters [A-Za-z0-9._-] of its name (gpu_agent.spool_dir), so
     a cluster name with others also carries a digest of itself: 'a b' and 'a_b' spool apart."""
-    if re.fullmatch(r"[A-Za-z0-9._-]+", cluster):
+    from gpuledger.agents.gpu_agent import file_safe
+
+    if file_safe(cluster) == cluster:
         return f"{SPOOL_NAME}-{cluster}"
     digest = hashlib.blake2b(cluster.encode(), digest_size=4).hexdigest()
-    return f"{SPOOL_NAME}-{re.sub(r'[^A-Za-z0-9._-]', '_', cluster)}-{digest}"
+    return f"{SPOOL_NAME}-{file_safe(cluster)}-{digest}"
 
 
 def adopt_shared_spool(settings: Any, cluster: str) -> None:

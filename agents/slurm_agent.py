@@ -27,7 +27,6 @@ import gc
 import json
 import logging
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -353,7 +352,9 @@ def run_forever(agent: SlurmAgent, interval_s: float, stop: threading.Event) -> 
 
 
 def default_state_file(settings: Any, cluster: str) -> Path:
-    return Path(settings.slurm_agent_state_file or Path(settings.data_dir) / f"slurm-agent-{re.sub(r'[^A-Za-z0-9._-]', '_', cluster)}.json")
+    from gpuledger.agents.gpu_agent import file_safe
+
+    return Path(settings.slurm_agent_state_file or Path(settings.data_dir) / f"slurm-agent-{file_safe(cluster)}.json")
 
 
 def build_parser(settings: Any) -> argparse.ArgumentParser:

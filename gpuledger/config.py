@@ -43,6 +43,11 @@ OPTIONAL_FIELDS = ("kafka_sasl_username", "kafka_sasl_password_file", "kafka_ssl
                    "kubernetes_device_endpoint", "kubernetes_state_file")
 
 
+def _refused(kind: str, rule: str, value: str, width: int = 80, **context) -> PydanticCustomError:
+    """A setting refused: what it takes (`rule`, with {placeholders} from `context`), then the value given."""
+    return PydanticCustomError(kind, rule + ", got {shown}", {**context, "shown": repr(value[:width])})
+
+
 class Settings(BaseSettings):
     # allow_inf_nan=False: "inf" passes gt=0 / ge=0 and would crash the ms conversions with a bare
     # OverflowError; refused here it stops the process with the field's name
@@ -153,27 +158,24 @@ class Settings(BaseSettings):
         # spools are named by it (a / or \\ would be a directory)
         if not (0 < len(value) <= MAX_CLUSTER_LEN and value.isprintable() and value == value.strip()
                 and "/" not in value and "\\" not in value):
-            raise PydanticCustomError(
-                "cluster_name", "must be 1 to {max} printable characters without / or \\ and without leading or "
-                "trailing whitespace, got {shown}", {"max": MAX_CLUSTER_LEN, "shown": repr(value[:80])})
+            raise _refused("cluster_name", "must be 1 to {max} printable characters without / or \\ and without "
+                           "leading or trailing whitespace", value, max=MAX_CLUSTER_LEN)
         return value
 
     @field_validator("topic_prefix")
     @classmethod
     def _topic_prefix(cls, value: str) -> str:
         if not (TOPIC_NAME_CHARS.match(value) and len(value) <= MAX_TOPIC_PREFIX_LEN):
-            raise PydanticCustomError(
-                "topic_prefix", "must be at most {max} of the characters Kafka allows in topic names (letters, "
-                "digits, '.', '_', '-'), got {shown}", {"max": MAX_TOPIC_PREFIX_LEN, "shown": repr(value[:80])})
+            raise _refused("topic_prefix", "must be at most {max} of the characters Kafka allows in topic names "
+                           "(letters, digits, '.', '_', '-')", value, max=MAX_TOPIC_PREFIX_LEN)
         return value
 
     @field_validator("database")
     @classmethod
     def _database_name(cls, value: str) -> str:
         if not DATABASE_NAME.match(value):
-            raise PydanticCustomError(
-                "database_name", "must be a ClickHouse name of letters, digits and _ (not starting with a digit), "
-                "got {shown}", {"shown": repr(value[:80])})
+            raise _refused("database_name", "must be a ClickHouse name of letters, digits and _ (not starting "
+                           "with a digit)", value)
         return value
 
     @field_validator("kubernetes_device_endpoint")
@@ -188,9 +190,8 @@ class Settings(BaseSettings):
         except ValueError as exc:
             fields = {f"({exc})"}
         if not (value.startswith(("http://", "https://")) and fields and fields <= {"node", "host_ip"}):
-            raise PydanticCustomError(
-                "device_endpoint", "must be an http(s):// URL template with {node} and/or {host_ip} and no other "
-                "{...}, got {shown}", {"shown": repr(value[:200])})
+            raise _refused("device_endpoint", "must be an http(s):// URL template with {node} and/or {host_ip} and "
+                           "no other {...}", value, width=200)
         return value
 
     @field_validator("kafka_security_protocol", mode="before")
