@@ -39,13 +39,10 @@ import time
 from typing import TextIO
 
 import faust
-import orjson
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
-from pydantic import ValidationError
 
 from gpuledger.config import Settings
 from gpuledger.ledger_files import load_ledger_config
-from gpuledger.schemas.models import UsageBatch, UsageRecord
 from gpuledger.streams.app import new_ledger_app, read_last_snapshot
 from gpuledger.streams.pricing import LedgerConfig
 from gpuledger.streams.watch import Watcher
@@ -63,44 +60,6 @@ def stop(status: int, why: str) -> None:
     log.critical("watch: %s; exiting (status %d)", why, status)
     logging.shutdown()
     os._exit(status)
-
-
-def readable_usage(raw: bytes | None, where: str, counters) -> bytes | None:
-    """The usage batch with only the records the watcher can read (UsageRecord, attempt >= 0 as an
-    alert's). The watcher applies a batch record by record, its offset marked read first: a record it
-    cannot read, k of n, stopped it half way, records after k never applied and the alerts of those
-    before k never sent. Each record left out is logged with the reason and counted (`bad_records`);
-    a message that is no batch at all goes on whole (the watcher skips it as `bad_input`)."""
-    if raw is None:
-        return raw
-    try:
-        if all(r.attempt >= 0 for r in UsageBatch.model_validate_json(raw, extra="ignore").records):
-            return raw  # the usual case: one validation of the whole batch
-    except (ValidationError, TypeError):
-        pass
-    try:
-        batch = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return raw
-    if not isinstance(batch, dict) or not isinstance(batch.get("records"), list):
-        return raw
-    readable = []
-    for i, r in enumerate(batch["records"]):
-        try:
-            record = UsageRecord.model_validate(r, extra="ignore")
-            if record.attempt < 0:
-                raise ValueError(f"attempt {record.attempt} is negative")
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            why = f"{'.'.join(map(str, first['loc'])) or 'record'}: {first['msg']}"
-        except ValueError as exc:
-            why = str(exc)
-        else:
-            readable.append(r)
-            continue
-        log.warning("watch: leaving out record %d of %d of %s: %s", i, len(batch["records"]), where, why[:300])
-        counters["bad_records"] += 1
-    return orjson.dumps({**batch, "records": readable})
 
 
 class SnapshotPacer:
@@ -176,11 +135,8 @@ def create_watch_app(settings: Settings, ledger: LedgerConfig | None = None) -> 
                 state["loaded"] = True
                 log.info("watch: restored from %s", "a snapshot" if blob else "nothing (fresh)")
             watcher.counters["messages"] += 1
-            raw = event.value
-            if m.topic == t.usage and m.offset >= watcher.next_offsets.get(m.topic, {}).get(m.partition, 0):
-                raw = readable_usage(raw, f"{m.topic}[{m.partition}]@{m.offset}", watcher.counters)
             try:
-                outs = watcher.on_message(m.topic, m.partition, m.offset, raw, now_s=time.monotonic())
+                outs = watcher.on_message(m.topic, m.partition, m.offset, event.value, now_s=time.monotonic())
             except Exception:  # a bug must not stop the watcher: the message is skipped and counted
                 log.exception("watch: cannot process %s[%d]@%d", m.topic, m.partition, m.offset)
                 watcher.counters["errors"] += 1

@@ -32,6 +32,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import orjson
+from pydantic import ValidationError
 
 from gpuledger.schemas.models import (
     TERMINAL_KINDS,
@@ -41,6 +42,8 @@ from gpuledger.schemas.models import (
     ReclaimSuggestion,
     SchedulerSnapshot,
     SuggestedJob,
+    UsageBatch,
+    UsageRecord,
     UsageState,
     WaitingDemand,
 )
@@ -229,7 +232,7 @@ class Watcher:
         offsets[partition] = offset + 1
         try:
             if topic == self.usage_topic:
-                return self.on_usage(raw, partition)
+                return self.on_usage(raw, partition, where=f"{topic}[{partition}]@{offset}")
             if topic == self.lifecycle_topic:
                 return self.on_lifecycle(raw)
             if topic == self.snapshots_topic:
@@ -241,12 +244,45 @@ class Watcher:
             return []
         raise ValueError(f"the watcher does not read topic {topic!r}")
 
-    def on_usage(self, raw: bytes | None, partition: int = 0) -> list[Out]:
+    def readable_records(self, raw: bytes | None, where: str = "usage") -> list[UsageRecord]:
+        """The batch's records the watcher can read (a `UsageRecord`, attempt >= 0 as an alert's),
+        validated once. Applied record by record, a record it could not read, k of n, stopped the
+        batch half way (records after k never applied, the alerts of those before k never sent, and
+        the message counted as read); each one left out is logged with the reason and counted
+        (`bad_records`). A message that is no batch at all raises DecodeError (`bad_input`)."""
         try:
-            records = orjson.loads(raw or b"")["records"]
-            parsed = [(r["cluster"], r["gpu_uuid"], int(r["start_ms"]), int(r["end_ms"]), r["state"], r) for r in records]
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise DecodeError(f"not a usage batch: {type(exc).__name__}: {exc}") from None
+            records = UsageBatch.model_validate_json(raw or b"", extra="ignore").records
+            if all(r.attempt >= 0 for r in records):
+                return records  # the usual case: one validation of the whole batch
+        except ValidationError:
+            pass
+        try:
+            batch = orjson.loads(raw or b"")
+        except orjson.JSONDecodeError as exc:
+            raise DecodeError(f"not a usage batch: JSONDecodeError: {exc}") from None
+        if not isinstance(batch, dict) or not isinstance(batch.get("records"), list):
+            raise DecodeError("not a usage batch: no list of records")
+        readable = []
+        for i, r in enumerate(batch["records"]):
+            try:
+                record = UsageRecord.model_validate(r, extra="ignore")
+                if record.attempt < 0:
+                    raise ValueError(f"attempt {record.attempt} is negative")
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                why = f"{'.'.join(map(str, first['loc'])) or 'record'}: {first['msg']}"
+            except ValueError as exc:
+                why = str(exc)
+            else:
+                readable.append(record)
+                continue
+            log.warning("watch: leaving out record %d of %d of %s: %s", i, len(batch["records"]), where, why[:300])
+            self.counters["bad_records"] += 1
+        return readable
+
+    def on_usage(self, raw: bytes | None, partition: int = 0, where: str = "usage") -> list[Out]:
+        parsed = [(r.cluster, r.gpu_uuid, r.start_ms, r.end_ms, r.state.value, r)
+                  for r in self.readable_records(raw, where)]
         self.counters["usage_records"] += len(parsed)
         self._heard(partition, {p[0] for p in parsed})
         # the worker emits each GPU's records in time order and, after its restart, emits some again
@@ -267,18 +303,18 @@ class Watcher:
             self.gpu_seen[(cluster, gpu)] = max(self.gpu_seen.get((cluster, gpu), 0), end)
             self.gpu_partition[(cluster, gpu)] = partition
             self.partition_seen[(cluster, partition)] = max(self.partition_seen.get((cluster, partition), 0), end)
-            if r.get("node"):
-                seen = self.node_seen.get((cluster, r["node"]))
-                self.node_seen[(cluster, r["node"])] = [max(end, seen[0] if seen else 0), partition]
+            if r.node:
+                seen = self.node_seen.get((cluster, r.node))
+                self.node_seen[(cluster, r.node)] = [max(end, seen[0] if seen else 0), partition]
             if state == DOWN:
                 outs += self._gpu_down(cluster, gpu, start, end)
                 continue
-            job_id = r.get("job_id") or ""
-            outs += self._gpu_up(cluster, gpu, start, end, (job_id, int(r.get("attempt") or 0))
+            job_id = r.job_id
+            outs += self._gpu_up(cluster, gpu, start, end, (job_id, r.attempt)
                                  if state in (EXECUTING, IDLE) and job_id else None)
             if state not in (EXECUTING, IDLE) or not job_id:
                 continue
-            key = (cluster, job_id, int(r.get("attempt") or 0))
+            key = (cluster, job_id, r.attempt)
             ended = self.ended.get(key)
             if ended is not None and (start >= ended or key not in self.attempts):
                 continue  # after its end (the worker's last records come after the end event)
@@ -366,18 +402,18 @@ class Watcher:
         a.tenant, a.queue = tenant or a.tenant, queue or a.queue
         return a
 
-    def _add_slice(self, key, gpu: str, start: int, end: int, state: str, r: dict) -> None:
-        a = self._attempt(key, r.get("tenant") or "", r.get("queue") or "")
+    def _add_slice(self, key, gpu: str, start: int, end: int, state: str, r: UsageRecord) -> None:
+        a = self._attempt(key, r.tenant, r.queue)
         if a.start_ms is None:
             a.start_ms = start
         a.last_end[gpu] = max(a.last_end.get(gpu, 0), end)
-        a.shares[gpu] = int(r.get("share_milli") or 1000)
+        a.shares[gpu] = r.share_milli or 1000
         end = a.last_end[gpu]
         others = [h for h in self.holders.get((a.cluster, gpu), [])
                   if (h[0], h[1]) != (a.job_id, a.attempt) and h[2] >= end - DOWN_GAP_MS]
         self.holders[(a.cluster, gpu)] = [*others, [a.job_id, a.attempt, end]]
-        gpu_ms, cost = float(r.get("gpu_ms") or 0), float(r.get("cost_micros") or 0)
-        util, mem = r.get("util_pct"), r.get("mem_used_bytes")
+        gpu_ms, cost = float(r.gpu_ms), float(r.cost_micros)
+        util, mem = r.util_pct, r.mem_used_bytes
         if cost and state == IDLE:
             a.idle_cost_micros += int(cost)
         buckets = a.buckets.setdefault(gpu, {})

@@ -572,3 +572,24 @@ def test_snapshots_take_at_most_a_tenth_of_the_watchers_time():
     assert pacer.due(12.0)
     pacer.took(12.0, 15.2)  # 3.2 s (100,000 GPUs): the next one 32 s after this one started
     assert not pacer.due(14.0) and not pacer.due(43.9) and pacer.due(44.0)
+
+
+def test_the_core_leaves_out_a_record_it_cannot_read_and_applies_the_rest(caplog):
+    """The core validates each usage batch once, at its parse step: record 2 of 3 with an attempt that
+    is no number, record 3 a negative attempt. Both are left out with the reason and counted; the first
+    is applied (its GPU is seen), and the message is read (next offset) — not skipped whole as bad
+    input, nor stopped half way."""
+    w = watcher()
+    good = record("GPU-a", T0, T0 + MIN)
+    batch = orjson.dumps({"schema_version": 1, "node": "n1", "records": [
+        good, {**record("GPU-b", T0, T0 + MIN), "attempt": "x"}, record("GPU-c", T0, T0 + MIN, attempt=-1)]})
+    with caplog.at_level("WARNING"):
+        w.on_message(USAGE, 2, 7, batch)
+    assert w.counters["bad_records"] == 2 and w.counters["bad_input"] == 0
+    assert w.counters["usage_records"] == 1
+    assert set(w.gpu_seen) == {("c1", "GPU-a")}
+    assert w.next_offsets[USAGE] == {2: 8}
+    assert f"leaving out record 1 of 3 of {USAGE}[2]@7: attempt: Input should be a valid integer" in caplog.text
+    assert f"leaving out record 2 of 3 of {USAGE}[2]@7: attempt -1 is negative" in caplog.text
+    w.on_message(USAGE, 2, 8, b"{not json")
+    assert w.counters["bad_input"] == 1
