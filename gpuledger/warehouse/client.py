@@ -80,8 +80,8 @@ def _chdb_holder(path: Path) -> str | None:
     return None
 
 
-def _open(settings: Settings, *, create_dir: bool = True):
-    """A client on the configured warehouse (nothing created in it)."""
+def _open(settings: Settings, *, create_dir: bool = True, writes: bool = True):
+    """A client on the configured warehouse (nothing created in it); `writes`: it may insert."""
     chdb_dir = settings.embedded_warehouse_dir
     if chdb_dir is not None:
         if create_dir:
@@ -116,7 +116,7 @@ def _open(settings: Settings, *, create_dir: bool = True):
             f"unknown warehouse {settings.warehouse!r}: use 'chdb', 'chdb:/abs/dir' or http(s)://host:port"
         )
     if settings.clickhouse_cluster:
-        _cluster_session(client, settings.clickhouse_cluster)
+        _cluster_session(client, settings.clickhouse_cluster, writes)
     return client
 
 
@@ -143,17 +143,24 @@ def _server_error(settings: Settings, exc: Exception) -> WarehouseError:
     return WarehouseError(f"cannot reach ClickHouse at {url}: {detail}")
 
 
-def _cluster_session(client, cluster: str) -> None:
+def _cluster_session(client, cluster: str, writes: bool = True) -> None:
     """Session settings for a warehouse on a cluster: IN/JOIN subqueries over Distributed tables run
-    once on the initiator (`distributed_product_mode = 'global'`, cluster.py). A profile that has it
-    already needs nothing; an account whose profile forbids changing settings (readonly = 1) and does
-    not set it gets a warning: its queries over the views with IN subqueries fail on 2+ shards."""
-    try:
-        client.set_client_setting("distributed_product_mode", DISTRIBUTED_PRODUCT_MODE)
-    except ProgrammingError as exc:
-        log.warning("cluster %s: cannot set distributed_product_mode = '%s' for this ClickHouse user (%s); "
-                    "set it in the user's profile (docs/architecture.md, \"ClickHouse cluster\")",
-                    cluster, DISTRIBUTED_PRODUCT_MODE, exc)
+    once on the initiator (`distributed_product_mode = 'global'`, cluster.py); and a writer's inserts
+    through Distributed tables are on the shards when they return (`distributed_foreground_insert = 1`):
+    queued on the initiator, the bill close's idle stretches (idle_stretches.refresh) and its version
+    rows would be read back before they arrive. A profile that has them already needs nothing; an
+    account whose profile forbids changing settings (readonly = 1) and does not set them gets a
+    warning: its queries over the views with IN subqueries fail on 2+ shards."""
+    wanted = {"distributed_product_mode": DISTRIBUTED_PRODUCT_MODE}
+    if writes:
+        wanted["distributed_foreground_insert"] = 1
+    for name, value in wanted.items():
+        try:
+            client.set_client_setting(name, value)
+        except ProgrammingError as exc:
+            log.warning("cluster %s: cannot set %s = %r for this ClickHouse user (%s); "
+                        "set it in the user's profile (docs/architecture.md, \"ClickHouse cluster\")",
+                        cluster, name, value, exc)
 
 
 def connect(settings: Settings):
@@ -177,7 +184,7 @@ def connect_readonly(settings: Settings):
     from gpuledger.warehouse.migrations import MIGRATIONS_TABLE, load_migrations
 
     database = checked_identifier(settings.database, "database")
-    client = _open(settings, create_dir=False)
+    client = _open(settings, create_dir=False, writes=False)
     try:
         try:
             applied = {r[0] for r in client.query(f"SELECT version FROM `{database}`.{MIGRATIONS_TABLE}").result_rows}
