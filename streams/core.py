@@ -124,18 +124,24 @@ class JoinPartition:
     #: GPU UUID -> the join of the node whose ticks report it (`WorkerCore._gpu_taken`); in snapshots as
     #: (cluster, node) (compared through them: `gpu_owner_keys`)
     gpu_owners: dict[str, NodeJoin] = field(default_factory=dict, compare=False)
+    #: (cluster, node) -> closed horizon of a node retired from `nodes` (`WorkerCore._retire_quiet_nodes`):
+    #: a few bytes where its join kept every GPU's energy and judge for ever (autoscaled nodes come and
+    #: go); a node that comes back starts from that horizon, so its ticks from before it stay late
+    retired: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def gpu_owner_keys(self) -> dict[str, list[str]]:
         return {uuid: [j.cluster, j.node] for uuid, j in sorted(self.gpu_owners.items())}
 
     def __eq__(self, other) -> bool:
-        return (isinstance(other, JoinPartition) and (self.nodes, self.clock, self.next_offsets, self.data_ms) ==
-                (other.nodes, other.clock, other.next_offsets, other.data_ms)
+        return (isinstance(other, JoinPartition) and
+                (self.nodes, self.clock, self.next_offsets, self.data_ms, self.retired) ==
+                (other.nodes, other.clock, other.next_offsets, other.data_ms, other.retired)
                 and self.gpu_owner_keys() == other.gpu_owner_keys())
 
     def to_state(self) -> dict:
         return {"nodes": [j.to_state() for _, j in sorted(self.nodes.items())], "clock": self.clock.to_state(),
-                "next_offsets": dict(self.next_offsets), "data_ms": self.data_ms, "gpu_owners": self.gpu_owner_keys()}
+                "next_offsets": dict(self.next_offsets), "data_ms": self.data_ms, "gpu_owners": self.gpu_owner_keys(),
+                "retired": [[c, n, ms] for (c, n), ms in sorted(self.retired.items())]}
 
     @classmethod
     def from_state(cls, state: dict) -> "JoinPartition":
@@ -146,7 +152,8 @@ class JoinPartition:
         owners = {uuid: by_key[key] for uuid, (c, n) in state.get("gpu_owners", {}).items()
                   if (key := (c, n)) in by_key}
         return cls(by_key, WatermarkClock.from_state(state["clock"]), dict(state["next_offsets"]),
-                   state.get("data_ms", 0), gpu_owners=owners)
+                   state.get("data_ms", 0), gpu_owners=owners,
+                   retired={(c, n): ms for c, n, ms in state.get("retired", [])})
 
 
 def _letter(topic: str, partition: int, offset: int, raw: bytes | None, reason: str, *, seen_ms: int = 0,
@@ -226,7 +233,8 @@ class WorkerCore:
         if join is None:
             join = jp.nodes.pop(("", name), None) if cluster else None
             if join is None:
-                join = NodeJoin(node=name, cluster=cluster, retention_ms=self.retention_ms)
+                join = NodeJoin(node=name, cluster=cluster, retention_ms=self.retention_ms,
+                                closed_until_ms=jp.retired.pop((cluster, name), 0))
             join.cluster = cluster
             jp.nodes[(cluster, name)] = join
         return join
@@ -440,7 +448,22 @@ class WorkerCore:
                 jp.flush_scan = scan
                 outs.extend(out for key in sorted(jp.nodes) if jp.nodes[key] is not join and jp.nodes[key].segments
                             for out in self._emit(jp.nodes[key], jp.clock.value, jp.data_ms))
+                self._retire_quiet_nodes(jp, join)
         return outs
+
+    def _retire_quiet_nodes(self, jp: JoinPartition, speaking: NodeJoin) -> None:
+        """Drop the joins of nodes that hold nothing (no holder, pending tick or change, open segment)
+        and sent no tick for `retention_ms` of the partition's event time: a node retired or scaled
+        away kept its whole join, and every snapshot carried it, for ever. Only its closed horizon
+        stays (`JoinPartition.retired`). Decided on event time only, so a replay retires the same."""
+        horizon = jp.data_ms - self.retention_ms
+        quiet = [key for key, j in sorted(jp.nodes.items()) if j is not speaking and j.is_quiet_since(horizon)]
+        for key in quiet:
+            join = jp.nodes.pop(key)
+            jp.retired[key] = join.closed_until_ms
+            for uuid in [u for u, owner in jp.gpu_owners.items() if owner is join]:
+                del jp.gpu_owners[uuid]
+            self.counters["retired_nodes"] += 1
 
     @staticmethod
     def _gpu_taken(jp: JoinPartition, join: NodeJoin, tick) -> str | None:

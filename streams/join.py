@@ -576,6 +576,13 @@ class NodeJoin:
                 self.closed_until_ms = max(self.closed_until_ms, seg.window_end_ms)
         return records
 
+    def is_quiet_since(self, horizon_ms: int) -> bool:
+        """Nothing of this node is held, pending or open, and its last closed tick ended before
+        `horizon_ms`: its join can go (`WorkerCore._retire_quiet_nodes`)."""
+        return (0 < self.closed_until_ms < horizon_ms and not any(self.holders.values())
+                and not self.pending_ticks and not self.pending_changes and not self.segments
+                and not self.unresolved and not self.awaiting_ms)
+
     def _prune(self) -> None:
         horizon = self.closed_until_ms - self.retention_ms
         if any(ts < horizon for ts in self.seen_changes.values()):
