@@ -20,6 +20,7 @@ and counted). GPULEDGER_AGENT_METRICS_PORT serves Prometheus metrics (gpuledger/
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import re
@@ -160,6 +161,17 @@ def run_agent(
 def file_safe(name: str) -> str:
     """`name` as the agents name files and directories by it: only [A-Za-z0-9._-], the rest as '_'."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
+def agent_file_name(prefix: str, name: str) -> str:
+    """`<prefix>-<name>` as an agent names a state file or spool by a cluster name: only the characters
+    file_safe keeps, and a name file_safe changes also carries a digest of itself, so clusters whose
+    names differ only in other characters ('a b', 'a_b', 'a:b') never share a file. A name of safe
+    characters keeps `<prefix>-<name>` (existing files and spools are found)."""
+    if file_safe(name) == name:
+        return f"{prefix}-{name}"
+    digest = hashlib.blake2b(name.encode(), digest_size=4).hexdigest()
+    return f"{prefix}-{file_safe(name)}-{digest}"
 
 
 def spool_dir(settings: Any, node: str) -> Path:

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -154,12 +152,9 @@ def spool_name(cluster: str) -> str:
     """One spool per cluster, as the state file: two clusters' agents may share a data volume. The
     spool's directory keeps only the characters [A-Za-z0-9._-] of its name (gpu_agent.spool_dir), so
     a cluster name with others also carries a digest of itself: 'a b' and 'a_b' spool apart."""
-    from gpuledger.agents.gpu_agent import file_safe
+    from gpuledger.agents.gpu_agent import agent_file_name
 
-    if file_safe(cluster) == cluster:
-        return f"{SPOOL_NAME}-{cluster}"
-    digest = hashlib.blake2b(cluster.encode(), digest_size=4).hexdigest()
-    return f"{SPOOL_NAME}-{file_safe(cluster)}-{digest}"
+    return agent_file_name(SPOOL_NAME, cluster)
 
 
 def adopt_shared_spool(settings: Any, cluster: str) -> None:
@@ -170,19 +165,12 @@ def adopt_shared_spool(settings: Any, cluster: str) -> None:
     with those as '_'. Their records name their own topics and keys, so any agent may send them; one
     in use (another agent holds its lock) is left alone."""
     from gpuledger.agents.gpu_agent import spool_dir
+    from gpuledger.agents.spool import take_over_spool
 
     own = spool_dir(settings, spool_name(cluster))
     for earlier in (spool_dir(settings, f"{SPOOL_NAME}-{cluster}"), spool_dir(settings, SPOOL_NAME)):
-        if earlier == own or not earlier.is_dir() or own.exists():
-            continue
-        try:
-            with open(earlier / "lock", "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)   # released when closed, after the rename
-                os.rename(earlier, own)
-        except OSError as exc:  # another agent holds it or took it first, or the volume refuses: it waits there
-            log.warning("could not take over the spool %s: %s", earlier, exc)
-        else:
-            log.warning("took over the spool %s of an earlier version as %s", earlier, own)
+        if earlier != own and earlier.is_dir() and not own.exists():
+            take_over_spool(earlier, own)
 
 
 def open_publisher(settings: Any, cluster: str, metrics: Any = None) -> Any:

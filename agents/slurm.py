@@ -18,6 +18,9 @@ Rules (docs/slurm.md explains each):
   than once between two polls: the attempts in between come from sacct (`PollResult.needs_sacct`).
 - A resize (`scontrol update NumNodes=`; sacct's RESIZING row) is no new attempt: a second
   `allocated` of the same attempt with the GPUs it keeps, at the resize time.
+- GPU indices not seen (a job that ran between polls, or while the agent was down): the attempt
+  gets every GPU of its nodes only when its GPU count equals their GPU count in sinfo (it held
+  whole nodes); part of a node gets none, never a guess at which indices (`whole_node_detail`).
 - Event ids are deterministic (`slurm:<cluster>:<job>:<attempt>:<kind>`): a restarted agent that
   emits an event again produces a duplicate the ledger drops.
 - Watermark: the second the poll started (Slurm stamps events with the controller's clock when it
@@ -241,6 +244,7 @@ class SacctRow:
     account: str = ""
     partition: str = ""
     nodes: str = ""      # NodeList (a hostlist); "" not asked or none
+    alloc_tres: str = ""  # AllocTRES ('billing=8,cpu=8,gres/gpu=8,node=1'); "" not asked or none
 
 
 # --------------------------------------------------------------------------- state
@@ -360,6 +364,7 @@ class SlurmJob:
     sched_ms: int = 0                # last_sched_evaluation: when the pending reason was set
     resize_ms: int = 0               # resize_time: the last change of a running job's nodes
     suspend_ms: int = 0              # suspend_time: the last suspend or resume (`scontrol suspend/resume`)
+    alloc_gpus: float = 0.0          # gres/gpu of tres_alloc_str: the GPUs it was given (0: not shown)
 
     @property
     def aliases(self) -> dict[str, str]:
@@ -452,6 +457,7 @@ def parse_job(job: Mapping[str, Any]) -> SlurmJob | None:
         sched_ms=(_int(job, "last_sched_evaluation") or 0) * 1000,
         resize_ms=(_int(job, "resize_time") or 0) * 1000,
         suspend_ms=(_int(job, "suspend_time") or 0) * 1000,
+        alloc_gpus=tres_gpus(str(job.get("tres_alloc_str") or "")),
     )
 
 
@@ -514,11 +520,50 @@ def job_gpus(job: SlurmJob) -> list[GpuAssignment]:
     return out
 
 
+def node_gpu_counts(sinfo: Any) -> dict[str, int]:
+    """`sinfo --json` → GPUs per node name (its `gres`: 'gpu:a100:8' → 8); {} when not given."""
+    if sinfo is None:
+        return {}
+    if not isinstance(sinfo, Mapping) or not isinstance(sinfo.get("nodes"), list):
+        raise SlurmInputError("sinfo output has no 'nodes' list (is this `sinfo --json` of Slurm 22.05+?)")
+    return {str(node["name"]): gpu_count(str(node.get("gres") or "")) for node in sinfo["nodes"]
+            if isinstance(node, Mapping) and node.get("name")}
+
+
+def whole_node_detail(nodes: list[str], gpus: float, node_gpus: Mapping[str, int]) -> list[str] | None:
+    """gres_detail entries (one per node, as squeue writes them) for an attempt whose GPU indices were
+    never seen, when its GPU count shows that it held every GPU of each of its nodes: a job holds at
+    most a node's GPUs on it, so a count equal to the sum of its nodes' GPUs (sinfo) is all of them,
+    indices 0..N-1 of each. None when it held part of a node or a node is not known: which indices
+    it had is then not known, and never guessed."""
+    if not nodes or gpus <= 0 or len(set(nodes)) != len(nodes) or any(n not in node_gpus for n in nodes):
+        return None
+    if gpus != sum(node_gpus[n] for n in nodes):
+        return None
+    return [f"gpu:{node_gpus[n]}(IDX:0-{node_gpus[n] - 1})" if node_gpus[n] > 0 else "" for n in nodes]
+
+
+def _unseen_gpus(job: SlurmJob, nodes: list[str], gpus: float, source: str, out: _Emitter,
+                 note: str) -> tuple[SlurmJob, str]:
+    """The job as an attempt whose GPU indices were not seen is allocated: on `nodes`, with every GPU
+    of them when `gpus` (read from `source`) shows it held whole nodes (`whole_node_detail`), else
+    with none; and the `allocated` reason that says which."""
+    detail = whole_node_detail(nodes, gpus, out.node_gpus)
+    if detail is None:
+        return _with(job, nodes=nodes, gres_detail=[]), f"GPU indices not seen ({note})"
+    held = len(_gpu_set(nodes, detail))
+    return (_with(job, nodes=nodes, gres_detail=detail),
+            f"GPU indices not seen ({note}); the job held all {held} GPUs of {', '.join(nodes)} "
+            f"(whole nodes: {source} gres/gpu={held}, their GPUs in sinfo)")
+
+
 # --------------------------------------------------------------------------- translation
 class _Emitter:
-    def __init__(self, cluster: str, state: AgentState):
+    def __init__(self, cluster: str, state: AgentState, node_gpus: Mapping[str, int] | None = None):
         self.cluster = cluster
         self.state = state
+        #: GPUs per node (sinfo): what an attempt whose GPU indices were not seen may be given whole
+        self.node_gpus: Mapping[str, int] = node_gpus or {}
         self.events: list[JobEvent] = []
         self.warnings: list[str] = []
         self.needs_sacct: list[str] = []
@@ -555,19 +600,22 @@ def translate(
     tiers: Mapping[str, int] | None = None,
     margin_ms: int = 1000,
     accounting: Mapping[str, list[SacctRow]] | None = None,
+    node_gpus: Mapping[str, int] | None = None,
 ) -> PollResult:
     """One poll: squeue JSON + the previous state → events, the watermark, the next state.
 
     `poll_started_ms`: agent clock when squeue was started. `tiers`: PriorityTier by partition
     (to name the preempting job). `accounting`: sacct's rows (`--duplicates`) of the jobs in a
-    previous result's `needs_sacct`, or None (not asked). Raises SlurmInputError only when the whole
-    output is unusable; a bad job record is skipped with a warning."""
+    previous result's `needs_sacct`, or None (not asked). `node_gpus`: GPUs per node
+    (`node_gpu_counts` of sinfo), to give an attempt whose GPU indices were not seen the whole nodes
+    it held. Raises SlurmInputError only when the whole output is unusable; a bad job record is
+    skipped with a warning."""
     tiers = tiers or {}
     state = state.copy()
     promised_ms = state.watermark_ms
     parsed = parse_jobs(squeue)
     jobs = parsed.jobs
-    out = _Emitter(cluster, state)
+    out = _Emitter(cluster, state, node_gpus)
     out.warnings.extend(parsed.warnings)
     seen: set[str] = set()
     hold_ms: list[int] = []   # end times of jobs still completing: the watermark stays below them
@@ -688,7 +736,13 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
         return
     if job.state in FINAL_STATES:
         if ran and not js.allocated:
-            _allocate(job, js, out, [], "GPU indices not seen (the job ran between polls)" if job.requested_gpus else None)
+            if job.requested_gpus:
+                # squeue shows an ended job's nodes and GPU count, no indices: whole nodes can still be told
+                seen, note = _unseen_gpus(job, job.nodes, job.alloc_gpus or job.requested_gpus, "squeue's", out,
+                                          "the job ran between polls")
+                _allocate(seen, js, out, job_gpus(seen), note)
+            else:
+                _allocate(job, js, out, [], None)
         kind, reason = FINAL_STATES[job.state]
         exit_text = describe_exit(job.exit_code)
         if reason is None:
@@ -799,11 +853,21 @@ def _attempt_groups(rows: list[SacctRow]) -> list[list[SacctRow]]:
 def _replay_attempt(job: SlurmJob, js: JobState, out: _Emitter, group: list[SacctRow], note: str, *,
                     allocate: bool) -> None:
     """The allocation and the resizes of the attempt whose sacct rows `group` holds, as the live path
-    would have seen them: `allocated` at its Start if not published yet (GPU indices not seen: no GPU
-    time), and at each RESIZING row's End the GPUs it had on the nodes of the row after it."""
-    if allocate and not js.allocated and group[0].start_s:
-        _allocate(_with(job, start_ms=group[0].start_s * 1000, nodes=[], gres_detail=[]), js, out, [],
-                  f"GPU indices not seen ({note})")
+    would have seen them: `allocated` at its Start if not published yet (GPU indices not seen: every
+    GPU of its nodes when AllocTRES shows it held whole nodes, else no GPU time), and at each RESIZING
+    row's End the GPUs it had on the nodes of the row after it."""
+    first = group[0]
+    if allocate and not js.allocated and first.start_s:
+        try:
+            nodes = expand_hostlist(first.nodes)
+        except SlurmInputError as exc:
+            out.warnings.append(f"job {job.job_id}: sacct's NodeList {first.nodes!r}: {exc}; its GPUs are not known")
+            nodes = []
+        seen, reason = _unseen_gpus(_with(job, start_ms=first.start_s * 1000), nodes, tres_gpus(first.alloc_tres),
+                                    "sacct's AllocTRES", out, note)
+        if not seen.gres_detail:
+            seen = _with(seen, nodes=[])  # as before: an allocation on no known GPU keeps no nodes to resize
+        _allocate(seen, js, out, job_gpus(seen), reason)
     for row, after in zip(group, group[1:]):
         if row.state == "RESIZING" and row.end_s and after.nodes:
             _keep_nodes(job, js, out, set(expand_hostlist(after.nodes)), row.end_s * 1000,
@@ -843,7 +907,8 @@ def _replay_requeues(job: SlurmJob, js: JobState, state: AgentState, out: _Emitt
 
 
 def close_vanished(job_ids: Iterable[str], state: AgentState, accounting: Mapping[str, list[SacctRow]] | None, *,
-                   cluster: str, lost_at_ms: int, promised_ms: int) -> tuple[list[JobEvent], AgentState, list[str]]:
+                   cluster: str, lost_at_ms: int, promised_ms: int,
+                   node_gpus: Mapping[str, int] | None = None) -> tuple[list[JobEvent], AgentState, list[str]]:
     """End jobs that left squeue unfinished (the agent was down longer than MinJobAge) from sacct's
     rows: each attempt from `js.attempt` on, requeues included, then the final outcome; a job sacct
     has no row for is closed as `failed` at `lost_at_ms` with a reason that says so.
@@ -851,9 +916,9 @@ def close_vanished(job_ids: Iterable[str], state: AgentState, accounting: Mappin
     `accounting` None: sacct could not be asked (it failed or timed out). The jobs then stay open
     for the next poll, and the state's watermark goes back to `promised_ms` (the one published
     before this poll): their events, still to come, carry Slurm times after it.
-    Returns the events, the next state and warnings."""
+    `node_gpus`: as for `translate`. Returns the events, the next state and warnings."""
     state = state.copy()
-    out = _Emitter(cluster, state)
+    out = _Emitter(cluster, state, node_gpus)
     job_ids = [j for j in job_ids if j in state.jobs and not state.jobs[j].finished]
     if accounting is None:
         if job_ids:
@@ -882,7 +947,7 @@ def close_vanished(job_ids: Iterable[str], state: AgentState, accounting: Mappin
         last = walk[-1][-1] if walk else None
         if last is not None and last.state in FINAL_STATES and last.end_s:
             # it ran entirely while the agent was down: the ledger needs the allocation before the end
-            # (GPU indices unknown: no GPU time); and any resize of the attempt
+            # (GPU indices unknown: whole nodes or no GPU time); and any resize of the attempt
             _replay_attempt(job, js, out, walk[-1], "the job ran while the agent was down",
                             allocate=len(groups) - 1 == js.attempt)
             kind, reason = FINAL_STATES[last.state]

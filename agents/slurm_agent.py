@@ -44,12 +44,16 @@ from gpuledger.agents.slurm import (
     SlurmInputError,
     build_snapshot,
     close_vanished,
+    node_gpu_counts,
     partition_tiers,
     translate,
 )
 from gpuledger.schemas.wire import encode
 
 log = logging.getLogger("gpuledger.agents.slurm")
+
+#: the state file is DATA_DIR/slurm-agent-<cluster>.json, the spool slurm-agent-<cluster> (`agent_file_name`)
+FILE_PREFIX = "slurm-agent"
 
 #: Routing of a spooled message: "<line>\x1f<partition>\x1f<key>" (the spool holds one key per record).
 _SEP = "\x1f"
@@ -100,7 +104,7 @@ def load_json(text: str, what: str) -> Any:
 
 
 def parse_sacct(text: str) -> dict[str, list[SacctRow]]:
-    """`sacct -P -n --duplicates -X -o JobID,JobIDRaw,State,Start,End,ExitCode,Account,Partition[,NodeList]`
+    """`sacct -P -n --duplicates -X -o JobID,JobIDRaw,State,Start,End,ExitCode,Account,Partition[,NodeList[,AllocTRES]]`
     with SLURM_TIME_FORMAT=%s → rows by canonical job id, oldest attempt first: JobID (`3_1`), but
     JobIDRaw (`7`) for a heterogeneous job's component (`6+1`), as squeue lists it by its own id."""
     rows: dict[str, list[SacctRow]] = {}
@@ -114,7 +118,8 @@ def parse_sacct(text: str) -> dict[str, list[SacctRow]]:
 
         row = SacctRow(job_id=f[1] if "+" in f[0] else f[0], raw_id=f[1], state=(f[2].split() or [""])[0],
                        start_s=epoch(f[3]), end_s=epoch(f[4]), exit_code=f[5], account=f[6], partition=f[7],
-                       nodes=f[8] if len(f) > 8 and f[8] not in ("None assigned", "(null)") else "")
+                       nodes=f[8] if len(f) > 8 and f[8] not in ("None assigned", "(null)") else "",
+                       alloc_tres=f[9] if len(f) > 9 else "")
         rows.setdefault(row.job_id, []).append(row)
     return rows
 
@@ -131,13 +136,16 @@ def load_state(path: Path) -> AgentState:
         raise SystemExit(f"slurm agent: cannot read state file {path}: {exc}; move it away to start afresh")
 
 
-def save_state(path: Path, state: AgentState) -> int:
+def save_state(path: Path, state: AgentState, cluster: str | None = None) -> int:
     """Atomic: write a temporary file, fsync, rename over the old one, fsync the directory; returns
     the bytes written. orjson: at 15,625 tracked jobs (3.8 MB) 0.07 s of CPU a poll, where the json
-    module took 0.28 s."""
+    module took 0.28 s. `cluster` is recorded in it: whose state it is (`default_state_file`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    data = orjson.dumps(state.to_json())
+    doc = state.to_json()
+    if cluster is not None:
+        doc["cluster"] = cluster
+    data = orjson.dumps(doc)
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
@@ -176,7 +184,6 @@ class SpoolSink:
 
     def __init__(self, settings: Any, cluster: str, metrics: Any = None):
         """`metrics`: an AgentMetrics for the spool's depth and deliveries (optional)."""
-        from gpuledger.agents.gpu_agent import spool_dir
         from gpuledger.agents.publisher import SPOOL_PRODUCER_OVERRIDES, KafkaPublisher
         from gpuledger.agents.spool import Forwarder, Spool
 
@@ -185,7 +192,8 @@ class SpoolSink:
         def factory() -> Any:
             return RoutingPublisher(KafkaPublisher(settings, **SPOOL_PRODUCER_OVERRIDES), topics)
 
-        self.spool = Spool(spool_dir(settings, f"slurm-agent-{cluster}"), max_bytes=max(settings.agent_spool_max_bytes, 1 << 20),
+        adopt_earlier_spool(settings, cluster)
+        self.spool = Spool(spool_path(settings, cluster), max_bytes=max(settings.agent_spool_max_bytes, 1 << 20),
                            fsync=settings.agent_spool_fsync, on_drop=metrics.spool_dropped if metrics is not None else None)
         try:
             self.forwarder = Forwarder(self.spool, factory(), settings.topics.job_events, metrics=metrics,
@@ -286,17 +294,19 @@ class SlurmAgent:
         except CommandFailed as exc:
             log.warning("partition tiers unknown this poll: %s", exc)
             tiers = {}
+        node_gpus = node_gpu_counts(sinfo)  # whole nodes for attempts whose GPU indices were not seen
         accounting = None
         for _ in range(2):  # again with sacct's rows when jobs were requeued more than once since the last poll
             result = translate(squeue, self.state, cluster=self.cluster, poll_started_ms=started_ms, tiers=tiers,
-                               margin_ms=self.margin_ms, accounting=accounting)
+                               margin_ms=self.margin_ms, accounting=accounting, node_gpus=node_gpus)
             if not result.needs_sacct or (accounting := self._sacct(result.needs_sacct, self.state)) is None:
                 break  # sacct failed: its warning says those attempts in between are only `retried`
         events, state = result.events, result.state
         warnings = list(result.warnings)
         if result.vanished:
             more, state, w = close_vanished(result.vanished, state, self._sacct(result.vanished, state),
-                                            cluster=self.cluster, lost_at_ms=started_ms, promised_ms=result.promised_ms)
+                                            cluster=self.cluster, lost_at_ms=started_ms, promised_ms=result.promised_ms,
+                                            node_gpus=node_gpus)
             events += more
             warnings += w
         snapshot = build_snapshot(squeue, sinfo, cluster=self.cluster, ts_ms=(started_ms // 1000) * 1000,
@@ -314,7 +324,7 @@ class SlurmAgent:
         state.preemptions = []
         # The messages are in the spool (on disk) before the state that says they were sent.
         if self.persist:
-            self.state_bytes_written += save_state(self.state_file, state)
+            self.state_bytes_written += save_state(self.state_file, state, self.cluster)
         self.state = state
         self.polls += 1
         log.info("poll %d: %d event(s), watermark %d, %d job(s) tracked", self.polls, len(events),
@@ -329,7 +339,8 @@ class SlurmAgent:
             return {}
         try:
             text = self.run(["sacct", "-P", "-n", "--duplicates", "-X", "-j", ",".join(raw), "-o",
-                             "JobID,JobIDRaw,State,Start,End,ExitCode,Account,Partition,NodeList"], self.command_timeout_s,
+                             "JobID,JobIDRaw,State,Start,End,ExitCode,Account,Partition,NodeList,AllocTRES"],
+                            self.command_timeout_s,
                             env={**os.environ, "SLURM_TIME_FORMAT": "%s"})  # epoch seconds, no time zone guessing
         except CommandFailed as exc:
             if "accounting storage is disabled" in str(exc).lower():  # accounting_storage/none: never answers
@@ -351,10 +362,80 @@ def run_forever(agent: SlurmAgent, interval_s: float, stop: threading.Event) -> 
         stop.wait(max(0.0, interval_s - (time.monotonic() - t0)))
 
 
-def default_state_file(settings: Any, cluster: str) -> Path:
+def _earlier_name(cluster: str) -> str:
+    """What versions before `agent_file_name` named the cluster's state file and spool by: the name
+    with other characters than [A-Za-z0-9._-] as '_', which 'a b', 'a:b' and 'a_b' all share."""
     from gpuledger.agents.gpu_agent import file_safe
 
-    return Path(settings.slurm_agent_state_file or Path(settings.data_dir) / f"slurm-agent-{file_safe(cluster)}.json")
+    return f"{FILE_PREFIX}-{file_safe(cluster)}"
+
+
+def _recorded_cluster(path: Path) -> str | None:
+    """The cluster a state file says it is of (`save_state`); None: not recorded (an earlier version
+    wrote it) or not readable (load_state says why, if it comes to reading it)."""
+    try:
+        cluster = orjson.loads(path.read_bytes()).get("cluster")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return cluster if isinstance(cluster, str) else None
+
+
+def default_state_file(settings: Any, cluster: str) -> Path:
+    """GPULEDGER_SLURM_AGENT_STATE_FILE, else DATA_DIR/<agent_file_name('slurm-agent', cluster)>.json.
+
+    A cluster whose name file_safe changes had its file under `_earlier_name` before, a name other
+    clusters share. While no file of the new name exists, such a file is: moved to the new name if it
+    says it is this cluster's; left alone if it says it is another's (this cluster never had one);
+    and if it does not say (an earlier version wrote it), the agent stops with a message saying what
+    to do: starting from an empty state would send this cluster's history again and leave the jobs
+    that left squeue meanwhile open for ever, and taking another cluster's state would close its jobs
+    under this cluster's name."""
+    from gpuledger.agents.gpu_agent import agent_file_name, file_safe
+
+    if settings.slurm_agent_state_file:
+        return Path(settings.slurm_agent_state_file)
+    data = Path(settings.data_dir)
+    path = data / f"{agent_file_name(FILE_PREFIX, cluster)}.json"
+    earlier = data / f"{_earlier_name(cluster)}.json"
+    if earlier == path or path.exists() or not earlier.exists():
+        return path
+    owner = _recorded_cluster(earlier)
+    if owner == cluster:
+        os.replace(earlier, path)
+        log.warning("moved the state file %s of an earlier version to %s", earlier, path)
+    elif owner is None:
+        raise SystemExit(
+            f"slurm agent: cluster {cluster!r} has no state file {path} yet; {earlier} was written by an earlier "
+            f"version, which named state files by the cluster name with other characters than [A-Za-z0-9._-] as '_', "
+            f"so it may be this cluster's or another's (e.g. cluster {file_safe(cluster)!r}'s). If it is this "
+            f"cluster's, move it to {path}; if it is another's, run that cluster's agent once with this version (it "
+            f"then records its name in the file) or start this one with --state-file {path}. Not started from an "
+            f"empty state: that would publish this cluster's history again and leave open the jobs that left squeue")
+    return path
+
+
+def spool_path(settings: Any, cluster: str) -> Path:
+    """The cluster's spool directory: <spool dir>/<agent_file_name('slurm-agent', cluster)>."""
+    from gpuledger.agents.gpu_agent import agent_file_name, spool_dir
+
+    return spool_dir(settings, agent_file_name(FILE_PREFIX, cluster))
+
+
+def adopt_earlier_spool(settings: Any, cluster: str) -> None:
+    """The spool directory of `_earlier_name` is taken over whole (one rename) while the cluster has
+    none of its new name, so that messages spooled and not yet sent before an upgrade are sent: its
+    records name their own line, partition and key, so any Slurm agent may send them. Left alone when
+    that name's state file says it is another cluster's, or another agent holds the spool's lock."""
+    from gpuledger.agents.gpu_agent import spool_dir
+    from gpuledger.agents.spool import take_over_spool
+
+    own = spool_path(settings, cluster)
+    earlier = spool_dir(settings, _earlier_name(cluster))
+    if earlier == own or not earlier.is_dir() or own.exists():
+        return
+    if _recorded_cluster(Path(settings.data_dir) / f"{_earlier_name(cluster)}.json") not in (None, cluster):
+        return
+    take_over_spool(earlier, own)
 
 
 def build_parser(settings: Any) -> argparse.ArgumentParser:
@@ -392,7 +473,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     state_file = args.state_file or default_state_file(settings, args.cluster)
     from gpuledger.metrics import SCHEDULER_AGENTS, serve_scheduler_agent_metrics
 
-    spool_metrics = serve_scheduler_agent_metrics(args.metrics_port, f"slurm-agent-{args.cluster}")
+    spool_metrics = serve_scheduler_agent_metrics(args.metrics_port, spool_path(settings, args.cluster).name)
     if args.print_:
         sink: Any = PrintSink()
     else:

@@ -80,6 +80,22 @@ _CHUNK = 256 * 1024
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 
 
+def take_over_spool(earlier: Path, own: Path) -> bool:
+    """Rename an earlier version's spool directory `earlier` to `own` (an agent's spool of a new name),
+    under its lock, so that what it holds unsent is sent by the agent that now owns it (its records
+    name their own topics and keys). False, logged, when another agent holds it or took it first,
+    or the volume refuses: it then waits there."""
+    try:
+        with open(earlier / "lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)   # released when closed, after the rename
+            os.rename(earlier, own)
+    except OSError as exc:
+        log.warning("could not take over the spool %s: %s", earlier, exc)
+        return False
+    log.warning("took over the spool %s of an earlier version as %s", earlier, own)
+    return True
+
+
 class SpoolLocked(RuntimeError):
     """Another process holds this spool directory."""
 
