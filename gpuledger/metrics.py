@@ -57,6 +57,7 @@ DEAD_LETTERS = Counter("gpuledger_dead_letters", "Messages sent to the dead-lett
 UNMATCHED = Counter("gpuledger_unmatched", "What the worker could not match, by kind: allocation_gpu_not_reporting (an "
                     "allocated GPU the node does not report), unknown_node_changes (changes for a node that never sent a "
                     "sample), busy_unallocated_gpu_seconds (GPU time with processes or use but no allocation), "
+                    "held_gpu_not_reporting_seconds (GPU time an attempt held on a GPU its node stopped reporting), "
                     "mig_assignments (MIG instances resolved to their parent GPU; matched, counted for visibility)",
                     ["component", "kind"])
 VALUE_FALLBACKS = Counter("gpuledger_value_fallbacks", "Measurements the worker did not believe and replaced, by kind: "

@@ -198,6 +198,8 @@ class NodeJoin:
     message_span_ms: int = 0
     #: the record maker of the last close (its templates and price lookups are reused; not state)
     _maker: RecordMaker | None = field(default=None, compare=False, repr=False)
+    #: held GPUs the last tick closed did not report (`_held_not_reported`: logs each once; not state)
+    _missing_held: set[str] = field(default_factory=set, compare=False, repr=False)
 
     # -- input
     def add_tick(self, tick: MeteredTick | NodeTick, offset: int | None = None) -> Verdict:
@@ -488,6 +490,10 @@ class NodeJoin:
                     segments[uuid] = Segment(seg_start, seg_end, (seg_start // window + 1) * window, template, key,
                                              [new_slot(p, metric, seg_end - seg_start) for p in pieces],
                                              1, 1, tick.ts_ms)
+            if len(self.holders) > len(tick.gpus):  # the usual node holds at most the GPUs it reports
+                self._held_not_reported(tick)
+            elif self._missing_held:
+                self._missing_held = set()
             # closed with this tick: segments that reached their window's end, and those of GPUs it did not report
             records += self._close_segments(maker, end)
             self.closed_until_ms = end
@@ -500,6 +506,20 @@ class NodeJoin:
             records += self._flush(data_ms, ledger, maker)
         self._prune()
         return records
+
+    def _held_not_reported(self, tick: MeteredTick) -> None:
+        """GPUs an attempt holds that this tick does not report (fallen off the bus, the agent cannot
+        read them): nothing bills that time, to the job or as capacity. Counted per GPU-second
+        (`held_gpu_not_reporting_seconds`), logged when a GPU starts missing."""
+        reported = {g.gpu_uuid for g in tick.gpus}
+        missing = {uuid for uuid, held in self.holders.items() if held and uuid not in reported}
+        for uuid in sorted(missing - self._missing_held):
+            log.warning("node %s does not report GPU %s, held by %s, from %d on: that time is billed to no one",
+                        self.node, uuid, ", ".join(f"{h.job_id}/{h.attempt}" for h in self.holders[uuid].values()),
+                        tick.ts_ms)
+        if missing:
+            self._count("held_gpu_not_reporting_seconds", len(missing) * tick.interval_ms / 1000)
+        self._missing_held = missing
 
     def _close_segments(self, maker: RecordMaker, tick_end: int | None) -> list[dict]:
         """Emit the segments that cannot grow after a tick ending at tick_end (None: all of them)."""
