@@ -46,6 +46,7 @@ from gpuledger.agents.kubernetes import (
     metadata,
     workload_job_identity,
 )
+from gpuledger.agents.publisher import is_too_large
 from gpuledger.schemas.wire import encode
 
 log = logging.getLogger(__name__)
@@ -133,8 +134,6 @@ class DirectPublisher:
         self.unsendable = 0
 
     def publish(self, topic: str, key: str | bytes | None, value: bytes, partition: int | None = None) -> None:
-        from gpuledger.agents.publisher import is_too_large
-
         try:
             self.inner.publish(topic, key, value, partition=partition)
         except Exception as exc:

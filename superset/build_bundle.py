@@ -15,8 +15,10 @@ raw tables rounded per column, axes titled with their units, money metrics, colu
 currency of the shipped ledger (gpuledger/ledger_defaults.toml), which `gpuledger superset import` rewrites
 to the configured ledger's. The bill datasets (CURRENCY_DATASETS) add money of one definition version's
 currency only: they carry a `currency` column (the version's recorded currency, as `report bills`), their
-money has no fixed symbol, and the cockpit's Currency filter (one currency, default the ledger's) keeps
-its money charts to one currency.
+money has no fixed symbol, and the Currency filter of the dashboards that show their money (the cockpit, the
+algorithm view: one currency, default the ledger's) keeps those charts to one currency; tables and series group by
+`currency` too, so a row says its currency. A ranking ranks whole things of one currency: the costliest jobs
+are (cluster, job, currency) summed over the job's definition versions, not job_cost's rows (one per version).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ CURRENCY = tomllib.loads((HERE.parent / "gpuledger" / "ledger_defaults.toml").re
 CURRENCY_FORMAT = {"symbol": CURRENCY, "symbolPosition": "suffix"}
 #: datasets whose rows span definition versions of different currencies: a calculated `currency` column
 #: (the version's recorded currency, else the ledger's) and money without a fixed symbol
-CURRENCY_DATASETS = ("tenant_daily_bill", "job_cost")
+CURRENCY_DATASETS = ("tenant_daily_bill", "job_cost", "job_cost_by_attempt")
 #: d3 number format of a column of each unit (gpuledger.periodic.columns): numbers rounded for reading
 D3_FORMAT = {"money": ",.2f", "gpu_hours": ",.2f", "seconds": ",.0f", "pct": ".1f", "ratio": ".1%", "count": ",d",
              "score": ".2f", "number": ",.1f"}
@@ -114,7 +116,8 @@ DATASETS: dict[str, tuple[str, str | None, list[dict], bool]] = {
         m("idle_gpu_hours", "sum(idle_gpu_seconds) / 3600", "Idle GPU-hours", ".3f"),
     ], True),
     "job_cost_by_attempt": ("Job cost by attempt, GPU model and bill line", "day", [
-        m("cost_sum", "sum(cost)", "Cost", ",.2f", money=True),
+        # a bill dataset (CURRENCY_DATASETS): one currency only under the algorithm view's Currency filter
+        m("cost_sum", "sum(cost)", "Cost", ",.2f"),
         m("gpu_hours_sum", "sum(gpu_hours)", "GPU-hours", ",.3f"),
         m("effective_gpu_hours_sum", "sum(effective_gpu_hours)", "Effective GPU-hours", ",.3f"),
         m("attempts", "uniqExact(attempt)", "Attempts", ",d"),
@@ -138,7 +141,12 @@ DATASETS: dict[str, tuple[str, str | None, list[dict], bool]] = {
         m("idle_cost_sum", "sum(idle_cost)", "Idle cost", ",.2f", money=True),
     ], True),
     "job_cost": ("Job cost over all attempts and GPUs, with queue waiting", "first_day", [
+        # a job's sums over its rows (one per definition version: sql/0031); attempts are on one row only
         m("cost_sum", "sum(cost)", "Cost", ",.2f"),
+        m("job_attempts", "sum(attempts)", "Attempts", ",d"),
+        m("job_gpu_hours", "sum(gpu_hours)", "GPU-hours", ",.2f"),
+        m("job_effective_gpu_hours", "sum(effective_gpu_hours)", "Effective GPU-hours", ",.2f"),
+        m("job_idle_gpu_hours", "sum(idle_gpu_hours)", "Idle GPU-hours", ",.2f"),
     ], True),
     "capacity_daily": ("Capacity per day and GPU model: down + unallocated + allocated idle + executing", "day", [
         m("unallocated_gpu_hours", "sum(unallocated_gpu_seconds) / 3600", "Unallocated GPU-hours", ",.2f"),
@@ -317,26 +325,34 @@ DASHBOARDS = {
     "algorithm": (
         "GPU Ledger — Algorithm (job health)", "gpuledger-algorithm",
         "Per job: utilization distribution, balance across its GPUs, idle stretches, cost by GPU model and attempt. "
-        "Pick a tenant, a cluster and a job (a job id in two clusters is two jobs).",
-        # a job is (cluster, job id), as in the reports: schedulers number jobs per cluster
+        "Pick a tenant, a cluster and a job (a job id in two clusters is two jobs). Money is in the currency the "
+        "Currency filter picks (the ledger's unless picked): never two currencies in one total.",
+        # a job is (cluster, job id), as in the reports: schedulers number jobs per cluster; a GPU is (cluster,
+        # node, GPU), so the GPU charts split their bars by cluster (two clusters may share a node name and a
+        # GPU label: the old agents' GPU-unreadable-<index> placeholder is the same everywhere)
         [("tenant", "Tenant", "job_cost_by_attempt"), ("cluster", "Cluster", "job_cost_by_attempt"),
-         ("job_id", "Job", "job_cost_by_attempt", {"cascadeParentIds": ["NATIVE_FILTER-algorithm-cluster"]})],
+         ("job_id", "Job", "job_cost_by_attempt", {"cascadeParentIds": ["NATIVE_FILTER-algorithm-cluster"]}),
+         ("currency", "Currency", "job_cost_by_attempt", ONE_CURRENCY)],
         [
             [("job_list", "Jobs: cost and attempts", "job_cost_by_attempt",
-              table_agg(["cluster", "tenant", "job_id"], ["cost_sum", "gpu_hours_sum", "attempts"], "cost_sum", 500), 5),
+              table_agg(["cluster", "tenant", "job_id", "currency"], ["cost_sum", "gpu_hours_sum", "attempts"],
+                        "cost_sum", 500), 5),
              ("job_util_distribution", "Utilization distribution (executing GPU-hours by utilization)", "job_util_histogram",
               bar_chart("util_bucket", ["gpu_hours"], fmt=",.2f", **axes("Utilization bucket", "GPU-hours")), 7)],
             [("job_gpu_balance", "Balance across the job's GPUs (utilization % per GPU)", "job_gpu_balance",
-              bar_chart("gpu", ["util_pct"], fmt=".0f", row_limit=64, **axes("GPU", "Utilization (%)")), 6),
+              bar_chart("gpu", ["util_pct"], ["cluster"], fmt=".0f", row_limit=64,
+                        **axes("GPU (node/UUID)", "Utilization (%)")), 6),
+             # side by side, not stacked: a stack would pile two clusters' GPUs of one label into one bar
              ("job_gpu_time", "Executing vs idle GPU-hours per GPU", "job_gpu_balance",
-              bar_chart("gpu", ["executing_hours", "idle_hours"], stack=True, fmt=",.2f", row_limit=64,
-                        **axes("GPU", "GPU-hours")), 6)],
+              bar_chart("gpu", ["executing_hours", "idle_hours"], ["cluster"], fmt=",.2f", row_limit=64,
+                        **axes("GPU (node/UUID)", "GPU-hours")), 6)],
             [("job_idle_stretches", "Idle stretches (longest first)", "job_idle_stretches",
-              table_raw(["job_id", "attempt", "node", "gpu_uuid", "stretch_start", "duration_seconds", "idle_gpu_seconds"],
+              table_raw(["cluster", "job_id", "attempt", "node", "gpu_uuid", "stretch_start", "duration_seconds",
+                         "idle_gpu_seconds"],
                         ("duration_seconds", False), 200), 6),
              ("job_cost_by_model_attempt", "Cost by attempt and GPU model", "job_cost_by_attempt",
-              bar_chart("attempt_label", ["cost_sum"], ["gpu_model"], stack=True, fmt=",.2f",
-                        **axes("Attempt", f"Cost ({CURRENCY})", money=True)), 6)],
+              bar_chart("attempt_label", ["cost_sum"], ["gpu_model", "currency"], stack=True, fmt=",.2f",
+                        **axes("Attempt", "Cost (in the Currency filter's currency)")), 6)],
             [("job_cost_by_line", "Cost by bill line (compute / idle / failed retry)", "job_cost_by_attempt",
               pie(["line"], "cost_sum"), 12)],
         ],
@@ -363,12 +379,13 @@ DASHBOARDS = {
              ("idle_waste_by_queue", "Idle waste by queue (GPU-hours)", "idle_waste_daily",
               bar_chart("queue", ["idle_gpu_hours_sum"], ["tenant"], stack=True, fmt=",.1f",
                         **axes("Queue", "Idle GPU-hours")), 6)],
-            # in the Currency filter's currency, without a symbol: a raw table cannot list the calculated currency
-            # column (Superset 6.1 selects it as a literal name, which ClickHouse does not know)
+            # whole jobs: job_cost has a row per definition version, so the table sums a job's rows (an aggregate
+            # table, which may group by the calculated currency column; a raw one cannot list it: Superset 6.1
+            # selects it as a literal name, which ClickHouse does not know)
             [("top_costly_jobs", "Top-10 costly jobs", "job_cost",
-              table_raw(["cluster", "job_id", "tenant", "queue", "attempts", "gpu_hours", "effective_gpu_hours",
-                         "idle_gpu_hours", "cost"],
-                        ("cost", False), 10, symbol=False), 7),
+              table_agg(["cluster", "job_id", "tenant", "queue", "currency"],
+                        ["cost_sum", "job_attempts", "job_gpu_hours", "job_effective_gpu_hours", "job_idle_gpu_hours"],
+                        "cost_sum", 10), 7),
              ("cluster_idle_by_model", "Cluster idle (unallocated GPU-hours) by GPU model", "capacity_daily",
               bar_chart("gpu_model", ["unallocated_gpu_hours"], fmt=",.1f",
                         **axes("GPU model", "Unallocated GPU-hours")), 5)],

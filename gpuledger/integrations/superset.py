@@ -16,7 +16,7 @@ CLI command.
   `--database-uri` overrides this when Superset reaches the warehouse under another name.
 - Each dataset's schema becomes the configured database.
 - Money is labelled with the configured ledger's currency: the bundle is built with the shipped ledger's
-  (its currency formats, "(USD)" labels and the cockpit's Currency filter default), and the import writes
+  (its currency formats, "(USD)" labels and the cockpit's and the algorithm view's Currency filter defaults), and the import writes
   the configured one in their place. The bill datasets' calculated `currency` column
   (`currency_column_sql`: each row's definition version's recorded currency, as `report bills`) falls
   back to it for a version recorded without one, and reads the configured database's `definitions`.

@@ -199,14 +199,16 @@ def test_import_labels_money_with_the_configured_currency(tmp_path):
     with zipfile.ZipFile(io.BytesIO(api.zipped)) as zf:
         text = {n: zf.read(n).decode() for n in zf.namelist() if not n.endswith("metadata.yaml")}
     assert [n for n, t in text.items() if "USD" in t] == []
-    job_cost = yaml.safe_load(text["gpuledger_bundle/datasets/GPU_Ledger/job_cost_by_attempt.yaml"])
-    assert {m["metric_name"]: m["currency"] for m in job_cost["metrics"]}["cost_sum"]["symbol"] == "EUR"
-    bill = yaml.safe_load(text["gpuledger_bundle/datasets/GPU_Ledger/tenant_daily_bill.yaml"])
-    expr = {c["column_name"]: c["expression"] for c in bill["columns"]}["currency"]
-    assert "`ledger`.`definitions`" in expr and expr.endswith("'EUR')")
-    (flt,) = [f for f in yaml.safe_load(text["gpuledger_bundle/dashboards/cockpit.yaml"])["metadata"]
-              ["native_filter_configuration"] if f["name"] == "Currency"]
-    assert flt["defaultDataMask"]["filterState"]["value"] == ["EUR"]
+    idle = yaml.safe_load(text["gpuledger_bundle/datasets/GPU_Ledger/idle_waste_daily.yaml"])
+    assert {m["metric_name"]: m["currency"] for m in idle["metrics"]}["idle_cost_sum"]["symbol"] == "EUR"
+    for name in ("tenant_daily_bill", "job_cost", "job_cost_by_attempt"):  # the bill datasets (CURRENCY_DATASETS)
+        bill = yaml.safe_load(text[f"gpuledger_bundle/datasets/GPU_Ledger/{name}.yaml"])
+        expr = {c["column_name"]: c["expression"] for c in bill["columns"]}["currency"]
+        assert "`ledger`.`definitions`" in expr and expr.endswith("'EUR')"), name
+    for dashboard in ("cockpit", "algorithm"):
+        (flt,) = [f for f in yaml.safe_load(text[f"gpuledger_bundle/dashboards/{dashboard}.yaml"])["metadata"]
+                  ["native_filter_configuration"] if f["name"] == "Currency"]
+        assert flt["defaultDataMask"]["filterState"]["value"] == ["EUR"], dashboard
 
 
 # --------------------------------------------------------------------------- days are UTC days
