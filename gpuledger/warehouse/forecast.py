@@ -231,8 +231,13 @@ def forecast_rows(series: dict[tuple[str, str], dict[dt.date, float]], capacity:
                   horizon: int = HORIZON_DAYS, alpha: float = ALPHA, run_id: str | None = None,
                   created_at: dt.datetime | None = None, last: dt.date | None = None) -> list[dict]:
     """capacity_forecast rows: history and forecast of every (model, queue) series and every model's total.
-    Days without a record count as 0 demand between the first day of all the data and `last` (default
-    the data's last day; run_forecast gives the last complete one), the forecast starts the day after."""
+    Days without a record count as 0 demand between the series' first day and `last` (default the data's
+    last day; run_forecast gives the last complete one), the forecast starts the day after. From the
+    series' own first day: a queue or model that came months after the data began had as many days of 0
+    before it existed, which the fit took for demand that jumped from nothing: a queue at 100 GPU-hours a
+    day since it came 10 days ago, 60 days into the data, had a 14th-day band of 38.5 .. 163.1 (a weekly
+    season fitted to the zeros), now 100 .. 100, and its chart drew 50 days of 0. A model with capacity
+    and no demand has 0 from the data's first day."""
     check_options(horizon, alpha)
     if not series:
         raise ValueError("no demand on complete days in the warehouse (usage_raw, scheduler_snapshots): "
@@ -251,7 +256,8 @@ def forecast_rows(series: dict[tuple[str, str], dict[dt.date, float]], capacity:
     created_at = created_at or dt.datetime.now(dt.timezone.utc)
     rows = []
     for (model, queue), by_day in sorted({**series, **totals}.items()):
-        values = _dense(by_day, first, last)
+        start = min(by_day, default=first)
+        values = _dense(by_day, start, last)
         cap = capacity.get(model, 0.0)
         base = {"run_id": run_id, "created_at": created_at, "gpu_model": model, "queue": queue,
                 "capacity_gpu_hours": cap}
@@ -260,7 +266,7 @@ def forecast_rows(series: dict[tuple[str, str], dict[dt.date, float]], capacity:
         except ValueError:
             continue  # too short to forecast: left out of the run (docs/planning.md)
         for i, v in enumerate(values):
-            rows.append({**base, "day": first + dt.timedelta(days=i), "kind": "history", "demand_gpu_hours": v,
+            rows.append({**base, "day": start + dt.timedelta(days=i), "kind": "history", "demand_gpu_hours": v,
                          "lower_gpu_hours": v, "upper_gpu_hours": v, "method": f.method})
         for i in range(horizon):
             rows.append({**base, "day": last + dt.timedelta(days=i + 1), "kind": "forecast",

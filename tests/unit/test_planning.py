@@ -128,6 +128,24 @@ def test_forecast_rows_fill_gaps_and_add_model_totals():
     assert all(r["capacity_gpu_hours"] == 100.0 for r in fc)
 
 
+def test_a_series_starts_at_its_own_first_day_not_the_datas():
+    """Queue `new` came 50 days after the data began and has had 100 GPU-hours every day since. Filled
+    with 0 from the data's first day, its fit saw demand jump from nothing: a 14th-day band of
+    38.5 .. 163.1 and 50 days of 0 drawn before it existed. From its own first day: 100 .. 100."""
+    d0 = dt.date(2026, 1, 1)
+    series = {("A100", "old"): {d0 + dt.timedelta(days=i): 100.0 for i in range(60)},
+              ("A100", "new"): {d0 + dt.timedelta(days=i): 100.0 for i in range(50, 60)}}
+    rows = forecast.forecast_rows(series, {"A100": 300.0, "H100": 80.0}, horizon=14, run_id="r",
+                                  created_at=dt.datetime(2026, 3, 2))
+    history = [r["day"] for r in rows if r["kind"] == "history" and r["queue"] == "new"]
+    assert history[0] == d0 + dt.timedelta(days=50) and len(history) == 10
+    last = [r for r in rows if r["kind"] == "forecast" and r["queue"] == "new"][-1]
+    assert 90 < last["lower_gpu_hours"] <= last["upper_gpu_hours"] < 110, last
+    # the model total starts with the data; a model with capacity and no demand has 0 from then on
+    assert min(r["day"] for r in rows if r["queue"] == "*" and r["gpu_model"] == "A100") == d0
+    assert min(r["day"] for r in rows if r["gpu_model"] == "H100") == d0
+
+
 def test_trace_daily_demand_splits_at_midnight():
     pods = [TracePod("a", 2, 500, (), "LS", "Succeeded", creation_s=0, scheduled_s=3600, deletion_s=86400 + 7200),
             TracePod("b", 1, 1000, (), "BE", "Failed", creation_s=80000, scheduled_s=None, deletion_s=90000)]
