@@ -20,6 +20,7 @@ now); every period report states how much of the period has data (`Report.covera
 from __future__ import annotations
 
 import datetime as dt
+import math
 from typing import Any
 
 from gpuledger.warehouse import reports as base
@@ -308,14 +309,23 @@ def weekly(client, database: str, *, as_of: Any = None, top: int = 10, idle_shar
     start = period_start(end, 7)
     # Reclaimed = idle GPU time avoided by following reclaim suggestions (docs/alerts.md, "Followed
     # suggestions"): a named job released its GPUs within followed_within_s; until the end of that
-    # span (or of the week) it would have held gpus_freed x (1 - its execution rate) idle, each idle
-    # GPU-hour at what its idle GPU-hours cost. Not a week-over-week difference of idle time.
-    week_end_ms = int(dt.datetime.combine(end + dt.timedelta(days=1), dt.time(), dt.timezone.utc).timestamp() * 1000)
+    # span it would have held gpus_freed x (1 - its execution rate) idle, each idle GPU-hour at what
+    # its idle GPU-hours cost. Not a week-over-week difference of idle time. Each week counts the part
+    # of that time inside it: a span across the week's end splits between the two weeks (the week of
+    # the suggestion counted 0 for a release after its end, and the next week never saw it)
+    def midnight_ms(day: dt.date) -> int:
+        return int(dt.datetime.combine(day, dt.time(), dt.timezone.utc).timestamp() * 1000)
+
+    week_start_ms, week_end_ms = midnight_ms(start), midnight_ms(end + dt.timedelta(days=1))
     reclaimed = []
     named = base.definition_currencies(client, quoted_database(database), currency or None)
-    for r in followed_suggestions(client, database, start, end, followed_within_s):
-        until = min(r["suggested_ms"] + followed_within_s * 1000, week_end_ms)
-        hours = r["gpus_freed"] * (1 - r["execution_rate"]) * max(0, until - r["released_ms"]) / 3_600_000
+    looked_back = start - dt.timedelta(days=math.ceil(followed_within_s / 86_400))
+    for r in followed_suggestions(client, database, looked_back, end, followed_within_s):
+        span_end = r["suggested_ms"] + followed_within_s * 1000
+        since, until = max(r["released_ms"], week_start_ms), min(span_end, week_end_ms)
+        if r["released_ms"] >= week_end_ms or (until <= since and r["released_ms"] < week_start_ms):
+            continue  # released after this week, or its span was over before it began
+        hours = r["gpus_freed"] * (1 - r["execution_rate"]) * max(0, until - since) / 3_600_000
         when = lambda ms: dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M")  # noqa: E731
         reclaimed.append({"cluster": r["cluster"], "queue": r["queue"], "job_id": r["job_id"], "suggested_at": when(r["suggested_ms"]),
                           "released_at": when(r["released_ms"]), "gpus_freed": r["gpus_freed"],
