@@ -390,8 +390,9 @@ class WorkerMetrics:
         LAST_SAMPLE.observe(self.component, node, ts_ms, cluster)
 
     def forget_nodes(self, nodes: Iterable[tuple[str, str]]) -> None:
-        """The (cluster, node)s of a partition revoked from this worker: their last-sample series go
-        (its new owner reports them; kept, they grew old here and the node looked silent)."""
+        """The (cluster, node)s of a partition revoked from this worker, or of a node the core retired:
+        their last-sample series go (the new owner reports them; kept, they grew old here and the node
+        looked silent; a retired node was silent for the retention and holds nothing)."""
         LAST_SAMPLE.forget(self.component, nodes)
 
     def duplicate(self, kind: str) -> None:

@@ -24,7 +24,8 @@ snapshot it cannot restore), so that it restarts from its last durable snapshot:
 would only restart the agent, whose state is past the message, and the next snapshot would cover
 alerts never sent. A usage record the watcher cannot read is left out of its batch (logged with the
 reason, counted `bad_records`) before the batch is applied, so the batch's other records are
-applied, each once.
+applied, each once. Before Faust starts, its topics are checked: 78 for a topic missing or with
+another partition count than its setting, 75 for a broker it cannot reach.
 """
 
 from __future__ import annotations
@@ -43,9 +44,10 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartiti
 
 from gpuledger.config import Settings
 from gpuledger.ledger_files import load_ledger_config
-from gpuledger.streams.app import new_ledger_app, read_last_snapshot
+from gpuledger.streams.app import exit_unless_topics_ready, new_ledger_app, read_last_snapshot
 from gpuledger.streams.pricing import LedgerConfig
 from gpuledger.streams.watch import Watcher
+from gpuledger.topics import check_topics
 
 log = logging.getLogger(__name__)
 
@@ -201,8 +203,22 @@ def create_watch_app(settings: Settings, ledger: LedgerConfig | None = None) -> 
     return app
 
 
+def watch_topics(settings: Settings) -> list[str]:
+    """Every topic the watcher reads or writes (those of `create_watch_app`; it also reads its state)."""
+    t = settings.topics
+    return [*watch_inputs(settings), t.alerts, t.reclaim_suggestions, t.watch_state]
+
+
+def check_watch_topics(settings: Settings, timeout_s: float = 30.0) -> None:
+    """RuntimeError naming each of the watcher's topics that is missing or whose partition count is not
+    its setting's; KafkaException when the broker cannot be reached within `timeout_s`."""
+    check_topics(settings, watch_topics(settings), timeout_s)
+
+
 def run_watch(settings: Settings, loglevel: str = "warn") -> None:
-    """Run the watcher until SIGINT/SIGTERM (`gpuledger watch`)."""
+    """Run the watcher until SIGINT/SIGTERM (`gpuledger watch`), once its topics are the ledger's
+    (status 78 when they are not, 75 when the broker cannot be reached: `exit_unless_topics_ready`)."""
+    exit_unless_topics_ready(check_watch_topics, settings, "watch")
     (settings.data_dir / "watch").mkdir(parents=True, exist_ok=True)
     app = create_watch_app(settings)
     faust.Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()

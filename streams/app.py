@@ -22,6 +22,8 @@ Faust hands out after its partition was revoked is left alone (its new owner rea
 would let the state run ahead of its outputs stops the worker instead (status 75: an output it
 could not send or confirm, a snapshot it could not read; 78: a snapshot it cannot restore or one
 larger than the worker-state topic takes), so that it restarts from its last durable snapshot.
+Before Faust starts, its topics are checked (`exit_unless_topics_ready`): 78 for a topic missing or
+with another partition count than its setting, 75 for a broker it cannot reach.
 
 Why one file: the agents, the timers and the rebalance handler share one lock and the bookkeeping of
 what a snapshot covers (partitions loaded and changed, events to acknowledge, outputs in flight),
@@ -40,14 +42,14 @@ from collections import Counter, defaultdict
 import faust
 from faust.transport.drivers import aiokafka as aiokafka_driver
 from aiokafka import TopicPartition as KafkaPartition
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from gpuledger.config import Settings
 from gpuledger.ledger_files import load_ledger_config
 from gpuledger.metrics import LAG_EVERY_S, forget_consumer_lag
 from gpuledger.streams.core import JOIN, ROUTER, Out, WorkerCore
 from gpuledger.streams.pricing import LedgerConfig
-from gpuledger.topics import STATE_MAX_MESSAGE_BYTES
+from gpuledger.topics import STATE_MAX_MESSAGE_BYTES, check_topics
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +220,9 @@ def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.
     core.on_duplicate = metrics.duplicate
     core.on_tick = metrics.sample_seen
     core.on_unmatched = metrics.unmatched
+    # a node retired from its join (silent for the retention, holding nothing) leaves the age gauge,
+    # as it would on a restore: a decommissioned node's "stopped" alert ends
+    core.on_retired = lambda cluster, node: metrics.forget_nodes([(cluster, node)])
 
     raw = dict(value_serializer="raw", key_serializer="raw")
     job_events = app.topic(topics.job_events, partitions=settings.partitions_job_events, **raw)
@@ -462,11 +467,46 @@ def create_app(settings: Settings, ledger: LedgerConfig | None = None) -> faust.
     return app
 
 
+def worker_topics(settings: Settings) -> list[str]:
+    """Every topic the worker reads or writes (those of `create_app`, and the worker-state topic it
+    restores from). Faust makes no topic of its own here: no tables, no leader topic."""
+    t = settings.topics
+    return [t.gpu_samples, t.job_events, t.node_allocations, t.lifecycle_accepted, t.usage, t.dead_letters,
+            t.late_events, t.worker_state]
+
+
+def check_worker_topics(settings: Settings, timeout_s: float = 30.0) -> None:
+    """RuntimeError naming each of the worker's topics that is missing or whose partition count is not
+    its setting's; KafkaException when the broker cannot be reached within `timeout_s`."""
+    check_topics(settings, worker_topics(settings), timeout_s)
+
+
+def exit_unless_topics_ready(check, settings: Settings, process: str, timeout_s: float = 30.0) -> None:
+    """Before Faust starts (the worker's, the watcher's): SystemExit unless `check(settings, timeout_s)`
+    passes. Faust would subscribe anyway: a producer creates a missing topic with the broker's default
+    partition count, and a count that disagrees bills ticks as unallocated or never closes them,
+    silently. Status 78 (a restart does not help) for topics to fix, 75 (restart me) for a broker that
+    cannot be reached."""
+    try:
+        check(settings, timeout_s=timeout_s)
+    except KafkaException as exc:
+        log.critical("%s: cannot list the topics on %s within %.0fs (%s): is the broker up and reachable? "
+                     "exiting (status 75)", process, settings.kafka_bootstrap, timeout_s, exc)
+        raise SystemExit(75) from exc
+    except RuntimeError as exc:
+        log.critical("%s: its topics are not the ledger's: %s. Fix: `gpuledger topics create` with the same "
+                     "settings creates missing topics; for a partition count that disagrees, set the partition "
+                     "settings to the topics' counts (Kafka cannot take partitions away); exiting (status 78)",
+                     process, exc)
+        raise SystemExit(78) from exc
+
+
 def run_worker(settings: Settings, loglevel: str = "warn") -> None:
-    """Run the worker until SIGINT/SIGTERM (`gpuledger worker`)."""
+    """Run the worker until SIGINT/SIGTERM (`gpuledger worker`), once its topics are the ledger's."""
     import faulthandler
     import signal
 
+    exit_unless_topics_ready(check_worker_topics, settings, "worker")
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: print every stack
     from gpuledger.metrics import start_metrics_server
 

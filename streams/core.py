@@ -190,11 +190,12 @@ class WorkerCore:
         self.joins: dict[int, JoinPartition] = {}
         self.counters: Counter[str] = Counter()
         #: optional hooks for metrics: on_dead_letter(source_topic, reason), on_duplicate(kind), on_tick(node, ts_ms, cluster),
-        #: on_unmatched(kind, amount)
+        #: on_unmatched(kind, amount), on_retired(cluster, node)
         self.on_dead_letter = None
         self.on_duplicate = None
         self.on_tick = None
         self.on_unmatched = None
+        self.on_retired = None
 
     # ------------------------------------------------------------------ helpers
     #: the Kafka key of the input message being processed, set by the Faust shell before each one
@@ -464,6 +465,8 @@ class WorkerCore:
             for uuid in [u for u, owner in jp.gpu_owners.items() if owner is join]:
                 del jp.gpu_owners[uuid]
             self.counters["retired_nodes"] += 1
+            if self.on_retired:
+                self.on_retired(*key)
 
     @staticmethod
     def _gpu_taken(jp: JoinPartition, join: NodeJoin, tick) -> str | None:

@@ -27,7 +27,10 @@ def run(feed: Feeder, nodes_until: dict[str, int], minutes: int, start_min: int 
 
 def test_a_quiet_node_that_holds_nothing_is_retired_and_comes_back_billed_once() -> None:
     core, feed = core_with(retention_min=10)
+    retired = []
+    core.on_retired = lambda cluster, node: retired.append((cluster, node))  # the worker's age gauge forgets it
     run(feed, {"a": 40, "b": 5}, 40)
+    assert retired == [("c", "b")]
     jp = core.joins[0]
     assert ("c", "b") not in jp.nodes and ("c", "a") in jp.nodes
     assert jp.retired == {("c", "b"): T0 + 5 * MIN}
