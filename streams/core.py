@@ -491,11 +491,15 @@ class WorkerCore:
         Waiting ticks are held in memory (decoded), so the Faust shell pauses the partition's samples
         while this is large (`worker_samples_ahead_s`). Counted in ticks, not from the latest
         timestamp, so that a tick from the future does not hold a partition back; and averaged, so
-        that one node whose clock runs minutes ahead does not hold back the others."""
+        that one node whose clock runs minutes ahead does not hold back the others. A node's newest
+        tick is not counted: it waits for the watermark to pass its end in any case, however long its
+        interval (one node sampled hourly among four paused its partition, everyone's samples, for up
+        to an hour per tick); the ticks behind it are the backlog."""
         jp = self.joins.get(partition)
         if jp is None or not jp.nodes:
             return 0
-        waiting = sum(len(j.pending_ticks) * j.pending_ticks[-1].interval_ms for j in jp.nodes.values() if j.pending_ticks)
+        waiting = sum((len(j.pending_ticks) - 1) * j.pending_ticks[-1].interval_ms
+                      for j in jp.nodes.values() if j.pending_ticks)
         return waiting // len(jp.nodes)
 
     # ------------------------------------------------------------------ snapshots

@@ -284,8 +284,9 @@ def test_a_bad_tick_in_a_batch_costs_only_itself_and_gives_one_dead_letter():
 
 def test_samples_waiting_for_the_watermark_are_measured_per_partition():
     """What the Faust shell paces a gpu-samples partition by (streams/app.py `pace_samples`): the
-    event time of the pending ticks per node, on average over the partition's nodes; a tick from far
-    in the future (a bad clock) counts as one tick, not as the days it claims."""
+    event time of the pending ticks per node but its newest (which waits for the watermark whatever
+    its interval), on average over the partition's nodes; a tick from far in the future (a bad clock)
+    counts as one tick, not as the days it claims."""
     from gpuledger.schemas.models import GpuSample, NodeTick
 
     t0 = 1_793_577_600_000
@@ -303,9 +304,15 @@ def test_samples_waiting_for_the_watermark_are_measured_per_partition():
     assert core.samples_waiting_ms(0) == 0
     core.on_node(TOPICS.gpu_samples, 0, 0, encode_node_ticks("n", ticks("n", 0, 90)))
     core.on_node(TOPICS.gpu_samples, 0, 1, encode_node_ticks("m", ticks("m", 0, 30) + ticks("m", 5 * 86_400, 1)))
-    # before any watermark: n waits 90 s, m 31 ticks
-    assert core.samples_waiting_ms(0) == (90_000 + 31_000) // 2 and core.samples_waiting_ms(1) == 0
+    # before any watermark: n waits 90 s, m 31 ticks; each one's newest is not backlog
+    assert core.samples_waiting_ms(0) == (89_000 + 30_000) // 2 and core.samples_waiting_ms(1) == 0
     watermark(20, 0)
-    assert core.samples_waiting_ms(0) == (70_000 + 11_000) // 2
+    assert core.samples_waiting_ms(0) == (69_000 + 10_000) // 2
     watermark(120, P_EVENTS)
-    assert core.samples_waiting_ms(0) == 1_000 // 2  # only the tick from the future waits
+    assert core.samples_waiting_ms(0) == 0  # only the tick from the future waits: m's newest
+    # a node sampled hourly: its one tick waits an hour for the watermark and is no backlog (counted, it
+    # made 1,200 s per node on average here, over the 120-s pause threshold: the partition paused for the hour)
+    hourly = NodeTick(cluster="c", node="h", ts_ms=t0 + 200_000, interval_ms=3_600_000,
+                      gpus=[GpuSample(gpu_uuid="G-h", index=0, model="T4")])
+    core.on_node(TOPICS.gpu_samples, 0, 2, encode_node_ticks("h", [hourly]))
+    assert core.samples_waiting_ms(0) == 0
