@@ -15,7 +15,8 @@ sees containers on the GPU and none of them is the holder's, or when it lists th
 without an SM share while it measured another process's (a neighbour's work is not the holder's).
 A quiet stretch counts as idle from `min_idle_s` after its first quiet tick on (the stretch's first
 ticks stay executing: a checkpoint flush or a short stall is not billed as idle). A stretch ends with
-the GPU going down or unheld, and is its container's: a holder back in another one starts anew.
+the GPU going down, unheld or missing from its node's tick, and is its container's: a holder back
+in another one starts anew.
 Causal on purpose: a tick is judged from itself and the ticks before it, so records never wait for
 the future and replays agree.
 

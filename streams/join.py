@@ -510,9 +510,12 @@ class NodeJoin:
     def _held_not_reported(self, tick: MeteredTick) -> None:
         """GPUs an attempt holds that this tick does not report (fallen off the bus, the agent cannot
         read them): nothing bills that time, to the job or as capacity. Counted per GPU-second
-        (`held_gpu_not_reporting_seconds`), logged when a GPU starts missing."""
+        (`held_gpu_not_reporting_seconds`), logged when a GPU starts missing. Their holders' quiet
+        stretches end, as a down GPU's do: the time unmeasured is the platform's, not their quiet."""
         reported = {g.gpu_uuid for g in tick.gpus}
         missing = {uuid for uuid, held in self.holders.items() if held and uuid not in reported}
+        for uuid in missing:
+            self.judge.forget(uuid)
         for uuid in sorted(missing - self._missing_held):
             log.warning("node %s does not report GPU %s, held by %s, from %d on: that time is billed to no one",
                         self.node, uuid, ", ".join(f"{h.job_id}/{h.attempt}" for h in self.holders[uuid].values()),
