@@ -520,23 +520,74 @@ def job_gpus(job: SlurmJob) -> list[GpuAssignment]:
     return out
 
 
-def node_gpu_counts(sinfo: Any) -> dict[str, int]:
-    """`sinfo --json` → GPUs per node name (its `gres`: 'gpu:a100:8' → 8); {} when not given."""
+class NodeGpus(dict[str, int]):
+    """GPUs per node name (sinfo's `gres`), and per node since when that count holds (`since_ms`: the
+    later of its boot and its slurmd's start, when slurmd reads gres.conf; 0 if not shown)."""
+
+    def __init__(self, counts: Mapping[str, int] | None = None, since_ms: Mapping[str, int] | None = None):
+        super().__init__(counts or {})
+        self.since_ms: dict[str, int] = dict(since_ms or {})
+
+
+def _whole_gpu_count(gres: str) -> int | None:
+    """GPUs in a node's `gres` when they can be told exactly for whole-node inference: 'gpu:a100:8(S:0-1)'
+    → 8, 'gpu:a100:4,gpu:v100:2' → 6, 'gpu:a100:8,shard:32' → 8, '(null)' → 0. None when a GPU entry has
+    no plain count ('gpu', 'gpu:a100', '1K') or is no_consume (shared by every job on the node)."""
+    total = 0
+    for item in _split_top_level(re.sub(r"\([^)]*\)", "", gres or "")):
+        fields = item.split(":")
+        if fields[0] != "gpu":
+            continue
+        if len(fields) < 2 or not fields[-1].isdigit() or "no_consume" in fields:
+            return None
+        total += int(fields[-1])
+    return total
+
+
+def node_gpu_counts(sinfo: Any) -> NodeGpus:
+    """`sinfo --json` → GPUs per node name (its `gres`: 'gpu:a100:8' → 8) and since when (`NodeGpus`);
+    empty when not given. A node whose GPUs cannot be told exactly (`_whole_gpu_count`), whose times
+    cannot be read, or that is listed twice with different GPUs is left out: not known, never inferred."""
+    out = NodeGpus()
     if sinfo is None:
-        return {}
+        return out
     if not isinstance(sinfo, Mapping) or not isinstance(sinfo.get("nodes"), list):
         raise SlurmInputError("sinfo output has no 'nodes' list (is this `sinfo --json` of Slurm 22.05+?)")
-    return {str(node["name"]): gpu_count(str(node.get("gres") or "")) for node in sinfo["nodes"]
-            if isinstance(node, Mapping) and node.get("name")}
+    doubtful: set[str] = set()
+    for node in sinfo["nodes"]:
+        if not isinstance(node, Mapping) or not node.get("name"):
+            continue
+        name = str(node["name"])
+        count = _whole_gpu_count(str(node.get("gres") or ""))
+        try:
+            since_s = max(_number(node.get(k), 0, f"sinfo node {name!r}: {k}") or 0
+                          for k in ("boot_time", "slurmd_start_time"))
+        except SlurmInputError:
+            count = None
+        if count is None or out.get(name, count) != count:
+            doubtful.add(name)
+            continue
+        out[name] = count
+        out.since_ms[name] = max(out.since_ms.get(name, 0), since_s * 1000)
+    for name in doubtful:
+        out.pop(name, None)
+        out.since_ms.pop(name, None)
+    return out
 
 
-def whole_node_detail(nodes: list[str], gpus: float, node_gpus: Mapping[str, int]) -> list[str] | None:
+def whole_node_detail(nodes: list[str], gpus: float, node_gpus: Mapping[str, int],
+                      started_ms: int | None = None) -> list[str] | None:
     """gres_detail entries (one per node, as squeue writes them) for an attempt whose GPU indices were
     never seen, when its GPU count shows that it held every GPU of each of its nodes: a job holds at
     most a node's GPUs on it, so a count equal to the sum of its nodes' GPUs (sinfo) is all of them,
     indices 0..N-1 of each. None when it held part of a node or a node is not known: which indices
-    it had is then not known, and never guessed."""
+    it had is then not known, and never guessed. With `started_ms` (the attempt's start), None too
+    when a node booted or restarted its slurmd after it (`NodeGpus.since_ms`): its GPUs then may not
+    be today's (gres.conf changed)."""
     if not nodes or gpus <= 0 or len(set(nodes)) != len(nodes) or any(n not in node_gpus for n in nodes):
+        return None
+    since = getattr(node_gpus, "since_ms", {})
+    if started_ms is not None and any(since.get(n, 0) > started_ms for n in nodes):
         return None
     if gpus != sum(node_gpus[n] for n in nodes):
         return None
@@ -544,11 +595,14 @@ def whole_node_detail(nodes: list[str], gpus: float, node_gpus: Mapping[str, int
 
 
 def _unseen_gpus(job: SlurmJob, nodes: list[str], gpus: float, source: str, out: _Emitter,
-                 note: str) -> tuple[SlurmJob, str]:
+                 note: str, *, resized_ms: int = 0) -> tuple[SlurmJob, str]:
     """The job as an attempt whose GPU indices were not seen is allocated: on `nodes`, with every GPU
     of them when `gpus` (read from `source`) shows it held whole nodes (`whole_node_detail`), else
-    with none; and the `allocated` reason that says which."""
-    detail = whole_node_detail(nodes, gpus, out.node_gpus)
+    with none; and the `allocated` reason that says which. `resized_ms` after its start: `nodes` and
+    `gpus` are those after a resize (an expand adds another job's nodes), not those it started on."""
+    if resized_ms > job.start_ms:
+        return _with(job, nodes=nodes, gres_detail=[]), f"GPU indices not seen ({note}; resized since its start)"
+    detail = whole_node_detail(nodes, gpus, out.node_gpus, job.start_ms)
     if detail is None:
         return _with(job, nodes=nodes, gres_detail=[]), f"GPU indices not seen ({note})"
     held = len(_gpu_set(nodes, detail))
@@ -739,7 +793,7 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
             if job.requested_gpus:
                 # squeue shows an ended job's nodes and GPU count, no indices: whole nodes can still be told
                 seen, note = _unseen_gpus(job, job.nodes, job.alloc_gpus or job.requested_gpus, "squeue's", out,
-                                          "the job ran between polls")
+                                          "the job ran between polls", resized_ms=job.resize_ms)
                 _allocate(seen, js, out, job_gpus(seen), note)
             else:
                 _allocate(job, js, out, [], None)
