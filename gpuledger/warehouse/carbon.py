@@ -33,6 +33,11 @@ from gpuledger.warehouse.client import insert_rows, quoted_database
 
 #: header names a CSV may give the zone column (a cluster's name, or a region [carbon.zones] names)
 ZONE_HEADERS = ("zone", "cluster", "region")
+#: a valid_from the ledger cannot mean: before 1970 (no usage time, and no warehouse Date, is earlier) or
+#: more than a year after the load (a typo of the year, 2206 for 2026: the value would never apply, and the
+#: value it stood for would be missing). Forecast series, hours or days ahead, stay well inside.
+EPOCH_MS = 0
+MAX_AHEAD_MS = 366 * 86_400_000
 
 
 class CarbonInputError(ValueError):
@@ -52,12 +57,16 @@ def parse_time_ms(text: str, where: str) -> int:
     return int(when.timestamp() * 1000)
 
 
-def parse_intensity_csv(text: str, source: str = "<csv>", zones: Mapping[str, str] | None = None) -> list[dict]:
+def parse_intensity_csv(text: str, source: str = "<csv>", zones: Mapping[str, str] | None = None,
+                        now_ms: int | None = None) -> list[dict]:
     """Rows {zone, valid_from_ms, gco2e_per_kwh} of a CSV with a header: one of zone/cluster/region,
     valid_from and gco2e_per_kwh (other columns are ignored). Every bad line is an error, with its
     number: a partly loaded series would price some hours at the default without anyone knowing.
     `zones`: the definition's [carbon.zones]; a row naming a cluster it maps to another zone is an error
-    (no figure would ever read that series: the cluster takes its zone's)."""
+    (no figure would ever read that series: the cluster takes its zone's), unless another cluster maps to
+    that name. `now_ms`: the load's time (default: the clock); valid_from is at most a year after it."""
+    now_ms = _now_ms() if now_ms is None else now_ms
+    read_zones = set((zones or {}).values())
     reader = csv.DictReader(io.StringIO(text.removeprefix("\ufeff")))  # a spreadsheet's byte order mark
     header = [h.strip() for h in (reader.fieldnames or [])]
     reader.fieldnames = header
@@ -78,11 +87,15 @@ def parse_intensity_csv(text: str, source: str = "<csv>", zones: Mapping[str, st
         zone = (raw.get(zone_col) or "").strip()
         if not zone or not zone.isprintable() or len(zone) > 256:
             raise CarbonInputError(f"{where}: {zone_col} must be a name, got {raw.get(zone_col)!r}")
-        if zones and zones.get(zone, zone) != zone:
+        if zones and zones.get(zone, zone) != zone and zone not in read_zones:
             raise CarbonInputError(f"{where}: cluster {zone} takes the intensity of zone {zones[zone]} "
                                    f"([carbon.zones]), so a series named {zone} would never be read: name it "
                                    f"{zones[zone]}, or remove the mapping")
         ts = parse_time_ms(raw.get("valid_from") or "", f"{where}: valid_from")
+        if not EPOCH_MS <= ts <= now_ms + MAX_AHEAD_MS:
+            raise CarbonInputError(f"{where}: valid_from must be within 1970-01-01 and a year after now "
+                                   f"({_utc(now_ms).date()}), got {raw.get('valid_from')!r} ({_utc(ts).date()} UTC):"
+                                   " a typo of the year?")
         try:
             g = float((raw.get("gco2e_per_kwh") or "").strip())
         except ValueError:
@@ -97,6 +110,18 @@ def parse_intensity_csv(text: str, source: str = "<csv>", zones: Mapping[str, st
     if not rows:
         raise CarbonInputError(f"{source}: no rows")
     return rows
+
+
+def _now_ms() -> int:
+    return int(dt.datetime.now(dt.timezone.utc).timestamp() * 1000)
+
+
+def _utc(ms: int) -> dt.datetime:
+    """Epoch ms as a UTC time, exact (no float); past what datetime holds (0001-01-01 less an offset), its end."""
+    try:
+        return dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(milliseconds=ms)
+    except OverflowError:
+        return (dt.datetime.min if ms < 0 else dt.datetime.max).replace(tzinfo=dt.timezone.utc)
 
 
 # --------------------------------------------------------------------------- warehouse
@@ -143,9 +168,17 @@ def unread_zones(client, database: str, carbon: CarbonDefinition, zones: Sequenc
 
 
 def load_intensity(client, database: str, rows: Sequence[dict], source: str, loaded_by: str | None = None) -> int:
-    """Append the rows to carbon_intensity (history kept; the latest load of a zone and time wins)."""
+    """Append the rows to carbon_intensity (history kept; the latest load of a zone and time wins).
+    carbon_intensity_current takes the value of the greatest loaded_at, so a load is stamped after every
+    load stored (a millisecond later at least), not with the server's clock alone: a clock stepped back
+    (or a replica's clock behind another's) stamped a correction before the value it corrected, which
+    then kept pricing, and two loads in one millisecond left the winner to the engine."""
     by = loaded_by or _user()
-    return insert_rows(client, "carbon_intensity", [{**r, "source": source, "loaded_by": by} for r in rows],
+    (stamp,) = _query(client, "SELECT toUnixTimestamp64Milli(greatest(now64(3), max(loaded_at) + toIntervalMillisecond(1)))"
+                              f" AS ms FROM {quoted_database(database)}.carbon_intensity")
+    loaded_at = _utc(int(stamp["ms"]))
+    return insert_rows(client, "carbon_intensity",
+                       [{**r, "source": source, "loaded_by": by, "loaded_at": loaded_at} for r in rows],
                        database=database)
 
 
