@@ -13,12 +13,15 @@ Why one file: the definitions (datasets, charts, dashboards) and the writer that
 Numbers read like the periodic reports': column headers and units from gpuledger.warehouse.periodic.columns,
 raw tables rounded per column, axes titled with their units, money metrics, columns and axes in the
 currency of the shipped ledger (gpuledger/ledger_defaults.toml), which `gpuledger superset import` rewrites
-to the configured ledger's. The bill datasets (CURRENCY_DATASETS) add money of one definition version's
-currency only: they carry a `currency` column (the version's recorded currency, as `report bills`), their
-money has no fixed symbol, and the Currency filter of the dashboards that show their money (the cockpit, the
-algorithm view: one currency, default the ledger's) keeps those charts to one currency; tables and series group by
-`currency` too, so a row says its currency. A ranking ranks whole things of one currency: the costliest jobs
-are (cluster, job, currency) summed over the job's definition versions, not job_cost's rows (one per version).
+to the configured ledger's. The datasets whose rows span definition versions (CURRENCY_DATASETS: the bills,
+idle waste, capacity) add money of one definition version's currency only: they carry a `currency` column
+(the version's recorded currency, as `report bills`), their money has no fixed symbol, and the Currency
+filter of the dashboards that show their money (the cockpit, the algorithm view: one currency, default the
+ledger's) keeps those charts to one currency; tables and series group by `currency` too, so a row says its
+currency. The filter reaches only the charts that show money: GPU-hours of every currency stay in theirs.
+Reclaim suggestions record their own currency (RECORDED_CURRENCY_DATASETS): money without a symbol there too.
+A ranking ranks whole things of one currency: the costliest jobs are (cluster, job, currency) summed over the
+job's definition versions, not job_cost's rows (one per version).
 """
 
 from __future__ import annotations
@@ -48,7 +51,12 @@ CURRENCY = tomllib.loads((HERE.parent / "gpuledger" / "ledger_defaults.toml").re
 CURRENCY_FORMAT = {"symbol": CURRENCY, "symbolPosition": "suffix"}
 #: datasets whose rows span definition versions of different currencies: a calculated `currency` column
 #: (the version's recorded currency, else the ledger's) and money without a fixed symbol
-CURRENCY_DATASETS = ("tenant_daily_bill", "job_cost", "job_cost_by_attempt")
+CURRENCY_DATASETS = ("tenant_daily_bill", "job_cost", "job_cost_by_attempt", "idle_waste_daily", "capacity_daily")
+#: datasets whose rows carry the currency they were priced in (a stored `currency` column): money without a
+#: fixed symbol too (the watcher labels a suggestion's idle cost with its ledger's currency of the time)
+RECORDED_CURRENCY_DATASETS = ("reclaim_suggestions_latest",)
+#: datasets whose money is of each row's currency, never one fixed symbol
+ROW_CURRENCY_DATASETS = CURRENCY_DATASETS + RECORDED_CURRENCY_DATASETS
 #: d3 number format of a column of each unit (gpuledger.periodic.columns): numbers rounded for reading
 D3_FORMAT = {"money": ",.2f", "gpu_hours": ",.2f", "seconds": ",.0f", "pct": ".1f", "ratio": ".1%", "count": ",d",
              "score": ".2f", "number": ",.1f"}
@@ -60,11 +68,31 @@ def uid(*parts: str) -> str:
 
 # --------------------------------------------------------------------------- datasets and metrics
 def m(name: str, expression: str, label: str | None = None, fmt: str | None = None, description: str | None = None,
-      money: bool = False) -> dict:
-    """A metric; `money` ones carry the ledger's currency (in the label and Superset's currency format).
-    A bill dataset's money (CURRENCY_DATASETS) is plain: its rows say their currency."""
-    return {"metric_name": name, "expression": expression, "verbose_name": f"{label} ({CURRENCY})" if money else label,
-            "d3format": fmt, "description": description, "currency": CURRENCY_FORMAT if money else None}
+      money: bool = False, of_money: bool = False) -> dict:
+    """A metric; `money`: an amount, `of_money`: a ratio of amounts (an idle share). A Currency filter reaches
+    the charts that show either; an amount carries the ledger's currency (in the label and Superset's currency
+    format) unless its dataset's rows say their currency (ROW_CURRENCY_DATASETS: plain, see `metric_entry`)."""
+    return {"metric_name": name, "expression": expression, "label": label, "d3format": fmt, "description": description,
+            "money": money, "of_money": of_money}
+
+
+def metric_entry(dataset: str, metric: dict) -> dict:
+    """A metric as the dataset's YAML holds it: money with the ledger's symbol only where its dataset's money
+    is all of one currency."""
+    symbol = metric["money"] and dataset not in ROW_CURRENCY_DATASETS
+    return {"metric_name": metric["metric_name"],
+            "verbose_name": f"{metric['label']} ({CURRENCY})" if symbol else metric["label"], "metric_type": None,
+            "expression": metric["expression"], "description": metric["description"], "d3format": metric["d3format"],
+            "currency": CURRENCY_FORMAT if symbol else None, "extra": {}, "warning_text": None}
+
+
+def shows_money(params: dict, metrics: list[dict]) -> bool:
+    """Whether a chart shows money (an amount or a ratio of amounts): a Currency filter must hold it to one
+    currency; a chart of GPU-hours alone keeps every currency's hours."""
+    flags = {x["metric_name"]: x["money"] or x["of_money"] for x in metrics}
+    shown = list(params.get("metrics") or []) + ([params["metric"]] if params.get("metric") else [])
+    return any(flags.get(name) for name in shown) or any(
+        report_column(col).unit == "money" for col in params.get("all_columns") or [])
 
 
 LAYERS = {
@@ -117,7 +145,7 @@ DATASETS: dict[str, tuple[str, str | None, list[dict], bool]] = {
     ], True),
     "job_cost_by_attempt": ("Job cost by attempt, GPU model and bill line", "day", [
         # a bill dataset (CURRENCY_DATASETS): one currency only under the algorithm view's Currency filter
-        m("cost_sum", "sum(cost)", "Cost", ",.2f"),
+        m("cost_sum", "sum(cost)", "Cost", ",.2f", money=True),
         m("gpu_hours_sum", "sum(gpu_hours)", "GPU-hours", ",.3f"),
         m("effective_gpu_hours_sum", "sum(effective_gpu_hours)", "Effective GPU-hours", ",.3f"),
         m("attempts", "uniqExact(attempt)", "Attempts", ",d"),
@@ -129,25 +157,27 @@ DATASETS: dict[str, tuple[str, str | None, list[dict], bool]] = {
     ], False),
     "tenant_daily_bill": ("Tenant bill per day: compute / idle / failed-retry", "day", [
         # money of one currency only where the dashboard's Currency filter or a group by currency keeps it so
-        m("compute_cost_sum", "sum(compute_cost)", "Compute", ",.2f"),
-        m("idle_cost_sum", "sum(idle_cost)", "Idle", ",.2f"),
-        m("failed_retry_cost_sum", "sum(failed_retry_cost)", "Failed retry", ",.2f"),
-        m("total_cost_sum", "sum(total_cost)", "Total cost", ",.2f"),
-        m("idle_share", "sum(idle_cost) / nullIf(sum(total_cost), 0)", "Idle share", ".1%"),
+        m("compute_cost_sum", "sum(compute_cost)", "Compute", ",.2f", money=True),
+        m("idle_cost_sum", "sum(idle_cost)", "Idle", ",.2f", money=True),
+        m("failed_retry_cost_sum", "sum(failed_retry_cost)", "Failed retry", ",.2f", money=True),
+        m("total_cost_sum", "sum(total_cost)", "Total cost", ",.2f", money=True),
+        m("idle_share", "sum(idle_cost) / nullIf(sum(total_cost), 0)", "Idle share", ".1%", of_money=True),
         m("effective_gpu_hours", "sum(total_effective_gpu_hours)", "Effective GPU-hours", ",.1f"),
     ], True),
-    "idle_waste_daily": ("Allocated-but-idle GPU-time and cost per day, queue and tenant", "day", [
+    # a row per definition version (sql/0050): its idle cost is of the row's currency
+    "idle_waste_daily": ("Allocated-but-idle GPU-time and cost per day, queue, tenant and definition version", "day", [
         m("idle_gpu_hours_sum", "sum(idle_gpu_hours)", "Idle GPU-hours", ",.2f"),
         m("idle_cost_sum", "sum(idle_cost)", "Idle cost", ",.2f", money=True),
     ], True),
     "job_cost": ("Job cost over all attempts and GPUs, with queue waiting", "first_day", [
         # a job's sums over its rows (one per definition version: sql/0031); attempts are on one row only
-        m("cost_sum", "sum(cost)", "Cost", ",.2f"),
+        m("cost_sum", "sum(cost)", "Cost", ",.2f", money=True),
         m("job_attempts", "sum(attempts)", "Attempts", ",d"),
         m("job_gpu_hours", "sum(gpu_hours)", "GPU-hours", ",.2f"),
         m("job_effective_gpu_hours", "sum(effective_gpu_hours)", "Effective GPU-hours", ",.2f"),
         m("job_idle_gpu_hours", "sum(idle_gpu_hours)", "Idle GPU-hours", ",.2f"),
     ], True),
+    # a row per definition version (sql/0004): its unallocated cost is of the row's currency
     "capacity_daily": ("Capacity per day and GPU model: down + unallocated + allocated idle + executing", "day", [
         m("unallocated_gpu_hours", "sum(unallocated_gpu_seconds) / 3600", "Unallocated GPU-hours", ",.2f"),
         m("unallocated_cost_sum", "sum(unallocated_cost)", "Unallocated cost", ",.2f", money=True),
@@ -157,6 +187,7 @@ DATASETS: dict[str, tuple[str, str | None, list[dict], bool]] = {
         m("alert_count", "count()", "Alerts", ",d"),
         m("open_alert_count", "countIf(status = 'open')", "Open alerts", ",d"),
     ], False),
+    # each suggestion's idle cost in the currency it records (`currency`)
     "reclaim_suggestions_latest": ("Reclaim suggestions per queue (docs/alerts.md), latest status", "opened_at", [
         m("suggestion_count", "count()", "Suggestions", ",d"),
         m("named_idle_cost", "sum(idle_cost_micros) / 1e6", "Idle cost of the named jobs", ",.2f", money=True),
@@ -329,7 +360,9 @@ DASHBOARDS = {
         "Currency filter picks (the ledger's unless picked): never two currencies in one total.",
         # a job is (cluster, job id), as in the reports: schedulers number jobs per cluster; a GPU is (cluster,
         # node, GPU), so the GPU charts split their bars by cluster (two clusters may share a node name and a
-        # GPU label: the old agents' GPU-unreadable-<index> placeholder is the same everywhere)
+        # GPU label: the old agents' GPU-unreadable-<index> placeholder is the same everywhere); within a
+        # cluster the `gpu` label is one GPU's (node/8 characters of the UUID, the whole UUID where two GPUs of
+        # the node share those: sql/0050)
         [("tenant", "Tenant", "job_cost_by_attempt"), ("cluster", "Cluster", "job_cost_by_attempt"),
          ("job_id", "Job", "job_cost_by_attempt", {"cascadeParentIds": ["NATIVE_FILTER-algorithm-cluster"]}),
          ("currency", "Currency", "job_cost_by_attempt", ONE_CURRENCY)],
@@ -434,8 +467,8 @@ def describe_views() -> dict[str, list[tuple[str, str]]]:
 
 def dataset_columns(name: str, columns: list[tuple[str, str]]) -> list[dict]:
     """A dataset's columns; a bill dataset's `currency` is calculated (each row's definition version's currency)
-    and its money headers name no currency."""
-    currency = "" if name in CURRENCY_DATASETS else CURRENCY
+    and the money headers of a dataset whose rows say their currency name none."""
+    currency = "" if name in ROW_CURRENCY_DATASETS else CURRENCY
     out = []
     for col, typ in columns:
         calculated = name in CURRENCY_DATASETS and col == "currency"
@@ -475,9 +508,7 @@ def build(out: Path = BUNDLE) -> None:
             "offset": 0, "cache_timeout": None, "schema": "gpuledger", "sql": None, "params": None,
             "template_params": None, "filter_select_enabled": True, "fetch_values_predicate": None, "extra": None,
             "normalize_columns": False, "always_filter_main_dttm": False, "uuid": uid("dataset", name),
-            "metrics": [{"metric_name": x["metric_name"], "verbose_name": x["verbose_name"], "metric_type": None,
-                         "expression": x["expression"], "description": x["description"], "d3format": x["d3format"],
-                         "currency": x["currency"], "extra": {}, "warning_text": None} for x in metrics],
+            "metrics": [metric_entry(name, x) for x in metrics],
             "columns": dataset_columns(name, columns[name]),
             "version": "1.0.0", "database_uuid": db_uuid,
         })
@@ -488,7 +519,7 @@ def build(out: Path = BUNDLE) -> None:
             "GRID_ID": {"type": "GRID", "id": "GRID_ID", "children": [], "parents": ["ROOT_ID"]},
             "HEADER_ID": {"type": "HEADER", "id": "HEADER_ID", "meta": {"text": title}},
         }
-        chart_ids: dict[str, tuple[int, str]] = {}
+        chart_ids: dict[str, tuple[int, str, bool]] = {}
         next_id = 1
         for r, row in enumerate(rows):
             row_id = f"ROW-{dash_key}-{r}"
@@ -497,7 +528,7 @@ def build(out: Path = BUNDLE) -> None:
                                 "meta": {"background": "BACKGROUND_TRANSPARENT"}}
             for key, chart_title, dataset, params, width in row:
                 chart_uuid = uid("chart", dash_key, key)
-                chart_ids[key] = (next_id, dataset)
+                chart_ids[key] = (next_id, dataset, shows_money(params, DATASETS[dataset][2]))
                 cid = f"CHART-{dash_key}-{key}"
                 position[row_id]["children"].append(cid)
                 big = params["viz_type"] == "big_number_total"
@@ -514,7 +545,10 @@ def build(out: Path = BUNDLE) -> None:
         native = []
         for column, label, dataset, *overrides in filters:
             columns_of = {name: {c for c, _ in columns[name]} for name in DATASETS}
-            excluded = sorted(i for i, ds in chart_ids.values() if column not in columns_of[ds])
+            # a Currency filter holds money to one currency: the charts without money keep every currency's rows
+            reached = {i for i, ds, money in chart_ids.values()
+                       if column in columns_of[ds] and (money or column != "currency")}
+            excluded = sorted(i for i, _, _ in chart_ids.values() if i not in reached)
             native.append({
                 "id": f"NATIVE_FILTER-{dash_key}-{column}", "name": label, "filterType": "filter_select",
                 "targets": [{"datasetUuid": uid("dataset", dataset), "column": {"name": column}}],
@@ -522,8 +556,7 @@ def build(out: Path = BUNDLE) -> None:
                 "controlValues": {"enableEmptyFilter": False, "defaultToFirstItem": False, "multiSelect": True,
                                   "searchAllOptions": False, "inverseSelection": False},
                 "cascadeParentIds": [], "scope": {"rootPath": ["ROOT_ID"], "excluded": excluded},
-                "type": "NATIVE_FILTER", "description": "", "chartsInScope": sorted(
-                    i for i, ds in chart_ids.values() if column in columns_of[ds]),
+                "type": "NATIVE_FILTER", "description": "", "chartsInScope": sorted(reached),
                 **(overrides[0] if overrides else {}),
             })
         dump(out / "dashboards" / f"{dash_key}.yaml", {

@@ -147,12 +147,20 @@ def currency_column_sql(database: str, fallback: str) -> str:
 
 
 def bundle_currency(files: Mapping[str, dict]) -> str | None:
-    """The currency the bundle's money is labelled with (superset/build_bundle.py: the shipped ledger's)."""
+    """The currency the bundle's money is labelled with (superset/build_bundle.py: the shipped ledger's): a
+    money metric's symbol, else the value the dashboards' Currency filters open with (the money of datasets
+    whose rows say their currency has no symbol)."""
     for name, data in files.items():
         if name.startswith("datasets/"):
             for metric in data.get("metrics") or []:
                 if metric.get("currency"):
                     return metric["currency"]["symbol"]
+    for name, data in files.items():
+        if name.startswith("dashboards/"):
+            for flt in (data.get("metadata") or {}).get("native_filter_configuration") or []:
+                for f in ((flt.get("defaultDataMask") or {}).get("extraFormData") or {}).get("filters") or []:
+                    if f.get("col") == "currency" and f.get("val"):
+                        return f["val"][0]
     return None
 
 

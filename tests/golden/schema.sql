@@ -1265,7 +1265,8 @@ CREATE VIEW {db}.idle_waste_daily
     `gpu_model` LowCardinality(String),
     `idle_gpu_hours` Float64,
     `idle_effective_gpu_hours` Float64,
-    `idle_cost` Float64
+    `idle_cost` Float64,
+    `definition_version` LowCardinality(String)
 )
 AS SELECT
     day,
@@ -1275,7 +1276,8 @@ AS SELECT
     gpu_model,
     sum(gpu_ms) / 3600000 AS idle_gpu_hours,
     sum(effective_gpu_ms) / 3600000 AS idle_effective_gpu_hours,
-    sum(cost_micros) / 1000000. AS idle_cost
+    sum(cost_micros) / 1000000. AS idle_cost,
+    definition_version
 FROM {db}.usage_by_job_daily
 WHERE (state = 'allocated_idle') AND (job_id != '')
 GROUP BY
@@ -1283,7 +1285,8 @@ GROUP BY
     cluster,
     queue,
     tenant,
-    gpu_model;
+    gpu_model,
+    definition_version;
 
 CREATE VIEW {db}.job_attempt_outcomes
 (
@@ -1674,32 +1677,66 @@ CREATE VIEW {db}.job_gpu_balance
     `last_end_ms` Int64
 )
 AS SELECT
-    cluster,
-    tenant,
-    queue,
-    job_id,
-    attempt,
-    node,
-    gpu_uuid,
-    gpu_model,
-    concat(toString(node), '/', substring(gpu_uuid, 5, 8)) AS gpu,
-    sumIf(gpu_ms, state = 'executing') / 1000 AS executing_gpu_seconds,
-    sumIf(gpu_ms, state = 'allocated_idle') / 1000 AS idle_gpu_seconds,
-    sumIf(job_gpu_usage.util_weighted_gpu_ms, state = 'executing') AS util_weighted_gpu_ms,
-    sumIf(job_gpu_usage.util_gpu_ms, state = 'executing') AS util_gpu_ms,
-    if(util_gpu_ms = 0, NULL, util_weighted_gpu_ms / util_gpu_ms) AS mean_util_pct,
-    toInt64(min(job_gpu_usage.first_start_ms)) AS first_start_ms,
-    toInt64(max(job_gpu_usage.last_end_ms)) AS last_end_ms
-FROM {db}.job_gpu_usage
-GROUP BY
-    cluster,
-    tenant,
-    queue,
-    job_id,
-    attempt,
-    node,
-    gpu_uuid,
-    gpu_model;
+    b.cluster AS cluster,
+    b.tenant AS tenant,
+    b.queue AS queue,
+    b.job_id AS job_id,
+    b.attempt AS attempt,
+    b.node AS node,
+    b.gpu_uuid AS gpu_uuid,
+    b.gpu_model AS gpu_model,
+    concat(toString(b.node), '/', if(s.gpus > 1, b.gpu_uuid, b.short_label)) AS gpu,
+    b.executing_gpu_seconds AS executing_gpu_seconds,
+    b.idle_gpu_seconds AS idle_gpu_seconds,
+    b.util_weighted_gpu_ms AS util_weighted_gpu_ms,
+    b.util_gpu_ms AS util_gpu_ms,
+    b.mean_util_pct AS mean_util_pct,
+    b.first_start_ms AS first_start_ms,
+    b.last_end_ms AS last_end_ms
+FROM
+(
+    SELECT
+        cluster,
+        tenant,
+        queue,
+        job_id,
+        attempt,
+        node,
+        gpu_uuid,
+        gpu_model,
+        substring(gpu_uuid, 5, 8) AS short_label,
+        sumIf(gpu_ms, state = 'executing') / 1000 AS executing_gpu_seconds,
+        sumIf(gpu_ms, state = 'allocated_idle') / 1000 AS idle_gpu_seconds,
+        sumIf(job_gpu_usage.util_weighted_gpu_ms, state = 'executing') AS util_weighted_gpu_ms,
+        sumIf(job_gpu_usage.util_gpu_ms, state = 'executing') AS util_gpu_ms,
+        if(util_gpu_ms = 0, NULL, util_weighted_gpu_ms / util_gpu_ms) AS mean_util_pct,
+        toInt64(min(job_gpu_usage.first_start_ms)) AS first_start_ms,
+        toInt64(max(job_gpu_usage.last_end_ms)) AS last_end_ms
+    FROM {db}.job_gpu_usage
+    GROUP BY
+        cluster,
+        tenant,
+        queue,
+        job_id,
+        attempt,
+        node,
+        gpu_uuid,
+        gpu_model
+) AS b
+LEFT JOIN
+(
+    SELECT
+        cluster,
+        node,
+        substring(gpu_uuid, 5, 8) AS short_label,
+        uniqExact(gpu_uuid) AS gpus
+    FROM {db}.job_gpu_usage
+    GROUP BY
+        cluster,
+        node,
+        short_label
+    HAVING gpus > 1
+) AS s ON (s.cluster = b.cluster) AND (s.node = b.node) AND (s.short_label = b.short_label);
 
 CREATE TABLE {db}.job_gpu_usage
 (

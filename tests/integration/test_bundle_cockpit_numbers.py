@@ -199,9 +199,8 @@ def test_import_labels_money_with_the_configured_currency(tmp_path):
     with zipfile.ZipFile(io.BytesIO(api.zipped)) as zf:
         text = {n: zf.read(n).decode() for n in zf.namelist() if not n.endswith("metadata.yaml")}
     assert [n for n, t in text.items() if "USD" in t] == []
-    idle = yaml.safe_load(text["gpuledger_bundle/datasets/GPU_Ledger/idle_waste_daily.yaml"])
-    assert {m["metric_name"]: m["currency"] for m in idle["metrics"]}["idle_cost_sum"]["symbol"] == "EUR"
-    for name in ("tenant_daily_bill", "job_cost", "job_cost_by_attempt"):  # the bill datasets (CURRENCY_DATASETS)
+    # the datasets whose rows span definition versions (CURRENCY_DATASETS): each row's currency, the ledger's by default
+    for name in ("tenant_daily_bill", "job_cost", "job_cost_by_attempt", "idle_waste_daily", "capacity_daily"):
         bill = yaml.safe_load(text[f"gpuledger_bundle/datasets/GPU_Ledger/{name}.yaml"])
         expr = {c["column_name"]: c["expression"] for c in bill["columns"]}["currency"]
         assert "`ledger`.`definitions`" in expr and expr.endswith("'EUR')"), name
