@@ -1032,6 +1032,27 @@ AS SELECT
     length(xid_errors) AS xid_count
 FROM {db}.gpu_health;
 
+CREATE VIEW {db}.gpu_labels
+(
+    `cluster` LowCardinality(String),
+    `node` LowCardinality(String),
+    `gpu_uuid` String,
+    `gpu` String
+)
+AS SELECT
+    cluster,
+    node,
+    gpu_uuid,
+    concat(toString(node), '/', if(count() OVER (PARTITION BY cluster, node, substring(gpu_uuid, 5, 8)) > 1, gpu_uuid, substring(gpu_uuid, 5, 8))) AS gpu
+FROM
+(
+    SELECT DISTINCT
+        cluster,
+        node,
+        gpu_uuid
+    FROM {db}.job_gpu_usage
+);
+
 CREATE TABLE {db}.gpu_latest
 (
     `cluster` LowCardinality(String),
@@ -1685,7 +1706,7 @@ AS SELECT
     b.node AS node,
     b.gpu_uuid AS gpu_uuid,
     b.gpu_model AS gpu_model,
-    concat(toString(b.node), '/', if(s.gpus > 1, b.gpu_uuid, b.short_label)) AS gpu,
+    l.gpu AS gpu,
     b.executing_gpu_seconds AS executing_gpu_seconds,
     b.idle_gpu_seconds AS idle_gpu_seconds,
     b.util_weighted_gpu_ms AS util_weighted_gpu_ms,
@@ -1704,7 +1725,6 @@ FROM
         node,
         gpu_uuid,
         gpu_model,
-        substring(gpu_uuid, 5, 8) AS short_label,
         sumIf(gpu_ms, state = 'executing') / 1000 AS executing_gpu_seconds,
         sumIf(gpu_ms, state = 'allocated_idle') / 1000 AS idle_gpu_seconds,
         sumIf(job_gpu_usage.util_weighted_gpu_ms, state = 'executing') AS util_weighted_gpu_ms,
@@ -1723,20 +1743,7 @@ FROM
         gpu_uuid,
         gpu_model
 ) AS b
-LEFT JOIN
-(
-    SELECT
-        cluster,
-        node,
-        substring(gpu_uuid, 5, 8) AS short_label,
-        uniqExact(gpu_uuid) AS gpus
-    FROM {db}.job_gpu_usage
-    GROUP BY
-        cluster,
-        node,
-        short_label
-    HAVING gpus > 1
-) AS s ON (s.cluster = b.cluster) AND (s.node = b.node) AND (s.short_label = b.short_label);
+INNER JOIN {db}.gpu_labels AS l ON (l.cluster = b.cluster) AND (l.node = b.node) AND (l.gpu_uuid = b.gpu_uuid);
 
 CREATE TABLE {db}.job_gpu_usage
 (

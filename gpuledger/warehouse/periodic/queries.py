@@ -384,13 +384,10 @@ def stragglers(client, database: str, *, job_id: str | None = None, start: dt.da
         return []
     # the cluster too: an attempt is (cluster, job_id, attempt), and two clusters' job-1 are two jobs
     names = {key: (cluster, job, attempt, gpu) for key, cluster, job, attempt, gpu in client.query(f"""
-        SELECT DISTINCT u.gpu_key, toString(u.cluster), u.job_id, u.attempt,
-               concat(toString(u.node), '/', if(s.gpus > 1, u.gpu_uuid, substring(u.gpu_uuid, 5, 8)))
+        SELECT DISTINCT u.gpu_key, toString(u.cluster), u.job_id, u.attempt, l.gpu
         FROM (SELECT gpu_key, cluster, job_id, attempt, node, gpu_uuid FROM {db}.job_gpu_usage
               WHERE gpu_key IN {{keys:Array(UInt64)}}) AS u
-        LEFT JOIN (SELECT cluster, node, substring(gpu_uuid, 5, 8) AS short_label, uniqExact(gpu_uuid) AS gpus
-                   FROM {db}.job_gpu_usage GROUP BY cluster, node, short_label HAVING gpus > 1) AS s
-          ON s.cluster = u.cluster AND s.node = u.node AND s.short_label = substring(u.gpu_uuid, 5, 8)""",
+        INNER JOIN {db}.gpu_labels AS l ON l.cluster = u.cluster AND l.node = u.node AND l.gpu_uuid = u.gpu_uuid""",
         parameters={"keys": sorted({key for key, _, _ in found})}).result_rows}
     rows = [{"cluster": names[key][0], "job_id": names[key][1], "attempt": names[key][2], "gpu": names[key][3],
              "util_pct": util, "median_pct": median} for key, util, median in found]
