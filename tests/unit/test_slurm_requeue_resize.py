@@ -19,7 +19,7 @@ import json
 from gpuledger.agents.slurm import AgentState, JobState, close_vanished, translate
 from gpuledger.agents.slurm_agent import CommandFailed, SlurmAgent, parse_sacct
 from gpuledger.schemas.models import JobEvent, JobEventKind
-from gpuledger.schemas.wire import decode
+from slurm_sink import JobEventSink
 from gpuledger.streams.router import LifecycleRouter
 
 T = 1796537000
@@ -112,18 +112,9 @@ class Slurm:
         return SACCT10
 
 
-class Sink:
-    def __init__(self):
-        self.events: list[JobEvent] = []
-
-    def put(self, line, key, value, partition=None):
-        if line == "job-events" and key:
-            self.events.append(decode(JobEvent, value))
-
-
 def test_the_agent_asks_sacct_for_a_job_requeued_twice_and_falls_back_without_it(tmp_path):
     for sacct_error, attempt0_end in ((None, 186), ("sacct timed out after 20s (is slurmctld up?)", 201)):
-        slurm, sink, clock = Slurm(), Sink(), [T + 185.0]
+        slurm, sink, clock = Slurm(), JobEventSink(), [T + 185.0]
         agent = SlurmAgent(cluster="review", state_file=tmp_path / f"s{attempt0_end}.json", sink=sink, partitions=1,
                            run=slurm, clock=lambda: clock[0])
         assert agent.poll_once() and slurm.sacct_calls == []

@@ -10,8 +10,7 @@ from pathlib import Path
 
 from gpuledger.agents.slurm import AgentState, close_vanished, translate
 from gpuledger.agents.slurm_agent import CommandFailed, SlurmAgent, parse_sacct
-from gpuledger.schemas.models import JobEvent, LifecycleWatermark
-from gpuledger.schemas.wire import decode
+from slurm_sink import JobEventSink
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 TIERS = {"batch": 1, "prod": 10}
@@ -116,20 +115,8 @@ class Slurm:
         return (FIXTURES / "sacct_requeued_preempted.txt").read_text()
 
 
-class Sink:
-    def __init__(self):
-        self.events: list[JobEvent] = []
-        self.watermarks: list[int] = []
-
-    def put(self, line, key, value, partition=None):
-        if line == "job-events" and key:
-            self.events.append(decode(JobEvent, value))
-        elif line == "job-events":
-            self.watermarks.append(decode(LifecycleWatermark, value).ts_ms)
-
-
 def test_a_failing_sacct_leaves_the_job_open_and_the_watermark_held(tmp_path):
-    slurm, sink, clock = Slurm(), Sink(), [POLL_MS["pending"] / 1000]
+    slurm, sink, clock = Slurm(), JobEventSink(), [POLL_MS["pending"] / 1000]
     agent = SlurmAgent(cluster="c", state_file=tmp_path / "s.json", sink=sink, partitions=1, run=slurm,
                        clock=lambda: clock[0])
     assert agent.poll_once()
@@ -152,7 +139,7 @@ def test_a_failing_sacct_leaves_the_job_open_and_the_watermark_held(tmp_path):
 
 
 def test_a_cluster_without_accounting_closes_the_job_as_lost(tmp_path):
-    slurm, sink, clock = Slurm(), Sink(), [POLL_MS["pending"] / 1000]
+    slurm, sink, clock = Slurm(), JobEventSink(), [POLL_MS["pending"] / 1000]
     agent = SlurmAgent(cluster="c", state_file=tmp_path / "s.json", sink=sink, partitions=1, run=slurm,
                        clock=lambda: clock[0])
     assert agent.poll_once()

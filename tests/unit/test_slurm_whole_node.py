@@ -24,7 +24,7 @@ from gpuledger.agents.slurm import (
 )
 from gpuledger.agents.slurm_agent import SlurmAgent, parse_sacct
 from gpuledger.schemas.models import JobEvent, JobEventKind
-from gpuledger.schemas.wire import decode
+from slurm_sink import JobEventSink
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 TIERS = {"batch": 1, "prod": 10}
@@ -154,20 +154,8 @@ class FakeSlurm:
         return "".join("|".join(line.split("|")[:len(columns)]) + "\n" for line in self.sacct.splitlines())
 
 
-class Sink:
-    def __init__(self):
-        self.events: list[JobEvent] = []
-
-    def put(self, line, key, value, partition=None):
-        if line == "job-events" and key:
-            self.events.append(decode(JobEvent, value))
-
-    def close(self, timeout=0):
-        return 0
-
-
 def test_the_agent_reads_the_gpus_per_node_from_sinfo(tmp_path):
-    slurm, sink = FakeSlurm(MISSED_JOB_9), Sink()
+    slurm, sink = FakeSlurm(MISSED_JOB_9), JobEventSink()
     clock = [0.0]
     agent = SlurmAgent(cluster="c", state_file=tmp_path / "s.json", sink=sink, partitions=1, run=slurm,
                        clock=lambda: clock[0])
@@ -231,7 +219,7 @@ def test_a_whole_node_job_shrunk_while_the_agent_was_down_keeps_the_node_it_kept
 
 
 def test_the_agent_asks_sacct_for_alloctres_and_bills_the_whole_nodes(tmp_path):
-    slurm, sink = FakeSlurm(["pending"]), Sink()
+    slurm, sink = FakeSlurm(["pending"]), JobEventSink()
     slurm.sacct = SACCT_8
     clock = [POLL_MS["pending"] / 1000]
     agent = SlurmAgent(cluster="c", state_file=tmp_path / "s.json", sink=sink, partitions=1, run=slurm,
