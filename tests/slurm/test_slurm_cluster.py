@@ -109,7 +109,32 @@ class Cluster:
                 if rows and rows[-1]["state"] in states and len(rows) > (restarts or 0):
                     return rows[-1]
             time.sleep(0.5)
-        raise TimeoutError(f"job {job} not in {states} after {timeout}s: {self.jobs().get(job, {}).get('job_state')}")
+        last = self.jobs().get(job, {})
+        raise TimeoutError(f"job {job} not in {states} after {timeout}s: {last.get('job_state')} "
+                           f"({last.get('state_reason')}); GPUs in use per node {self.gpus_in_use()}")
+
+    def gpus_in_use(self) -> dict[str, int | None]:
+        """Slurm's own count of each node's allocated GPUs (`scontrol show node -d`: GresUsed)."""
+        try:
+            text = sh("scontrol", "show", "node", "-d", timeout=10)
+        except (RuntimeError, subprocess.TimeoutExpired):
+            return {}
+        used: dict[str, int | None] = {}
+        for block in text.split("NodeName=")[1:]:
+            m = re.search(r"GresUsed=gpu(?::[^:\s(]+)?:(\d+)", block)
+            used[block.split()[0]] = int(m.group(1)) if m else None
+        return used
+
+    def wait_all_gpus_free(self, timeout: float = 60) -> None:
+        """Until Slurm counts no GPU in use on any node (finished jobs' epilogs done); a clear failure
+        naming the nodes where it keeps counting some (a leak) instead of a later job's pending timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            used = self.gpus_in_use()
+            if len(used) == len(NODES) and not any(used.values()):
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"Slurm still counts GPUs in use with every job finished: {used}")
 
 
 def sacct_attempts() -> dict[str, list[dict]]:
@@ -262,12 +287,18 @@ def test_ledger_matches_sacct(cluster, tmp_path):
             agent = child("slurm-agent-2", *agent_args)
 
             time.sleep(3)
+            # no job may start in the restart's wake: Slurm 22.05 leaks a node's GPUs (GresUsed stays
+            # 2 on an idle node; seen in CI, phase B's 32-GPU job then pends for ever) when a job is
+            # allocated on a node right after the restart while one that ended during the downtime
+            # is settled there. The requeued job is the one pending job: it runs again first.
+            cluster.wait(requeue, {"RUNNING"}, restarts=1, timeout=60)
             say("slurmctld is restarted (state kept)")
             cluster.script("restart-ctld", timeout=60)
 
             for job in (ok, fail, cancel, hung, multi, requeue, f"{array}_0", f"{array}_1", f"{array}_2"):
                 cluster.wait(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=120)
 
+            cluster.wait_all_gpus_free()
             say("phase B: a whole-cluster batch job, a job pending for GPUs, a preemption by prod")
             victim = cluster.submit("-A", "teama", "-N", "4", "--gres=gpu:8", "--wrap", "sleep 15")
             cluster.wait(victim, {"RUNNING"})
@@ -319,6 +350,7 @@ def test_ledger_matches_sacct(cluster, tmp_path):
             assert sample(families, "gpuledger_scheduler_polls_total", **own) >= 1
             assert sample(families, "gpuledger_scheduler_state_bytes_written_total", **own) > 0  # saved each poll
             assert sample(families, "gpuledger_scheduler_events_published_total", **own) >= 1  # gone's end, at least
+            assert sample(families, "gpuledger_scheduler_gpus_held_by_no_job", **own) == 0  # real gres_used read
             assert sample(families, "gpuledger_agent_spool_records", node=f"slurm-agent-{CLUSTER}") >= 0  # wired
             agent.stop()
             t = s.topics
