@@ -1024,10 +1024,40 @@ def _with(job: SlurmJob, **changes: Any) -> SlurmJob:
 
 
 # --------------------------------------------------------------------------- snapshots
+def gpus_held_by_no_job(sinfo: Any, squeue: SqueueJobs) -> dict[str, list[int]]:
+    """Per node, the GPU indices Slurm counts in use (sinfo's `gres_used`, 'gpu:a100:2(IDX:0-1)') that no
+    job in squeue holds (gres_detail of its holding jobs). Slurm 22.05 leaves such GPUs after a controller
+    restart (docs/slurm.md, Restarts): jobs needing them pend while nothing runs there. A node where a job
+    is setting up or completing, or holds GPUs gres_detail does not list, is left out: not known; so is
+    every node when a job record could not be read (its GPUs would look held by none)."""
+    if squeue.warnings:
+        return {}
+    held: dict[str, set[int]] = {}
+    unsure: set[str] = set()
+    for job in squeue.jobs:
+        if job.state not in HOLDING_STATES:
+            continue
+        if job.state in TRANSITIONAL_STATES or len(job.gres_detail) < len(job.nodes):
+            unsure.update(job.nodes)
+            continue
+        for node, detail in zip(job.nodes, job.gres_detail):
+            held.setdefault(node, set()).update(gpu_indices(detail))
+    out: dict[str, list[int]] = {}
+    nodes = sinfo.get("nodes") if isinstance(sinfo, Mapping) else None
+    for node in nodes if isinstance(nodes, list) else []:
+        if not isinstance(node, Mapping) or not node.get("name") or str(node["name"]) in unsure:
+            continue
+        extra = sorted(set(gpu_indices(str(node.get("gres_used") or ""))) - held.get(str(node["name"]), set()))
+        if extra:
+            out[str(node["name"])] = extra
+    return out
+
+
 def build_snapshot(squeue: Any, sinfo: Any, *, cluster: str, ts_ms: int, tiers: Mapping[str, int] | None = None,
-                   preemptions: Iterable[Mapping[str, Any]] = ()) -> SchedulerSnapshot:
+                   preemptions: Iterable[Mapping[str, Any]] = (), jobs: list[SlurmJob] | None = None) -> SchedulerSnapshot:
     """Partitions as queues: quota = GPUs of the partition's nodes (partitions sharing nodes share
-    them), allocated = GPUs of its running jobs, pending jobs and GPUs by priority."""
+    them), allocated = GPUs of its running jobs, pending jobs and GPUs by priority. `jobs`: squeue's,
+    when the caller has parsed them already."""
     tiers = tiers or {}
     if not isinstance(sinfo, Mapping) or not isinstance(sinfo.get("nodes"), list):
         raise SlurmInputError("sinfo output has no 'nodes' list (is this `sinfo --json` of Slurm 22.05+?)")
@@ -1038,7 +1068,7 @@ def build_snapshot(squeue: Any, sinfo: Any, *, cluster: str, ts_ms: int, tiers: 
         n = gpu_count(str(node.get("gres") or ""))
         for part in node.get("partitions") or []:
             quota[str(part)] = quota.get(str(part), 0.0) + n
-    jobs = parse_jobs(squeue).jobs
+    jobs = parse_jobs(squeue).jobs if jobs is None else jobs
     allocated: dict[str, float] = {}
     pending: dict[str, dict[int, list[float]]] = {}
     for job in jobs:

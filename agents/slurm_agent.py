@@ -34,7 +34,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import orjson
 
@@ -44,7 +44,9 @@ from gpuledger.agents.slurm import (
     SlurmInputError,
     build_snapshot,
     close_vanished,
+    gpus_held_by_no_job,
     node_gpu_counts,
+    parse_jobs,
     partition_tiers,
     translate,
 )
@@ -58,6 +60,9 @@ FILE_PREFIX = "slurm-agent"
 #: Routing of a spooled message: "<line>\x1f<partition>\x1f<key>" (the spool holds one key per record).
 _SEP = "\x1f"
 LINE_EVENTS, LINE_SNAPSHOTS = "job-events", "scheduler-snapshots"
+#: Polls in a row a node must show the same GPUs held by no job before they count (and are logged): a job
+#: starting or ending between the squeue and sinfo reads shows so for one poll.
+UNHELD_POLLS = 3
 
 
 class CommandFailed(RuntimeError):
@@ -256,13 +261,34 @@ class SlurmAgent:
         self.polls = 0
         self.state_bytes_written = 0
         self.events_published = 0
+        #: node -> (GPU indices Slurm counts in use that no job holds, polls in a row it has shown them)
+        self.unheld: dict[str, tuple[tuple[int, ...], int]] = {}
 
     def stats(self) -> dict[str, float]:
         """What its metrics show (gpuledger.metrics.SCHEDULER_STATS), read from another thread."""
         state = self.state
         return {"watermark_timestamp_seconds": state.watermark_ms / 1000, "events_published": self.events_published,
                 "jobs_tracked": len(state.jobs), "polls": self.polls, "poll_failures": self.failures,
-                "state_bytes_written": self.state_bytes_written}
+                "state_bytes_written": self.state_bytes_written,
+                "gpus_held_by_no_job": sum(len(gpus) for gpus, polls in self.unheld.values() if polls >= UNHELD_POLLS)}
+
+    def _note_gpus_held_by_no_job(self, found: Mapping[str, list[int]]) -> None:
+        """Counts each node's run of polls showing the same GPUs held by no job; logs a run that reaches
+        UNHELD_POLLS, and its end."""
+        now: dict[str, tuple[tuple[int, ...], int]] = {}
+        for node, gpus in found.items():
+            before = self.unheld.get(node)
+            polls = before[1] + 1 if before and before[0] == tuple(gpus) else 1
+            now[node] = (tuple(gpus), polls)
+            if polls == UNHELD_POLLS:
+                log.warning("Slurm counts GPU(s) %s of node %s in use with no job in squeue holding them (%d polls "
+                            "in a row): jobs that need them pend. `scontrol show node -d %s` shows them in "
+                            "GresUsed; Slurm 22.05 leaves such GPUs after a controller restart and frees them at "
+                            "the next one (docs/slurm.md, Restarts)", ",".join(map(str, gpus)), node, polls, node)
+        for node in self.unheld.keys() - now.keys():
+            if self.unheld[node][1] >= UNHELD_POLLS:
+                log.info("node %s: Slurm no longer counts GPUs in use that no job holds", node)
+        self.unheld = now
 
     def poll_once(self) -> bool:
         """One poll; False (logged, counted) when Slurm could not be read or its output used, or when
@@ -309,8 +335,10 @@ class SlurmAgent:
                                             node_gpus=node_gpus)
             events += more
             warnings += w
+        parsed = parse_jobs(squeue)
         snapshot = build_snapshot(squeue, sinfo, cluster=self.cluster, ts_ms=(started_ms // 1000) * 1000,
-                                  tiers=tiers, preemptions=state.preemptions)
+                                  tiers=tiers, preemptions=state.preemptions, jobs=parsed.jobs)
+        self._note_gpus_held_by_no_job(gpus_held_by_no_job(sinfo, parsed))
         for w in warnings:
             log.warning("%s", w)
         for event in events:

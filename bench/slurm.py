@@ -46,7 +46,7 @@ def cluster(nodes: int) -> tuple[bytes, bytes]:
 
 
 def measure(gpus: int) -> dict:
-    from gpuledger.agents.slurm import AgentState, build_snapshot, translate
+    from gpuledger.agents.slurm import AgentState, build_snapshot, gpus_held_by_no_job, parse_jobs, translate
     from gpuledger.agents.slurm_agent import gc_paused, load_json, save_state
 
     squeue_raw, sinfo_raw = cluster(gpus // 8)
@@ -61,8 +61,10 @@ def measure(gpus: int) -> dict:
             t1 = time.process_time()
             result = translate(squeue, state, cluster="bench", poll_started_ms=now_ms + 10_000 * k)
             t2 = time.process_time()
+            parsed = parse_jobs(squeue)  # as SlurmAgent._poll: the snapshot and the GPUs held by no job
             build_snapshot(squeue, sinfo, cluster="bench", ts_ms=now_ms + 10_000 * k,
-                           preemptions=result.state.preemptions)
+                           preemptions=result.state.preemptions, jobs=parsed.jobs)
+            assert not gpus_held_by_no_job(sinfo, parsed)
             t3 = time.process_time()
             save_state(state_file, result.state)
             t4 = time.process_time()

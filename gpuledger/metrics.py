@@ -147,6 +147,8 @@ SCHEDULER_STATS = {
     "watch_reconnects": ("counter", "Watches started again after an error or a dropped connection (Kubernetes)"),
     "pods_waiting_for_devices": ("gauge", "Scheduled GPU pods waiting for their device ids; they hold the watermark "
                                           "(Kubernetes)"),
+    "gpus_held_by_no_job": ("gauge", "GPUs the scheduler counts in use that no job holds, for 3 polls in a row: "
+                                     "jobs needing them pend (Slurm; a slurmctld restart frees them)"),
     "state_bytes_written": ("counter", "Bytes the scheduler agent wrote to its state file (and journal): its disk "
                                       "write rate"),
 }

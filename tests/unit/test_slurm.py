@@ -535,7 +535,7 @@ def test_a_failing_or_garbled_slurm_is_counted_and_survived(tmp_path):
     assert agent.poll_once() and len(sink.messages) == 16
     assert agent.stats() == {"watermark_timestamp_seconds": 1796084021, "events_published": 12, "jobs_tracked": 4,
                              "polls": 1, "poll_failures": 2,
-                             "state_bytes_written": (tmp_path / "state.json").stat().st_size}
+                             "state_bytes_written": (tmp_path / "state.json").stat().st_size, "gpus_held_by_no_job": 0}
 
 
 def test_a_poll_runs_with_the_cyclic_collector_paused_and_restores_it(tmp_path):
