@@ -4,7 +4,8 @@ Why one file: one pure state machine from squeue/sinfo/sacct to events; the rule
 per-job state and are read together with docs/slurm.md.
 
 Input: the parsed output of `squeue --json --states=all` and `sinfo --json` (Slurm 22.05,
-openapi v0.0.38; the number objects of 23.02's v0.0.39 are read too), optionally `sacct -P` rows
+openapi v0.0.38; the number objects of 23.02's v0.0.39 are read too, and 24.11's list-valued job_state,
+with `scontrol show nodes --json` for the nodes: recorded fixtures `*_v2411_*`), optionally `sacct -P` rows
 for jobs that left squeue, and the agent's state from the previous poll. Output: `JobEvent`s, one `LifecycleWatermark`, a `SchedulerSnapshot`
 and the next state. `agents/slurm_agent.py` does the I/O around it.
 
@@ -188,6 +189,22 @@ def tres_gpus(tres: str) -> float:
         elif name.startswith("gres/gpu:"):
             typed += n
     return total if total is not None else typed
+
+
+def gres_request_gpus(gres: str) -> float:
+    """GPUs in a job's tres_per_node / tres_per_job: 'gres:gpu:2' (22.05), 'gres/gpu:2' (24.11),
+    'gres/gpu:a100:2'; a type or nothing without a count is one ('gres/gpu:a100', 'gres/gpu'); other
+    GRES ('gres/shard:4') and counts it cannot read ('gres/gpu:1K') count none."""
+    total = 0.0
+    for item in (gres or "").split(","):
+        fields = item.strip().replace("gres/", "gres:", 1).split(":")
+        if fields[:2] != ["gres", "gpu"]:
+            continue
+        if len(fields) == 2 or (len(fields) == 3 and not fields[2][:1].isdigit()):
+            total += 1.0
+        elif fields[-1].isdigit():
+            total += float(fields[-1])
+    return total
 
 
 def decode_exit_code(raw: int | None) -> tuple[int | None, int | None]:
@@ -411,6 +428,28 @@ def _exit_code(job: Mapping[str, Any]) -> int | None:
     return None if code is None else (code & 0xFF) << 8
 
 
+#: The flags that name a job's state over its base state, first match wins: Slurm's own order
+#: (job_state_string, src/common/slurm_protocol_defs.c), which gave 22.05-23.02's one `job_state` string.
+_NAMING_FLAGS = ("COMPLETING", "STAGE_OUT", "CONFIGURING", "RESIZING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
+                 "SPECIAL_EXIT", "STOPPED", "REVOKED", "RESV_DEL_HOLD", "SIGNALING")
+
+
+def _job_state(raw: int, v: Any) -> str:
+    """squeue's job_state as one name: a string (Slurm 22.05-23.02), or from 23.11 (openapi v0.0.40) on
+    a list of the base state and its flags (['RUNNING', 'CONFIGURING']), named as Slurm named it before:
+    the first of `_NAMING_FLAGS` present, else the base state (other flags, e.g. UPDATE_DB, name nothing)."""
+    if v is None or isinstance(v, str):
+        return (v or "").upper()
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise SlurmInputError(f"job {raw}: job_state is {v!r}, expected a string or a list of strings")
+    names = [x.upper() for x in v]
+    named = [f for f in _NAMING_FLAGS if f in names]
+    if named:
+        return named[0]
+    base = [n for n in names if n in PENDING_STATES | HOLDING_STATES | set(FINAL_STATES)]
+    return base[0] if base else (names[0] if names else "")
+
+
 def parse_job(job: Mapping[str, Any]) -> SlurmJob | None:
     """One squeue job record → SlurmJob; None for the pending remainder of an array
     ('3_[2-9]', not a task yet). Raises SlurmInputError for a record it cannot read."""
@@ -425,17 +464,21 @@ def parse_job(job: Mapping[str, Any]) -> SlurmJob | None:
         array_task = None
     if array_task is None and array_job and job.get("array_task_string"):
         return None
-    state = job.get("job_state") or ""
-    if not isinstance(state, str):  # Slurm 23.11 (openapi v0.0.40) lists state and flags: not read yet
-        raise SlurmInputError(f"job {raw}: job_state is {state!r}, expected a string (Slurm 22.05-23.02)")
-    state = state.upper()
+    state = _job_state(raw, job.get("job_state"))
     if not state:
         raise SlurmInputError(f"job {raw}: no job_state")
     gres_detail = job.get("gres_detail") or []
     if not isinstance(gres_detail, list):
         raise SlurmInputError(f"job {raw}: gres_detail is {gres_detail!r}, expected a list")
     priority = _int(job, "priority", 0) or 0
-    requested = tres_gpus(str(job.get("tres_req_str") or "")) or tres_gpus(str(job.get("tres_alloc_str") or ""))
+    nodes = expand_hostlist(str(job.get("nodes") or ""))
+    # TRES strings carry GPUs only where accounting tracks them (AccountingStorageTRES=gres/gpu); else the
+    # request: --gres is per node (× the job's nodes), --gpus per job
+    per_node = gres_request_gpus(str(job.get("tres_per_node") or ""))
+    per_job = gres_request_gpus(str(job.get("tres_per_job") or ""))
+    alloc = tres_gpus(str(job.get("tres_alloc_str") or "")) or (per_node * len(nodes) if per_node and not per_job else 0.0)
+    requested = (tres_gpus(str(job.get("tres_req_str") or "")) or alloc or per_job
+                 or per_node * (_int(job, "node_count", 1) or 1))
     # A job submitted to several partitions is listed with all of them while it waits ('prod,batch'),
     # with the one it runs in once it runs: a queue is one partition, so it waits in the first listed.
     queue = str(job.get("partition") or "").split(",")[0].strip() or "unknown"
@@ -451,13 +494,13 @@ def parse_job(job: Mapping[str, Any]) -> SlurmJob | None:
         submit_ms=(_int(job, "submit_time") or 0) * 1000,
         start_ms=(_int(job, "start_time") or 0) * 1000,
         end_ms=(_int(job, "end_time") or 0) * 1000,
-        nodes=expand_hostlist(str(job.get("nodes") or "")),
+        nodes=nodes,
         gres_detail=[str(g) for g in gres_detail],
         exit_code=_exit_code(job),
         sched_ms=(_int(job, "last_sched_evaluation") or 0) * 1000,
         resize_ms=(_int(job, "resize_time") or 0) * 1000,
         suspend_ms=(_int(job, "suspend_time") or 0) * 1000,
-        alloc_gpus=tres_gpus(str(job.get("tres_alloc_str") or "")),
+        alloc_gpus=alloc,
     )
 
 

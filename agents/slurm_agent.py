@@ -261,6 +261,8 @@ class SlurmAgent:
         self.polls = 0
         self.state_bytes_written = 0
         self.events_published = 0
+        #: the nodes come from `scontrol show nodes --json`: sinfo groups them (`_read_nodes`)
+        self.nodes_from_scontrol = False
         #: node -> (GPU indices Slurm counts in use that no job holds, polls in a row it has shown them)
         self.unheld: dict[str, tuple[tuple[int, ...], int]] = {}
 
@@ -271,6 +273,19 @@ class SlurmAgent:
                 "jobs_tracked": len(state.jobs), "polls": self.polls, "poll_failures": self.failures,
                 "state_bytes_written": self.state_bytes_written,
                 "gpus_held_by_no_job": sum(len(gpus) for gpus, polls in self.unheld.values() if polls >= UNHELD_POLLS)}
+
+    def _read_nodes(self) -> Any:
+        """The nodes, one record each (name, gres, gres_used, partitions, boot times): `sinfo --json` of
+        Slurm 22.05 lists them so; newer sinfo groups them ({"sinfo": [...]}, recorded on 24.11) and
+        `scontrol show nodes --json` (23.02 on) lists them as 22.05's sinfo did: asked from then on."""
+        if not self.nodes_from_scontrol:
+            sinfo = load_json(self.run(["sinfo", "--json"], self.command_timeout_s), "sinfo")
+            if not (isinstance(sinfo, dict) and "nodes" not in sinfo and isinstance(sinfo.get("sinfo"), list)):
+                return sinfo
+            self.nodes_from_scontrol = True
+            log.info("sinfo --json groups the nodes (newer Slurm): they are read with `scontrol show nodes --json`")
+        return load_json(self.run(["scontrol", "show", "nodes", "--json"], self.command_timeout_s),
+                         "scontrol show nodes")
 
     def _note_gpus_held_by_no_job(self, found: Mapping[str, list[int]]) -> None:
         """Counts each node's run of polls showing the same GPUs held by no job; logs a run that reaches
@@ -314,7 +329,7 @@ class SlurmAgent:
         """poll_once's work: Slurm read, translated and published; raises CommandFailed or
         SlurmInputError before anything is published, SpoolRefused before the state is saved."""
         squeue = load_json(self.run(["squeue", "--json", "--states=all"], self.command_timeout_s), "squeue")
-        sinfo = load_json(self.run(["sinfo", "--json"], self.command_timeout_s), "sinfo")
+        sinfo = self._read_nodes()
         try:
             tiers = partition_tiers(self.run(["scontrol", "show", "partition", "--oneliner"], self.command_timeout_s))
         except CommandFailed as exc:

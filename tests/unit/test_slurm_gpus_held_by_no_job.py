@@ -45,7 +45,7 @@ def test_a_node_with_a_job_completing_or_unlisted_is_not_judged():
 
 def test_an_unreadable_job_record_judges_no_node():
     squeue, sinfo = recorded("held_by_no_job")
-    squeue["jobs"].append({"job_id": 99, "job_state": ["RUNNING"], "nodes": "gpu03"})  # unreadable state
+    squeue["jobs"].append({"job_id": 99, "job_state": "RUNNING", "nodes": "gpu03", "gres_detail": "gpu:1"})  # unreadable
     parsed = parse_jobs(squeue)
     assert parsed.warnings and gpus_held_by_no_job(sinfo, parsed) == {}
 

@@ -130,9 +130,14 @@ def test_number_objects_of_slurm_23_02_read_as_plain_numbers():
     assert parse_jobs({"jobs": [signalled]}).jobs[0].exit_code == 15
     unset = {"job_id": 9, "job_state": "PENDING", "start_time": {"set": False, "infinite": False, "number": 0}}
     assert parse_jobs({"jobs": [unset]}).jobs[0].start_ms == 0
-    # Slurm 23.11 lists state and flags (["RUNNING"]): not read, and said so, rather than taken for no state
+    # Slurm 23.11 on lists the base state and its flags: named as 22.05 named them (job_state_string's order)
+    for listed, named in ((["RUNNING"], "RUNNING"), (["PENDING", "REQUEUED"], "REQUEUED"),
+                          (["COMPLETED", "COMPLETING"], "COMPLETING"), (["RUNNING", "CONFIGURING"], "CONFIGURING"),
+                          (["CANCELLED", "COMPLETING", "REQUEUED"], "COMPLETING"), (["RUNNING", "UPDATE_DB"], "RUNNING")):
+        assert parse_jobs({"jobs": [{"job_id": 9, "job_state": listed}]}).jobs[0].state == named, listed
+    # anything else is not read, and said so, rather than taken for no state
     with pytest.raises(SlurmInputError, match="job_state is"):
-        parse_jobs({"jobs": [{"job_id": 9, "job_state": ["RUNNING"]}]})
+        parse_jobs({"jobs": [{"job_id": 9, "job_state": {"current": ["RUNNING"]}}]})
 
 
 # --------------------------------------------------------------------------- several partitions
