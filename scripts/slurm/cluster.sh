@@ -10,6 +10,10 @@
 #   scripts/slurm/cluster.sh env    [DIR]   # `eval "$(scripts/slurm/cluster.sh env)"` sets SLURM_CONF
 #   scripts/slurm/cluster.sh restart-ctld [DIR]   # kill and restart slurmctld (state kept)
 # SLURM_MIN_JOB_AGE=N (default 600): seconds a finished job stays in squeue (MinJobAge)
+# SLURM_CHROOT=ROOT: every daemon and client runs in that root filesystem instead (Slurm 24.11 from Debian
+#   trixie: `scripts/slurm/record_slurm24.sh start ROOT` makes one, with slurmdbd and MariaDB); DIR is
+#   bind-mounted at the same path inside, and DIR/bin holds wrappers (sbatch, squeue, …) that run the
+#   root's commands: `start` and `env` print the PATH that puts them first.
 #
 # Every daemon runs as root in the background under setsid, its pid in DIR/run/*.pid; nothing
 # outside DIR is written except the packages (installed when missing). No systemd needed.
@@ -26,6 +30,10 @@ MIN_JOB_AGE="${SLURM_MIN_JOB_AGE:-600}"  # seconds a finished job stays in squeu
 MUNGE_SOCKET="$DIR/munge/run/munge.socket.2"
 export SLURM_CONF="$DIR/etc/slurm.conf"
 T=10  # seconds any client command may take (they hang while a daemon is down)
+ROOTFS="${SLURM_CHROOT:-}"
+# every Slurm and munge command the cluster runs, as wrappers into ROOTFS when there is one; MariaDB stays
+# this host's (trixie's slurmdbd 24.11.5 and MariaDB 11.8 fail slurmdbd's first query: error 5027)
+WRAPPED=(munged slurmdbd sacctmgr slurmctld slurmd scontrol sinfo squeue scancel sbatch sacct srun)
 
 log() { echo "[slurm-cluster] $*" >&2; }
 
@@ -41,6 +49,35 @@ install_packages() {
     timeout 600 apt-get update -q >/dev/null
     timeout 900 apt-get install -y -q slurm-wlm munge slurmdbd mariadb-server >/dev/null
   fi
+}
+
+enter_root() {  # with SLURM_CHROOT: mounts, hosts entry, wrappers in DIR/bin first in PATH
+  [[ -n "$ROOTFS" ]] || return 0
+  [[ -x "$ROOTFS/usr/sbin/slurmdbd" ]] || {
+    log "$ROOTFS has no slurmdbd: make it with scripts/slurm/record_slurm24.sh start $ROOTFS"; exit 1; }
+  mountpoint -q "$ROOTFS/proc" || mount -t proc proc "$ROOTFS/proc"
+  mountpoint -q "$ROOTFS/dev" || mount --bind /dev "$ROOTFS/dev"
+  mkdir -p "$ROOTFS$DIR"
+  mountpoint -q "$ROOTFS$DIR" || mount --bind "$DIR" "$ROOTFS$DIR"
+  grep -q " $HOST\$" "$ROOTFS/etc/hosts" 2>/dev/null || echo "127.0.0.1 $HOST" >>"$ROOTFS/etc/hosts"
+  mkdir -p "$DIR/bin"
+  local c
+  for c in "${WRAPPED[@]}"; do  # the root's own PATH: DIR/bin is inside it too
+    printf '#!/bin/sh\nexec chroot %s /usr/bin/env PATH=/usr/sbin:/usr/bin:/sbin:/bin %s "$@"\n' "$ROOTFS" "$c" >"$DIR/bin/$c"
+    chmod +x "$DIR/bin/$c"
+  done
+  export PATH="$DIR/bin:$PATH"
+}
+
+leave_root() {
+  [[ -n "$ROOTFS" ]] || return 0
+  local m
+  for m in "$ROOTFS$DIR" "$ROOTFS/dev" "$ROOTFS/proc"; do mountpoint -q "$m" && umount "$m" || true; done
+}
+
+env_lines() {
+  echo "export SLURM_CONF=$SLURM_CONF"
+  [[ -z "$ROOTFS" ]] || echo "export PATH=$PATH"
 }
 
 alive() { [[ -f "$DIR/run/$1.pid" ]] && kill -0 "$(cat "$DIR/run/$1.pid")" 2>/dev/null; }
@@ -138,13 +175,15 @@ make_devices() {
 }
 
 cmd_start() {
-  install_packages
+  install_packages  # with SLURM_CHROOT: MariaDB's (and the 22.05 clients' unused)
   mkdir -p "$DIR"/{etc,run,log,state,spool}
+  enter_root
   make_devices
   render "$HERE/slurm.conf.in" "$DIR/etc/slurm.conf"
   render "$HERE/gres.conf.in" "$DIR/etc/gres.conf"
   render "$HERE/slurmdbd.conf.in" "$DIR/etc/slurmdbd.conf"
   render "$HERE/cgroup.conf.in" "$DIR/etc/cgroup.conf"
+  [[ -z "$ROOTFS" ]] || echo "CgroupPlugin=disabled" >"$DIR/etc/cgroup.conf"  # newer slurmd: no cgroup here
   chmod 0600 "$DIR/etc/slurmdbd.conf"
   start_munge
   start_mariadb
@@ -157,8 +196,8 @@ cmd_start() {
     timeout $T scontrol reconfigure || true
     wait_for bash -c "[[ \$(timeout 3 sinfo -h -N -t idle,mix,alloc -o %N | sort -u | wc -l) -ge ${#NODES[@]} ]]"
   fi
-  log "up: $(timeout $T sinfo -h -o '%P %D %T %N' | tr '\n' ';')"
-  echo "export SLURM_CONF=$SLURM_CONF"
+  log "up: $(timeout $T sinfo -V) $(timeout $T sinfo -h -o '%P %D %T %N' | tr '\n' ';')"
+  env_lines
 }
 
 stop_pid() {  # stop_pid NAME: SIGTERM, bounded wait, then SIGKILL
@@ -175,6 +214,7 @@ stop_pid() {  # stop_pid NAME: SIGTERM, bounded wait, then SIGKILL
 
 cmd_stop() {
   local n
+  enter_root
   # jobs' processes first (children of slurmstepd, in their own sessions): cancel, then stop daemons
   if alive slurmctld; then
     timeout 5 scancel --user=root >/dev/null 2>&1 || true
@@ -190,11 +230,13 @@ cmd_stop() {
   stop_pid mariadbd
   if alive munged; then munged --stop --socket="$MUNGE_SOCKET" >/dev/null 2>&1 || stop_pid munged; fi
   rm -f "$DIR/run/munged.pid"
+  leave_root
   log "stopped"
 }
 
 cmd_status() {
   local name rc=0
+  enter_root
   for name in munged mariadbd slurmdbd slurmctld "${NODES[@]/#/slurmd-}"; do
     if alive "$name"; then echo "$name running (pid $(cat "$DIR/run/$name.pid"))"; else echo "$name stopped"; rc=1; fi
   done
@@ -203,6 +245,7 @@ cmd_status() {
 }
 
 cmd_restart_ctld() {
+  enter_root
   stop_pid slurmctld
   start_slurmctld
   timeout $T scontrol reconfigure >/dev/null 2>&1 || true
@@ -212,7 +255,7 @@ case "$CMD" in
   start) cmd_start ;;
   stop) cmd_stop ;;
   status) cmd_status ;;
-  env) echo "export SLURM_CONF=$SLURM_CONF" ;;
+  env) enter_root; env_lines ;;
   restart-ctld) cmd_restart_ctld ;;
   *) echo "usage: $0 start|stop|status|env|restart-ctld [DIR]" >&2; exit 2 ;;
 esac

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Slurm 24.11 (Debian trixie's packages) in a chroot, for recording what newer Slurm prints: this host's
 # Debian 12 has Slurm 22.05 and a libc too old for trixie's packages, so debootstrap makes a trixie root.
-# Same 4 fake 8-GPU nodes and partitions as cluster.sh; no slurmdbd (no sacct). Ports 17817, 27818-27821,
-# so it can run beside cluster.sh's cluster.
+# `start` runs the same 4 fake 8-GPU nodes and partitions as cluster.sh without slurmdbd (no sacct), on ports
+# 17817, 27818-27821, so it can run beside cluster.sh's cluster. `root` only makes the root (with slurmdbd):
+# `make slurm-check-24` runs cluster.sh itself in it (SLURM_CHROOT), sacct included.
 #
-#   scripts/slurm/record_slurm24.sh start  [ROOT]        # default ROOT /srv/trixie (~2 min the first time)
+#   scripts/slurm/record_slurm24.sh root   [ROOT]        # only make ROOT (debootstrap; ~1.5 min), start nothing
+#   scripts/slurm/record_slurm24.sh start  [ROOT]        # default ROOT /srv/trixie (made first when missing)
 #   scripts/slurm/record_slurm24.sh record [ROOT] [OUT]  # the story; OUT default build/slurm24-rec
 #   scripts/slurm/record_slurm24.sh stop   [ROOT]
 #
@@ -21,14 +23,18 @@ H="$(hostname -s)"
 log() { echo "[slurm24] $*" >&2; }
 in_root() { timeout 20 chroot "$R" "$@"; }
 
-cmd_start() {
-  if [[ ! -x "$R/usr/sbin/slurmctld" ]]; then
+make_root() {  # trixie with Slurm 24.11 and slurmdbd (`make slurm-check-24` runs cluster.sh in it)
+  if [[ ! -x "$R/usr/sbin/slurmctld" || ! -x "$R/usr/sbin/slurmdbd" ]]; then
     command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >/dev/null
     log "debootstrap trixie into $R"
     mkdir -p "$R"
-    timeout 1200 debootstrap --variant=minbase --include=slurm-wlm,munge,slurm-client trixie "$R" \
+    timeout 1200 debootstrap --variant=minbase --include=slurm-wlm,munge,slurm-client,slurmdbd trixie "$R" \
       http://deb.debian.org/debian >/dev/null
   fi
+}
+
+cmd_start() {
+  make_root
   mountpoint -q "$R/proc" || mount -t proc proc "$R/proc"
   mountpoint -q "$R/dev" || mount --bind /dev "$R/dev"
   grep -q " $H\$" "$R/etc/hosts" 2>/dev/null || echo "127.0.0.1 $H" >>"$R/etc/hosts"
@@ -116,8 +122,9 @@ cmd_record() {
 }
 
 case "$CMD" in
+  root) make_root ;;
   start) cmd_start ;;
   stop) cmd_stop ;;
   record) cmd_record ;;
-  *) echo "usage: $0 start|record|stop [ROOT] [OUT]" >&2; exit 2 ;;
+  *) echo "usage: $0 root|start|record|stop [ROOT] [OUT]" >&2; exit 2 ;;
 esac

@@ -1,4 +1,5 @@
-"""`make slurm-check`: the Slurm agent against a real Slurm 22.05 cluster on this host.
+"""`make slurm-check`: the Slurm agent against a real Slurm 22.05 cluster on this host; `make slurm-check-24`:
+the same with SLURM_CHROOT set, every Slurm daemon and client from Slurm 24.11.5 in a Debian trixie root.
 
 Starts scripts/slurm/cluster.sh (munge, MariaDB + slurmdbd, slurmctld, 4 fake 8-GPU nodes), a
 Tansu broker, the Faust worker, the sink into chDB, one GPU agent per node (`--backend
@@ -89,6 +90,7 @@ class Cluster:
             return {}
         out = {}
         for j in data["jobs"]:
+            j = {k: plain(v) for k, v in j.items()}
             if j.get("array_task_id") is not None and j.get("array_job_id"):
                 out[f"{j['array_job_id']}_{j['array_task_id']}"] = j
             elif not j.get("array_task_string"):
@@ -135,6 +137,16 @@ class Cluster:
                 return
             time.sleep(0.5)
         raise AssertionError(f"Slurm still counts GPUs in use with every job finished: {used}")
+
+
+def plain(v):
+    """A squeue value as Slurm 22.05 writes it: 24.11 writes numbers as {"set", "infinite", "number"} and
+    job_state as [base, flags...] (COMPLETING shown over the base, as 22.05 did)."""
+    if isinstance(v, dict) and "number" in v:
+        return v["number"] if v.get("set") and not v.get("infinite") else None
+    if isinstance(v, list) and v and all(isinstance(x, str) and x.isupper() for x in v):
+        return "COMPLETING" if "COMPLETING" in v else v[0]
+    return v
 
 
 def sacct_attempts() -> dict[str, list[dict]]:
@@ -207,8 +219,10 @@ def cluster():
     say("starting the Slurm cluster (installs slurm-wlm munge slurmdbd mariadb-server when missing)")
     t0 = time.monotonic()
     os.environ["SLURM_MIN_JOB_AGE"] = str(MIN_JOB_AGE_S)
-    env_line = c.script("start")
-    os.environ["SLURM_CONF"] = env_line.strip().split("=", 1)[1]
+    for line in c.script("start").splitlines():  # SLURM_CONF; with SLURM_CHROOT also PATH (its wrappers)
+        if line.startswith("export "):
+            name, _, value = line.removeprefix("export ").partition("=")
+            os.environ[name] = value
     say(f"cluster up in {time.monotonic() - t0:.1f}s")
     try:
         yield c
