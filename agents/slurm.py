@@ -473,10 +473,10 @@ def parse_job(job: Mapping[str, Any]) -> SlurmJob | None:
     priority = _int(job, "priority", 0) or 0
     nodes = expand_hostlist(str(job.get("nodes") or ""))
     # TRES strings carry GPUs only where accounting tracks them (AccountingStorageTRES=gres/gpu); else the
-    # request: --gres is per node (× the job's nodes), --gpus per job
+    # request, which a job that runs gets exactly: --gpus per job, --gres per node (× the job's nodes)
     per_node = gres_request_gpus(str(job.get("tres_per_node") or ""))
     per_job = gres_request_gpus(str(job.get("tres_per_job") or ""))
-    alloc = tres_gpus(str(job.get("tres_alloc_str") or "")) or (per_node * len(nodes) if per_node and not per_job else 0.0)
+    alloc = tres_gpus(str(job.get("tres_alloc_str") or "")) or per_job or per_node * len(nodes)
     requested = (tres_gpus(str(job.get("tres_req_str") or "")) or alloc or per_job
                  or per_node * (_int(job, "node_count", 1) or 1))
     # A job submitted to several partitions is listed with all of them while it waits ('prod,batch'),

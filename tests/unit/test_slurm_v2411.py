@@ -74,6 +74,31 @@ def test_the_recorded_story_gives_each_attempt_its_outcome_reason_and_gpus():
     assert snapshots["whole"]["batch"] == (32.0, 32.0, 0, 0.0)
 
 
+def test_a_job_between_polls_that_asked_gpus_per_job_is_inferred_as_whole_nodes_too():
+    """Job 9's rerun, recorded with `-N 4 --gres=gpu:8`, as if submitted `-N 4 --gpus=32` (tres_per_job):
+    its 32 GPUs are every GPU of its 4 nodes either way. As `--gpus=16` its count is 16: part of its nodes,
+    which is never inferred (tests/unit/test_slurm_whole_node.py)."""
+    state = AgentState()
+    for moment in ("preempted", "done"):
+        squeue = load(f"squeue_v2411_{moment}")
+        for job in squeue["jobs"]:
+            if job["job_id"] == 9:
+                job.update(tres_per_node="", tres_per_job="gres/gpu:32")
+        result = translate(squeue, state, cluster="gpuledger", poll_started_ms=MOMENTS[moment] + 1000, tiers=TIERS,
+                           node_gpus=node_gpu_counts(load(f"nodes_v2411_{moment}")))
+        state = result.state
+    (rerun,) = [e for e in result.events if e.job_id == "9" and e.kind.value == "allocated"]
+    assert rerun.attempt == 1 and len(rerun.gpus) == 32
+    squeue = load("squeue_v2411_done")
+    (job9,) = [j for j in parse_jobs(squeue).jobs if j.job_id == "9"]
+    assert job9.alloc_gpus == 32.0  # from tres_per_node 8 x its 4 nodes
+    for job in squeue["jobs"]:
+        if job["job_id"] == 9:
+            job.update(tres_per_node="", tres_per_job="gres/gpu:16")
+    (job9,) = [j for j in parse_jobs(squeue).jobs if j.job_id == "9"]
+    assert job9.alloc_gpus == 16.0
+
+
 def test_gpus_of_a_gres_request():
     assert [gres_request_gpus(g) for g in ("gres:gpu:8", "gres/gpu:2", "gres/gpu:a100:3", "gres/gpu",
                                            "gres/shard:4", "gres/gpu:2,gres/shard:4", "", "gres/gpu:a100",
