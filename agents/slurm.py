@@ -477,8 +477,7 @@ def parse_job(job: Mapping[str, Any]) -> SlurmJob | None:
     per_node = gres_request_gpus(str(job.get("tres_per_node") or ""))
     per_job = gres_request_gpus(str(job.get("tres_per_job") or ""))
     alloc = tres_gpus(str(job.get("tres_alloc_str") or "")) or per_job or per_node * len(nodes)
-    requested = (tres_gpus(str(job.get("tres_req_str") or "")) or alloc or per_job
-                 or per_node * (_int(job, "node_count", 1) or 1))
+    requested = tres_gpus(str(job.get("tres_req_str") or "")) or alloc or per_node * (_int(job, "node_count", 1) or 1)
     # A job submitted to several partitions is listed with all of them while it waits ('prod,batch'),
     # with the one it runs in once it runs: a queue is one partition, so it waits in the first listed.
     queue = str(job.get("partition") or "").split(",")[0].strip() or "unknown"
