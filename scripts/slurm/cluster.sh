@@ -10,8 +10,10 @@
 #   scripts/slurm/cluster.sh env    [DIR]   # `eval "$(scripts/slurm/cluster.sh env)"` sets SLURM_CONF
 #   scripts/slurm/cluster.sh restart-ctld [DIR]   # kill and restart slurmctld (state kept)
 # SLURM_MIN_JOB_AGE=N (default 600): seconds a finished job stays in squeue (MinJobAge)
+# SLURM_ACCOUNTING=0: no MariaDB or slurmdbd, no AccountingStorage* in slurm.conf: a cluster without GPU
+#   accounting (TRES strings carry no GPUs, sacct answers nothing), as record_slurm24.sh records it
 # SLURM_CHROOT=ROOT: every daemon and client runs in that root filesystem instead (Slurm 24.11 from Debian
-#   trixie: `scripts/slurm/record_slurm24.sh start ROOT` makes one, with slurmdbd and MariaDB); DIR is
+#   trixie: `scripts/slurm/record_slurm24.sh root ROOT` makes one, with slurmdbd); DIR is
 #   bind-mounted at the same path inside, and DIR/bin holds wrappers (sbatch, squeue, …) that run the
 #   root's commands: `start` and `env` print the PATH that puts them first.
 #
@@ -27,6 +29,7 @@ HOST="$(hostname -s)"
 NODES=(gpu01 gpu02 gpu03 gpu04)
 CTLD_PORT=16817 DBD_PORT=16819 DB_PORT=13306
 MIN_JOB_AGE="${SLURM_MIN_JOB_AGE:-600}"  # seconds a finished job stays in squeue
+ACCOUNTING="${SLURM_ACCOUNTING:-1}"
 MUNGE_SOCKET="$DIR/munge/run/munge.socket.2"
 export SLURM_CONF="$DIR/etc/slurm.conf"
 T=10  # seconds any client command may take (they hang while a daemon is down)
@@ -39,22 +42,24 @@ log() { echo "[slurm-cluster] $*" >&2; }
 
 install_packages() {
   local missing=()
-  command -v slurmctld >/dev/null || missing+=(slurm-wlm)
-  command -v munged >/dev/null || missing+=(munge)
-  command -v slurmdbd >/dev/null || missing+=(slurmdbd)
-  command -v mariadbd >/dev/null || command -v mysqld >/dev/null || missing+=(mariadb-server)
+  if [[ -z "$ROOTFS" ]]; then  # in a root, Slurm and munge are the root's
+    command -v slurmctld >/dev/null || missing+=(slurm-wlm)
+    command -v munged >/dev/null || missing+=(munge)
+    command -v slurmdbd >/dev/null || missing+=(slurmdbd)
+  fi
+  ((ACCOUNTING)) && ! command -v mariadbd >/dev/null && ! command -v mysqld >/dev/null && missing+=(mariadb-server)
   if ((${#missing[@]})); then
     log "installing ${missing[*]} (apt)"
     export DEBIAN_FRONTEND=noninteractive
     timeout 600 apt-get update -q >/dev/null
-    timeout 900 apt-get install -y -q slurm-wlm munge slurmdbd mariadb-server >/dev/null
+    timeout 900 apt-get install -y -q "${missing[@]}" >/dev/null
   fi
 }
 
 enter_root() {  # with SLURM_CHROOT: mounts, hosts entry, wrappers in DIR/bin first in PATH
   [[ -n "$ROOTFS" ]] || return 0
   [[ -x "$ROOTFS/usr/sbin/slurmdbd" ]] || {
-    log "$ROOTFS has no slurmdbd: make it with scripts/slurm/record_slurm24.sh start $ROOTFS"; exit 1; }
+    log "$ROOTFS has no slurmdbd: make it with scripts/slurm/record_slurm24.sh root $ROOTFS"; exit 1; }
   mountpoint -q "$ROOTFS/proc" || mount -t proc proc "$ROOTFS/proc"
   mountpoint -q "$ROOTFS/dev" || mount --bind /dev "$ROOTFS/dev"
   mkdir -p "$ROOTFS$DIR"
@@ -175,19 +180,19 @@ make_devices() {
 }
 
 cmd_start() {
-  install_packages  # with SLURM_CHROOT: MariaDB's (and the 22.05 clients' unused)
+  install_packages  # with SLURM_CHROOT: MariaDB only (with accounting)
   mkdir -p "$DIR"/{etc,run,log,state,spool}
   enter_root
   make_devices
   render "$HERE/slurm.conf.in" "$DIR/etc/slurm.conf"
+  ((ACCOUNTING)) || sed -i "/^AccountingStorage/d" "$DIR/etc/slurm.conf"
   render "$HERE/gres.conf.in" "$DIR/etc/gres.conf"
   render "$HERE/slurmdbd.conf.in" "$DIR/etc/slurmdbd.conf"
   render "$HERE/cgroup.conf.in" "$DIR/etc/cgroup.conf"
   [[ -z "$ROOTFS" ]] || echo "CgroupPlugin=disabled" >"$DIR/etc/cgroup.conf"  # newer slurmd: no cgroup here
   chmod 0600 "$DIR/etc/slurmdbd.conf"
   start_munge
-  start_mariadb
-  start_slurmdbd
+  if ((ACCOUNTING)); then start_mariadb; start_slurmdbd; fi
   start_slurmctld
   local n
   for n in "${NODES[@]}"; do start_slurmd "$n"; done
@@ -235,9 +240,10 @@ cmd_stop() {
 }
 
 cmd_status() {
-  local name rc=0
+  local name rc=0 dbd=(mariadbd slurmdbd)
   enter_root
-  for name in munged mariadbd slurmdbd slurmctld "${NODES[@]/#/slurmd-}"; do
+  ((ACCOUNTING)) || dbd=()
+  for name in munged "${dbd[@]}" slurmctld "${NODES[@]/#/slurmd-}"; do
     if alive "$name"; then echo "$name running (pid $(cat "$DIR/run/$name.pid"))"; else echo "$name stopped"; rc=1; fi
   done
   alive slurmctld && timeout $T sinfo -N -o '%N %P %T %G' || true
