@@ -191,6 +191,12 @@ def tres_gpus(tres: str) -> float:
     return total if total is not None else typed
 
 
+def task_request_gpus(tres_per_task: str) -> float:
+    """GPUs each task asked for (`--gpus-per-task`): 'gres:gpu:2' (22.05) as `gres_request_gpus`;
+    'gres/gpu=2', 'cpu=2,gres/gpu=1' or 'gres/gpu:a100=1' (24.11 writes it as a TRES string) as `tres_gpus`."""
+    return tres_gpus(tres_per_task) if "=" in tres_per_task else gres_request_gpus(tres_per_task)
+
+
 def gres_request_gpus(gres: str) -> float:
     """GPUs in a job's tres_per_node / tres_per_job: 'gres:gpu:2' (22.05), 'gres/gpu:2' (24.11),
     'gres/gpu:a100:2'; a type or nothing without a count is one ('gres/gpu:a100', 'gres/gpu'); other
@@ -381,7 +387,7 @@ class SlurmJob:
     sched_ms: int = 0                # last_sched_evaluation: when the pending reason was set
     resize_ms: int = 0               # resize_time: the last change of a running job's nodes
     suspend_ms: int = 0              # suspend_time: the last suspend or resume (`scontrol suspend/resume`)
-    alloc_gpus: float = 0.0          # gres/gpu of tres_alloc_str: the GPUs it was given (0: not shown)
+    alloc_gpus: float = 0.0          # the GPUs it was given: tres_alloc_str's, else its request's (0: not shown)
 
     @property
     def aliases(self) -> dict[str, str]:
@@ -473,11 +479,16 @@ def parse_job(job: Mapping[str, Any]) -> SlurmJob | None:
     priority = _int(job, "priority", 0) or 0
     nodes = expand_hostlist(str(job.get("nodes") or ""))
     # TRES strings carry GPUs only where accounting tracks them (AccountingStorageTRES=gres/gpu); else the
-    # request, which a job that runs gets exactly: --gpus per job, --gres per node (× the job's nodes)
+    # request, which a job that runs gets exactly: --gpus per job, --gres per node (× the job's nodes),
+    # --gpus-per-task (× its tasks, the total however they were asked: -n, --ntasks-per-node)
     per_node = gres_request_gpus(str(job.get("tres_per_node") or ""))
     per_job = gres_request_gpus(str(job.get("tres_per_job") or ""))
-    alloc = tres_gpus(str(job.get("tres_alloc_str") or "")) or per_job or per_node * len(nodes)
-    requested = tres_gpus(str(job.get("tres_req_str") or "")) or alloc or per_node * (_int(job, "node_count", 1) or 1)
+    per_task = task_request_gpus(str(job.get("tres_per_task") or ""))
+    tasks = (_int(job, "tasks", 1) or 1) if per_task else 0  # tasks read only where they count GPUs
+    per_tasks = per_task * tasks if tasks < NO_VAL else 0.0
+    alloc = tres_gpus(str(job.get("tres_alloc_str") or "")) or per_job or per_node * len(nodes) or per_tasks
+    requested = (tres_gpus(str(job.get("tres_req_str") or "")) or alloc
+                 or per_node * (_int(job, "node_count", 1) or 1) or per_tasks)
     # A job submitted to several partitions is listed with all of them while it waits ('prod,batch'),
     # with the one it runs in once it runs: a queue is one partition, so it waits in the first listed.
     queue = str(job.get("partition") or "").split(",")[0].strip() or "unknown"
