@@ -5,7 +5,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test test-unit chaos slurm-check slurm-check-24 bench bench-profile schemas superset-check clean
+.PHONY: help install demo test test-unit chaos slurm-check slurm-check-24 slurm-check-26 bench bench-profile schemas superset-check clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
@@ -36,9 +36,14 @@ slurm-check: $(STAMP) ## real Slurm 22.05 cluster (4 fake 8-GPU nodes) + Slurm a
 	$(BIN)/python -m pytest -q -s -m slurm tests/slurm
 
 SLURM24_ROOT ?= /srv/gpuledger-slurm24
-slurm-check-24: $(STAMP) ## the same check on Slurm 24.11.5 (Debian trixie in a chroot at SLURM24_ROOT, made when missing: ~1.5 min)
-	scripts/slurm/record_slurm24.sh root $(SLURM24_ROOT)
+slurm-check-24: $(STAMP) ## the same check on Slurm 24.11.5 (Debian trixie in a chroot at SLURM24_ROOT, made when missing: ~40 s)
+	scripts/slurm/newer_slurm.sh root $(SLURM24_ROOT) trixie
 	SLURM_CHROOT=$(SLURM24_ROOT) $(BIN)/python -m pytest -q -s -m slurm tests/slurm
+
+SLURM26_ROOT ?= /srv/gpuledger-slurm26
+slurm-check-26: $(STAMP) ## the same check on Debian testing's Slurm (26.05.5 on 2026-12-07; it moves with testing, so not in CI)
+	scripts/slurm/newer_slurm.sh root $(SLURM26_ROOT) forky
+	SLURM_CHROOT=$(SLURM26_ROOT) $(BIN)/python -m pytest -q -s -m slurm tests/slurm
 
 bench: $(STAMP) ## run every benchmark (~30 min on 2 cores; GPULEDGER_BENCH_QUICK=1 for a ~4 min smoke run), print a table, write bench/results.json
 	$(BIN)/python -m bench.run

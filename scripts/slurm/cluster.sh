@@ -11,9 +11,9 @@
 #   scripts/slurm/cluster.sh restart-ctld [DIR]   # kill and restart slurmctld (state kept)
 # SLURM_MIN_JOB_AGE=N (default 600): seconds a finished job stays in squeue (MinJobAge)
 # SLURM_ACCOUNTING=0: no MariaDB or slurmdbd, no AccountingStorage* in slurm.conf: a cluster without GPU
-#   accounting (TRES strings carry no GPUs, sacct answers nothing), as record_slurm24.sh records it
+#   accounting (TRES strings carry no GPUs, sacct answers nothing), as newer_slurm.sh records it
 # SLURM_CHROOT=ROOT: every daemon and client runs in that root filesystem instead (Slurm 24.11 from Debian
-#   trixie: `scripts/slurm/record_slurm24.sh root ROOT` makes one, with slurmdbd); DIR is
+#   trixie, or newer: `scripts/slurm/newer_slurm.sh root ROOT [SUITE]` makes one, with slurmdbd); DIR is
 #   bind-mounted at the same path inside, and DIR/bin holds wrappers (sbatch, squeue, …) that run the
 #   root's commands: `start` and `env` print the PATH that puts them first.
 #
@@ -59,7 +59,7 @@ install_packages() {
 enter_root() {  # with SLURM_CHROOT: mounts, hosts entry, wrappers in DIR/bin first in PATH
   [[ -n "$ROOTFS" ]] || return 0
   [[ -x "$ROOTFS/usr/sbin/slurmdbd" ]] || {
-    log "$ROOTFS has no slurmdbd: make it with scripts/slurm/record_slurm24.sh root $ROOTFS"; exit 1; }
+    log "$ROOTFS has no slurmdbd: make it with scripts/slurm/newer_slurm.sh root $ROOTFS"; exit 1; }
   mountpoint -q "$ROOTFS/proc" || mount -t proc proc "$ROOTFS/proc"
   mountpoint -q "$ROOTFS/dev" || mount --bind /dev "$ROOTFS/dev"
   mkdir -p "$ROOTFS$DIR"

@@ -1,15 +1,20 @@
-"""The Slurm agent on real output of Slurm 24.11.5 (data_parser v0.0.42), recorded in a Debian trixie chroot
-(tests/fixtures/slurm/README.md, `*_v2411_*.json`): squeue lists job_state as [base, flags...], numbers and
+"""The Slurm agent on real output of Slurm 24.11.5 (data_parser v0.0.42; Debian trixie) and 26.05.5 (v0.0.45;
+Debian testing, forky), each recorded in a chroot (tests/fixtures/slurm/README.md, `*_v2411_*.json`,
+`*_v2605_*.json`; scripts/slurm/newer_slurm.sh record): squeue lists job_state as [base, flags...], numbers and
 exit codes as objects, and `sinfo --json` groups the nodes ({"sinfo": [...]}) so the agent reads them with
-`scontrol show nodes --json` (scripts/slurm/record_slurm24.sh record). Jobs: 1 (2 GPUs) completes, 2 exits 3,
-3 is cancelled, array 4 (4_0-4_2, 1 GPU each), 5 on gpu[02-03] (4 GPUs each, srun), 8 requeued with `scontrol
-requeue` and run again, 9 the whole cluster (4 × 8 GPUs) pending, then running, then requeued by prod job 10
-(8 GPUs) and run again."""
+`scontrol show nodes --json`. The same story on both: 1 (2 GPUs) completes, 2 exits 3, 3 is cancelled, array 4
+(4_0-4_2, 1 GPU each), 5 on gpu[02-03] (4 GPUs each, srun), a 2-GPU job requeued with `scontrol requeue` and run
+again, the whole cluster (4 × 8 GPUs) pending, then running, then requeued by prod job 10 (8 GPUs) and run again.
+The array's tasks take job ids of their own when they start, so the last two jobs' ids differ: 8 and 9 in the
+24.11 recording, 6 and 7 in the 26.05 one."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from gpuledger.agents.slurm import (
     AgentState,
@@ -24,31 +29,54 @@ from gpuledger.agents.slurm_agent import SlurmAgent
 from slurm_sink import JobEventSink
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
-#: the recorded moments, and the watermark the agent published at each (poll start less its 1-s margin)
-MOMENTS = {"running": 1796594292000, "changed": 1796594297000, "whole": 1796594370000,
-           "preempted": 1796594372000, "done": 1796594395000}
 TIERS = {"batch": 1, "prod": 10}
+
+
+@dataclass(frozen=True)
+class Recording:
+    tag: str  # the fixtures' version tag
+    #: the recorded moments, and the watermark the agent published at each (poll start less its 1-s margin)
+    moments: dict[str, int]
+    requeued: str  # the job requeued by hand
+    whole: str  # the whole-cluster job
+
+    def load(self, kind: str, moment: str) -> dict:
+        return load(f"{kind}_{self.tag}_{moment}")
+
+
+RECORDINGS = {
+    "24.11": Recording("v2411", {"running": 1796594292000, "changed": 1796594297000, "whole": 1796594370000,
+                                 "preempted": 1796594372000, "done": 1796594395000}, requeued="8", whole="9"),
+    "26.05": Recording("v2605", {"running": 1796606125000, "changed": 1796606129000, "whole": 1796606199000,
+                                 "preempted": 1796606202000, "done": 1796606226000}, requeued="6", whole="7"),
+}
+V2411 = RECORDINGS["24.11"]
 
 
 def load(name: str) -> dict:
     return json.loads((FIXTURES / f"{name}.json").read_text())
 
 
-def test_list_valued_states_numbers_and_exit_objects_read_as_slurm_22_05_wrote_them():
-    jobs = {j.job_id: j for j in parse_jobs(load("squeue_v2411_changed")).jobs}
+@pytest.mark.parametrize("version", RECORDINGS)
+def test_list_valued_states_numbers_and_exit_objects_read_as_slurm_22_05_wrote_them(version):
+    rec = RECORDINGS[version]
+    jobs = {j.job_id: j for j in parse_jobs(rec.load("squeue", "changed")).jobs}
     assert {k: j.state for k, j in jobs.items()} == {
         "1": "RUNNING", "2": "FAILED", "3": "CANCELLED", "4_0": "RUNNING", "4_1": "RUNNING", "4_2": "RUNNING",
-        "5": "RUNNING", "8": "PENDING", "9": "PENDING"}
+        "5": "RUNNING", rec.requeued: "PENDING", rec.whole: "PENDING"}
     assert (jobs["2"].exit_code, jobs["3"].exit_code) == (3 << 8, 15)  # exit 3; SIGTERM
-    assert jobs["8"].attempt == 1 and jobs["8"].reason == "BeginTime"
+    assert jobs[rec.requeued].attempt == 1 and jobs[rec.requeued].reason == "BeginTime"
     assert jobs["5"].nodes == ["gpu02", "gpu03"] and jobs["5"].gres_detail == ["gpu:a100:4(IDX:0-3)"] * 2
     assert (jobs["4_1"].array_job_id, jobs["4_1"].array_task_id) == (4, 1)
 
 
-def test_the_recorded_story_gives_each_attempt_its_outcome_reason_and_gpus():
+@pytest.mark.parametrize("version", RECORDINGS)
+def test_the_recorded_story_gives_each_attempt_its_outcome_reason_and_gpus(version):
+    rec = RECORDINGS[version]
+    requeued, whole = rec.requeued, rec.whole
     state, events, snapshots = AgentState(), [], {}
-    for moment, watermark_ms in MOMENTS.items():
-        squeue, nodes = load(f"squeue_v2411_{moment}"), load(f"nodes_v2411_{moment}")
+    for moment, watermark_ms in rec.moments.items():
+        squeue, nodes = rec.load("squeue", moment), rec.load("nodes", moment)
         result = translate(squeue, state, cluster="gpuledger", poll_started_ms=watermark_ms + 1000, tiers=TIERS,
                            node_gpus=node_gpu_counts(nodes))
         assert result.warnings == [] and result.vanished == [] and result.watermark.ts_ms == watermark_ms
@@ -59,17 +87,17 @@ def test_the_recorded_story_gives_each_attempt_its_outcome_reason_and_gpus():
         assert gpus_held_by_no_job(nodes, parse_jobs(squeue)) == {}
     ends = {(j, a): (k, r) for j, a, k, r, _ in events if k in ("completed", "failed", "cancelled", "preempted")}
     assert ends == {
-        ("2", 0): ("failed", "exit 3"), ("3", 0): ("cancelled", "signal 15"), ("8", 0): ("preempted", "requeued"),
+        ("2", 0): ("failed", "exit 3"), ("3", 0): ("cancelled", "signal 15"), (requeued, 0): ("preempted", "requeued"),
         ("1", 0): ("completed", None), ("4_0", 0): ("completed", None), ("4_1", 0): ("completed", None),
-        ("4_2", 0): ("completed", None), ("5", 0): ("completed", None), ("8", 1): ("completed", None),
-        ("9", 0): ("preempted", "requeued to reclaim resources for job 10"), ("10", 0): ("completed", None),
-        ("9", 1): ("completed", None)}
+        ("4_2", 0): ("completed", None), ("5", 0): ("completed", None), (requeued, 1): ("completed", None),
+        (whole, 0): ("preempted", "requeued to reclaim resources for job 10"), ("10", 0): ("completed", None),
+        (whole, 1): ("completed", None)}
     gpus = {(j, a): n for j, a, k, _, n in events if k == "allocated"}
     assert gpus == {("1", 0): 2, ("2", 0): 1, ("3", 0): 2, ("4_0", 0): 1, ("4_1", 0): 1, ("4_2", 0): 1,
-                    ("5", 0): 8, ("8", 0): 2, ("9", 0): 32, ("10", 0): 8, ("9", 1): 32,
-                    ("8", 1): 0}  # ran between two recorded moments: 2 of a node's 8, indices not seen
-    # 9's rerun also ran between two moments: `-N 4 --gres=gpu:8` is every GPU of its 4 nodes (whole nodes),
-    # read from its per-node request: this cluster has no accounting, so its TRES strings carry no GPUs
+                    ("5", 0): 8, (requeued, 0): 2, (whole, 0): 32, ("10", 0): 8, (whole, 1): 32,
+                    (requeued, 1): 0}  # ran between two recorded moments: 2 of a node's 8, indices not seen
+    # the whole-cluster job's rerun also ran between two moments: `-N 4 --gres=gpu:8` is every GPU of its 4
+    # nodes (whole nodes), read from its per-node request: no accounting, so its TRES strings carry no GPUs
     assert snapshots["running"] == {"batch": (32.0, 18.0, 1, 32.0), "prod": (32.0, 0.0, 0, 0.0)}
     assert snapshots["whole"]["batch"] == (32.0, 32.0, 0, 0.0)
 
@@ -80,16 +108,16 @@ def test_a_job_between_polls_that_asked_gpus_per_job_is_inferred_as_whole_nodes_
     which is never inferred (tests/unit/test_slurm_whole_node.py)."""
     state = AgentState()
     for moment in ("preempted", "done"):
-        squeue = load(f"squeue_v2411_{moment}")
+        squeue = V2411.load("squeue", moment)
         for job in squeue["jobs"]:
             if job["job_id"] == 9:
                 job.update(tres_per_node="", tres_per_job="gres/gpu:32")
-        result = translate(squeue, state, cluster="gpuledger", poll_started_ms=MOMENTS[moment] + 1000, tiers=TIERS,
-                           node_gpus=node_gpu_counts(load(f"nodes_v2411_{moment}")))
+        result = translate(squeue, state, cluster="gpuledger", poll_started_ms=V2411.moments[moment] + 1000, tiers=TIERS,
+                           node_gpus=node_gpu_counts(V2411.load("nodes", moment)))
         state = result.state
     (rerun,) = [e for e in result.events if e.job_id == "9" and e.kind.value == "allocated"]
     assert rerun.attempt == 1 and len(rerun.gpus) == 32
-    squeue = load("squeue_v2411_done")
+    squeue = V2411.load("squeue", "done")
     (job9,) = [j for j in parse_jobs(squeue).jobs if j.job_id == "9"]
     assert job9.alloc_gpus == 32.0  # from tres_per_node 8 x its 4 nodes
     for job in squeue["jobs"]:
@@ -106,28 +134,30 @@ def test_gpus_of_a_gres_request():
 
 
 class RecordedSlurm:
-    """squeue, sinfo (grouped, as 24.11 writes it) and scontrol show nodes of one recorded moment."""
+    """squeue, sinfo (grouped, as 24.11 and 26.05 write it) and scontrol show nodes of one recorded moment."""
 
-    def __init__(self):
-        self.asked: list[str] = []
+    def __init__(self, rec: Recording):
+        self.rec, self.asked = rec, []
 
     def __call__(self, argv, timeout_s, env=None):
         self.asked.append(" ".join(argv[:3]))
         if argv[0] == "squeue":
-            return (FIXTURES / "squeue_v2411_running.json").read_text()
+            return json.dumps(self.rec.load("squeue", "running"))
         if argv[0] == "sinfo":
-            return (FIXTURES / "sinfo_v2411_running.json").read_text()
+            return json.dumps(self.rec.load("sinfo", "running"))
         if argv[:3] == ["scontrol", "show", "nodes"]:
-            return (FIXTURES / "nodes_v2411_running.json").read_text()
+            return json.dumps(self.rec.load("nodes", "running"))
         if argv[:2] == ["scontrol", "show"]:
             return "PartitionName=batch PriorityTier=1\nPartitionName=prod PriorityTier=10\n"
         raise AssertionError(f"unexpected command {argv}")
 
 
-def test_the_agent_reads_the_nodes_with_scontrol_once_sinfo_groups_them(tmp_path):
-    slurm, sink = RecordedSlurm(), JobEventSink()
+@pytest.mark.parametrize("version", RECORDINGS)
+def test_the_agent_reads_the_nodes_with_scontrol_once_sinfo_groups_them(tmp_path, version):
+    rec = RECORDINGS[version]
+    slurm, sink = RecordedSlurm(rec), JobEventSink()
     agent = SlurmAgent(cluster="gpuledger", state_file=tmp_path / "s.json", sink=sink, partitions=1, run=slurm,
-                       clock=lambda: MOMENTS["running"] / 1000 + 1)
+                       clock=lambda: rec.moments["running"] / 1000 + 1)
     assert agent.poll_once() and agent.poll_once()
     assert [a for a in slurm.asked if a.startswith(("sinfo", "scontrol show nodes"))] == [
         "sinfo --json", "scontrol show nodes", "scontrol show nodes"]  # sinfo asked once

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Slurm 24.11 (Debian trixie's packages) in a chroot: this host's Debian 12 has Slurm 22.05 and a libc too old
-# for trixie's packages, so debootstrap makes a trixie root. `root` only makes it (with slurmdbd): `make
-# slurm-check-24` runs cluster.sh in it (SLURM_CHROOT), sacct included. `record` starts cluster.sh's cluster
-# in it without accounting (SLURM_ACCOUNTING=0: no slurmdbd, so no GPUs in TRES strings), in a fresh
-# OUT/cluster (job ids from 1), plays a story, records what Slurm and the agent print, and stops the
-# cluster. It takes cluster.sh's ports: not beside `make slurm-check` or another cluster.sh cluster.
+# Newer Slurm than this host's Debian 12 (22.05), from a newer Debian in a chroot: its packages need a newer libc,
+# so debootstrap makes the root: trixie (Debian 13) has Slurm 24.11.5, forky (testing) had 26.05.5 on 2026-12-07.
+# `root` only makes it (with slurmdbd): `make slurm-check-24` / `slurm-check-26` run cluster.sh in it
+# (SLURM_CHROOT), sacct included. `record` starts cluster.sh's cluster in it without accounting
+# (SLURM_ACCOUNTING=0: no slurmdbd, so no GPUs in TRES strings), in a fresh OUT/cluster (job ids from 1), plays a
+# story, records what Slurm and the agent print, and stops the cluster. It takes cluster.sh's ports: not beside
+# `make slurm-check` or another cluster.sh cluster.
 #
-#   scripts/slurm/record_slurm24.sh root   [ROOT]        # only make ROOT (debootstrap; ~1.5 min); default /srv/trixie
-#   scripts/slurm/record_slurm24.sh record [ROOT] [OUT]  # the story (ROOT made first when missing); OUT default build/slurm24-rec
+#   scripts/slurm/newer_slurm.sh root   [ROOT] [SUITE]  # only make ROOT (~40 s); default /srv/trixie, trixie
+#   scripts/slurm/newer_slurm.sh record [ROOT] [OUT]    # the story (ROOT made first when missing); OUT default build/slurm24-rec
 #
 # `record` writes squeue_<moment>.json, sinfo_<moment>.json, nodes_<moment>.json (scontrol show nodes
 # --json) and agent_<moment>.jsonl (`gpuledger agent slurm --once --print`, state kept between moments)
@@ -15,22 +16,29 @@
 set -euo pipefail
 CMD="${1:-}"
 R="${2:-/srv/trixie}"
-OUT="$(mkdir -p "${3:-build/slurm24-rec}" && cd "${3:-build/slurm24-rec}" && pwd)"
+SUITE=trixie OUT=
+case "$CMD" in
+  root) SUITE="${3:-trixie}" ;;
+  record) OUT="$(mkdir -p "${3:-build/slurm24-rec}" && cd "${3:-build/slurm24-rec}" && pwd)" ;;
+esac
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT_DIR="$(cd "$HERE/../.." && pwd)"
-log() { echo "[slurm24] $*" >&2; }
+log() { echo "[newer-slurm] $*" >&2; }
 
-make_root() {  # trixie with Slurm 24.11 and slurmdbd (`make slurm-check-24` runs cluster.sh in it)
+make_root() {  # SUITE with its Slurm and slurmdbd (`make slurm-check-24` runs cluster.sh in it)
   # asked inside the root: its /usr/sbin/slurmctld links to its own /etc/alternatives, not the host's
   if ! { [[ -d "$R" ]] && chroot "$R" test -x /usr/sbin/slurmctld -a -x /usr/sbin/slurmdbd; }; then
     command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >/dev/null
     # into R.partial, renamed when complete: a failed run leaves no half root for the next to trip on
     # (never mounted into, so it can be removed); its log stays beside it
-    log "debootstrap trixie into $R"
+    # a debootstrap older than the suite has no script for it: Debian's suites all take sid's
+    local script=/usr/share/debootstrap/scripts/$SUITE
+    [[ -e "$script" ]] || script=/usr/share/debootstrap/scripts/sid
+    log "debootstrap $SUITE into $R"
     rm -rf "$R.partial"
     mkdir -p "$(dirname "$R")"
-    if ! timeout 1200 debootstrap --variant=minbase --include=slurm-wlm,munge,slurm-client,slurmdbd trixie \
-        "$R.partial" http://deb.debian.org/debian >"$R.debootstrap.log" 2>&1; then
+    if ! timeout 1200 debootstrap --variant=minbase --include=slurm-wlm,munge,slurm-client,slurmdbd "$SUITE" \
+        "$R.partial" http://deb.debian.org/debian "$script" >"$R.debootstrap.log" 2>&1; then
       log "debootstrap failed ($R.debootstrap.log, $R.partial/debootstrap/debootstrap.log); its last lines:"
       tail -n 15 "$R.debootstrap.log" >&2
       exit 1
@@ -83,5 +91,5 @@ cmd_record() {
 case "$CMD" in
   root) make_root ;;
   record) cmd_record ;;
-  *) echo "usage: $0 root|record [ROOT] [OUT]" >&2; exit 2 ;;
+  *) echo "usage: $0 root [ROOT] [SUITE] | record [ROOT] [OUT]" >&2; exit 2 ;;
 esac
