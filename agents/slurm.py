@@ -161,6 +161,31 @@ def gpu_indices(gres_detail_entry: str) -> list[int]:
     return out
 
 
+_SHARD_DETAIL = re.compile(r"shard(?::[^:(]+)?:(\d+)\(([^)]*)\)")
+
+
+def shard_shares(gres_detail_entry: str, shards_per_gpu: int | None = None) -> list[tuple[int, int]]:
+    """(GPU index, share in thousandths) of the GPU shards (`--gres=shard:K`) in one node's gres_detail
+    entry. 24.11 on write every GPU's shards as used/total in index order: 'shard:2(2/4,0/4,…)' → [(0, 500)].
+    22.05 writes the GPU's index only, 'shard:2(IDX:0)': its total is `shards_per_gpu` (the node's shards
+    over its GPUs, `NodeGpus.shards_per_gpu`), and without it the share is not known (none). Shares are
+    rounded down, so a GPU's holders never add up to more than the whole of it."""
+    out: list[tuple[int, int]] = []
+    for m in _SHARD_DETAIL.finditer(gres_detail_entry or ""):
+        count, inner = int(m.group(1)), m.group(2)
+        if inner.startswith("IDX:"):
+            indices = [] if inner[4:] == "N/A" else expand_index_list(inner[4:])
+            if indices and shards_per_gpu:  # several GPUs: the job's shards taken as spread evenly
+                share = min(1000, 1000 * count // (len(indices) * shards_per_gpu))
+                out.extend((i, share) for i in indices if share > 0)
+            continue
+        for index, part in enumerate(inner.split(",")):
+            used, _, total = part.partition("/")
+            if used.isdigit() and total.isdigit() and int(used) > 0 and int(total) > 0:
+                out.append((index, min(1000, 1000 * int(used) // int(total))))
+    return out
+
+
 def gpu_count(gres: str) -> int:
     """GPUs in a node's `gres` string: 'gpu:a100:8' → 8; 'gpu:4,gpu:t4:2(S:0)' → 6; 'gpu' → 1;
     'gpu:a100:8(S:0,2)' → 8."""
@@ -563,23 +588,37 @@ def _record_raw_id(record: Any) -> int | None:
         return None
 
 
-def job_gpus(job: SlurmJob) -> list[GpuAssignment]:
-    """The GPUs a running job holds: gres_detail has one entry per node of the node list, in order."""
+def job_gpus(job: SlurmJob, node_gpus: Mapping[str, int] | None = None) -> list[GpuAssignment]:
+    """The GPUs a running job holds: gres_detail has one entry per node of the node list, in order; whole
+    GPUs, and shares of those it holds shards of (`shard_shares`; `node_gpus`' shards per GPU for 22.05's)."""
     container = f"slurm-job-{job.raw_id}"
+    per_gpu = getattr(node_gpus, "shards_per_gpu", {})
     out = []
     for node, detail in zip(job.nodes, job.gres_detail):
         for index in gpu_indices(detail):
             out.append(GpuAssignment(node=node, gpu_index=index, share_milli=1000, container_id=container))
+        if "shard" in detail:
+            for index, share in shard_shares(detail, per_gpu.get(node)):
+                out.append(GpuAssignment(node=node, gpu_index=index, share_milli=share, container_id=container))
     return out
 
 
 class NodeGpus(dict[str, int]):
     """GPUs per node name (sinfo's `gres`), and per node since when that count holds (`since_ms`: the
-    later of its boot and its slurmd's start, when slurmd reads gres.conf; 0 if not shown)."""
+    later of its boot and its slurmd's start, when slurmd reads gres.conf; 0 if not shown), and the
+    shards of each of its GPUs where it has shards that divide evenly among them (`shards_per_gpu`)."""
 
-    def __init__(self, counts: Mapping[str, int] | None = None, since_ms: Mapping[str, int] | None = None):
+    def __init__(self, counts: Mapping[str, int] | None = None, since_ms: Mapping[str, int] | None = None,
+                 shards_per_gpu: Mapping[str, int] | None = None):
         super().__init__(counts or {})
         self.since_ms: dict[str, int] = dict(since_ms or {})
+        self.shards_per_gpu: dict[str, int] = dict(shards_per_gpu or {})
+
+
+def _shard_count(gres: str) -> int:
+    """Shards in a node's `gres`: 'gpu:a100:8,shard:a100:32' → 32."""
+    fields = [item.split(":") for item in _split_top_level(re.sub(r"\([^)]*\)", "", gres or ""))]
+    return sum(int(f[-1]) for f in fields if f[0] == "shard" and len(f) > 1 and f[-1].isdigit())
 
 
 def _whole_gpu_count(gres: str) -> int | None:
@@ -622,9 +661,13 @@ def node_gpu_counts(sinfo: Any) -> NodeGpus:
             continue
         out[name] = count
         out.since_ms[name] = max(out.since_ms.get(name, 0), since_s * 1000)
+        shards = _shard_count(str(node.get("gres") or ""))
+        if count and shards and shards % count == 0:
+            out.shards_per_gpu[name] = shards // count
     for name in doubtful:
         out.pop(name, None)
         out.since_ms.pop(name, None)
+        out.shards_per_gpu.pop(name, None)
     return out
 
 
@@ -821,7 +864,7 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
 
     ran = bool(job.nodes) and job.start_ms > 0
     if job.state in HOLDING_STATES and not js.allocated:
-        gpus = job_gpus(job)
+        gpus = job_gpus(job, out.node_gpus)
         if not gpus and job.requested_gpus and job.state in TRANSITIONAL_STATES:
             # GPU indices not shown in this state: wait for RUNNING (or the end), and keep the
             # watermark below the start the allocation will carry
@@ -847,7 +890,7 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
                 # squeue shows an ended job's nodes and GPU count, no indices: whole nodes can still be told
                 seen, note = _unseen_gpus(job, job.nodes, job.alloc_gpus or job.requested_gpus, "squeue's", out,
                                           "the job ran between polls", resized_ms=job.resize_ms)
-                _allocate(seen, js, out, job_gpus(seen), note)
+                _allocate(seen, js, out, job_gpus(seen, out.node_gpus), note)
             else:
                 _allocate(job, js, out, [], None)
         kind, reason = FINAL_STATES[job.state]
@@ -927,7 +970,7 @@ def _resized(job: SlurmJob, js: JobState, out: _Emitter, promised_ms: int) -> No
     if now == _gpu_set(js.nodes, js.gres_detail or ()):
         js.nodes, js.gres_detail = job.nodes, tuple(job.gres_detail)  # written differently, the same GPUs
         return
-    _reallocate(job, js, out, job_gpus(job), job.resize_ms or promised_ms,
+    _reallocate(job, js, out, job_gpus(job, out.node_gpus), job.resize_ms or promised_ms,
                 f"resized: {len(now)} GPU(s) on {len(job.nodes)} node(s)")
     js.nodes, js.gres_detail = job.nodes, tuple(job.gres_detail)
 
@@ -974,7 +1017,7 @@ def _replay_attempt(job: SlurmJob, js: JobState, out: _Emitter, group: list[Sacc
                                     "sacct's AllocTRES", out, note)
         if not seen.gres_detail:
             seen = _with(seen, nodes=[])  # as before: an allocation on no known GPU keeps no nodes to resize
-        _allocate(seen, js, out, job_gpus(seen), reason)
+        _allocate(seen, js, out, job_gpus(seen, out.node_gpus), reason)
     for row, after in zip(group, group[1:]):
         if row.state == "RESIZING" and row.end_s and after.nodes:
             _keep_nodes(job, js, out, set(expand_hostlist(after.nodes)), row.end_s * 1000,
@@ -989,7 +1032,7 @@ def _keep_nodes(job: SlurmJob, js: JobState, out: _Emitter, kept: set[str], at_m
     pairs = [(n, g) for n, g in zip(js.nodes, js.gres_detail or ()) if n in kept]
     if not pairs or [n for n, _ in pairs] == js.nodes:
         return  # nothing released (a live poll saw the resize, or it kept all nodes), or not a shrink
-    _reallocate(job, js, out, job_gpus(_with(job, nodes=[n for n, _ in pairs], gres_detail=[g for _, g in pairs])),
+    _reallocate(job, js, out, job_gpus(_with(job, nodes=[n for n, _ in pairs], gres_detail=[g for _, g in pairs]), out.node_gpus),
                 at_ms, note)
     js.nodes, js.gres_detail = [n for n, _ in pairs], tuple(g for _, g in pairs)
 
@@ -1122,12 +1165,18 @@ def build_snapshot(squeue: Any, sinfo: Any, *, cluster: str, ts_ms: int, tiers: 
         for part in node.get("partitions") or []:
             quota[str(part)] = quota.get(str(part), 0.0) + n
     jobs = parse_jobs(squeue).jobs if jobs is None else jobs
+    # shards count as the parts of GPUs they are (22.05 names only the GPU: its shards from sinfo)
+    node_gpus = node_gpu_counts(sinfo) if any("shard" in d for j in jobs for d in j.gres_detail) else None
     allocated: dict[str, float] = {}
     pending: dict[str, dict[int, list[float]]] = {}
     for job in jobs:
         if job.state in HOLDING_STATES:
             allocated[job.queue] = allocated.get(job.queue, 0.0) + sum(
                 len(gpu_indices(d)) for d in job.gres_detail)
+            if node_gpus is not None:
+                per_gpu = node_gpus.shards_per_gpu
+                allocated[job.queue] += sum(share for n, d in zip(job.nodes, job.gres_detail) if "shard" in d
+                                            for _, share in shard_shares(d, per_gpu.get(n))) / 1000
         elif job.state in PENDING_STATES:
             slot = pending.setdefault(job.queue, {}).setdefault(job.priority, [0, 0.0])
             slot[0] += 1

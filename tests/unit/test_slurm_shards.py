@@ -1,0 +1,77 @@
+"""GPU sharding (`--gres=shard:K`) from real output of Slurm 22.05.8, 24.11.5 and 26.05.5 (tests/fixtures/slurm/
+README.md, `*shards*`): 4 nodes with 8 GPUs and 32 shards each (`Name=shard Count=32 File=…nvidia[0-7]`: 4 per
+GPU). Jobs: 1 `--gres=shard:2`, 2 `--gres=shard:1` (both on gpu01's GPU 0), 3 `--gres=gpu:2` (whole GPUs 1-2),
+4 `-N 2 --gres=shard:4` (a whole GPU's shards on each node), 5 `-n 2 --gres=shard:3`, 6 `--gres=shard:6` (more than
+a GPU has: pending), 7 `--gres=shard:1` ending at once. 22.05 names the shards' GPU only ('shard:2(IDX:0)'), so its
+share comes from the node's shards over its GPUs; 24.11 on write each GPU's used/total ('shard:2(2/4,0/4,…)')."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuledger.agents.slurm import (
+    AgentState,
+    build_snapshot,
+    gpus_held_by_no_job,
+    node_gpu_counts,
+    parse_jobs,
+    shard_shares,
+    translate,
+)
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
+#: (squeue, node records) per Slurm version
+VERSIONS = {"22.05": ("squeue_shards", "sinfo_shards"), "24.11": ("squeue_v2411_shards", "nodes_v2411_shards"),
+            "26.05": ("squeue_v2605_shards", "nodes_v2605_shards")}
+#: (node, GPU index, share in thousandths) per job
+HELD = {"1": [("gpu01", 0, 500)], "2": [("gpu01", 0, 250)], "3": [("gpu01", 1, 1000), ("gpu01", 2, 1000)],
+        "4": [("gpu01", 3, 1000), ("gpu02", 0, 1000)], "5": [("gpu01", 4, 750)], "7": []}
+
+
+def load(name: str) -> dict:
+    return json.loads((FIXTURES / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_each_job_holds_its_shards_as_shares_of_their_gpu(version):
+    squeue_name, nodes_name = VERSIONS[version]
+    squeue, nodes = load(squeue_name), load(nodes_name)
+    node_gpus = node_gpu_counts(nodes)
+    assert node_gpus.shards_per_gpu == {f"gpu0{n}": 4 for n in range(1, 5)}
+    jobs = parse_jobs(squeue).jobs
+    poll_ms = max(j.start_ms for j in jobs if j.state == "RUNNING") + 2000
+    result = translate(squeue, AgentState(), cluster="c", poll_started_ms=poll_ms, node_gpus=node_gpus,
+                       tiers={"batch": 1, "prod": 10})
+    assert result.warnings == []
+    allocated = {e.job_id: [(g.node, g.gpu_index, g.share_milli) for g in e.gpus]
+                 for e in result.events if e.kind.value == "allocated"}
+    assert allocated == HELD
+    assert all(j.requested_gpus == 0 for j in jobs if j.job_id not in ("3",))  # shards are not GPUs
+    # gpu01's GPU 0 is half job 1's, a quarter job 2's; the last quarter is nobody's (unallocated in the ledger)
+    assert sum(share for held in allocated.values() for node, i, share in held if (node, i) == ("gpu01", 0)) == 750
+    # GPUs held through shards are no GPUs held by no job
+    assert gpus_held_by_no_job(nodes, parse_jobs(squeue)) == {}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_queue_counts_shards_as_parts_of_gpus(version):
+    squeue_name, nodes_name = VERSIONS[version]
+    (batch,) = [q for q in build_snapshot(load(squeue_name), load(nodes_name), cluster="c", ts_ms=0,
+                                          tiers={"batch": 1, "prod": 10}).queues if q.queue == "batch"]
+    assert batch.allocated_gpus == 5.5  # 0.5 + 0.25 + 2 + 2 + 0.75
+    assert (batch.pending_jobs, batch.pending_gpus) == (1, 0.0)  # job 6 waits for 6 shards: no GPU count
+
+
+def test_shard_shares_of_each_form():
+    assert shard_shares("shard:2(2/4,0/4,0/4)") == [(0, 500)]
+    assert shard_shares("shard:a100:3(0/4,3/4)") == [(1, 750)]
+    assert shard_shares("shard:5(3/3,2/3)") == [(0, 1000), (1, 666)]  # rounded down: never more than a GPU
+    assert shard_shares("shard:2(IDX:0)", 4) == [(0, 500)]
+    assert shard_shares("shard:2(IDX:0)") == []  # 22.05 without the node's shards per GPU: not known
+    assert shard_shares("shard:4(IDX:0-1)", 4) == [(0, 500), (1, 500)]
+    assert shard_shares("shard:1(IDX:N/A)", 4) == []
+    assert shard_shares("gpu:a100:2(IDX:0-1)", 4) == []
+    assert shard_shares("gpu:a100:1(IDX:0),shard:2(-/4,2/4)") == [(1, 500)]
