@@ -413,6 +413,7 @@ class SlurmJob:
     resize_ms: int = 0               # resize_time: the last change of a running job's nodes
     suspend_ms: int = 0              # suspend_time: the last suspend or resume (`scontrol suspend/resume`)
     alloc_gpus: float = 0.0          # the GPUs it was given: tres_alloc_str's, else its request's (0: not shown)
+    asks_shards: bool = False        # it asked for GPU shards (--gres=shard:K): parts of GPUs, no GPU count
 
     @property
     def aliases(self) -> dict[str, str]:
@@ -536,6 +537,7 @@ def parse_job(job: Mapping[str, Any]) -> SlurmJob | None:
         resize_ms=(_int(job, "resize_time") or 0) * 1000,
         suspend_ms=(_int(job, "suspend_time") or 0) * 1000,
         alloc_gpus=alloc,
+        asks_shards=any("shard" in str(job.get(k) or "") for k in ("tres_per_node", "tres_per_job", "tres_per_task")),
     )
 
 
@@ -865,14 +867,15 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
     ran = bool(job.nodes) and job.start_ms > 0
     if job.state in HOLDING_STATES and not js.allocated:
         gpus = job_gpus(job, out.node_gpus)
-        if not gpus and job.requested_gpus and job.state in TRANSITIONAL_STATES:
+        asks = job.requested_gpus or job.asks_shards
+        if not gpus and asks and job.state in TRANSITIONAL_STATES:
             # GPU indices not shown in this state: wait for RUNNING (or the end), and keep the
             # watermark below the start the allocation will carry
             hold_ms.append(job.start_ms)
         else:
-            if not gpus and job.requested_gpus:
+            if not gpus and asks:
                 out.warnings.append(f"job {job.job_id} is {job.state} without GPU indices in gres_detail")
-            _allocate(job, js, out, gpus, None if gpus or not job.requested_gpus else "GPU indices not in gres_detail")
+            _allocate(job, js, out, gpus, None if gpus or not asks else "GPU indices not in gres_detail")
     elif job.state in HOLDING_STATES and job.state not in TRANSITIONAL_STATES and not js.ended:
         _resized(job, js, out, promised_ms)
     if job.state in HOLDING_STATES and js.allocated and not js.ended:
@@ -951,7 +954,10 @@ def _allocate(job: SlurmJob, js: JobState, out: _Emitter, gpus: list[GpuAssignme
 
 
 def _gpu_set(nodes: Iterable[str], gres_detail: Iterable[str]) -> set[tuple[str, int]]:
-    return {(node, i) for node, detail in zip(nodes, gres_detail) for i in gpu_indices(detail)}
+    """The (node, index) of every GPU held whole or through shards (which GPUs, whatever their shares: 1
+    shard per GPU makes 22.05's 'shard:K(IDX:i)' name its GPU without the node's shard count)."""
+    return {(node, i) for node, detail in zip(nodes, gres_detail)
+            for i in [*gpu_indices(detail), *(g for g, _ in shard_shares(detail, 1))]}
 
 
 def _resized(job: SlurmJob, js: JobState, out: _Emitter, promised_ms: int) -> None:

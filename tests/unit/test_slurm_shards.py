@@ -75,3 +75,28 @@ def test_shard_shares_of_each_form():
     assert shard_shares("shard:1(IDX:N/A)", 4) == []
     assert shard_shares("gpu:a100:2(IDX:0-1)", 4) == []
     assert shard_shares("gpu:a100:1(IDX:0),shard:2(-/4,2/4)") == [(1, 500)]
+
+
+@pytest.mark.parametrize("first_state", ["CONFIGURING", "RUNNING"])
+def test_a_shard_job_first_seen_without_its_shards_gets_them_when_shown(first_state):
+    """As a whole-GPU job: configuring without gres_detail, the allocation waits for it (at start_time);
+    running without it, the job is allocated no GPU and gets its share once a poll shows it."""
+    squeue, nodes = load("squeue_v2411_shards"), load("nodes_v2411_shards")
+    node_gpus = node_gpu_counts(nodes)
+    poll_ms = max(j.start_ms for j in parse_jobs(squeue).jobs if j.state == "RUNNING") + 2000
+    early = json.loads(json.dumps(squeue))
+    for job in early["jobs"]:
+        if job["job_id"] == 1:
+            job.update(job_state=[first_state], gres_detail=[])
+    state, events = AgentState(), []
+    for view in (early, squeue):
+        result = translate(view, state, cluster="c", poll_started_ms=poll_ms, node_gpus=node_gpus,
+                           tiers={"batch": 1, "prod": 10})
+        state = result.state
+        events += [e for e in result.events if e.job_id == "1" and e.kind.value == "allocated"]
+    held = [[(g.node, g.gpu_index, g.share_milli) for g in e.gpus] for e in events]
+    (start_ms,) = {j.start_ms for j in parse_jobs(squeue).jobs if j.job_id == "1"}
+    if first_state == "CONFIGURING":
+        assert held == [[("gpu01", 0, 500)]] and events[0].ts_ms == start_ms
+    else:
+        assert held == [[], [("gpu01", 0, 500)]] and events[0].reason == "GPU indices not in gres_detail"
