@@ -161,22 +161,25 @@ def gpu_indices(gres_detail_entry: str) -> list[int]:
     return out
 
 
-_SHARD_DETAIL = re.compile(r"shard(?::[^:(]+)?:(\d+)\(([^)]*)\)")
+#: GRES that give a job a part of a GPU: Slurm's shards (--gres=shard:K) and CUDA MPS (--gres=mps:K)
+GPU_PART_GRES = ("shard", "mps")
+_PART_DETAIL = re.compile(r"\b(shard|mps)(?::[^:(]+)?:(\d+)\(([^)]*)\)")
 
 
-def shard_shares(gres_detail_entry: str, shards_per_gpu: int | None = None) -> list[tuple[int, int]]:
-    """(GPU index, share in thousandths) of the GPU shards (`--gres=shard:K`) in one node's gres_detail
-    entry. 24.11 on write every GPU's shards as used/total in index order: 'shard:2(2/4,0/4,…)' → [(0, 500)].
-    22.05 writes the GPU's index only, 'shard:2(IDX:0)': its total is `shards_per_gpu` (the node's shards
-    over its GPUs, `NodeGpus.shards_per_gpu`), and without it the share is not known (none). Shares are
-    rounded down, so a GPU's holders never add up to more than the whole of it."""
+def gpu_parts(gres_detail_entry: str, parts_per_gpu: Mapping[str, int] | None = None) -> list[tuple[int, int]]:
+    """(GPU index, share in thousandths) of the parts of GPUs (shards, MPS) in one node's gres_detail entry.
+    24.11 on write every GPU's parts as used/total in index order: 'shard:2(2/4,0/4,…)' → [(0, 500)],
+    'mps:50(50/100,…)' → [(0, 500)]. 22.05 writes the GPU's index only, 'shard:2(IDX:0)': its total is
+    `parts_per_gpu[kind]` (the node's over its GPUs, `NodeGpus.parts_per_gpu`), and without it the share
+    is not known (none). Shares are rounded down, so a GPU's holders never add up to more than all of it."""
     out: list[tuple[int, int]] = []
-    for m in _SHARD_DETAIL.finditer(gres_detail_entry or ""):
-        count, inner = int(m.group(1)), m.group(2)
+    for m in _PART_DETAIL.finditer(gres_detail_entry or ""):
+        kind, count, inner = m.group(1), int(m.group(2)), m.group(3)
         if inner.startswith("IDX:"):
             indices = [] if inner[4:] == "N/A" else expand_index_list(inner[4:])
-            if indices and shards_per_gpu:  # several GPUs: the job's shards taken as spread evenly
-                share = min(1000, 1000 * count // (len(indices) * shards_per_gpu))
+            per_gpu = (parts_per_gpu or {}).get(kind)
+            if indices and per_gpu:  # several GPUs: the job's parts taken as spread evenly
+                share = min(1000, 1000 * count // (len(indices) * per_gpu))
                 out.extend((i, share) for i in indices if share > 0)
             continue
         for index, part in enumerate(inner.split(",")):
@@ -184,6 +187,10 @@ def shard_shares(gres_detail_entry: str, shards_per_gpu: int | None = None) -> l
             if used.isdigit() and total.isdigit() and int(used) > 0 and int(total) > 0:
                 out.append((index, min(1000, 1000 * int(used) // int(total))))
     return out
+
+
+def _has_gpu_parts(gres_detail_entry: str) -> bool:
+    return "shard" in gres_detail_entry or "mps" in gres_detail_entry
 
 
 def gpu_count(gres: str) -> int:
@@ -413,7 +420,7 @@ class SlurmJob:
     resize_ms: int = 0               # resize_time: the last change of a running job's nodes
     suspend_ms: int = 0              # suspend_time: the last suspend or resume (`scontrol suspend/resume`)
     alloc_gpus: float = 0.0          # the GPUs it was given: tres_alloc_str's, else its request's (0: not shown)
-    asks_shards: bool = False        # it asked for GPU shards (--gres=shard:K): parts of GPUs, no GPU count
+    asks_gpu_parts: bool = False     # it asked for parts of GPUs (--gres=shard:K, mps:K): no GPU count
 
     @property
     def aliases(self) -> dict[str, str]:
@@ -537,7 +544,7 @@ def parse_job(job: Mapping[str, Any]) -> SlurmJob | None:
         resize_ms=(_int(job, "resize_time") or 0) * 1000,
         suspend_ms=(_int(job, "suspend_time") or 0) * 1000,
         alloc_gpus=alloc,
-        asks_shards=any("shard" in str(job.get(k) or "") for k in ("tres_per_node", "tres_per_job", "tres_per_task")),
+        asks_gpu_parts=any(_has_gpu_parts(str(job.get(k) or "")) for k in ("tres_per_node", "tres_per_job", "tres_per_task")),
     )
 
 
@@ -592,15 +599,15 @@ def _record_raw_id(record: Any) -> int | None:
 
 def job_gpus(job: SlurmJob, node_gpus: Mapping[str, int] | None = None) -> list[GpuAssignment]:
     """The GPUs a running job holds: gres_detail has one entry per node of the node list, in order; whole
-    GPUs, and shares of those it holds shards of (`shard_shares`; `node_gpus`' shards per GPU for 22.05's)."""
+    GPUs, and shares of those it holds parts of (`gpu_parts`; `node_gpus`' parts per GPU for 22.05's)."""
     container = f"slurm-job-{job.raw_id}"
-    per_gpu = getattr(node_gpus, "shards_per_gpu", {})
+    per_gpu = getattr(node_gpus, "parts_per_gpu", {})
     out = []
     for node, detail in zip(job.nodes, job.gres_detail):
         for index in gpu_indices(detail):
             out.append(GpuAssignment(node=node, gpu_index=index, share_milli=1000, container_id=container))
-        if "shard" in detail:
-            for index, share in shard_shares(detail, per_gpu.get(node)):
+        if _has_gpu_parts(detail):
+            for index, share in gpu_parts(detail, per_gpu.get(node)):
                 out.append(GpuAssignment(node=node, gpu_index=index, share_milli=share, container_id=container))
     return out
 
@@ -608,19 +615,23 @@ def job_gpus(job: SlurmJob, node_gpus: Mapping[str, int] | None = None) -> list[
 class NodeGpus(dict[str, int]):
     """GPUs per node name (sinfo's `gres`), and per node since when that count holds (`since_ms`: the
     later of its boot and its slurmd's start, when slurmd reads gres.conf; 0 if not shown), and the
-    shards of each of its GPUs where it has shards that divide evenly among them (`shards_per_gpu`)."""
+    parts (shards, MPS) of each of its GPUs where they divide evenly among them (`parts_per_gpu`)."""
 
     def __init__(self, counts: Mapping[str, int] | None = None, since_ms: Mapping[str, int] | None = None,
-                 shards_per_gpu: Mapping[str, int] | None = None):
+                 parts_per_gpu: Mapping[str, Mapping[str, int]] | None = None):
         super().__init__(counts or {})
         self.since_ms: dict[str, int] = dict(since_ms or {})
-        self.shards_per_gpu: dict[str, int] = dict(shards_per_gpu or {})
+        self.parts_per_gpu: dict[str, dict[str, int]] = {n: dict(v) for n, v in (parts_per_gpu or {}).items()}
 
 
-def _shard_count(gres: str) -> int:
-    """Shards in a node's `gres`: 'gpu:a100:8,shard:a100:32' → 32."""
-    fields = [item.split(":") for item in _split_top_level(re.sub(r"\([^)]*\)", "", gres or ""))]
-    return sum(int(f[-1]) for f in fields if f[0] == "shard" and len(f) > 1 and f[-1].isdigit())
+def _part_counts(gres: str) -> dict[str, int]:
+    """Parts of GPUs in a node's `gres`: 'gpu:a100:8,shard:a100:32' → {'shard': 32}; 'mps:800' → {'mps': 800}."""
+    out: dict[str, int] = {}
+    for item in _split_top_level(re.sub(r"\([^)]*\)", "", gres or "")):
+        f = item.split(":")
+        if f[0] in GPU_PART_GRES and len(f) > 1 and f[-1].isdigit():
+            out[f[0]] = out.get(f[0], 0) + int(f[-1])
+    return out
 
 
 def _whole_gpu_count(gres: str) -> int | None:
@@ -663,13 +674,14 @@ def node_gpu_counts(sinfo: Any) -> NodeGpus:
             continue
         out[name] = count
         out.since_ms[name] = max(out.since_ms.get(name, 0), since_s * 1000)
-        shards = _shard_count(str(node.get("gres") or ""))
-        if count and shards and shards % count == 0:
-            out.shards_per_gpu[name] = shards // count
+        parts = {kind: n // count for kind, n in _part_counts(str(node.get("gres") or "")).items()
+                 if count and n and n % count == 0}
+        if parts:
+            out.parts_per_gpu[name] = parts
     for name in doubtful:
         out.pop(name, None)
         out.since_ms.pop(name, None)
-        out.shards_per_gpu.pop(name, None)
+        out.parts_per_gpu.pop(name, None)
     return out
 
 
@@ -867,7 +879,7 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
     ran = bool(job.nodes) and job.start_ms > 0
     if job.state in HOLDING_STATES and not js.allocated:
         gpus = job_gpus(job, out.node_gpus)
-        asks = job.requested_gpus or job.asks_shards
+        asks = job.requested_gpus or job.asks_gpu_parts
         if not gpus and asks and job.state in TRANSITIONAL_STATES:
             # GPU indices not shown in this state: wait for RUNNING (or the end), and keep the
             # watermark below the start the allocation will carry
@@ -954,10 +966,13 @@ def _allocate(job: SlurmJob, js: JobState, out: _Emitter, gpus: list[GpuAssignme
 
 
 def _gpu_set(nodes: Iterable[str], gres_detail: Iterable[str]) -> set[tuple[str, int]]:
-    """The (node, index) of every GPU held whole or through shards (which GPUs, whatever their shares: 1
-    shard per GPU makes 22.05's 'shard:K(IDX:i)' name its GPU without the node's shard count)."""
+    """The (node, index) of every GPU held whole or in part (which GPUs, whatever their shares: 1 part per
+    GPU makes 22.05's 'shard:K(IDX:i)' name its GPU without the node's part count)."""
     return {(node, i) for node, detail in zip(nodes, gres_detail)
-            for i in [*gpu_indices(detail), *(g for g, _ in shard_shares(detail, 1))]}
+            for i in [*gpu_indices(detail), *(g for g, _ in gpu_parts(detail, _ONE_PART))]}
+
+
+_ONE_PART = {kind: 1 for kind in GPU_PART_GRES}
 
 
 def _resized(job: SlurmJob, js: JobState, out: _Emitter, promised_ms: int) -> None:
@@ -1171,8 +1186,8 @@ def build_snapshot(squeue: Any, sinfo: Any, *, cluster: str, ts_ms: int, tiers: 
         for part in node.get("partitions") or []:
             quota[str(part)] = quota.get(str(part), 0.0) + n
     jobs = parse_jobs(squeue).jobs if jobs is None else jobs
-    # shards count as the parts of GPUs they are (22.05 names only the GPU: its shards from sinfo)
-    node_gpus = node_gpu_counts(sinfo) if any("shard" in d for j in jobs for d in j.gres_detail) else None
+    # shards and MPS count as the parts of GPUs they are (22.05 names only the GPU: its part count from sinfo)
+    node_gpus = node_gpu_counts(sinfo) if any(_has_gpu_parts(d) for j in jobs for d in j.gres_detail) else None
     allocated: dict[str, float] = {}
     pending: dict[str, dict[int, list[float]]] = {}
     for job in jobs:
@@ -1180,9 +1195,9 @@ def build_snapshot(squeue: Any, sinfo: Any, *, cluster: str, ts_ms: int, tiers: 
             allocated[job.queue] = allocated.get(job.queue, 0.0) + sum(
                 len(gpu_indices(d)) for d in job.gres_detail)
             if node_gpus is not None:
-                per_gpu = node_gpus.shards_per_gpu
-                allocated[job.queue] += sum(share for n, d in zip(job.nodes, job.gres_detail) if "shard" in d
-                                            for _, share in shard_shares(d, per_gpu.get(n))) / 1000
+                per_gpu = node_gpus.parts_per_gpu
+                allocated[job.queue] += sum(share for n, d in zip(job.nodes, job.gres_detail) if _has_gpu_parts(d)
+                                            for _, share in gpu_parts(d, per_gpu.get(n))) / 1000
         elif job.state in PENDING_STATES:
             slot = pending.setdefault(job.queue, {}).setdefault(job.priority, [0, 0.0])
             slot[0] += 1

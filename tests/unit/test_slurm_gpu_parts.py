@@ -1,0 +1,112 @@
+"""Parts of GPUs: Slurm's sharding (`--gres=shard:K`) and CUDA MPS (`--gres=mps:K`), from real output of Slurm
+22.05.8, 24.11.5 and 26.05.5 (tests/fixtures/slurm/README.md, `*shards*`, `*mps*`): 4 nodes with 8 GPUs and 32
+shards (`Name=shard Count=32 File=…nvidia[0-7]`: 4 per GPU), or 800 MPS (100 per GPU), each. Jobs, shards / MPS:
+1 `shard:2` / `mps:50`, 2 `shard:1` / `mps:25` (both on gpu01's GPU 0), 3 `--gres=gpu:2` (whole GPUs 1-2), 4
+`-N 2` `shard:4` / `mps:100` (a whole GPU on each node), 5 `-n 2` `shard:3` / `mps:75`, 6 `shard:6` / `mps:150`
+(more than a GPU has: pending), 7 `shard:1` / `mps:10` ending at once. 22.05 names the GPU only ('shard:2(IDX:0)'),
+so its share comes from the node's parts over its GPUs; 24.11 on write each GPU's used/total ('shard:2(2/4,…)')."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuledger.agents.slurm import (
+    AgentState,
+    build_snapshot,
+    gpus_held_by_no_job,
+    node_gpu_counts,
+    gpu_parts,
+    parse_jobs,
+    translate,
+)
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
+#: (squeue, node records) per recording: shards or MPS, Slurm version
+RECORDINGS = {(kind, version): (f"squeue{tag}_{kind}", f"{'sinfo' if not tag else 'nodes' + tag}_{kind}")
+              for kind in ("shards", "mps") for version, tag in (("22.05", ""), ("24.11", "_v2411"), ("26.05", "_v2605"))}
+PARTS_PER_GPU = {"shards": {"shard": 4}, "mps": {"mps": 100}}
+#: (node, GPU index, share in thousandths) per job
+HELD = {"shards": {"1": [("gpu01", 0, 500)], "2": [("gpu01", 0, 250)], "3": [("gpu01", 1, 1000), ("gpu01", 2, 1000)],
+                   "4": [("gpu01", 3, 1000), ("gpu02", 0, 1000)], "5": [("gpu01", 4, 750)], "7": []},
+        "mps": {"1": [("gpu01", 0, 500)], "2": [("gpu01", 0, 250)], "3": [("gpu01", 1, 1000), ("gpu01", 2, 1000)],
+                "4": [("gpu02", 0, 1000), ("gpu03", 0, 1000)], "5": [("gpu04", 0, 750)], "7": []}}
+
+
+def load(name: str) -> dict:
+    return json.loads((FIXTURES / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("recording", RECORDINGS)
+def test_each_job_holds_its_parts_as_shares_of_their_gpu(recording):
+    kind = recording[0]
+    squeue_name, nodes_name = RECORDINGS[recording]
+    squeue, nodes = load(squeue_name), load(nodes_name)
+    node_gpus = node_gpu_counts(nodes)
+    assert node_gpus.parts_per_gpu == {f"gpu0{n}": PARTS_PER_GPU[kind] for n in range(1, 5)}
+    jobs = parse_jobs(squeue).jobs
+    poll_ms = max(j.start_ms for j in jobs if j.state == "RUNNING") + 2000
+    result = translate(squeue, AgentState(), cluster="c", poll_started_ms=poll_ms, node_gpus=node_gpus,
+                       tiers={"batch": 1, "prod": 10})
+    assert result.warnings == []
+    allocated = {e.job_id: [(g.node, g.gpu_index, g.share_milli) for g in e.gpus]
+                 for e in result.events if e.kind.value == "allocated"}
+    assert allocated == HELD[kind]
+    assert all(j.requested_gpus == 0 for j in jobs if j.job_id not in ("3",))  # parts are not GPUs
+    # gpu01's GPU 0 is half job 1's, a quarter job 2's; the last quarter is nobody's (unallocated in the ledger)
+    assert sum(share for held in allocated.values() for node, i, share in held if (node, i) == ("gpu01", 0)) == 750
+    # GPUs held in parts are no GPUs held by no job
+    assert gpus_held_by_no_job(nodes, parse_jobs(squeue)) == {}
+
+
+@pytest.mark.parametrize("recording", RECORDINGS)
+def test_the_queue_counts_the_parts_of_gpus(recording):
+    squeue_name, nodes_name = RECORDINGS[recording]
+    (batch,) = [q for q in build_snapshot(load(squeue_name), load(nodes_name), cluster="c", ts_ms=0,
+                                          tiers={"batch": 1, "prod": 10}).queues if q.queue == "batch"]
+    assert batch.allocated_gpus == 5.5  # 0.5 + 0.25 + 2 + 2 + 0.75
+    assert (batch.pending_jobs, batch.pending_gpus) == (1, 0.0)  # job 6 waits for 6 shards / 150 MPS: no GPU count
+
+
+def test_gpu_parts_of_each_form():
+    four = {"shard": 4, "mps": 100}
+    assert gpu_parts("shard:2(2/4,0/4,0/4)") == [(0, 500)]
+    assert gpu_parts("shard:a100:3(0/4,3/4)") == [(1, 750)]
+    assert gpu_parts("mps:30(0/100,30/100)") == [(1, 300)]
+    assert gpu_parts("shard:5(3/3,2/3)") == [(0, 1000), (1, 666)]  # rounded down: never more than a GPU
+    assert gpu_parts("shard:2(IDX:0)", four) == [(0, 500)]
+    assert gpu_parts("mps:25(IDX:3)", four) == [(3, 250)]
+    assert gpu_parts("shard:2(IDX:0)") == []  # 22.05 without the node's parts per GPU: not known
+    assert gpu_parts("mps:25(IDX:3)", {"shard": 4}) == []
+    assert gpu_parts("shard:4(IDX:0-1)", four) == [(0, 500), (1, 500)]
+    assert gpu_parts("shard:1(IDX:N/A)", four) == []
+    assert gpu_parts("gpu:a100:2(IDX:0-1)", four) == []
+    assert gpu_parts("gpu:mps100:2(IDX:0-1)", four) == []  # a GPU type named like a part
+    assert gpu_parts("gpu:a100:1(IDX:0),shard:2(-/4,2/4)") == [(1, 500)]
+
+
+@pytest.mark.parametrize("first_state", ["CONFIGURING", "RUNNING"])
+def test_a_shard_job_first_seen_without_its_shards_gets_them_when_shown(first_state):
+    """As a whole-GPU job: configuring without gres_detail, the allocation waits for it (at start_time);
+    running without it, the job is allocated no GPU and gets its share once a poll shows it."""
+    squeue, nodes = load("squeue_v2411_shards"), load("nodes_v2411_shards")
+    node_gpus = node_gpu_counts(nodes)
+    poll_ms = max(j.start_ms for j in parse_jobs(squeue).jobs if j.state == "RUNNING") + 2000
+    early = json.loads(json.dumps(squeue))
+    for job in early["jobs"]:
+        if job["job_id"] == 1:
+            job.update(job_state=[first_state], gres_detail=[])
+    state, events = AgentState(), []
+    for view in (early, squeue):
+        result = translate(view, state, cluster="c", poll_started_ms=poll_ms, node_gpus=node_gpus,
+                           tiers={"batch": 1, "prod": 10})
+        state = result.state
+        events += [e for e in result.events if e.job_id == "1" and e.kind.value == "allocated"]
+    held = [[(g.node, g.gpu_index, g.share_milli) for g in e.gpus] for e in events]
+    (start_ms,) = {j.start_ms for j in parse_jobs(squeue).jobs if j.job_id == "1"}
+    if first_state == "CONFIGURING":
+        assert held == [[("gpu01", 0, 500)]] and events[0].ts_ms == start_ms
+    else:
+        assert held == [[], [("gpu01", 0, 500)]] and events[0].reason == "GPU indices not in gres_detail"
