@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from gpuledger.schemas.models import (
     GpuAssignment,
@@ -193,17 +193,16 @@ def _has_gpu_parts(gres_detail_entry: str) -> bool:
     return "shard" in gres_detail_entry or "mps" in gres_detail_entry
 
 
+def _gres_fields(gres: str) -> list[list[str]]:
+    """A node's `gres` string as fields per GRES: 'gpu:a100:8(S:0,2),shard:32' → [['gpu', 'a100', '8'],
+    ['shard', '32']]. Socket lists hold commas of their own: every (...) is dropped before splitting."""
+    return [item.split(":") for item in _split_top_level(re.sub(r"\([^)]*\)", "", gres or ""))]
+
+
 def gpu_count(gres: str) -> int:
     """GPUs in a node's `gres` string: 'gpu:a100:8' → 8; 'gpu:4,gpu:t4:2(S:0)' → 6; 'gpu' → 1;
     'gpu:a100:8(S:0,2)' → 8."""
-    total = 0
-    # socket lists hold commas of their own ('gpu:a100:8(S:0,2)'): drop every (...) before splitting
-    for item in _split_top_level(re.sub(r"\([^)]*\)", "", gres or "")):
-        fields = item.split(":")
-        if fields[0] != "gpu":
-            continue
-        total += int(fields[-1]) if len(fields) > 1 and fields[-1].isdigit() else 1
-    return total
+    return sum(int(f[-1]) if len(f) > 1 and f[-1].isdigit() else 1 for f in _gres_fields(gres) if f[0] == "gpu")
 
 
 def tres_gpus(tres: str) -> float:
@@ -597,18 +596,22 @@ def _record_raw_id(record: Any) -> int | None:
         return None
 
 
-def job_gpus(job: SlurmJob, node_gpus: Mapping[str, int] | None = None) -> list[GpuAssignment]:
-    """The GPUs a running job holds: gres_detail has one entry per node of the node list, in order; whole
-    GPUs, and shares of those it holds parts of (`gpu_parts`; `node_gpus`' parts per GPU for 22.05's)."""
-    container = f"slurm-job-{job.raw_id}"
+def _holdings(job: SlurmJob, node_gpus: Mapping[str, int] | None) -> Iterator[tuple[str, list[int], list[tuple[int, int]]]]:
+    """Per node of a running job (gres_detail has one entry per node of the node list, in order): the
+    GPUs it holds whole, and the (index, share in thousandths) of those it holds parts of (`gpu_parts`;
+    `node_gpus`' parts per GPU for 22.05's)."""
     per_gpu = getattr(node_gpus, "parts_per_gpu", {})
-    out = []
     for node, detail in zip(job.nodes, job.gres_detail):
-        for index in gpu_indices(detail):
-            out.append(GpuAssignment(node=node, gpu_index=index, share_milli=1000, container_id=container))
-        if _has_gpu_parts(detail):
-            for index, share in gpu_parts(detail, per_gpu.get(node)):
-                out.append(GpuAssignment(node=node, gpu_index=index, share_milli=share, container_id=container))
+        yield node, gpu_indices(detail), gpu_parts(detail, per_gpu.get(node)) if _has_gpu_parts(detail) else []
+
+
+def job_gpus(job: SlurmJob, node_gpus: Mapping[str, int] | None = None) -> list[GpuAssignment]:
+    """The GPUs a running job holds (`_holdings`), as its allocation names them."""
+    container = f"slurm-job-{job.raw_id}"
+    out = []
+    for node, whole, parts in _holdings(job, node_gpus):
+        out += [GpuAssignment(node=node, gpu_index=i, share_milli=1000, container_id=container) for i in whole]
+        out += [GpuAssignment(node=node, gpu_index=i, share_milli=share, container_id=container) for i, share in parts]
     return out
 
 
@@ -627,8 +630,7 @@ class NodeGpus(dict[str, int]):
 def _part_counts(gres: str) -> dict[str, int]:
     """Parts of GPUs in a node's `gres`: 'gpu:a100:8,shard:a100:32' → {'shard': 32}; 'mps:800' → {'mps': 800}."""
     out: dict[str, int] = {}
-    for item in _split_top_level(re.sub(r"\([^)]*\)", "", gres or "")):
-        f = item.split(":")
+    for f in _gres_fields(gres):
         if f[0] in GPU_PART_GRES and len(f) > 1 and f[-1].isdigit():
             out[f[0]] = out.get(f[0], 0) + int(f[-1])
     return out
@@ -639,8 +641,7 @@ def _whole_gpu_count(gres: str) -> int | None:
     → 8, 'gpu:a100:4,gpu:v100:2' → 6, 'gpu:a100:8,shard:32' → 8, '(null)' → 0. None when a GPU entry has
     no plain count ('gpu', 'gpu:a100', '1K') or is no_consume (shared by every job on the node)."""
     total = 0
-    for item in _split_top_level(re.sub(r"\([^)]*\)", "", gres or "")):
-        fields = item.split(":")
+    for fields in _gres_fields(gres):
         if fields[0] != "gpu":
             continue
         if len(fields) < 2 or not fields[-1].isdigit() or "no_consume" in fields:
@@ -1171,10 +1172,11 @@ def gpus_held_by_no_job(sinfo: Any, squeue: SqueueJobs) -> dict[str, list[int]]:
 
 
 def build_snapshot(squeue: Any, sinfo: Any, *, cluster: str, ts_ms: int, tiers: Mapping[str, int] | None = None,
-                   preemptions: Iterable[Mapping[str, Any]] = (), jobs: list[SlurmJob] | None = None) -> SchedulerSnapshot:
+                   preemptions: Iterable[Mapping[str, Any]] = (), jobs: list[SlurmJob] | None = None,
+                   node_gpus: NodeGpus | None = None) -> SchedulerSnapshot:
     """Partitions as queues: quota = GPUs of the partition's nodes (partitions sharing nodes share
-    them), allocated = GPUs of its running jobs, pending jobs and GPUs by priority. `jobs`: squeue's,
-    when the caller has parsed them already."""
+    them), allocated = GPUs of its running jobs (parts of GPUs as their shares), pending jobs and GPUs by
+    priority. `jobs` and `node_gpus`: squeue's and `node_gpu_counts(sinfo)`, when the caller has them already."""
     tiers = tiers or {}
     if not isinstance(sinfo, Mapping) or not isinstance(sinfo.get("nodes"), list):
         raise SlurmInputError("sinfo output has no 'nodes' list (is this `sinfo --json` of Slurm 22.05+?)")
@@ -1186,18 +1188,14 @@ def build_snapshot(squeue: Any, sinfo: Any, *, cluster: str, ts_ms: int, tiers: 
         for part in node.get("partitions") or []:
             quota[str(part)] = quota.get(str(part), 0.0) + n
     jobs = parse_jobs(squeue).jobs if jobs is None else jobs
-    # shards and MPS count as the parts of GPUs they are (22.05 names only the GPU: its part count from sinfo)
-    node_gpus = node_gpu_counts(sinfo) if any(_has_gpu_parts(d) for j in jobs for d in j.gres_detail) else None
+    if node_gpus is None and any(_has_gpu_parts(d) for j in jobs for d in j.gres_detail):
+        node_gpus = node_gpu_counts(sinfo)  # 22.05 names only the GPU of a part: its part count from sinfo
     allocated: dict[str, float] = {}
     pending: dict[str, dict[int, list[float]]] = {}
     for job in jobs:
         if job.state in HOLDING_STATES:
             allocated[job.queue] = allocated.get(job.queue, 0.0) + sum(
-                len(gpu_indices(d)) for d in job.gres_detail)
-            if node_gpus is not None:
-                per_gpu = node_gpus.parts_per_gpu
-                allocated[job.queue] += sum(share for n, d in zip(job.nodes, job.gres_detail) if _has_gpu_parts(d)
-                                            for _, share in gpu_parts(d, per_gpu.get(n))) / 1000
+                1000 * len(whole) + sum(share for _, share in parts) for _, whole, parts in _holdings(job, node_gpus)) / 1000
         elif job.state in PENDING_STATES:
             slot = pending.setdefault(job.queue, {}).setdefault(job.priority, [0, 0.0])
             slot[0] += 1

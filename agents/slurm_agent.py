@@ -335,7 +335,7 @@ class SlurmAgent:
         except CommandFailed as exc:
             log.warning("partition tiers unknown this poll: %s", exc)
             tiers = {}
-        node_gpus = node_gpu_counts(sinfo)  # whole nodes for attempts whose GPU indices were not seen
+        node_gpus = node_gpu_counts(sinfo)  # whole nodes for attempts whose GPU indices were not seen; parts of GPUs
         accounting = None
         for _ in range(2):  # again with sacct's rows when jobs were requeued more than once since the last poll
             result = translate(squeue, self.state, cluster=self.cluster, poll_started_ms=started_ms, tiers=tiers,
@@ -352,7 +352,7 @@ class SlurmAgent:
             warnings += w
         parsed = parse_jobs(squeue)
         snapshot = build_snapshot(squeue, sinfo, cluster=self.cluster, ts_ms=(started_ms // 1000) * 1000,
-                                  tiers=tiers, preemptions=state.preemptions, jobs=parsed.jobs)
+                                  tiers=tiers, preemptions=state.preemptions, jobs=parsed.jobs, node_gpus=node_gpus)
         self._note_gpus_held_by_no_job(gpus_held_by_no_job(sinfo, parsed))
         for w in warnings:
             log.warning("%s", w)

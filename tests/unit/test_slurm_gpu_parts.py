@@ -9,7 +9,6 @@ so its share comes from the node's parts over its GPUs; 24.11 on write each GPU'
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -22,8 +21,8 @@ from gpuledger.agents.slurm import (
     parse_jobs,
     translate,
 )
+from slurm_fixtures import load
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 #: (squeue, node records) per recording: shards or MPS, Slurm version
 RECORDINGS = {(kind, version): (f"squeue{tag}_{kind}", f"{'sinfo' if not tag else 'nodes' + tag}_{kind}")
               for kind in ("shards", "mps") for version, tag in (("22.05", ""), ("24.11", "_v2411"), ("26.05", "_v2605"))}
@@ -33,10 +32,6 @@ HELD = {"shards": {"1": [("gpu01", 0, 500)], "2": [("gpu01", 0, 250)], "3": [("g
                    "4": [("gpu01", 3, 1000), ("gpu02", 0, 1000)], "5": [("gpu01", 4, 750)], "7": []},
         "mps": {"1": [("gpu01", 0, 500)], "2": [("gpu01", 0, 250)], "3": [("gpu01", 1, 1000), ("gpu01", 2, 1000)],
                 "4": [("gpu02", 0, 1000), ("gpu03", 0, 1000)], "5": [("gpu04", 0, 750)], "7": []}}
-
-
-def load(name: str) -> dict:
-    return json.loads((FIXTURES / f"{name}.json").read_text())
 
 
 @pytest.mark.parametrize("recording", RECORDINGS)

@@ -10,22 +10,16 @@ cluster: pending at `running`, then run for 5 s and completed between the two mo
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import pytest
 
 from gpuledger.agents.slurm import AgentState, build_snapshot, node_gpu_counts, parse_jobs, task_request_gpus, translate
+from slurm_fixtures import load
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 #: (squeue file prefix, the node records of the `running` moment) per Slurm version
 VERSIONS = {"22.05": ("squeue_gpus_per_task", "sinfo_gpus_per_task_running"),
             "24.11": ("squeue_v2411_gpus_per_task", "nodes_v2411_gpus_per_task_running")}
 GPUS = {"1": 4.0, "2": 3.0, "3": 4.0, "4": 3.0, "5": 2.0, "6": 2.0, "7": 32.0, "8": 2.0}
-
-
-def load(name: str) -> dict:
-    return json.loads((FIXTURES / f"{name}.json").read_text())
 
 
 def last_change_ms(squeue: dict) -> int:

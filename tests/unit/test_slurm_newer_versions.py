@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -26,9 +25,9 @@ from gpuledger.agents.slurm import (
     translate,
 )
 from gpuledger.agents.slurm_agent import SlurmAgent
+from slurm_fixtures import load
 from slurm_sink import JobEventSink
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 TIERS = {"batch": 1, "prod": 10}
 
 
@@ -51,10 +50,6 @@ RECORDINGS = {
                                  "preempted": 1796606202000, "done": 1796606226000}, requeued="6", whole="7"),
 }
 V2411 = RECORDINGS["24.11"]
-
-
-def load(name: str) -> dict:
-    return json.loads((FIXTURES / f"{name}.json").read_text())
 
 
 @pytest.mark.parametrize("version", RECORDINGS)
