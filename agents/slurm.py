@@ -205,37 +205,38 @@ def gpu_count(gres: str) -> int:
     return sum(int(f[-1]) if len(f) > 1 and f[-1].isdigit() else 1 for f in _gres_fields(gres) if f[0] == "gpu")
 
 
-def tres_gpus(tres: str) -> float:
+def tres_gpus(tres: str, name: str = "gpu") -> float:
     """GPUs in a TRES string: 'cpu=4,node=2,gres/gpu=4' → 4.0 (typed 'gres/gpu:a100=4' counted
-    only when no untyped total is given)."""
+    only when no untyped total is given). `name`: another GRES counted the same way ('shard', 'mps')."""
     total, typed = None, 0.0
     for item in (tres or "").split(","):
-        name, _, value = item.partition("=")
+        key, _, value = item.partition("=")
         try:
             n = float(value)
         except ValueError:
             continue
-        if name == "gres/gpu":
+        if key == f"gres/{name}":
             total = n
-        elif name.startswith("gres/gpu:"):
+        elif key.startswith(f"gres/{name}:"):
             typed += n
     return total if total is not None else typed
 
 
-def task_request_gpus(tres_per_task: str) -> float:
+def task_request_gpus(tres_per_task: str, name: str = "gpu") -> float:
     """GPUs each task asked for (`--gpus-per-task`): 'gres:gpu:2' (22.05) as `gres_request_gpus`;
     'gres/gpu=2', 'cpu=2,gres/gpu=1' or 'gres/gpu:a100=1' (24.11 writes it as a TRES string) as `tres_gpus`."""
-    return tres_gpus(tres_per_task) if "=" in tres_per_task else gres_request_gpus(tres_per_task)
+    return tres_gpus(tres_per_task, name) if "=" in tres_per_task else gres_request_gpus(tres_per_task, name)
 
 
-def gres_request_gpus(gres: str) -> float:
+def gres_request_gpus(gres: str, name: str = "gpu") -> float:
     """GPUs in a job's tres_per_node / tres_per_job: 'gres:gpu:2' (22.05), 'gres/gpu:2' (24.11),
     'gres/gpu:a100:2'; a type or nothing without a count is one ('gres/gpu:a100', 'gres/gpu'); other
-    GRES ('gres/shard:4') and counts it cannot read ('gres/gpu:1K') count none."""
+    GRES ('gres/shard:4') and counts it cannot read ('gres/gpu:1K') count none. `name`: another GRES
+    counted the same way ('gres:shard:2' → 2 with name='shard')."""
     total = 0.0
     for item in (gres or "").split(","):
         fields = item.strip().replace("gres/", "gres:", 1).split(":")
-        if fields[:2] != ["gres", "gpu"]:
+        if fields[:2] != ["gres", name]:
             continue
         if len(fields) == 2 or (len(fields) == 3 and not fields[2][:1].isdigit()):
             total += 1.0
@@ -419,7 +420,9 @@ class SlurmJob:
     resize_ms: int = 0               # resize_time: the last change of a running job's nodes
     suspend_ms: int = 0              # suspend_time: the last suspend or resume (`scontrol suspend/resume`)
     alloc_gpus: float = 0.0          # the GPUs it was given: tres_alloc_str's, else its request's (0: not shown)
-    asks_gpu_parts: bool = False     # it asked for parts of GPUs (--gres=shard:K, mps:K): no GPU count
+    asks_gpu_parts: bool = False     # it asked for parts of GPUs (--gres=shard:K, mps:K): no GPU count of its own
+    #: the parts of GPUs it asked for in all, per kind ({'shard': 6.0}); `part_request_gpus` makes GPUs of them
+    requested_parts: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def aliases(self) -> dict[str, str]:
@@ -510,17 +513,7 @@ def parse_job(job: Mapping[str, Any]) -> SlurmJob | None:
         raise SlurmInputError(f"job {raw}: gres_detail is {gres_detail!r}, expected a list")
     priority = _int(job, "priority", 0) or 0
     nodes = expand_hostlist(str(job.get("nodes") or ""))
-    # TRES strings carry GPUs only where accounting tracks them (AccountingStorageTRES=gres/gpu); else the
-    # request, which a job that runs gets exactly: --gpus per job, --gres per node (× the job's nodes),
-    # --gpus-per-task (× its tasks, the total however they were asked: -n, --ntasks-per-node)
-    per_node = gres_request_gpus(str(job.get("tres_per_node") or ""))
-    per_job = gres_request_gpus(str(job.get("tres_per_job") or ""))
-    per_task = task_request_gpus(str(job.get("tres_per_task") or ""))
-    tasks = (_int(job, "tasks", 1) or 1) if per_task else 0  # tasks read only where they count GPUs
-    per_tasks = per_task * tasks if tasks < NO_VAL else 0.0
-    alloc = tres_gpus(str(job.get("tres_alloc_str") or "")) or per_job or per_node * len(nodes) or per_tasks
-    requested = (tres_gpus(str(job.get("tres_req_str") or "")) or alloc
-                 or per_node * (_int(job, "node_count", 1) or 1) or per_tasks)
+    alloc, requested = _asked(job, nodes, "gpu")
     # A job submitted to several partitions is listed with all of them while it waits ('prod,batch'),
     # with the one it runs in once it runs: a queue is one partition, so it waits in the first listed.
     queue = str(job.get("partition") or "").split(",")[0].strip() or "unknown"
@@ -544,7 +537,24 @@ def parse_job(job: Mapping[str, Any]) -> SlurmJob | None:
         suspend_ms=(_int(job, "suspend_time") or 0) * 1000,
         alloc_gpus=alloc,
         asks_gpu_parts=any(_has_gpu_parts(str(job.get(k) or "")) for k in ("tres_per_node", "tres_per_job", "tres_per_task")),
+        requested_parts={kind: n for kind in GPU_PART_GRES if (n := _asked(job, nodes, kind)[1])},
     )
+
+
+def _asked(job: Mapping[str, Any], nodes: list[str], name: str) -> tuple[float, float]:
+    """(given, asked for) of one GRES of a squeue job record ('gpu', 'shard', 'mps'): TRES strings carry it
+    only where accounting tracks it (AccountingStorageTRES=gres/gpu); else the request, which a job that
+    runs gets exactly: --gpus per job, --gres per node (× the job's nodes), --gpus-per-task (× its tasks,
+    the total however they were asked: -n, --ntasks-per-node)."""
+    per_node = gres_request_gpus(str(job.get("tres_per_node") or ""), name)
+    per_job = gres_request_gpus(str(job.get("tres_per_job") or ""), name)
+    per_task = task_request_gpus(str(job.get("tres_per_task") or ""), name)
+    tasks = (_int(job, "tasks", 1) or 1) if per_task else 0  # tasks read only where they count
+    per_tasks = per_task * tasks if tasks < NO_VAL else 0.0
+    given = tres_gpus(str(job.get("tres_alloc_str") or ""), name) or per_job or per_node * len(nodes) or per_tasks
+    asked = (tres_gpus(str(job.get("tres_req_str") or ""), name) or given
+             or per_node * (_int(job, "node_count", 1) or 1) or per_tasks)
+    return given, asked
 
 
 @dataclass
@@ -617,14 +627,37 @@ def job_gpus(job: SlurmJob, node_gpus: Mapping[str, int] | None = None) -> list[
 
 class NodeGpus(dict[str, int]):
     """GPUs per node name (sinfo's `gres`), and per node since when that count holds (`since_ms`: the
-    later of its boot and its slurmd's start, when slurmd reads gres.conf; 0 if not shown), and the
-    parts (shards, MPS) of each of its GPUs where they divide evenly among them (`parts_per_gpu`)."""
+    later of its boot and its slurmd's start, when slurmd reads gres.conf; 0 if not shown), the
+    parts (shards, MPS) of each of its GPUs where they divide evenly among them (`parts_per_gpu`), and
+    the partitions it is in (`partitions`)."""
 
     def __init__(self, counts: Mapping[str, int] | None = None, since_ms: Mapping[str, int] | None = None,
-                 parts_per_gpu: Mapping[str, Mapping[str, int]] | None = None):
+                 parts_per_gpu: Mapping[str, Mapping[str, int]] | None = None,
+                 partitions: Mapping[str, Iterable[str]] | None = None):
         super().__init__(counts or {})
         self.since_ms: dict[str, int] = dict(since_ms or {})
         self.parts_per_gpu: dict[str, dict[str, int]] = {n: dict(v) for n, v in (parts_per_gpu or {}).items()}
+        self.partitions: dict[str, tuple[str, ...]] = {n: tuple(v) for n, v in (partitions or {}).items()}
+
+
+def part_request_gpus(job: SlurmJob, node_gpus: Mapping[str, int] | None) -> float:
+    """The GPUs a request for parts of GPUs (`SlurmJob.requested_parts`: --gres=shard:K, mps:K) amounts to:
+    K over the parts per GPU of the nodes it runs on, or while it waits (no nodes yet) of its partition's
+    nodes, as their GPUs over their parts of that kind (exact where every such node has as many per GPU;
+    a mean where they differ). 0 for a kind no such node is known to have (a node whose parts do not
+    divide evenly among its GPUs has none known: `node_gpu_counts`)."""
+    per_gpu = getattr(node_gpus, "parts_per_gpu", {})
+    if not job.requested_parts or not per_gpu:
+        return 0.0
+    partitions = getattr(node_gpus, "partitions", {})
+    nodes = dict.fromkeys(job.nodes or [n for n, names in partitions.items() if job.queue in names])
+    total = 0.0
+    for kind, count in job.requested_parts.items():
+        having = [n for n in nodes if per_gpu.get(n, {}).get(kind) and node_gpus.get(n)]
+        parts = sum(node_gpus[n] * per_gpu[n][kind] for n in having)
+        if parts:
+            total += count * sum(node_gpus[n] for n in having) / parts
+    return round(total, 6)
 
 
 def _part_counts(gres: str) -> dict[str, int]:
@@ -675,6 +708,9 @@ def node_gpu_counts(sinfo: Any) -> NodeGpus:
             continue
         out[name] = count
         out.since_ms[name] = max(out.since_ms.get(name, 0), since_s * 1000)
+        listed = node.get("partitions")
+        if isinstance(listed, list):  # a node listed twice (once per partition, as sinfo may): all of them
+            out.partitions[name] = tuple(dict.fromkeys([*out.partitions.get(name, ()), *map(str, listed)]))
         parts = {kind: n // count for kind, n in _part_counts(str(node.get("gres") or "")).items()
                  if count and n and n % count == 0}
         if parts:
@@ -683,6 +719,7 @@ def node_gpu_counts(sinfo: Any) -> NodeGpus:
         out.pop(name, None)
         out.since_ms.pop(name, None)
         out.parts_per_gpu.pop(name, None)
+        out.partitions.pop(name, None)
     return out
 
 
@@ -739,7 +776,8 @@ class _Emitter:
         self.events.append(JobEvent(
             event_id=f"slurm:{self.cluster}:{job.job_id}:{attempt}:{kind.value}{suffix}",
             ts_ms=max(0, ts_ms), kind=kind, cluster=self.cluster, job_id=job.job_id, attempt=attempt,
-            tenant=job.tenant, queue=job.queue, priority=job.priority, requested_gpus=job.requested_gpus,
+            tenant=job.tenant, queue=job.queue, priority=job.priority,
+            requested_gpus=job.requested_gpus or part_request_gpus(job, self.node_gpus),
             gpus=gpus or [], aliases=job.aliases, reason=reason))
 
 
@@ -1176,7 +1214,7 @@ def build_snapshot(squeue: Any, sinfo: Any, *, cluster: str, ts_ms: int, tiers: 
                    node_gpus: NodeGpus | None = None) -> SchedulerSnapshot:
     """Partitions as queues: quota = GPUs of the partition's nodes (partitions sharing nodes share
     them), allocated = GPUs of its running jobs (parts of GPUs as their shares), pending jobs and GPUs by
-    priority. `jobs` and `node_gpus`: squeue's and `node_gpu_counts(sinfo)`, when the caller has them already."""
+    priority (a request for parts of GPUs as the GPUs it amounts to: `part_request_gpus`). `jobs` and `node_gpus`: squeue's and `node_gpu_counts(sinfo)`, when the caller has them already."""
     tiers = tiers or {}
     if not isinstance(sinfo, Mapping) or not isinstance(sinfo.get("nodes"), list):
         raise SlurmInputError("sinfo output has no 'nodes' list (is this `sinfo --json` of Slurm 22.05+?)")
@@ -1188,8 +1226,8 @@ def build_snapshot(squeue: Any, sinfo: Any, *, cluster: str, ts_ms: int, tiers: 
         for part in node.get("partitions") or []:
             quota[str(part)] = quota.get(str(part), 0.0) + n
     jobs = parse_jobs(squeue).jobs if jobs is None else jobs
-    if node_gpus is None and any(_has_gpu_parts(d) for j in jobs for d in j.gres_detail):
-        node_gpus = node_gpu_counts(sinfo)  # 22.05 names only the GPU of a part: its part count from sinfo
+    if node_gpus is None and any(j.requested_parts or any(_has_gpu_parts(d) for d in j.gres_detail) for j in jobs):
+        node_gpus = node_gpu_counts(sinfo)  # parts per GPU (22.05 names only the GPU of a part) from sinfo
     allocated: dict[str, float] = {}
     pending: dict[str, dict[int, list[float]]] = {}
     for job in jobs:
@@ -1199,7 +1237,7 @@ def build_snapshot(squeue: Any, sinfo: Any, *, cluster: str, ts_ms: int, tiers: 
         elif job.state in PENDING_STATES:
             slot = pending.setdefault(job.queue, {}).setdefault(job.priority, [0, 0.0])
             slot[0] += 1
-            slot[1] += job.requested_gpus
+            slot[1] += job.requested_gpus or part_request_gpus(job, node_gpus)
     queues = []
     for q in sorted(set(quota) | set(allocated) | set(pending)):
         by_prio = pending.get(q, {})

@@ -186,7 +186,7 @@ try:
         "SELECT job_id, attempt, sum(gpu_ms), sumIf(gpu_ms, state = 'executing'), any(tenant), any(queue), "
         "count(), uniqExact(record_id) FROM usage_raw WHERE state IN ('allocated_idle', 'executing') "
         "GROUP BY job_id, attempt").result_rows
-    events = c.query("SELECT job_id, attempt, kind, reason, tenant, queue, event_id FROM job_events "
+    events = c.query("SELECT job_id, attempt, kind, reason, tenant, queue, event_id, requested_gpus FROM job_events "
                      "ORDER BY job_id, attempt, ts_ms").result_rows
     # rows: every record written, copies included (usage_raw folds copies when its parts merge, sql/0022)
     (rows, ids), = c.query("SELECT (SELECT sum(slices) FROM usage_capacity_daily), uniqExact(record_id) "
@@ -475,4 +475,7 @@ def test_ledger_matches_sacct(cluster, tmp_path):
     ledger_shared = sum(usage[(j, 0)][2] / 1000 if (j, 0) in usage else 0.0 for j in (half, quarter))
     assert abs(ledger_shared - sacct_shared) <= POLL_S * 0.75 + 1e-9, (ledger_shared, sacct_shared)
     assert all(usage[(j, 0)][2] > 0 for j in (half, quarter))
+    # each job's GPUs asked for, in its events (queue wait GPU-hours): sacct's, shards as parts of a GPU
+    asked = {j: max(e[7] for e in events.get(j, [(0,) * 8])) for j in names}
+    assert asked == {j: acct[j][0]["gpus"] for j in names}, asked
     assert not problems, "\n".join(problems)

@@ -14,11 +14,14 @@ import pytest
 
 from gpuledger.agents.slurm import (
     AgentState,
+    NodeGpus,
+    _with,
     build_snapshot,
     gpus_held_by_no_job,
     node_gpu_counts,
     gpu_parts,
     parse_jobs,
+    part_request_gpus,
     translate,
 )
 from slurm_fixtures import load
@@ -62,7 +65,54 @@ def test_the_queue_counts_the_parts_of_gpus(recording):
     (batch,) = [q for q in build_snapshot(load(squeue_name), load(nodes_name), cluster="c", ts_ms=0,
                                           tiers={"batch": 1, "prod": 10}).queues if q.queue == "batch"]
     assert batch.allocated_gpus == 5.5  # 0.5 + 0.25 + 2 + 2 + 0.75
-    assert (batch.pending_jobs, batch.pending_gpus) == (1, 0.0)  # job 6 waits for 6 shards / 150 MPS: no GPU count
+    # job 6 waits for 6 shards / 150 MPS: 1.5 GPUs of the partition's nodes (4 shards / 100 MPS a GPU)
+    assert (batch.pending_jobs, batch.pending_gpus) == (1, 1.5)
+    assert [(p.jobs, p.gpus) for p in batch.pending_by_priority] == [(1, 1.5)]
+
+
+#: GPUs each job's request amounts to: 1 shard:2 / mps:50, 2 shard:1 / mps:25, 3 gpu:2, 4 two nodes of
+#: shard:4 / mps:100, 5 shard:3 / mps:75, 6 shard:6 / mps:150 (pending), 7 shard:1 / mps:10
+REQUESTED = {"shards": {"1": 0.5, "2": 0.25, "3": 2.0, "4": 2.0, "5": 0.75, "6": 1.5, "7": 0.25},
+             "mps": {"1": 0.5, "2": 0.25, "3": 2.0, "4": 2.0, "5": 0.75, "6": 1.5, "7": 0.1}}
+
+
+@pytest.mark.parametrize("recording", RECORDINGS)
+def test_a_request_for_parts_counts_the_gpus_it_amounts_to(recording):
+    """The queue wait of a job on shards or MPS is GPU-hours as any job's (its events' requested_gpus): its
+    parts over the parts per GPU of its nodes, or, pending, of its partition's nodes."""
+    kind = recording[0]
+    squeue_name, nodes_name = RECORDINGS[recording]
+    squeue, nodes = load(squeue_name), load(nodes_name)
+    node_gpus = node_gpu_counts(nodes)
+    assert all(node_gpus.partitions[n] == ("batch", "prod") for n in node_gpus)
+    jobs = parse_jobs(squeue).jobs
+    result = translate(squeue, AgentState(), cluster="c", node_gpus=node_gpus, tiers={"batch": 1, "prod": 10},
+                       poll_started_ms=max(j.start_ms for j in jobs if j.state == "RUNNING") + 2000)
+    asked = {}
+    for event in result.events:
+        assert asked.setdefault(event.job_id, event.requested_gpus) == event.requested_gpus  # on every event
+    assert asked == REQUESTED[kind]
+    # without sinfo's nodes the parts per GPU are not known: no GPU count, as before
+    bare = translate(squeue, AgentState(), cluster="c", tiers={"batch": 1, "prod": 10},
+                     poll_started_ms=max(j.start_ms for j in jobs if j.state == "RUNNING") + 2000)
+    assert {e.job_id: e.requested_gpus for e in bare.events} == {"3": 2.0, **{j: 0.0 for j in "124567"}}
+
+
+def test_parts_per_gpu_where_the_nodes_differ():
+    """A pending request is counted against its partition's nodes that have that kind of part: exact where they
+    all have as many per GPU, their GPUs over their parts where they differ; 0 where none has any."""
+    job = parse_jobs({"jobs": [{"job_id": 9, "job_state": "PENDING", "partition": "mixed,other",
+                                "tres_per_node": "gres:shard:4", "node_count": 1}]}).jobs[0]
+    assert job.requested_parts == {"shard": 4.0} and job.requested_gpus == 0
+    gpus = NodeGpus({"a": 8, "b": 8, "c": 4, "d": 8}, parts_per_gpu={"a": {"shard": 4}, "b": {"shard": 2},
+                                                                       "d": {"shard": 8}},
+                    partitions={"a": ["mixed"], "b": ["mixed", "other"], "c": ["mixed"], "d": ["other"]})
+    # a: 8 GPUs × 4, b: 8 × 2 (c has no shards, d is not in the first partition): 16 GPUs over 48 shards
+    assert part_request_gpus(job, gpus) == round(4 * 16 / 48, 6)
+    assert part_request_gpus(_with(job, queue="other"), gpus) == round(4 * 16 / 80, 6)
+    assert part_request_gpus(_with(job, queue="nowhere"), gpus) == 0.0
+    assert part_request_gpus(_with(job, requested_parts={"mps": 50.0}), gpus) == 0.0  # no node has MPS
+    assert part_request_gpus(_with(job, nodes=["b"]), gpus) == 2.0  # running on b: b's 2 a GPU
 
 
 def test_gpu_parts_of_each_form():
