@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 import pytest
 
@@ -28,8 +27,8 @@ from gpuledger.agents.slurm import (
 from gpuledger.agents.slurm_agent import CommandFailed, PrintSink, SlurmAgent, load_state, parse_sacct, save_state
 from gpuledger.schemas.models import JobEvent, LifecycleWatermark, SchedulerSnapshot
 from gpuledger.schemas.wire import decode
+from slurm_fixtures import FIXTURES, load
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 STEPS = ["running", "pending", "requeued", "preempted", "rerun"]
 TIERS = {"batch": 1, "prod": 10}
 #: agent clock at each recorded poll: a little after the latest Slurm timestamp in it
@@ -38,11 +37,11 @@ POLL_MS = {"running": 1796084022_300, "pending": 1796084039_800, "requeued": 179
 
 
 def squeue(step: str) -> dict:
-    return json.loads((FIXTURES / f"squeue_{step}.json").read_text())
+    return load(f"squeue_{step}")
 
 
 def sinfo(step: str) -> dict:
-    return json.loads((FIXTURES / f"sinfo_{step}.json").read_text())
+    return load(f"sinfo_{step}")
 
 
 def run_steps(steps=STEPS, state: AgentState | None = None, round_trip: bool = False):
@@ -59,7 +58,6 @@ def run_steps(steps=STEPS, state: AgentState | None = None, round_trip: bool = F
 
 def ids(result) -> list[str]:
     return [e.event_id for e in result.events]
-
 
 
 def _with_stale_requeue(doc: dict) -> dict:

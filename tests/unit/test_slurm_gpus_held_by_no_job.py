@@ -8,20 +8,16 @@ the next controller restart, which freed them."""
 from __future__ import annotations
 
 import copy
-import json
 import logging
-from pathlib import Path
 
 from gpuledger.agents.slurm import gpus_held_by_no_job, parse_jobs
 from gpuledger.agents.slurm_agent import UNHELD_POLLS, SlurmAgent
 from slurm_sink import JobEventSink
-
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
+from slurm_fixtures import FIXTURES, load
 
 
 def recorded(moment: str) -> tuple[dict, dict]:
-    return (json.loads((FIXTURES / f"squeue_{moment}.json").read_text()),
-            json.loads((FIXTURES / f"sinfo_{moment}.json").read_text()))
+    return load(f"squeue_{moment}"), load(f"sinfo_{moment}")
 
 
 def test_the_recorded_leak_is_found_and_held_gpus_are_not():

@@ -5,21 +5,19 @@ several partitions (tests/fixtures/slurm/README.md says where each fixture comes
 from __future__ import annotations
 
 import copy
-import json
 import sys
-from pathlib import Path
 
 import pytest
 
 from gpuledger.agents.slurm import AgentState, SlurmInputError, build_snapshot, gpu_count, parse_jobs, translate
 from gpuledger.agents.slurm_agent import SlurmAgent, run_command
+from slurm_fixtures import FIXTURES, load
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 POLL_RUNNING_MS, POLL_PENDING_MS = 1796084022_300, 1796084039_800
 
 
 def squeue(step: str) -> dict:
-    return json.loads((FIXTURES / f"squeue_{step}.json").read_text())
+    return load(f"squeue_{step}")
 
 
 # --------------------------------------------------------------------------- bytes that are not UTF-8
@@ -68,7 +66,7 @@ def test_gpu_count_of_gpus_on_non_adjacent_sockets(gres, gpus):
 
 
 def test_snapshot_quota_counts_gpus_on_non_adjacent_sockets():
-    nodes = json.loads((FIXTURES / "sinfo_running.json").read_text())
+    nodes = load("sinfo_running")
     nodes["nodes"][0]["gres"] = "gpu:a100:8(S:0,2)"
     snap = build_snapshot(squeue("running"), nodes, cluster="c", ts_ms=1)
     assert {q.queue: q.quota_gpus for q in snap.queues} == {"batch": 32, "prod": 32}
@@ -158,7 +156,7 @@ def test_a_job_submitted_to_several_partitions_waits_in_the_first_listed(runs_in
     pending = {"jobs": [_multi_partition_job("PENDING", "prod,batch")]}
     first = translate(pending, AgentState(), cluster="c", poll_started_ms=1796084001_000)
     assert [(e.kind, e.queue) for e in first.events] == [("submitted", "prod"), ("queued", "prod")]
-    sinfo = json.loads((FIXTURES / "sinfo_running.json").read_text())
+    sinfo = load("sinfo_running")
     snap = build_snapshot(pending, sinfo, cluster="c", ts_ms=1796084001_000)
     assert {q.queue: q.pending_jobs for q in snap.queues} == {"batch": 0, "prod": 1}
     running = {"jobs": [_multi_partition_job("RUNNING", runs_in, 1796084050, ["gpu:a100:1(IDX:0)"], "gpu01")]}

@@ -6,19 +6,18 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 from gpuledger.agents.slurm import AgentState, close_vanished, translate
 from gpuledger.agents.slurm_agent import CommandFailed, SlurmAgent, parse_sacct
 from slurm_sink import JobEventSink
+from slurm_fixtures import FIXTURES, load
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 TIERS = {"batch": 1, "prod": 10}
 POLL_MS = {"running": 1796084022_300, "pending": 1796084039_800, "requeued": 1796084042_100}
 
 
 def squeue(step: str) -> dict:
-    return json.loads((FIXTURES / f"squeue_{step}.json").read_text())
+    return load(f"squeue_{step}")
 
 
 def seen_until_pending() -> AgentState:

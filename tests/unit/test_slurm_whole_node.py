@@ -11,7 +11,6 @@ asks for them (`-P -n --duplicates -X`, epoch seconds) with the AllocTRES column
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -25,8 +24,8 @@ from gpuledger.agents.slurm import (
 from gpuledger.agents.slurm_agent import SlurmAgent, parse_sacct
 from gpuledger.schemas.models import JobEvent, JobEventKind
 from slurm_sink import JobEventSink
+from slurm_fixtures import FIXTURES, load
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 TIERS = {"batch": 1, "prod": 10}
 POLL_MS = {"running": 1796084022_300, "pending": 1796084039_800, "requeued": 1796084042_100,
            "preempted": 1796084056_400, "rerun": 1796084074_900}
@@ -36,11 +35,11 @@ ALL_GPUS_OF_GPU01 = [("gpu01", i) for i in range(8)]
 
 
 def squeue(step: str) -> dict:
-    return json.loads((FIXTURES / f"squeue_{step}.json").read_text())
+    return load(f"squeue_{step}")
 
 
 def sinfo(step: str) -> dict:
-    return json.loads((FIXTURES / f"sinfo_{step}.json").read_text())
+    return load(f"sinfo_{step}")
 
 
 def gpus(event: JobEvent) -> list[tuple[str, int]]:

@@ -8,9 +8,6 @@ two polls); sinfo nodes carry the fields Slurm 22.05's `sinfo --json` writes (`b
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
 from gpuledger.agents.slurm import (
@@ -22,9 +19,9 @@ from gpuledger.agents.slurm import (
     whole_node_detail,
 )
 from gpuledger.agents.slurm_agent import parse_sacct
+from slurm_fixtures import load
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
-JOB_9 = next(j for j in json.loads((FIXTURES / "squeue_rerun.json").read_text())["jobs"] if j["job_id"] == 9)
+JOB_9 = next(j for j in load("squeue_rerun")["jobs"] if j["job_id"] == 9)
 START_S, END_S = JOB_9["start_time"], JOB_9["end_time"]
 
 
