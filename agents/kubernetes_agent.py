@@ -124,8 +124,8 @@ class SpooledRoutes:
 
 class DirectPublisher:
     """Straight to Kafka, without the spool (GPULEDGER_AGENT_SPOOL_MAX_BYTES=0). A message the producer
-    refuses for its size (over `message.max.bytes`, e.g. the allocation of a JobSet of thousands of
-    pods) can never be sent: it is dropped, logged at ERROR with its topic, key and size, and counted
+    refuses for its size (over its `message.max.bytes`, EVENT_PRODUCER_OVERRIDES: the allocation of a JobSet
+    on more than ~70,000 GPUs) can never be sent: it is dropped, logged at ERROR with its topic, key and size, and counted
     in `unsendable`, as the spool's forwarder does, instead of stopping the agent. A broker's refusal
     comes later in a delivery report, which KafkaPublisher logs and counts in `failed`."""
 
@@ -177,14 +177,15 @@ def open_publisher(settings: Any, cluster: str, metrics: Any = None) -> Any:
     `metrics`: an AgentMetrics for the spool's depth and deliveries (optional). Raises SpoolLocked
     when another agent of the cluster holds the spool."""
     from gpuledger.agents.gpu_agent import open_spooled_publisher
-    from gpuledger.agents.publisher import SPOOL_PRODUCER_OVERRIDES, KafkaPublisher
+    from gpuledger.agents.publisher import EVENT_PRODUCER_OVERRIDES, SPOOL_PRODUCER_OVERRIDES, KafkaPublisher
 
     if settings.agent_spool_max_bytes <= 0:
-        return DirectPublisher(KafkaPublisher(settings))
+        return DirectPublisher(KafkaPublisher(settings, **EVENT_PRODUCER_OVERRIDES))
     adopt_shared_spool(settings, cluster)
     spooling = open_spooled_publisher(
         settings, spool_name(cluster), topic=SPOOL_TOPIC, metrics=metrics,
-        publisher_factory=lambda: RoutingPublisher(KafkaPublisher(settings, **SPOOL_PRODUCER_OVERRIDES)))
+        publisher_factory=lambda: RoutingPublisher(KafkaPublisher(settings, **SPOOL_PRODUCER_OVERRIDES,
+                                                                  **EVENT_PRODUCER_OVERRIDES)))
     return SpooledRoutes(spooling)
 
 

@@ -12,6 +12,7 @@ import time
 from typing import Any, Callable
 
 from gpuledger.config import Settings
+from gpuledger.topics import EVENT_MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,11 @@ DeliveryReport = Callable[[Any], None]
 #: out, and re-sending the earlier one from the spool would reorder the node's ticks. The
 #: forwarder bounds what is in flight, so an unreachable broker never grows this queue.
 SPOOL_PRODUCER_OVERRIDES: dict[str, Any] = {"message.timeout.ms": 0}
+
+#: Overrides for the scheduler agents' producers (Slurm, Kubernetes): a job event may be larger than
+#: librdkafka's default 1 MB, since a job's `allocated` names each of its GPUs (gpuledger.topics,
+#: EVENT_MAX_MESSAGE_BYTES; the job-events topic takes as much).
+EVENT_PRODUCER_OVERRIDES: dict[str, Any] = {"message.max.bytes": EVENT_MAX_MESSAGE_BYTES}
 
 
 #: Kafka error codes that refuse a message for its size (librdkafka's own `message.max.bytes` check at

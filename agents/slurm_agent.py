@@ -189,13 +189,14 @@ class SpoolSink:
 
     def __init__(self, settings: Any, cluster: str, metrics: Any = None):
         """`metrics`: an AgentMetrics for the spool's depth and deliveries (optional)."""
-        from gpuledger.agents.publisher import SPOOL_PRODUCER_OVERRIDES, KafkaPublisher
+        from gpuledger.agents.publisher import EVENT_PRODUCER_OVERRIDES, SPOOL_PRODUCER_OVERRIDES, KafkaPublisher
         from gpuledger.agents.spool import Forwarder, Spool
 
         topics = {LINE_EVENTS: settings.topics.job_events, LINE_SNAPSHOTS: settings.topics.scheduler_snapshots}
 
         def factory() -> Any:
-            return RoutingPublisher(KafkaPublisher(settings, **SPOOL_PRODUCER_OVERRIDES), topics)
+            return RoutingPublisher(KafkaPublisher(settings, **SPOOL_PRODUCER_OVERRIDES, **EVENT_PRODUCER_OVERRIDES),
+                                    topics)
 
         adopt_earlier_spool(settings, cluster)
         self.spool = Spool(spool_path(settings, cluster), max_bytes=max(settings.agent_spool_max_bytes, 1 << 20),

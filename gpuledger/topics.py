@@ -17,6 +17,15 @@ DAY_MS = 86_400_000
 #: document of state is ~2 MB compressed at 100,000 GPUs (bench/watch.py), and a worker partition's
 #: grows with its nodes.
 STATE_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+#: the largest job event the scheduler agents send (their producers' `message.max.bytes`): a job's
+#: `allocated` names every GPU it holds, ~88 bytes a GPU by node and index (Slurm) and ~220 by UUID with
+#: a containerd container id (Kubernetes), so Kafka's default 1 MB would refuse the allocation of a job on
+#: more than ~11,000 or ~4,500 GPUs (15 MiB: ~170,000 or ~70,000). The topics that carry job events take `EVENT_TOPIC_MAX_MESSAGE_BYTES`, which leaves room
+#: for a record's framing, as does the worker's producer (STATE_MAX_MESSAGE_BYTES) that passes them on.
+EVENT_MAX_MESSAGE_BYTES = 15 * 1024 * 1024
+EVENT_TOPIC_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+#: TopicNames attributes of the topics that carry job events whole: the agents' and the accepted ones
+EVENT_TOPICS = ("job_events", "lifecycle_accepted")
 
 #: topic kind -> TopicNames attributes. Input topics are the only source a rebuild replays; output and
 #: internal topics can be made again from them; diagnostics are read by people and downstream systems;
@@ -99,6 +108,8 @@ def topic_config(settings: Settings, name: str, replicas: int | None = None) -> 
         # retention.bytes -1: time alone decides, as documented; a broker's log.retention.bytes (or one
         # set on the topic before) would otherwise delete the input, a rebuild's only source, by size
         config = {"cleanup.policy": "delete", "retention.ms": str(int(days * DAY_MS)), "retention.bytes": "-1"}
+        if any(getattr(settings.topics, attr) == name for attr in EVENT_TOPICS):
+            config["max.message.bytes"] = str(EVENT_TOPIC_MAX_MESSAGE_BYTES)
     isr = min_insync_replicas(settings.replication_factor if replicas is None else replicas)
     if isr is not None:
         config["min.insync.replicas"] = str(isr)
