@@ -42,7 +42,8 @@ NODES = ("gpu01", "gpu02", "gpu03", "gpu04")
 POLL_S = 1.0
 MIN_JOB_AGE_S = 10  # finished jobs leave squeue after this (plus slurmctld's purge interval)
 MIN_IDLE_S = 5
-SHARDS_PER_GPU = 4  # scripts/slurm/gres.conf.in: 32 shards over a node's 8 GPUs
+#: scripts/slurm/gres.conf.in: a GPU's parts, 32 shards over each of gpu01-03's 8 GPUs, 800 MPS over gpu04's
+PARTS_PER_GPU = {"shard": 4, "mps": 100}
 CLUSTER = "gpuledger"
 
 
@@ -160,8 +161,8 @@ def sacct_attempts() -> dict[str, list[dict]]:
         if len(f) < 10:
             continue
         m = re.search(r"gres/gpu=(\d+)", f[6])
-        shards = re.search(r"gres/shard=(\d+)", f[6])  # a part of one GPU: its shards over the GPU's
-        gpus = int(m.group(1)) if m else int(shards.group(1)) / SHARDS_PER_GPU if shards else 0
+        parts = re.search(r"gres/(shard|mps)=(\d+)", f[6])  # a part of one GPU: its parts over the GPU's
+        gpus = int(m.group(1)) if m else int(parts.group(2)) / PARTS_PER_GPU[parts.group(1)] if parts else 0
         out.setdefault(f[0], []).append({
             "state": f[2].split()[0], "start": f[3], "end": f[4], "elapsed_s": elapsed_s(f[5]),
             "gpus": gpus, "exit": f[7], "account": f[8], "partition": f[9]})
@@ -315,12 +316,17 @@ def test_ledger_matches_sacct(cluster, tmp_path):
             for job in (ok, fail, cancel, hung, multi, requeue, f"{array}_0", f"{array}_1", f"{array}_2"):
                 cluster.wait(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=120)
 
-            say("shards: two jobs on parts of a GPU (2 and 1 of its 4 shards; Slurm puts them on one)")
+            say("parts of GPUs: two jobs on shards (2 and 1 of a GPU's 4) and two on CUDA MPS (50 and 25 of its "
+                "100); Slurm puts each pair on one GPU")
             half = cluster.submit("-A", "teama", "--gres=shard:2", "--wrap", "sleep 10")
             quarter = cluster.submit("-A", "teamb", "--gres=shard:1", "--wrap", "sleep 10")
-            held = [(j["nodes"], j["gres_detail"]) for j in (cluster.wait(job, {"RUNNING"}) for job in (half, quarter))]
-            say(f"shard jobs hold {held}")
-            for job in (half, quarter):
+            mps_half = cluster.submit("-A", "teamb", "--gres=mps:50", "--wrap", "sleep 10")
+            mps_quarter = cluster.submit("-A", "teama", "--gres=mps:25", "--wrap", "sleep 10")
+            pairs = {"shard": (half, quarter), "mps": (mps_half, mps_quarter)}
+            held = {kind: [(j["nodes"], j["gres_detail"]) for j in (cluster.wait(job, {"RUNNING"}) for job in jobs)]
+                    for kind, jobs in pairs.items()}
+            say(f"jobs on parts hold {held}")
+            for job in (half, quarter, mps_half, mps_quarter):
                 cluster.wait(job, {"COMPLETED"}, timeout=120)
 
             cluster.wait_all_gpus_free()
@@ -394,7 +400,7 @@ def test_ledger_matches_sacct(cluster, tmp_path):
              requeue: "admin requeue", f"{array}_0": "array task", f"{array}_1": "array task",
              f"{array}_2": "array task", victim: "preempted, rerun", waiter: "pending for GPUs",
              urgent: "prod (preempts)", gone: "left squeue, agent down", half: "2 of a GPU's 4 shards",
-             quarter: "1 of a GPU's 4 shards"}
+             quarter: "1 of a GPU's 4 shards", mps_half: "50 of a GPU's 100 MPS", mps_quarter: "25 of a GPU's 100 MPS"}
     usage = {(r[0], r[1]): r for r in ledger["usage"]}
     views = {(r[0], r[1]): r for r in ledger["attempts"]}
     events: dict[str, list] = {}
@@ -418,9 +424,9 @@ def test_ledger_matches_sacct(cluster, tmp_path):
             queue = {e[5] for e in events.get(job, [])}
             rows.append((job, label, attempt, a["state"], a["partition"], a["account"], a["gpus"], a["elapsed_s"],
                          sacct_gpu_s, ledger_gpu_s, exec_s, outcome, reason))
-            # jobs on shards of one GPU split its held part by measured use (docs/accounting.md §5, the
+            # jobs on parts of one GPU (shards, MPS) split its held part by measured use (docs/accounting.md §5, the
             # default `measured` split), not by their shards: their sum is compared below
-            if job not in (half, quarter) and abs(ledger_gpu_s - sacct_gpu_s) > POLL_S * a["gpus"] + 1e-9:
+            if job not in (half, quarter, mps_half, mps_quarter) and abs(ledger_gpu_s - sacct_gpu_s) > POLL_S * a["gpus"] + 1e-9:
                 problems.append(f"{job}#{attempt}: ledger {ledger_gpu_s} GPU-s, sacct {sacct_gpu_s}")
             if outcome != outcome_of.get(a["state"], "?"):
                 problems.append(f"{job}#{attempt}: outcome {outcome}, sacct {a['state']}")
@@ -447,6 +453,7 @@ def test_ledger_matches_sacct(cluster, tmp_path):
     expected = {ok: ["COMPLETED"], fail: ["FAILED"], cancel: ["CANCELLED"], hung: ["COMPLETED"], multi: ["COMPLETED"],
                 requeue: ["REQUEUED", "COMPLETED"], victim: ["PREEMPTED", "COMPLETED"], waiter: ["COMPLETED"],
                 urgent: ["COMPLETED"], gone: ["COMPLETED"], half: ["COMPLETED"], quarter: ["COMPLETED"],
+                mps_half: ["COMPLETED"], mps_quarter: ["COMPLETED"],
                 **{f"{array}_{i}": ["COMPLETED"] for i in range(3)}}
     assert {j: [a["state"] for a in acct.get(j, [])] for j in expected} == expected
     # the job that left squeue while the agent was down was closed from sacct
@@ -467,14 +474,15 @@ def test_ledger_matches_sacct(cluster, tmp_path):
     assert usage[(ok, 0)][3] == usage[(ok, 0)][2]
     hung_exec_s = usage[(hung, 0)][3] / 1000
     assert hung_exec_s <= MIN_IDLE_S + 2 * POLL_S, f"hung job executing {hung_exec_s} GPU-s"
-    # the shard jobs held shards (not whole GPUs), and were billed, together, the parts of GPUs they held (on
-    # one GPU, as here, each its measured use and a share of the rest; alone, its share)
-    assert [acct[j][0]["gpus"] for j in (half, quarter)] == [0.5, 0.25], (acct.get(half), acct.get(quarter))
-    assert all(len(d) == 1 and d[0].startswith("shard:") for _, d in held), held
-    sacct_shared = sum(acct[j][0]["gpus"] * acct[j][0]["elapsed_s"] for j in (half, quarter))
-    ledger_shared = sum(usage[(j, 0)][2] / 1000 if (j, 0) in usage else 0.0 for j in (half, quarter))
-    assert abs(ledger_shared - sacct_shared) <= POLL_S * 0.75 + 1e-9, (ledger_shared, sacct_shared)
-    assert all(usage[(j, 0)][2] > 0 for j in (half, quarter))
+    # the jobs on shards and on MPS held parts (not whole GPUs), and each pair was billed, together, the parts of
+    # GPUs it held (on one GPU, as here, each its measured use and a share of the rest; alone, its share)
+    for kind, jobs in pairs.items():
+        assert [acct[j][0]["gpus"] for j in jobs] == [0.5, 0.25], (kind, [acct.get(j) for j in jobs])
+        assert all(len(d) == 1 and d[0].startswith(f"{kind}:") for _, d in held[kind]), held
+        sacct_shared = sum(acct[j][0]["gpus"] * acct[j][0]["elapsed_s"] for j in jobs)
+        ledger_shared = sum(usage[(j, 0)][2] / 1000 if (j, 0) in usage else 0.0 for j in jobs)
+        assert abs(ledger_shared - sacct_shared) <= POLL_S * 0.75 + 1e-9, (kind, ledger_shared, sacct_shared)
+        assert all(usage[(j, 0)][2] > 0 for j in jobs), kind
     # each job's GPUs asked for, in its events (queue wait GPU-hours): sacct's, shards as parts of a GPU
     asked = {j: max(e[7] for e in events.get(j, [(0,) * 8])) for j in names}
     assert asked == {j: acct[j][0]["gpus"] for j in names}, asked
