@@ -21,6 +21,7 @@ from gpuledger.agents.kubernetes_agent import adopt_shared_spool, main, open_pub
 from gpuledger.agents.publisher import KafkaPublisher, ListPublisher
 from gpuledger.agents.spool import Spool
 from gpuledger.config import load_settings
+from gpuledger.topics import EVENT_MAX_MESSAGE_BYTES
 
 
 @pytest.fixture
@@ -121,14 +122,15 @@ def test_the_spool_of_an_unsafe_name_before_is_taken_over_unless_in_use(tmp_path
 
 
 class ProducerWithLimit:
-    """confluent_kafka.Producer's produce() as librdkafka checks `message.max.bytes` (1,000,000): a
-    larger message raises at once. (A unit test opens no Kafka; the check is librdkafka's own.)"""
+    """confluent_kafka.Producer's produce() as librdkafka checks `message.max.bytes` (its conf's, else the
+    default 1,000,000): a larger message raises at once. (A unit test opens no Kafka; the check is librdkafka's.)"""
 
     def __init__(self, conf: dict):
         self.queued: list[bytes] = []
+        self.limit = int(conf.get("message.max.bytes", 1_000_000))
 
     def produce(self, topic, key=None, value=b"", on_delivery=None, **kwargs) -> None:
-        if len(value) > 1_000_000:
+        if len(value) > self.limit:
             raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
         self.queued.append(value)
 
@@ -147,12 +149,15 @@ def test_without_the_spool_a_message_too_large_for_kafka_is_dropped_and_logged(m
     monkeypatch.setattr(publisher_module, "KafkaPublisher",
                         lambda settings, **kw: KafkaPublisher(settings, producer_factory=ProducerWithLimit, **kw))
     publisher = open_publisher(load_settings(), "east")
+    too_large = EVENT_MAX_MESSAGE_BYTES + 1
     with caplog.at_level(logging.ERROR):
         # before: KafkaException(MSG_SIZE_TOO_LARGE) out of publish, and the agent stopped
-        publisher.publish("gpuledger.job-events", "default/job/big", b"x" * 2_000_000)
+        publisher.publish("gpuledger.job-events", "default/job/huge", b"x" * too_large)
     publisher.publish("gpuledger.job-events", "default/job/small", b"{}")   # the next one goes on
-    assert publisher.unsendable == 1 and publisher.produced == 1
-    assert any("default/job/big" in r.getMessage() and "2000000 bytes" in r.getMessage() for r in caplog.records)
+    # over Kafka's default 1 MB (a JobSet's allocation on ~10,000 GPUs): the agent's producer takes it
+    publisher.publish("gpuledger.job-events", "default/job/big", b"x" * 2_000_000)
+    assert publisher.unsendable == 1 and publisher.produced == 2
+    assert any("default/job/huge" in r.getMessage() and f"{too_large} bytes" in r.getMessage() for r in caplog.records)
     publisher.close(0.1)
 
 
