@@ -203,7 +203,7 @@ def cmd_simulate(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    from gpuledger.agents.publisher import KafkaPublisher
+    from gpuledger.agents.publisher import EVENT_PRODUCER_OVERRIDES, KafkaPublisher
     from gpuledger.embedded.replay import publish, read_dump
 
     from gpuledger.embedded.replay import logical_line
@@ -214,7 +214,7 @@ def cmd_replay(args) -> int:
     # a missing topic would be created by the producer with the broker's default count, and a count
     # other than the settings' leaves ticks unclosed or refuses watermark copies: checked first
     check_topics(settings, sorted({settings.topic_prefix + logical_line(x.topic, settings.topic_prefix) for x in lines}))
-    with KafkaPublisher(settings) as publisher:
+    with KafkaPublisher(settings, **EVENT_PRODUCER_OVERRIDES) as publisher:  # a dump's job events as the agents sent them
         counts = publish(lines, publisher, settings, speedup=args.speedup,
                          progress=_progress_printer() if not args.quiet else None)
     print(json.dumps(counts))
