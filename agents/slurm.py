@@ -514,6 +514,7 @@ def parse_job(job: Mapping[str, Any]) -> SlurmJob | None:
     priority = _int(job, "priority", 0) or 0
     nodes = expand_hostlist(str(job.get("nodes") or ""))
     alloc, requested = _asked(job, nodes, "gpu")
+    asks_parts = any(_has_gpu_parts(str(job.get(k) or "")) for k in ("tres_per_node", "tres_per_job", "tres_per_task"))
     # A job submitted to several partitions is listed with all of them while it waits ('prod,batch'),
     # with the one it runs in once it runs: a queue is one partition, so it waits in the first listed.
     queue = str(job.get("partition") or "").split(",")[0].strip() or "unknown"
@@ -536,8 +537,8 @@ def parse_job(job: Mapping[str, Any]) -> SlurmJob | None:
         resize_ms=(_int(job, "resize_time") or 0) * 1000,
         suspend_ms=(_int(job, "suspend_time") or 0) * 1000,
         alloc_gpus=alloc,
-        asks_gpu_parts=any(_has_gpu_parts(str(job.get(k) or "")) for k in ("tres_per_node", "tres_per_job", "tres_per_task")),
-        requested_parts={kind: n for kind in GPU_PART_GRES if (n := _asked(job, nodes, kind)[1])},
+        asks_gpu_parts=asks_parts,
+        requested_parts={kind: n for kind in GPU_PART_GRES if (n := _asked(job, nodes, kind)[1])} if asks_parts else {},
     )
 
 
