@@ -313,11 +313,41 @@ def run_sink(
         flush_and_commit()
         stats.retries = sink.retries
     finally:
-        consumer.close()
+        close_consumer(consumer)
         producer.flush(10)
         if own_client:
             client.close()
     return stats.as_dict()
+
+
+#: seconds the sink waits for its consumer to close (leave its group) before it goes on without it
+CONSUMER_CLOSE_TIMEOUT_S = 30.0
+
+
+def close_consumer(consumer, timeout_s: float = CONSUMER_CLOSE_TIMEOUT_S) -> bool:
+    """`consumer.close()`, given at most `timeout_s`; False (and a warning) where it did not end by then.
+    librdkafka's close leaves the group and waits for the rebalance that follows; a coordinator that never
+    answers holds it for ever (seen once in CI against Tansu: a sink that had caught up hung over 10 minutes
+    in close, its test with it). The close goes on in a daemon thread; the group drops the member after its
+    session timeout, as it would a crashed one."""
+    failed: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            consumer.close()
+        except BaseException as exc:  # raised where the caller waits, as a close in its own thread would
+            failed.append(exc)
+
+    closing = threading.Thread(target=close, name="sink-consumer-close", daemon=True)
+    closing.start()
+    closing.join(timeout_s)
+    if closing.is_alive():
+        log.warning("the sink's Kafka consumer did not close within %.0f s (its group coordinator did not answer); "
+                    "going on without it: the group drops it after its session timeout", timeout_s)
+        return False
+    if failed:
+        raise failed[0]
+    return True
 
 
 def _letter_original(obj) -> bytes:

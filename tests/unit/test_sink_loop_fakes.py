@@ -11,9 +11,11 @@ to that partition, on a quiet one never."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
+import pytest
 from confluent_kafka import TopicPartition
 
 from gpuledger.config import Settings
@@ -297,3 +299,38 @@ def test_a_rebalance_while_the_sink_waits_out_the_warehouse(monkeypatch, tmp_pat
     assert stored == ["e0-0", "e0-1", "e0-2"]
     assert {(r["partition"], r["phase"]) for r in client.progress} == {(0, "pending"), (0, "done")}
     assert not any(p == 1 for _t, p, _o in RebalancingConsumer.commits)
+
+
+class HangingClose:
+    """A consumer whose close() waits for a group coordinator that never answers, as librdkafka's did once
+    in CI against Tansu (over 10 minutes in `consumer.close()`)."""
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.closed = False
+
+    def close(self) -> None:
+        self.release.wait(60)
+        self.closed = True
+
+
+def test_a_consumer_that_never_closes_holds_the_sink_only_for_the_close_timeout(caplog):
+    consumer = HangingClose()
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="gpuledger.sink.loop"):
+        assert loop.close_consumer(consumer, timeout_s=0.2) is False
+    assert time.monotonic() - started < 5
+    assert "did not close within" in caplog.text
+    consumer.release.set()
+
+
+def test_a_consumer_that_closes_is_closed_and_its_error_raised():
+    class Refusing:
+        def close(self) -> None:
+            raise RuntimeError("Consumer closed")
+
+    consumer = HangingClose()
+    consumer.release.set()
+    assert loop.close_consumer(consumer, timeout_s=5) is True and consumer.closed
+    with pytest.raises(RuntimeError, match="Consumer closed"):
+        loop.close_consumer(Refusing(), timeout_s=5)
