@@ -5,7 +5,7 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test test-unit chaos slurm-check slurm-check-24 slurm-check-26 bench bench-profile schemas superset-check clean
+.PHONY: help install demo test test-unit chaos slurm-check slurm-check-24 slurm-check-26 slurm-check-src bench bench-profile schemas superset-check clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
@@ -44,6 +44,12 @@ SLURM26_ROOT ?= /srv/gpuledger-slurm26
 slurm-check-26: $(STAMP) ## the same check on Debian testing's Slurm (26.05.5 on 2026-12-07; it moves with testing, so not in CI)
 	scripts/slurm/newer_slurm.sh root $(SLURM26_ROOT) forky
 	SLURM_CHROOT=$(SLURM26_ROOT) $(BIN)/python -m pytest -q -s -m slurm tests/slurm
+
+SLURM_SRC_ROOT ?= /srv/gpuledger-slurm-src
+slurm-check-src: $(STAMP) ## the same check on Slurm built from SchedMD's source: SLURM_SRC=<unpacked release> (23.11, 25.05, 25.11: no Debian suite has them; ~15 min to build, once)
+	@test -n "$(SLURM_SRC)" || test -x $(SLURM_SRC_ROOT)/usr/sbin/slurmctld || { echo "set SLURM_SRC to an unpacked Slurm release (docs/slurm.md)"; exit 2; }
+	scripts/slurm/newer_slurm.sh source $(SLURM_SRC_ROOT) $(or $(SLURM_SRC),.)
+	SLURM_CHROOT=$(SLURM_SRC_ROOT) $(BIN)/python -m pytest -q -s -m slurm tests/slurm
 
 bench: $(STAMP) ## run every benchmark (~30 min on 2 cores; GPULEDGER_BENCH_QUICK=1 for a ~4 min smoke run), print a table, write bench/results.json
 	$(BIN)/python -m bench.run

@@ -782,17 +782,28 @@ class _Emitter:
             gpus=gpus or [], aliases=job.aliases, reason=reason))
 
 
+#: how long after a requeue the job that preempted it may start: Slurm requeues the victim at once, and its GPUs
+#: are free for the preemptor only once its processes have ended (KillWait, 30 s by default) and its node is
+#: clean. Seen: the same second on 24.11 and 25.11, 2 s later on 23.11 (tests/fixtures/slurm/*_preempted.json)
+PREEMPTOR_START_WINDOW_MS = 40_000
+
+
 def _preemptor(job: SlurmJob, js: JobState, at_ms: int, jobs: list[SlurmJob], tiers: Mapping[str, int]) -> SlurmJob | None:
-    """The job that took `job`'s GPUs at `at_ms`: started within a second of it on one of its
-    nodes, in a partition of higher PriorityTier (partition_prio preemption). None: an admin
-    requeue, or unknown."""
+    """The job that took `job`'s GPUs when it was requeued at `at_ms`: in a partition of higher PriorityTier
+    (partition_prio preemption), on one of its nodes, submitted by then (to within a second) and started from a
+    second before it to PREEMPTOR_START_WINDOW_MS after; the one that started closest to it. None: an admin
+    requeue, or unknown (the preemptor had not started by this poll)."""
     tier = tiers.get(js.queue or job.queue, 0)
+    best: SlurmJob | None = None
     for other in jobs:
-        if other.job_id == job.job_id or not other.nodes or abs(other.start_ms - at_ms) > 1000:
+        if other.job_id == job.job_id or not other.nodes or other.submit_ms > at_ms + 1000:
+            continue
+        if not at_ms - 1000 <= other.start_ms <= at_ms + PREEMPTOR_START_WINDOW_MS:
             continue
         if tiers.get(other.queue, 0) > tier and set(other.nodes) & set(js.nodes):
-            return other
-    return None
+            if best is None or abs(other.start_ms - at_ms) < abs(best.start_ms - at_ms):
+                best = other
+    return best
 
 
 def translate(

@@ -74,9 +74,23 @@ enter_root() {  # with SLURM_CHROOT: mounts, hosts entry, wrappers in DIR/bin fi
   export PATH="$DIR/bin:$PATH"
 }
 
+# A root's slurmd and cgroups: 24.05 on take CgroupPlugin=disabled (the root has no cgroup hierarchy); 23.11 has
+# no such setting and fails without a plugin, so its root gets this host's /sys and cgroup.conf's autodetect
+root_cgroups() {
+  [[ -n "$ROOTFS" ]] || return 0
+  local v
+  v=$(chroot "$ROOTFS" /usr/sbin/slurmd -V | awk '{print $2}')
+  if [[ "$(printf '%s\n' "$v" 24.05 | sort -V | head -n 1)" == 24.05 ]]; then
+    echo "CgroupPlugin=disabled" >"$DIR/etc/cgroup.conf"
+  else
+    mountpoint -q "$ROOTFS/sys" || mount --rbind /sys "$ROOTFS/sys"
+  fi
+}
+
 leave_root() {
   [[ -n "$ROOTFS" ]] || return 0
   local m
+  mountpoint -q "$ROOTFS/sys" && umount -R "$ROOTFS/sys" || true
   for m in "$ROOTFS$DIR" "$ROOTFS/dev" "$ROOTFS/proc"; do mountpoint -q "$m" && umount "$m" || true; done
 }
 
@@ -189,7 +203,7 @@ cmd_start() {
   render "$HERE/gres.conf.in" "$DIR/etc/gres.conf"
   render "$HERE/slurmdbd.conf.in" "$DIR/etc/slurmdbd.conf"
   render "$HERE/cgroup.conf.in" "$DIR/etc/cgroup.conf"
-  [[ -z "$ROOTFS" ]] || echo "CgroupPlugin=disabled" >"$DIR/etc/cgroup.conf"  # newer slurmd: no cgroup here
+  root_cgroups
   chmod 0600 "$DIR/etc/slurmdbd.conf"
   start_munge
   if ((ACCOUNTING)); then start_mariadb; start_slurmdbd; fi

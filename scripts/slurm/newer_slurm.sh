@@ -2,12 +2,15 @@
 # Newer Slurm than this host's Debian 12 (22.05), from a newer Debian in a chroot: its packages need a newer libc,
 # so debootstrap makes the root: trixie (Debian 13) has Slurm 24.11.5, forky (testing) had 26.05.5 on 2026-12-07.
 # `root` only makes it (with slurmdbd): `make slurm-check-24` / `slurm-check-26` run cluster.sh in it
-# (SLURM_CHROOT), sacct included. `record` starts cluster.sh's cluster in it without accounting
+# (SLURM_CHROOT), sacct included. `source` makes a Debian 12 root and builds Slurm in it from SchedMD's source (a
+# release tarball unpacked, or `git archive` of a tag): the versions no Debian suite ships (23.11, 25.05, 25.11);
+# `make slurm-check-src` runs the check in it. `record` starts cluster.sh's cluster in it without accounting
 # (SLURM_ACCOUNTING=0: no slurmdbd, so no GPUs in TRES strings), in a fresh OUT/cluster (job ids from 1), plays a
 # story, records what Slurm and the agent print, and stops the cluster. It takes cluster.sh's ports: not beside
 # `make slurm-check` or another cluster.sh cluster.
 #
 #   scripts/slurm/newer_slurm.sh root   [ROOT] [SUITE]  # only make ROOT (~40 s); default /srv/trixie, trixie
+#   scripts/slurm/newer_slurm.sh source ROOT SRC         # ROOT with Slurm built from the source tree SRC (~15 min on 2 cores)
 #   scripts/slurm/newer_slurm.sh record [ROOT] [OUT]    # the story (ROOT made first when missing); OUT default build/slurm24-rec
 #
 # `record` writes squeue_<moment>.json, sinfo_<moment>.json, nodes_<moment>.json (scontrol show nodes
@@ -16,9 +19,10 @@
 set -euo pipefail
 CMD="${1:-}"
 R="${2:-/srv/trixie}"
-SUITE=trixie OUT=
+SUITE=trixie OUT= SRC=
 case "$CMD" in
   root) SUITE="${3:-trixie}" ;;
+  source) SRC="$(cd "${3:?usage: $0 source ROOT SRC}" && pwd)" ;;
   record) OUT="$(mkdir -p "${3:-build/slurm24-rec}" && cd "${3:-build/slurm24-rec}" && pwd)" ;;
 esac
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -46,6 +50,36 @@ make_root() {  # SUITE with its Slurm and slurmdbd (`make slurm-check-24` runs c
     [[ ! -e "$R" ]] || rmdir "$R"  # an empty directory the operator made; anything else stops here
     mv "$R.partial" "$R"
   fi
+}
+
+# what building Slurm from source needs in a Debian 12 root (json-c: the --json output the agent reads; MariaDB's
+# client library: slurmdbd's accounting_storage/mysql; munge: auth/munge), and munged itself
+BUILD_PACKAGES=build-essential,pkg-config,python3,munge,libmunge-dev,libjson-c-dev,libmariadb-dev,libyaml-dev,liblz4-dev,zlib1g-dev
+
+make_source_root() {  # R with SRC's Slurm built and installed in it (/usr, /etc/slurm), as the Debian roots have theirs
+  if { [[ -d "$R" ]] && chroot "$R" test -x /usr/sbin/slurmctld -a -x /usr/sbin/slurmdbd; }; then
+    log "$R has a Slurm already ($(chroot "$R" /usr/sbin/slurmctld -V)): remove it to build $SRC"; return 0
+  fi
+  command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >/dev/null
+  rm -rf "$R.partial"
+  mkdir -p "$(dirname "$R")"
+  log "debootstrap bookworm with build tools into $R"
+  if ! timeout 1200 debootstrap --variant=minbase --include="$BUILD_PACKAGES" bookworm "$R.partial" \
+      http://deb.debian.org/debian >"$R.debootstrap.log" 2>&1; then
+    log "debootstrap failed ($R.debootstrap.log); its last lines:"; tail -n 15 "$R.debootstrap.log" >&2; exit 1
+  fi
+  mkdir -p "$R.partial/usr/src"
+  cp -a "$SRC" "$R.partial/usr/src/slurm"
+  log "building $(sed -n 's/^ *Version:[[:space:]]*//p' "$SRC/META") (configure, make, make install: logs in $R.partial/usr/src/)"
+  # --enable-multiple-slurmd: cluster.sh runs its four slurmd on this one host (Debian's packages are built so; without
+  # it 23.11 refuses one NodeAddr for four nodes). slurmrestd is not built (no http-parser): the agent runs the
+  # clients. The build's logs stay in the root.
+  if ! timeout 3600 chroot "$R.partial" /bin/bash -c 'cd /usr/src/slurm && ./configure --prefix=/usr --sysconfdir=/etc/slurm \
+      --enable-multiple-slurmd --disable-debug >../configure.log 2>&1 && make -j"$(nproc)" >../make.log 2>&1 && make install >../install.log 2>&1 && ldconfig'; then
+    log "the build failed; the last lines of its logs:"; tail -n 20 "$R.partial"/usr/src/{configure,make,install}.log >&2 2>/dev/null; exit 1
+  fi
+  [[ ! -e "$R" ]] || rmdir "$R"
+  mv "$R.partial" "$R"
 }
 
 cmd_record() {
@@ -90,6 +124,7 @@ cmd_record() {
 
 case "$CMD" in
   root) make_root ;;
+  source) make_source_root ;;
   record) cmd_record ;;
-  *) echo "usage: $0 root [ROOT] [SUITE] | record [ROOT] [OUT]" >&2; exit 2 ;;
+  *) echo "usage: $0 root [ROOT] [SUITE] | source ROOT SRC | record [ROOT] [OUT]" >&2; exit 2 ;;
 esac

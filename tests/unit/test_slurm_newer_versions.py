@@ -1,12 +1,13 @@
-"""The Slurm agent on real output of Slurm 24.11.5 (data_parser v0.0.42; Debian trixie) and 26.05.5 (v0.0.45;
-Debian testing, forky), each recorded in a chroot (tests/fixtures/slurm/README.md, `*_v2411_*.json`,
-`*_v2605_*.json`; scripts/slurm/newer_slurm.sh record): squeue lists job_state as [base, flags...], numbers and
+"""The Slurm agent on real output of Slurm 24.11.5 (data_parser v0.0.42; Debian trixie), 26.05.5 (v0.0.45;
+Debian testing, forky), 23.11.11 (v0.0.40) and 25.11.7 (v0.0.44; both built from SchedMD's source), each
+recorded in a chroot (tests/fixtures/slurm/README.md, `*_v2411_*.json`, `*_v2605_*.json`, `*_v2311_*.json`,
+`*_v2511_*.json`; scripts/slurm/newer_slurm.sh record): squeue lists job_state as [base, flags...], numbers and
 exit codes as objects, and `sinfo --json` groups the nodes ({"sinfo": [...]}) so the agent reads them with
 `scontrol show nodes --json`. The same story on both: 1 (2 GPUs) completes, 2 exits 3, 3 is cancelled, array 4
 (4_0-4_2, 1 GPU each), 5 on gpu[02-03] (4 GPUs each, srun), a 2-GPU job requeued with `scontrol requeue` and run
 again, the whole cluster (4 × 8 GPUs) pending, then running, then requeued by prod job 10 (8 GPUs) and run again.
 The array's tasks take job ids of their own when they start, so the last two jobs' ids differ: 8 and 9 in the
-24.11 recording, 6 and 7 in the 26.05 one."""
+24.11 recording, 6 and 7 in the others."""
 
 from __future__ import annotations
 
@@ -44,10 +45,14 @@ class Recording:
 
 
 RECORDINGS = {
+    "23.11": Recording("v2311", {"running": 1796632413000, "changed": 1796632417000, "whole": 1796632492000,
+                                 "preempted": 1796632496000, "done": 1796632515000}, requeued="6", whole="7"),
     "24.11": Recording("v2411", {"running": 1796594292000, "changed": 1796594297000, "whole": 1796594370000,
                                  "preempted": 1796594372000, "done": 1796594395000}, requeued="8", whole="9"),
     "26.05": Recording("v2605", {"running": 1796606125000, "changed": 1796606129000, "whole": 1796606199000,
                                  "preempted": 1796606202000, "done": 1796606226000}, requeued="6", whole="7"),
+    "25.11": Recording("v2511", {"running": 1796632533000, "changed": 1796632538000, "whole": 1796632608000,
+                                 "preempted": 1796632611000, "done": 1796632632000}, requeued="6", whole="7"),
 }
 V2411 = RECORDINGS["24.11"]
 
@@ -95,6 +100,36 @@ def test_the_recorded_story_gives_each_attempt_its_outcome_reason_and_gpus(versi
     # nodes (whole nodes), read from its per-node request: no accounting, so its TRES strings carry no GPUs
     assert snapshots["running"] == {"batch": (32.0, 18.0, 1, 32.0), "prod": (32.0, 0.0, 0, 0.0)}
     assert snapshots["whole"]["batch"] == (32.0, 32.0, 0, 0.0)
+
+
+def _whole_jobs_requeue(rec: Recording, **prod_job) -> tuple[str | None, str | None]:
+    """The recorded story to its `preempted` moment, prod job 10 changed by `prod_job` (times in seconds as
+    Slurm writes them, added to the recorded ones): the whole-cluster job's requeue reason and preemptor."""
+    state = AgentState()
+    for moment in ("running", "changed", "whole", "preempted"):
+        squeue = rec.load("squeue", moment)
+        for job in squeue["jobs"]:
+            if job["job_id"] == 10:
+                for key, delta_s in prod_job.items():
+                    job[key]["number"] += delta_s
+        result = translate(squeue, state, cluster="gpuledger", poll_started_ms=rec.moments[moment] + 1000, tiers=TIERS,
+                           node_gpus=node_gpu_counts(rec.load("nodes", moment)))
+        state = result.state
+    (ended,) = [e for e in result.events if e.job_id == rec.whole and e.kind.value == "preempted"]
+    (fired,) = [p for p in state.preemptions if p["job_id"] == rec.whole]
+    return ended.reason, fired["by_job_id"]
+
+
+def test_the_preemptor_is_named_when_it_starts_after_the_requeue():
+    """Slurm 23.11 started prod job 10 2 s after it requeued the whole-cluster job 7 (its submit_time, the
+    requeue time): the victim's processes end first (KillWait). 24.11 and 25.11 started it in the same second.
+    A job submitted after the requeue did not cause it, nor did one that started more than 40 s after it."""
+    v2311 = RECORDINGS["23.11"]
+    assert _whole_jobs_requeue(v2311) == ("requeued to reclaim resources for job 10", "10")
+    assert _whole_jobs_requeue(v2311, start_time=30) == ("requeued to reclaim resources for job 10", "10")
+    assert _whole_jobs_requeue(v2311, start_time=45) == ("requeued", None)
+    assert _whole_jobs_requeue(v2311, submit_time=2) == ("requeued", None)
+    assert _whole_jobs_requeue(RECORDINGS["25.11"]) == ("requeued to reclaim resources for job 10", "10")
 
 
 def test_a_job_between_polls_that_asked_gpus_per_job_is_inferred_as_whole_nodes_too():
