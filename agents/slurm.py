@@ -792,7 +792,7 @@ def _preemptor(job: SlurmJob, js: JobState, at_ms: int, jobs: list[SlurmJob], ti
     """The job that took `job`'s GPUs when it was requeued at `at_ms`: in a partition of higher PriorityTier
     (partition_prio preemption), on one of its nodes, submitted by then (to within a second) and started from a
     second before it to PREEMPTOR_START_WINDOW_MS after; the one that started closest to it. None: an admin
-    requeue, or unknown (the preemptor had not started by this poll)."""
+    requeue, or unknown (the preemptor had not started by this poll: see _preemptor_may_start)."""
     tier = tiers.get(js.queue or job.queue, 0)
     best: SlurmJob | None = None
     for other in jobs:
@@ -804,6 +804,17 @@ def _preemptor(job: SlurmJob, js: JobState, at_ms: int, jobs: list[SlurmJob], ti
             if best is None or abs(other.start_ms - at_ms) < abs(best.start_ms - at_ms):
                 best = other
     return best
+
+
+def _preemptor_may_start(js: JobState, job: SlurmJob, at_ms: int, jobs: list[SlurmJob], tiers: Mapping[str, int],
+                         poll_ms: int) -> bool:
+    """Whether `job`'s preemptor may not have started yet at this poll: within PREEMPTOR_START_WINDOW_MS of its
+    requeue at `at_ms`, a job of a higher PriorityTier submitted by then is still pending."""
+    if poll_ms >= at_ms + PREEMPTOR_START_WINDOW_MS:
+        return False
+    tier = tiers.get(js.queue or job.queue, 0)
+    return any(other.state in PENDING_STATES and tiers.get(other.queue, 0) > tier and other.submit_ms <= at_ms + 1000
+               for other in jobs if other.job_id != job.job_id)
 
 
 def translate(
@@ -837,7 +848,7 @@ def translate(
     for job in sorted(jobs, key=lambda j: (j.submit_ms, j.raw_id)):
         seen.add(job.job_id)
         try:
-            _translate_job(job, state, out, jobs, tiers, hold_ms, promised_ms, accounting)
+            _translate_job(job, state, out, jobs, tiers, hold_ms, promised_ms, accounting, poll_started_ms)
         except SlurmInputError as exc:
             out.warnings.append(f"job {job.job_id}: {exc}")
     # A job whose record could not be read this poll is still in squeue: not gone, not forgotten.
@@ -872,7 +883,7 @@ def _pending_reason(job: SlurmJob) -> str | None:
 
 def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[SlurmJob],
                    tiers: Mapping[str, int], hold_ms: list[int], promised_ms: int,
-                   accounting: Mapping[str, list[SacctRow]] | None) -> None:
+                   accounting: Mapping[str, list[SacctRow]] | None, poll_ms: int) -> None:
     js = state.jobs.get(job.job_id)
     if js is None:
         js = state.jobs[job.job_id] = JobState(raw_id=job.raw_id, attempt=job.attempt, queue=job.queue,
@@ -914,6 +925,12 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
         requeued_ms = max(job.submit_ms, js.alloc_start_ms, promised_ms if stale else 0)
         js.requeue_wait_polls = 0
         by = _preemptor(job, js, requeued_ms, jobs, tiers) if js.allocated and not js.ended else None
+        if by is None and js.allocated and not js.ended and _preemptor_may_start(js, job, requeued_ms, jobs, tiers, poll_ms):
+            # a job of a higher tier waits: it may be the preemptor, still waiting for the victim's processes
+            # to end. The requeue is told at a later poll (by PREEMPTOR_START_WINDOW_MS after it at most);
+            # meanwhile the watermark stays at its time, so its events are not late.
+            hold_ms.append(requeued_ms)
+            return
         _requeue(job, js, state, out, requeued_ms=requeued_ms, retried_ms=job.submit_ms, new_attempt=job.attempt,
                  reason=f"requeued to reclaim resources for job {by.job_id}" if by else "requeued",
                  by_job_id=by.job_id if by else None, rule="partition_prio/requeue" if by else "requeue")

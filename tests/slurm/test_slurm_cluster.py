@@ -336,7 +336,13 @@ def test_ledger_matches_sacct(cluster, tmp_path):
             cluster.wait(victim, {"RUNNING"})
             waiter = cluster.submit("-A", "teamb", "--gres=gpu:4", "--wrap", "sleep 8")
             cluster.wait(waiter, {"PENDING"})
-            time.sleep(3)
+            # the agent must see it wait for GPUs (the reason the scheduler gives it) before the preemption
+            # frees some: a fixed 3-s sleep lost that race once, on Slurm 23.11 beside a CI run (a reason-less
+            # `queued` only, then its allocation 3.7 s after its submission)
+            wait_for_topic(s, s.topics.job_events,
+                           lambda recs: any(m.get("job_id") == waiter and m.get("kind") == "queued"
+                                            and m.get("reason") in ("Resources", "Priority") for _, m in lifecycle(recs)),
+                           f"job {waiter} queued for GPUs", timeout_s=60)
             urgent = cluster.submit("-p", "prod", "-A", "teamc", "--gres=gpu:8", "--wrap", "sleep 10")
             cluster.wait(victim, {"PENDING"}, restarts=1, timeout=60)
             for job in (urgent, waiter):

@@ -132,6 +132,44 @@ def test_the_preemptor_is_named_when_it_starts_after_the_requeue():
     assert _whole_jobs_requeue(RECORDINGS["25.11"]) == ("requeued to reclaim resources for job 10", "10")
 
 
+def test_a_requeue_waits_for_a_preemptor_that_has_not_started_yet():
+    """A poll in the 2 s between 23.11's requeue of job 7 and prod job 10's start sees job 7 pending again and
+    job 10 still pending: the requeue is told at the next poll, with its preemptor, and the watermark waits at
+    the requeue's time meanwhile. 40 s after the requeue, or with no job of a higher tier pending, it is told
+    at once (`requeued`, no preemptor)."""
+    rec = RECORDINGS["23.11"]
+
+    def poll(squeue, state, at_ms):
+        return translate(squeue, state, cluster="gpuledger", poll_started_ms=at_ms, tiers=TIERS,
+                         node_gpus=node_gpu_counts(rec.load("nodes", "preempted")))
+
+    state = AgentState()
+    for moment in ("running", "changed", "whole"):
+        state = poll(rec.load("squeue", moment), state, rec.moments[moment] + 1000).state
+    preempted = rec.load("squeue", "preempted")
+    (victim,) = [j for j in preempted["jobs"] if j["job_id"] == 7]
+    requeue_ms = victim["submit_time"]["number"] * 1000
+    between = rec.load("squeue", "preempted")
+    for job in between["jobs"]:
+        if job["job_id"] == 10:  # as squeue showed it before it started
+            job.update(job_state=["PENDING"], state_reason="Resources", nodes="", gres_detail=[])
+            job["start_time"]["number"] = 0
+
+    def told(result):
+        return [(e.reason, [p["by_job_id"] for p in result.state.preemptions if p["job_id"] == "7"])
+                for e in result.events if e.job_id == "7" and e.kind.value == "preempted"]
+
+    waiting = poll(between, state, requeue_ms + 1000)
+    assert told(waiting) == [] and waiting.watermark.ts_ms == requeue_ms
+    assert told(poll(preempted, waiting.state, rec.moments["preempted"] + 1000)) == [
+        ("requeued to reclaim resources for job 10", ["10"])]
+    assert told(poll(between, state, requeue_ms + 41_000)) == [("requeued", [None])]
+    for job in between["jobs"]:
+        if job["job_id"] == 10:  # a batch job: the same tier as job 7's, so not its preemptor
+            job["partition"] = "batch"
+    assert told(poll(between, state, requeue_ms + 1000)) == [("requeued", [None])]
+
+
 def test_a_job_between_polls_that_asked_gpus_per_job_is_inferred_as_whole_nodes_too():
     """Job 9's rerun, recorded with `-N 4 --gres=gpu:8`, as if submitted `-N 4 --gpus=32` (tres_per_job):
     its 32 GPUs are every GPU of its 4 nodes either way. As `--gpus=16` its count is 16: part of its nodes,
