@@ -223,8 +223,9 @@ def tres_gpus(tres: str, name: str = "gpu") -> float:
 
 
 def task_request_gpus(tres_per_task: str, name: str = "gpu") -> float:
-    """GPUs each task asked for (`--gpus-per-task`): 'gres:gpu:2' (22.05) as `gres_request_gpus`;
-    'gres/gpu=2', 'cpu=2,gres/gpu=1' or 'gres/gpu:a100=1' (24.11 writes it as a TRES string) as `tres_gpus`."""
+    """GPUs each task asked for (`--gpus-per-task`): 'gres:gpu:2' (22.05) and 'gres/gpu:2', 'cpu:2,gres/gpu:1',
+    'gres/gpu:a100:1' (23.11) as `gres_request_gpus`; 'gres/gpu=2', 'cpu=2,gres/gpu=1' or 'gres/gpu:a100=1' (24.11
+    on write it as a TRES string) as `tres_gpus`."""
     return tres_gpus(tres_per_task, name) if "=" in tres_per_task else gres_request_gpus(tres_per_task, name)
 
 

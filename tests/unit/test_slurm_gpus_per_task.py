@@ -1,10 +1,10 @@
 """GPU counts of jobs that asked `--gpus-per-task` on a cluster that does not account GPUs
-(AccountingStorageTRES without gres/gpu: TRES strings carry none), from real output of Slurm 22.05.8 and
-24.11.5 (tests/fixtures/slurm/README.md, `*gpus_per_task*`; `scripts/slurm/cluster.sh` with
-SLURM_ACCOUNTING=0, the 24.11 one in the trixie root). The same jobs on both:
+(AccountingStorageTRES without gres/gpu: TRES strings carry none), from real output of Slurm 22.05.8,
+24.11.5, 23.11.11 and 25.11.7 (tests/fixtures/slurm/README.md, `*gpus_per_task*`; `scripts/slurm/cluster.sh`
+with SLURM_ACCOUNTING=0, the others in their roots). The same jobs on both:
 1 `-n 2 --gpus-per-task=2` (4 GPUs), 2 `-N 1 -n 3 --gpus-per-task=1` (3), 3 `-N 2 --ntasks-per-node=2
 --gpus-per-task=1` (4 on 2 nodes), 4 `--gpus=3` (per job), 5 `-n 2 -c 2 --gpus-per-task=1` (2; 24.11 writes
-`cpu=2,gres/gpu=1`), 6 `-n 2 --gpus-per-task=a100:1` (2, typed), 7 `-N 4 -n 4 --gpus-per-task=8` (the whole
+`cpu=2,gres/gpu=1`, 23.11 `cpu:2,gres/gpu:1`), 6 `-n 2 --gpus-per-task=a100:1` (2, typed), 7 `-N 4 -n 4 --gpus-per-task=8` (the whole
 cluster: pending at `running`, then run for 5 s and completed between the two moments), 8 `-n 2
 --gpus-per-task=1` ending at once (completed before the first moment: its indices never seen)."""
 
@@ -18,7 +18,9 @@ from slurm_fixtures import load
 
 #: (squeue file prefix, the node records of the `running` moment) per Slurm version
 VERSIONS = {"22.05": ("squeue_gpus_per_task", "sinfo_gpus_per_task_running"),
-            "24.11": ("squeue_v2411_gpus_per_task", "nodes_v2411_gpus_per_task_running")}
+            "24.11": ("squeue_v2411_gpus_per_task", "nodes_v2411_gpus_per_task_running"),
+            "23.11": ("squeue_v2311_gpus_per_task", "nodes_v2311_gpus_per_task_running"),
+            "25.11": ("squeue_v2511_gpus_per_task", "nodes_v2511_gpus_per_task_running")}
 GPUS = {"1": 4.0, "2": 3.0, "3": 4.0, "4": 3.0, "5": 2.0, "6": 2.0, "7": 32.0, "8": 2.0}
 
 
@@ -73,3 +75,5 @@ def test_a_whole_cluster_job_that_ran_between_polls_gets_its_32_gpus(version):
 def test_gpus_of_a_task_request():
     assert [task_request_gpus(t) for t in ("gres:gpu:2", "gres:gpu:a100:1", "gres/gpu=2", "cpu=2,gres/gpu=1",
                                            "gres/gpu:a100=1", "cpu=4", "", "gres/shard=2")] == [2, 1, 2, 1, 1, 0, 0, 0]
+    # 23.11 writes `--gpus-per-task` with colons (tests/fixtures/slurm/squeue_v2311_gpus_per_task_running.json)
+    assert [task_request_gpus(t) for t in ("gres/gpu:2", "cpu:2,gres/gpu:1", "gres/gpu:a100:1", "cpu:4")] == [2, 1, 1, 0]
