@@ -4,8 +4,9 @@ Why one file: one pure state machine from squeue/sinfo/sacct to events; the rule
 per-job state and are read together with docs/slurm.md.
 
 Input: the parsed output of `squeue --json --states=all` and `sinfo --json` (Slurm 22.05,
-openapi v0.0.38; the number objects of 23.02's v0.0.39 are read too, and 24.11's list-valued job_state,
-with `scontrol show nodes --json` for the nodes: recorded fixtures `*_v2411_*`), optionally `sacct -P` rows
+openapi v0.0.38; the number objects of 23.02's v0.0.39 are read too, and the list-valued job_state of 23.11 on,
+with `scontrol show nodes --json` for the nodes: recorded fixtures of 23.11, 24.11, 25.11 and 26.05,
+`*_v2311_*` … `*_v2605_*`), optionally `sacct -P` rows
 for jobs that left squeue, and the agent's state from the previous poll. Output: `JobEvent`s, one `LifecycleWatermark`, a `SchedulerSnapshot`
 and the next state. `agents/slurm_agent.py` does the I/O around it.
 
@@ -168,7 +169,7 @@ _PART_DETAIL = re.compile(r"\b(shard|mps)(?::[^:(]+)?:(\d+)\(([^)]*)\)")
 
 def gpu_parts(gres_detail_entry: str, parts_per_gpu: Mapping[str, int] | None = None) -> list[tuple[int, int]]:
     """(GPU index, share in thousandths) of the parts of GPUs (shards, MPS) in one node's gres_detail entry.
-    24.11 on write every GPU's parts as used/total in index order: 'shard:2(2/4,0/4,…)' → [(0, 500)],
+    23.11 on write every GPU's parts as used/total in index order: 'shard:2(2/4,0/4,…)' → [(0, 500)],
     'mps:50(50/100,…)' → [(0, 500)]. 22.05 writes the GPU's index only, 'shard:2(IDX:0)': its total is
     `parts_per_gpu[kind]` (the node's over its GPUs, `NodeGpus.parts_per_gpu`), and without it the share
     is not known (none). Shares are rounded down, so a GPU's holders never add up to more than all of it."""
