@@ -5,7 +5,8 @@
 # (SLURM_CHROOT), sacct included. `source` makes a Debian 12 root and builds Slurm in it from SchedMD's source (a
 # release tarball unpacked, or `git archive` of a tag): the versions no Debian suite ships (23.11, 25.05, 25.11);
 # `make slurm-check-src` runs the check in it. `record` starts cluster.sh's cluster in it without accounting
-# (SLURM_ACCOUNTING=0: no slurmdbd, so no GPUs in TRES strings), in a fresh OUT/cluster (job ids from 1), plays a
+# (SLURM_ACCOUNTING=0: no slurmdbd, so no GPUs in TRES strings; SLURM_ACCOUNTING=1 in the environment keeps it: 23.02's
+# squeue --json fails without it, "loading QOS for parser failed"), in a fresh OUT/cluster (job ids from 1), plays a
 # story, records what Slurm and the agent print, and stops the cluster. It takes cluster.sh's ports: not beside
 # `make slurm-check` or another cluster.sh cluster.
 #
@@ -90,7 +91,7 @@ cmd_record() {
   rm -rf "$dir" "$st"
   trap 'SLURM_CHROOT="$R" "$HERE/cluster.sh" stop "$dir"' EXIT
   # cluster.sh's wrappers (DIR/bin: squeue, sbatch, … in the root) come first in PATH, for the agent too
-  eval "$(SLURM_CHROOT="$R" SLURM_ACCOUNTING=0 "$HERE/cluster.sh" start "$dir")"
+  eval "$(SLURM_CHROOT="$R" SLURM_ACCOUNTING="${SLURM_ACCOUNTING:-0}" "$HERE/cluster.sh" start "$dir")"
   sb() { timeout 20 sbatch --parsable -o /dev/null -D /tmp "$@" | cut -d';' -f1; }
   state_of() { timeout 20 squeue -h -j "$1" -o %T 2>/dev/null || true; }
   agent() { "$ROOT_DIR/.venv/bin/gpuledger" agent slurm --once --print --cluster gpuledger --state-file "$st"; }

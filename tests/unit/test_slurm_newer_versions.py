@@ -1,7 +1,8 @@
 """The Slurm agent on real output of Slurm 24.11.5 (data_parser v0.0.42; Debian trixie), 26.05.5 (v0.0.45;
 Debian testing, forky), 23.11.11 (v0.0.40) and 25.11.7 (v0.0.44; both built from SchedMD's source), each
 recorded in a chroot (tests/fixtures/slurm/README.md, `*_v2411_*.json`, `*_v2605_*.json`, `*_v2311_*.json`,
-`*_v2511_*.json`; scripts/slurm/newer_slurm.sh record): squeue lists job_state as [base, flags...], numbers and
+`*_v2511_*.json`; scripts/slurm/newer_slurm.sh record), and 23.02.8 (v0.0.39, from source, recorded with
+slurmdbd: without it its squeue --json fails; job_state a plain string, `*_v2302_*.json`): squeue lists job_state as [base, flags...], numbers and
 exit codes as objects, and `sinfo --json` groups the nodes ({"sinfo": [...]}) so the agent reads them with
 `scontrol show nodes --json`. The same story on both: 1 (2 GPUs) completes, 2 exits 3, 3 is cancelled, array 4
 (4_0-4_2, 1 GPU each), 5 on gpu[02-03] (4 GPUs each, srun), a 2-GPU job requeued with `scontrol requeue` and run
@@ -18,6 +19,7 @@ import pytest
 
 from gpuledger.agents.slurm import (
     AgentState,
+    SlurmInputError,
     build_snapshot,
     gpus_held_by_no_job,
     gres_request_gpus,
@@ -45,6 +47,8 @@ class Recording:
 
 
 RECORDINGS = {
+    "23.02": Recording("v2302", {"running": 1796634530000, "changed": 1796634534000, "whole": 1796634607000,
+                                 "preempted": 1796634609000, "done": 1796634632000}, requeued="6", whole="7"),
     "23.11": Recording("v2311", {"running": 1796632413000, "changed": 1796632417000, "whole": 1796632492000,
                                  "preempted": 1796632496000, "done": 1796632515000}, requeued="6", whole="7"),
     "24.11": Recording("v2411", {"running": 1796594292000, "changed": 1796594297000, "whole": 1796594370000,
@@ -100,6 +104,16 @@ def test_the_recorded_story_gives_each_attempt_its_outcome_reason_and_gpus(versi
     # nodes (whole nodes), read from its per-node request: no accounting, so its TRES strings carry no GPUs
     assert snapshots["running"] == {"batch": (32.0, 18.0, 1, 32.0), "prod": (32.0, 0.0, 0, 0.0)}
     assert snapshots["whole"]["batch"] == (32.0, 32.0, 0, 0.0)
+
+
+def test_slurm_23_02_without_accounting_fails_the_poll_and_takes_no_job_for_gone():
+    """23.02's `squeue --json` on a cluster without slurmdbd (recorded: eight jobs submitted, `--gpus-per-task`)
+    lists one job and an error ("loading QOS for parser failed"): the poll fails instead of reading a partial
+    list, so the seven jobs it leaves out do not end."""
+    squeue = load("squeue_v2302_no_accounting")
+    assert len(squeue["jobs"]) == 1 and squeue["meta"]["plugins"]["accounting_storage"] == "accounting_storage/none"
+    with pytest.raises(SlurmInputError, match="squeue reported errors.*slurmdb_qos_get"):
+        translate(squeue, AgentState(), cluster="gpuledger", poll_started_ms=1796634470000, tiers=TIERS)
 
 
 def _whole_jobs_requeue(rec: Recording, **prod_job) -> tuple[str | None, str | None]:
