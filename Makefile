@@ -46,7 +46,7 @@ slurm-check-26: $(STAMP) ## the same check on Debian testing's Slurm (26.05.5 on
 	SLURM_CHROOT=$(SLURM26_ROOT) $(BIN)/python -m pytest -q -s -m slurm tests/slurm
 
 SLURM_SRC_ROOT ?= /srv/gpuledger-slurm-src
-slurm-check-src: $(STAMP) ## the same check on Slurm built from SchedMD's source: SLURM_SRC=<unpacked release> (23.02, 23.11, 25.05, 25.11: no Debian suite has them; ~15 min to build, once)
+slurm-check-src: $(STAMP) ## the same check on Slurm built from SchedMD's source: SLURM_SRC=<unpacked release> (23.02, 23.11, 25.05, 25.11: no Debian suite has them; ~4 min to build here, once)
 	@test -n "$(SLURM_SRC)" || test -x $(SLURM_SRC_ROOT)/usr/sbin/slurmctld || { echo "set SLURM_SRC to an unpacked Slurm release (docs/slurm.md)"; exit 2; }
 	scripts/slurm/newer_slurm.sh source $(SLURM_SRC_ROOT) $(or $(SLURM_SRC),.)
 	SLURM_CHROOT=$(SLURM_SRC_ROOT) $(BIN)/python -m pytest -q -s -m slurm tests/slurm

@@ -14,7 +14,7 @@
 #   accounting (TRES strings carry no GPUs, sacct answers nothing), as newer_slurm.sh records it
 # SLURM_CHROOT=ROOT: every daemon and client runs in that root filesystem instead (Slurm 24.11 from Debian
 #   trixie, or newer: `scripts/slurm/newer_slurm.sh root ROOT [SUITE]` makes one, with slurmdbd; `source ROOT
-#   SRC` one with Slurm built from SchedMD's source, e.g. 23.11 or 25.11); DIR is
+#   SRC` one with Slurm built from SchedMD's source, e.g. 23.02, 23.11 or 25.11); DIR is
 #   bind-mounted at the same path inside, and DIR/bin holds wrappers (sbatch, squeue, …) that run the
 #   root's commands: `start` and `env` print the PATH that puts them first.
 #
@@ -75,8 +75,8 @@ enter_root() {  # with SLURM_CHROOT: mounts, hosts entry, wrappers in DIR/bin fi
   export PATH="$DIR/bin:$PATH"
 }
 
-# A root's slurmd and cgroups: 24.05 on take CgroupPlugin=disabled (the root has no cgroup hierarchy); 23.11 has
-# no such setting and fails without a plugin, so its root gets this host's /sys and cgroup.conf's autodetect
+# A root's slurmd and cgroups: 24.05 on take CgroupPlugin=disabled (the root has no cgroup hierarchy); 23.02 and
+# 23.11 have no such setting and fail without a plugin, so their root gets this host's /sys and cgroup.conf's autodetect
 root_cgroups() {
   [[ -n "$ROOTFS" ]] || return 0
   local v

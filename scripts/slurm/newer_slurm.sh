@@ -3,7 +3,7 @@
 # so debootstrap makes the root: trixie (Debian 13) has Slurm 24.11.5, forky (testing) had 26.05.5 on 2026-12-07.
 # `root` only makes it (with slurmdbd): `make slurm-check-24` / `slurm-check-26` run cluster.sh in it
 # (SLURM_CHROOT), sacct included. `source` makes a Debian 12 root and builds Slurm in it from SchedMD's source (a
-# release tarball unpacked, or `git archive` of a tag): the versions no Debian suite ships (23.11, 25.05, 25.11);
+# release tarball unpacked, or `git archive` of a tag): the versions no Debian suite ships (23.02, 23.11, 25.05, 25.11);
 # `make slurm-check-src` runs the check in it. `record` starts cluster.sh's cluster in it without accounting
 # (SLURM_ACCOUNTING=0: no slurmdbd, so no GPUs in TRES strings; SLURM_ACCOUNTING=1 in the environment keeps it: 23.02's
 # squeue --json fails without it, "loading QOS for parser failed"), in a fresh OUT/cluster (job ids from 1), plays a
@@ -11,7 +11,7 @@
 # `make slurm-check` or another cluster.sh cluster.
 #
 #   scripts/slurm/newer_slurm.sh root   [ROOT] [SUITE]  # only make ROOT (~40 s); default /srv/trixie, trixie
-#   scripts/slurm/newer_slurm.sh source ROOT SRC         # ROOT with Slurm built from the source tree SRC (~15 min on 2 cores)
+#   scripts/slurm/newer_slurm.sh source ROOT SRC         # ROOT with Slurm built from the source tree SRC (~4 min on 2 cores)
 #   scripts/slurm/newer_slurm.sh record [ROOT] [OUT]    # the story (ROOT made first when missing); OUT default build/slurm24-rec
 #
 # `record` writes squeue_<moment>.json, sinfo_<moment>.json, nodes_<moment>.json (scontrol show nodes
