@@ -47,8 +47,8 @@ slurm-check-26: $(STAMP) ## the same check on Debian testing's Slurm (26.05.5 on
 
 SLURM_SRC_ROOT ?= /srv/gpuledger-slurm-src
 slurm-check-src: $(STAMP) ## the same check on Slurm built from SchedMD's source: SLURM_SRC=<unpacked release> (23.02, 23.11, 25.05, 25.11: no Debian suite has them; ~4 min to build here, once)
-	@test -n "$(SLURM_SRC)" || test -x $(SLURM_SRC_ROOT)/usr/sbin/slurmctld || { echo "set SLURM_SRC to an unpacked Slurm release (docs/slurm.md)"; exit 2; }
-	scripts/slurm/newer_slurm.sh source $(SLURM_SRC_ROOT) $(or $(SLURM_SRC),.)
+	@if [ -n "$(SLURM_SRC)" ]; then scripts/slurm/newer_slurm.sh source $(SLURM_SRC_ROOT) $(SLURM_SRC); \
+	elif [ ! -x $(SLURM_SRC_ROOT)/usr/sbin/slurmctld ]; then echo "set SLURM_SRC to an unpacked Slurm release (docs/slurm.md)"; exit 2; fi
 	SLURM_CHROOT=$(SLURM_SRC_ROOT) $(BIN)/python -m pytest -q -s -m slurm tests/slurm
 
 bench: $(STAMP) ## run every benchmark (~30 min on 2 cores; GPULEDGER_BENCH_QUICK=1 for a ~4 min smoke run), print a table, write bench/results.json

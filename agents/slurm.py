@@ -795,28 +795,30 @@ def _preemptor(job: SlurmJob, js: JobState, at_ms: int, jobs: list[SlurmJob], ti
     (partition_prio preemption), on one of its nodes, submitted by then (to within a second) and started from a
     second before it to PREEMPTOR_START_WINDOW_MS after; the one that started closest to it. None: an admin
     requeue, or unknown (the preemptor had not started by this poll: see _preemptor_may_start)."""
-    tier = tiers.get(js.queue or job.queue, 0)
     best: SlurmJob | None = None
-    for other in jobs:
-        if other.job_id == job.job_id or not other.nodes or other.submit_ms > at_ms + 1000:
+    for other in _may_preempt(js, job, at_ms, jobs, tiers):
+        if not other.nodes or not at_ms - 1000 <= other.start_ms <= at_ms + PREEMPTOR_START_WINDOW_MS:
             continue
-        if not at_ms - 1000 <= other.start_ms <= at_ms + PREEMPTOR_START_WINDOW_MS:
-            continue
-        if tiers.get(other.queue, 0) > tier and set(other.nodes) & set(js.nodes):
+        if set(other.nodes) & set(js.nodes):
             if best is None or abs(other.start_ms - at_ms) < abs(best.start_ms - at_ms):
                 best = other
     return best
+
+
+def _may_preempt(js: JobState, job: SlurmJob, at_ms: int, jobs: list[SlurmJob], tiers: Mapping[str, int]):
+    """The other jobs that may have preempted `job` at `at_ms`: of a partition of higher PriorityTier, submitted
+    by then (to within a second)."""
+    tier = tiers.get(js.queue or job.queue, 0)
+    return (other for other in jobs if other.job_id != job.job_id and other.submit_ms <= at_ms + 1000
+            and tiers.get(other.queue, 0) > tier)
 
 
 def _preemptor_may_start(js: JobState, job: SlurmJob, at_ms: int, jobs: list[SlurmJob], tiers: Mapping[str, int],
                          poll_ms: int) -> bool:
     """Whether `job`'s preemptor may not have started yet at this poll: within PREEMPTOR_START_WINDOW_MS of its
     requeue at `at_ms`, a job of a higher PriorityTier submitted by then is still pending."""
-    if poll_ms >= at_ms + PREEMPTOR_START_WINDOW_MS:
-        return False
-    tier = tiers.get(js.queue or job.queue, 0)
-    return any(other.state in PENDING_STATES and tiers.get(other.queue, 0) > tier and other.submit_ms <= at_ms + 1000
-               for other in jobs if other.job_id != job.job_id)
+    return poll_ms < at_ms + PREEMPTOR_START_WINDOW_MS and any(
+        other.state in PENDING_STATES for other in _may_preempt(js, job, at_ms, jobs, tiers))
 
 
 def translate(
@@ -926,13 +928,15 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
             return
         requeued_ms = max(job.submit_ms, js.alloc_start_ms, promised_ms if stale else 0)
         js.requeue_wait_polls = 0
-        by = _preemptor(job, js, requeued_ms, jobs, tiers) if js.allocated and not js.ended else None
-        if by is None and js.allocated and not js.ended and _preemptor_may_start(js, job, requeued_ms, jobs, tiers, poll_ms):
-            # a job of a higher tier waits: it may be the preemptor, still waiting for the victim's processes
-            # to end. The requeue is told at a later poll (by PREEMPTOR_START_WINDOW_MS after it at most);
-            # meanwhile the watermark stays at its time, so its events are not late.
-            hold_ms.append(requeued_ms)
-            return
+        by = None
+        if js.allocated and not js.ended:
+            by = _preemptor(job, js, requeued_ms, jobs, tiers)
+            if by is None and _preemptor_may_start(js, job, requeued_ms, jobs, tiers, poll_ms):
+                # a job of a higher tier waits: it may be the preemptor, still waiting for the victim's processes
+                # to end. The requeue is told at a later poll (by PREEMPTOR_START_WINDOW_MS after it at most);
+                # meanwhile the watermark stays at its time, so its events are not late.
+                hold_ms.append(requeued_ms)
+                return
         _requeue(job, js, state, out, requeued_ms=requeued_ms, retried_ms=job.submit_ms, new_attempt=job.attempt,
                  reason=f"requeued to reclaim resources for job {by.job_id}" if by else "requeued",
                  by_job_id=by.job_id if by else None, rule="partition_prio/requeue" if by else "requeue")
