@@ -5,8 +5,8 @@ per-job state and are read together with docs/slurm.md.
 
 Input: the parsed output of `squeue --json --states=all` and `sinfo --json` (Slurm 22.05,
 openapi v0.0.38; the number objects of 23.02's v0.0.39 are read too, and the list-valued job_state of 23.11 on,
-with `scontrol show nodes --json` for the nodes: recorded fixtures of 23.11, 24.11, 25.11 and 26.05,
-`*_v2311_*` … `*_v2605_*`), optionally `sacct -P` rows
+with `scontrol show nodes --json` for the nodes: recorded fixtures of 23.02, 23.11, 24.11, 25.05, 25.11 and 26.05,
+`*_v2302_*` … `*_v2605_*`), optionally `sacct -P` rows
 for jobs that left squeue, and the agent's state from the previous poll. Output: `JobEvent`s, one `LifecycleWatermark`, a `SchedulerSnapshot`
 and the next state. `agents/slurm_agent.py` does the I/O around it.
 
@@ -786,7 +786,7 @@ class _Emitter:
 
 #: how long after a requeue the job that preempted it may start: Slurm requeues the victim at once, and its GPUs
 #: are free for the preemptor only once its processes have ended (KillWait, 30 s by default) and its node is
-#: clean. Seen: the same second on 24.11 and 25.11, 2 s later on 23.11 (tests/fixtures/slurm/*_preempted.json)
+#: clean. Seen: the same second on 23.02, 24.11, 25.05, 25.11 and 26.05, 2 s later on 23.11 (tests/fixtures/slurm/*_preempted.json)
 PREEMPTOR_START_WINDOW_MS = 40_000
 
 

@@ -14,7 +14,7 @@
 #   accounting (TRES strings carry no GPUs, sacct answers nothing), as newer_slurm.sh records it
 # SLURM_CHROOT=ROOT: every daemon and client runs in that root filesystem instead (Slurm 24.11 from Debian
 #   trixie, or newer: `scripts/slurm/newer_slurm.sh root ROOT [SUITE]` makes one, with slurmdbd; `source ROOT
-#   SRC` one with Slurm built from SchedMD's source, e.g. 23.02, 23.11 or 25.11); DIR is
+#   SRC` one with Slurm built from SchedMD's source, e.g. 23.02, 23.11, 25.05 or 25.11); DIR is
 #   bind-mounted at the same path inside, and DIR/bin holds wrappers (sbatch, squeue, …) that run the
 #   root's commands: `start` and `env` print the PATH that puts them first.
 #

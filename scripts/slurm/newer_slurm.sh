@@ -30,27 +30,38 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT_DIR="$(cd "$HERE/../.." && pwd)"
 log() { echo "[newer-slurm] $*" >&2; }
 
-make_root() {  # SUITE with its Slurm and slurmdbd (`make slurm-check-24` runs cluster.sh in it)
-  # asked inside the root: its /usr/sbin/slurmctld links to its own /etc/alternatives, not the host's
-  if ! { [[ -d "$R" ]] && chroot "$R" test -x /usr/sbin/slurmctld -a -x /usr/sbin/slurmdbd; }; then
-    command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >/dev/null
-    # into R.partial, renamed when complete: a failed run leaves no half root for the next to trip on
-    # (never mounted into, so it can be removed); its log stays beside it
-    # a debootstrap older than the suite has no script for it: Debian's suites all take sid's
-    local script=/usr/share/debootstrap/scripts/$SUITE
-    [[ -e "$script" ]] || script=/usr/share/debootstrap/scripts/sid
-    log "debootstrap $SUITE into $R"
-    rm -rf "$R.partial"
-    mkdir -p "$(dirname "$R")"
-    if ! timeout 1200 debootstrap --variant=minbase --include=slurm-wlm,munge,slurm-client,slurmdbd "$SUITE" \
-        "$R.partial" http://deb.debian.org/debian "$script" >"$R.debootstrap.log" 2>&1; then
-      log "debootstrap failed ($R.debootstrap.log, $R.partial/debootstrap/debootstrap.log); its last lines:"
-      tail -n 15 "$R.debootstrap.log" >&2
-      exit 1
-    fi
-    [[ ! -e "$R" ]] || rmdir "$R"  # an empty directory the operator made; anything else stops here
-    mv "$R.partial" "$R"
+has_slurm() {  # asked inside the root: its /usr/sbin/slurmctld links to its own /etc/alternatives, not the host's
+  [[ -d "$R" ]] && chroot "$R" test -x /usr/sbin/slurmctld -a -x /usr/sbin/slurmdbd
+}
+
+# debootstrap SUITE (minbase and PACKAGES) into R.partial, which the caller renames to R when complete: a failed run
+# leaves no half root for the next to trip on (never mounted into, so it can be removed); its log stays beside R
+debootstrap_partial() {
+  local suite=$1 packages=$2
+  command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >/dev/null
+  # a debootstrap older than the suite has no script for it: Debian's suites all take sid's
+  local script=/usr/share/debootstrap/scripts/$suite
+  [[ -e "$script" ]] || script=/usr/share/debootstrap/scripts/sid
+  rm -rf "$R.partial"
+  mkdir -p "$(dirname "$R")"
+  if ! timeout 1200 debootstrap --variant=minbase --include="$packages" "$suite" "$R.partial" \
+      http://deb.debian.org/debian "$script" >"$R.debootstrap.log" 2>&1; then
+    log "debootstrap failed ($R.debootstrap.log, $R.partial/debootstrap/debootstrap.log); its last lines:"
+    tail -n 15 "$R.debootstrap.log" >&2
+    exit 1
   fi
+}
+
+finish_root() {
+  [[ ! -e "$R" ]] || rmdir "$R"  # an empty directory the operator made; anything else stops here
+  mv "$R.partial" "$R"
+}
+
+make_root() {  # SUITE with its Slurm and slurmdbd (`make slurm-check-24` runs cluster.sh in it)
+  has_slurm && return 0
+  log "debootstrap $SUITE into $R"
+  debootstrap_partial "$SUITE" slurm-wlm,munge,slurm-client,slurmdbd
+  finish_root
 }
 
 # what building Slurm from source needs in a Debian 12 root (json-c: the --json output the agent reads; MariaDB's
@@ -58,17 +69,11 @@ make_root() {  # SUITE with its Slurm and slurmdbd (`make slurm-check-24` runs c
 BUILD_PACKAGES=build-essential,pkg-config,python3,munge,libmunge-dev,libjson-c-dev,libmariadb-dev,libyaml-dev,liblz4-dev,zlib1g-dev
 
 make_source_root() {  # R with SRC's Slurm built and installed in it (/usr, /etc/slurm), as the Debian roots have theirs
-  if { [[ -d "$R" ]] && chroot "$R" test -x /usr/sbin/slurmctld -a -x /usr/sbin/slurmdbd; }; then
+  if has_slurm; then
     log "$R has a Slurm already ($(chroot "$R" /usr/sbin/slurmctld -V)): remove it to build $SRC"; return 0
   fi
-  command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >/dev/null
-  rm -rf "$R.partial"
-  mkdir -p "$(dirname "$R")"
   log "debootstrap bookworm with build tools into $R"
-  if ! timeout 1200 debootstrap --variant=minbase --include="$BUILD_PACKAGES" bookworm "$R.partial" \
-      http://deb.debian.org/debian >"$R.debootstrap.log" 2>&1; then
-    log "debootstrap failed ($R.debootstrap.log); its last lines:"; tail -n 15 "$R.debootstrap.log" >&2; exit 1
-  fi
+  debootstrap_partial bookworm "$BUILD_PACKAGES"
   mkdir -p "$R.partial/usr/src"
   cp -a "$SRC" "$R.partial/usr/src/slurm"
   log "building $(sed -n 's/^ *Version:[[:space:]]*//p' "$SRC/META") (configure, make, make install: logs in $R.partial/usr/src/)"
@@ -79,8 +84,7 @@ make_source_root() {  # R with SRC's Slurm built and installed in it (/usr, /etc
       --enable-multiple-slurmd --disable-debug >../configure.log 2>&1 && make -j"$(nproc)" >../make.log 2>&1 && make install >../install.log 2>&1 && ldconfig'; then
     log "the build failed; the last lines of its logs:"; tail -n 20 "$R.partial"/usr/src/{configure,make,install}.log >&2 2>/dev/null; exit 1
   fi
-  [[ ! -e "$R" ]] || rmdir "$R"
-  mv "$R.partial" "$R"
+  finish_root
 }
 
 cmd_record() {

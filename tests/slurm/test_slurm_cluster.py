@@ -1,6 +1,6 @@
 """`make slurm-check`: the Slurm agent against a real Slurm 22.05 cluster on this host; `make slurm-check-24`:
 the same with SLURM_CHROOT set, every Slurm daemon and client from Slurm 24.11.5 in a Debian trixie root
-(`slurm-check-26`: Debian testing's; `slurm-check-src`: one built from SchedMD's source, e.g. 23.11 or 25.11).
+(`slurm-check-26`: Debian testing's; `slurm-check-src`: one built from SchedMD's source, e.g. 23.02, 23.11, 25.05 or 25.11).
 
 Starts scripts/slurm/cluster.sh (munge, MariaDB + slurmdbd, slurmctld, 4 fake 8-GPU nodes), a
 Tansu broker, the Faust worker, the sink into chDB, one GPU agent per node (`--backend

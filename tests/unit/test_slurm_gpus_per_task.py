@@ -1,6 +1,6 @@
 """GPU counts of jobs that asked `--gpus-per-task` on a cluster that does not account GPUs
 (AccountingStorageTRES without gres/gpu: TRES strings carry none), from real output of Slurm 22.05.8,
-24.11.5, 23.11.11 and 25.11.7 (tests/fixtures/slurm/README.md, `*gpus_per_task*`; `scripts/slurm/cluster.sh`
+24.11.5, 23.11.11, 25.05.8 and 25.11.7 (tests/fixtures/slurm/README.md, `*gpus_per_task*`; `scripts/slurm/cluster.sh`
 with SLURM_ACCOUNTING=0, the others in their roots). The same jobs on both:
 1 `-n 2 --gpus-per-task=2` (4 GPUs), 2 `-N 1 -n 3 --gpus-per-task=1` (3), 3 `-N 2 --ntasks-per-node=2
 --gpus-per-task=1` (4 on 2 nodes), 4 `--gpus=3` (per job), 5 `-n 2 -c 2 --gpus-per-task=1` (2; 24.11 writes
@@ -20,6 +20,7 @@ from slurm_fixtures import load
 VERSIONS = {"22.05": ("squeue_gpus_per_task", "sinfo_gpus_per_task_running"),
             "24.11": ("squeue_v2411_gpus_per_task", "nodes_v2411_gpus_per_task_running"),
             "23.11": ("squeue_v2311_gpus_per_task", "nodes_v2311_gpus_per_task_running"),
+            "25.05": ("squeue_v2505_gpus_per_task", "nodes_v2505_gpus_per_task_running"),
             "25.11": ("squeue_v2511_gpus_per_task", "nodes_v2511_gpus_per_task_running")}
 GPUS = {"1": 4.0, "2": 3.0, "3": 4.0, "4": 3.0, "5": 2.0, "6": 2.0, "7": 32.0, "8": 2.0}
 

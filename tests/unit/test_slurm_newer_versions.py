@@ -1,7 +1,7 @@
 """The Slurm agent on real output of Slurm 24.11.5 (data_parser v0.0.42; Debian trixie), 26.05.5 (v0.0.45;
-Debian testing, forky), 23.11.11 (v0.0.40) and 25.11.7 (v0.0.44; both built from SchedMD's source), each
+Debian testing, forky), 23.11.11 (v0.0.40), 25.05.8 (v0.0.43) and 25.11.7 (v0.0.44; all three built from SchedMD's source), each
 recorded in a chroot (tests/fixtures/slurm/README.md, `*_v2411_*.json`, `*_v2605_*.json`, `*_v2311_*.json`,
-`*_v2511_*.json`; scripts/slurm/newer_slurm.sh record), and 23.02.8 (v0.0.39, from source, recorded with
+`*_v2505_*.json`, `*_v2511_*.json`; scripts/slurm/newer_slurm.sh record), and 23.02.8 (v0.0.39, from source, recorded with
 slurmdbd: without it its squeue --json fails; job_state a plain string, `*_v2302_*.json`): squeue lists job_state as [base, flags...], numbers and
 exit codes as objects, and `sinfo --json` groups the nodes ({"sinfo": [...]}) so the agent reads them with
 `scontrol show nodes --json`. The same story on both: 1 (2 GPUs) completes, 2 exits 3, 3 is cancelled, array 4
@@ -55,6 +55,8 @@ RECORDINGS = {
                                  "preempted": 1796594372000, "done": 1796594395000}, requeued="8", whole="9"),
     "26.05": Recording("v2605", {"running": 1796606125000, "changed": 1796606129000, "whole": 1796606199000,
                                  "preempted": 1796606202000, "done": 1796606226000}, requeued="6", whole="7"),
+    "25.05": Recording("v2505", {"running": 1796644050000, "changed": 1796644054000, "whole": 1796644128000,
+                                 "preempted": 1796644130000, "done": 1796644154000}, requeued="6", whole="7"),
     "25.11": Recording("v2511", {"running": 1796632533000, "changed": 1796632538000, "whole": 1796632608000,
                                  "preempted": 1796632611000, "done": 1796632632000}, requeued="6", whole="7"),
 }
@@ -136,14 +138,15 @@ def _whole_jobs_requeue(rec: Recording, **prod_job) -> tuple[str | None, str | N
 
 def test_the_preemptor_is_named_when_it_starts_after_the_requeue():
     """Slurm 23.11 started prod job 10 2 s after it requeued the whole-cluster job 7 (its submit_time, the
-    requeue time): the victim's processes end first (KillWait). 24.11 and 25.11 started it in the same second.
+    requeue time): the victim's processes end first (KillWait). The other versions started it in the same second.
     A job submitted after the requeue did not cause it, nor did one that started more than 40 s after it."""
     v2311 = RECORDINGS["23.11"]
     assert _whole_jobs_requeue(v2311) == ("requeued to reclaim resources for job 10", "10")
     assert _whole_jobs_requeue(v2311, start_time=30) == ("requeued to reclaim resources for job 10", "10")
     assert _whole_jobs_requeue(v2311, start_time=45) == ("requeued", None)
     assert _whole_jobs_requeue(v2311, submit_time=2) == ("requeued", None)
-    assert _whole_jobs_requeue(RECORDINGS["25.11"]) == ("requeued to reclaim resources for job 10", "10")
+    for version in ("25.05", "25.11"):
+        assert _whole_jobs_requeue(RECORDINGS[version]) == ("requeued to reclaim resources for job 10", "10")
 
 
 def test_a_requeue_waits_for_a_preemptor_that_has_not_started_yet():
