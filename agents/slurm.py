@@ -21,8 +21,10 @@ Rules (docs/slurm.md explains each):
 - A resize (`scontrol update NumNodes=`; sacct's RESIZING row) is no new attempt: a second
   `allocated` of the same attempt with the GPUs it keeps, at the resize time.
 - GPU indices not seen (a job that ran between polls, or while the agent was down): the attempt
-  gets every GPU of its nodes only when its GPU count equals their GPU count in sinfo (it held
-  whole nodes); part of a node gets none, never a guess at which indices (`whole_node_detail`).
+  gets the GPUs recorded at its allocation by deploy/slurm/gpuledger-prolog-slurmctld where that
+  runs (`RecordedAllocation`, for this attempt, on these nodes, allocated at its start), else every
+  GPU of its nodes only when its GPU count equals their GPU count in sinfo (it held whole nodes);
+  part of a node gets none, never a guess at which indices (`whole_node_detail`).
 - Event ids are deterministic (`slurm:<cluster>:<job>:<attempt>:<kind>`): a restarted agent that
   emits an event again produces a duplicate the ledger drops.
 - Watermark: the second the poll started (Slurm stamps events with the controller's clock when it
@@ -36,7 +38,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from gpuledger.schemas.models import (
     GpuAssignment,
@@ -726,6 +728,50 @@ def node_gpu_counts(sinfo: Any) -> NodeGpus:
     return out
 
 
+# --------------------------------------------------------------------------- allocations recorded by PrologSlurmctld
+#: how far a recorded allocation's time may lie from the attempt's start_time and still be its own: the record is
+#: written as the job is allocated (before its start_time is final: PrologSlurmctld runs while it is CONFIGURING);
+#: one farther off is another job's that had the same id (a controller whose state was reset counts from 1 again)
+RECORDED_ALLOCATION_SLACK_MS = 60_000
+
+_RECORD_NODE_LINE = re.compile(r"^[ \t]*Nodes=(\S+)[ \t](.*)$", re.M)
+
+
+@dataclass(frozen=True)
+class RecordedAllocation:
+    """The GPUs of one attempt as deploy/slurm/gpuledger-prolog-slurmctld recorded them when Slurm allocated it
+    (`allocated_at=` then `scontrol show job -d`): for an attempt whose GPU indices no poll saw."""
+
+    raw_id: int
+    attempt: int          # Slurm's restart count (`Restarts=`)
+    allocated_ms: int
+    nodes: list[str]
+    gres_detail: list[str]  # one per node of `nodes`, as squeue's gres_detail (`gpu:a100:3(IDX:2-4)`)
+
+
+#: looks up the record of (raw job id, attempt); None: none
+AllocationLookup = Callable[[int, int], RecordedAllocation | None]
+
+
+def parse_recorded_allocation(text: str) -> RecordedAllocation:
+    """A record written by deploy/slurm/gpuledger-prolog-slurmctld: `allocated_at=<epoch s>`, then `scontrol
+    show job -d`, whose per-node lines (`Nodes=gpu01 CPU_IDs=1 Mem=0 GRES=gpu:a100:3(IDX:2-4)`; nodes alike
+    grouped as `Nodes=gpu[01-02]`) give the GPUs. Raises SlurmInputError for anything else."""
+    at = re.search(r"^allocated_at=(\d+)[ \t]*$", text, re.M)
+    job = re.search(r"\bJobId=(\d+)\b", text)
+    restarts = re.search(r"\bRestarts=(\d+)\b", text)
+    if not (at and job and restarts):
+        raise SlurmInputError("not a PrologSlurmctld record: allocated_at=, JobId= and Restarts= expected")
+    nodes: list[str] = []
+    detail: list[str] = []
+    for hosts, rest in _RECORD_NODE_LINE.findall(text):
+        gres = re.search(r"\bGRES=(\S*)", rest)
+        for node in expand_hostlist(hosts):
+            nodes.append(node)
+            detail.append(gres[1] if gres else "")
+    return RecordedAllocation(int(job[1]), int(restarts[1]), int(at[1]) * 1000, nodes, detail)
+
+
 def whole_node_detail(nodes: list[str], gpus: float, node_gpus: Mapping[str, int],
                       started_ms: int | None = None) -> list[str] | None:
     """gres_detail entries (one per node, as squeue writes them) for an attempt whose GPU indices were
@@ -753,6 +799,10 @@ def _unseen_gpus(job: SlurmJob, nodes: list[str], gpus: float, source: str, out:
     `gpus` are those after a resize (an expand adds another job's nodes), not those it started on."""
     if resized_ms > job.start_ms:
         return _with(job, nodes=nodes, gres_detail=[]), f"GPU indices not seen ({note}; resized since its start)"
+    recorded = out.recorded_allocation(job, nodes)
+    if recorded is not None:
+        return (_with(job, nodes=recorded.nodes, gres_detail=recorded.gres_detail),
+                f"GPU indices not seen ({note}); recorded at its allocation by PrologSlurmctld")
     detail = whole_node_detail(nodes, gpus, out.node_gpus, job.start_ms)
     if detail is None:
         return _with(job, nodes=nodes, gres_detail=[]), f"GPU indices not seen ({note})"
@@ -764,14 +814,34 @@ def _unseen_gpus(job: SlurmJob, nodes: list[str], gpus: float, source: str, out:
 
 # --------------------------------------------------------------------------- translation
 class _Emitter:
-    def __init__(self, cluster: str, state: AgentState, node_gpus: Mapping[str, int] | None = None):
+    def __init__(self, cluster: str, state: AgentState, node_gpus: Mapping[str, int] | None = None,
+                 recorded: AllocationLookup | None = None):
         self.cluster = cluster
         self.state = state
         #: GPUs per node (sinfo): what an attempt whose GPU indices were not seen may be given whole
         self.node_gpus: Mapping[str, int] = node_gpus or {}
+        self.recorded = recorded
         self.events: list[JobEvent] = []
         self.warnings: list[str] = []
         self.needs_sacct: list[str] = []
+
+    def recorded_allocation(self, job: SlurmJob, nodes: list[str]) -> RecordedAllocation | None:
+        """The GPUs recorded at the allocation of `job`'s attempt on `nodes` (PrologSlurmctld), if a record is
+        there and is this attempt's: same job id and restart count, the same nodes, allocated at its start (to
+        within RECORDED_ALLOCATION_SLACK_MS) and naming GPUs. One that is not is left, with a warning."""
+        rec = self.recorded(job.raw_id, job.attempt) if self.recorded is not None else None
+        if rec is None:
+            return None
+        if (rec.raw_id, rec.attempt) != (job.raw_id, job.attempt) or sorted(rec.nodes) != sorted(nodes) \
+                or abs(rec.allocated_ms - job.start_ms) > RECORDED_ALLOCATION_SLACK_MS:
+            self.warnings.append(
+                f"job {job.job_id}: the PrologSlurmctld record of job {rec.raw_id} restart {rec.attempt} (nodes "
+                f"{','.join(rec.nodes) or '-'}, allocated at {rec.allocated_ms // 1000}) is not its attempt {job.attempt} "
+                f"on {','.join(nodes) or '-'} started at {job.start_ms // 1000}: not used")
+            return None
+        if not job_gpus(_with(job, nodes=rec.nodes, gres_detail=rec.gres_detail), self.node_gpus):
+            return None  # no GPU in it (a job that asked for none on that node): nothing to add
+        return rec
 
     def emit(self, job: SlurmJob, kind: JobEventKind, ts_ms: int, *, attempt: int | None = None,
              gpus: list[GpuAssignment] | None = None, reason: str | None = None, suffix: str = "") -> None:
@@ -831,6 +901,7 @@ def translate(
     margin_ms: int = 1000,
     accounting: Mapping[str, list[SacctRow]] | None = None,
     node_gpus: Mapping[str, int] | None = None,
+    recorded: AllocationLookup | None = None,
 ) -> PollResult:
     """One poll: squeue JSON + the previous state → events, the watermark, the next state.
 
@@ -838,14 +909,15 @@ def translate(
     (to name the preempting job). `accounting`: sacct's rows (`--duplicates`) of the jobs in a
     previous result's `needs_sacct`, or None (not asked). `node_gpus`: GPUs per node
     (`node_gpu_counts` of sinfo), to give an attempt whose GPU indices were not seen the whole nodes
-    it held. Raises SlurmInputError only when the whole output is unusable; a bad job record is
+    it held. `recorded`: the allocations PrologSlurmctld recorded, looked up for such an attempt
+    first (`RecordedAllocation`). Raises SlurmInputError only when the whole output is unusable; a bad job record is
     skipped with a warning."""
     tiers = tiers or {}
     state = state.copy()
     promised_ms = state.watermark_ms
     parsed = parse_jobs(squeue)
     jobs = parsed.jobs
-    out = _Emitter(cluster, state, node_gpus)
+    out = _Emitter(cluster, state, node_gpus, recorded)
     out.warnings.extend(parsed.warnings)
     seen: set[str] = set()
     hold_ms: list[int] = []   # end times of jobs still completing: the watermark stays below them
@@ -975,8 +1047,9 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
         return
     if job.state in FINAL_STATES:
         if ran and not js.allocated:
-            if job.requested_gpus:
-                # squeue shows an ended job's nodes and GPU count, no indices: whole nodes can still be told
+            if job.requested_gpus or job.requested_parts:
+                # squeue shows an ended job's nodes and GPU count, no indices: a PrologSlurmctld record or whole
+                # nodes can still tell them (parts of GPUs only from a record)
                 seen, note = _unseen_gpus(job, job.nodes, job.alloc_gpus or job.requested_gpus, "squeue's", out,
                                           "the job ran between polls", resized_ms=job.resize_ms)
                 _allocate(seen, js, out, job_gpus(seen, out.node_gpus), note)
@@ -1152,8 +1225,8 @@ def _replay_requeues(job: SlurmJob, js: JobState, state: AgentState, out: _Emitt
 
 
 def close_vanished(job_ids: Iterable[str], state: AgentState, accounting: Mapping[str, list[SacctRow]] | None, *,
-                   cluster: str, lost_at_ms: int, promised_ms: int,
-                   node_gpus: Mapping[str, int] | None = None) -> tuple[list[JobEvent], AgentState, list[str]]:
+                   cluster: str, lost_at_ms: int, promised_ms: int, node_gpus: Mapping[str, int] | None = None,
+                   recorded: AllocationLookup | None = None) -> tuple[list[JobEvent], AgentState, list[str]]:
     """End jobs that left squeue unfinished (the agent was down longer than MinJobAge) from sacct's
     rows: each attempt from `js.attempt` on, requeues included, then the final outcome; a job sacct
     has no row for is closed as `failed` at `lost_at_ms` with a reason that says so.
@@ -1161,9 +1234,9 @@ def close_vanished(job_ids: Iterable[str], state: AgentState, accounting: Mappin
     `accounting` None: sacct could not be asked (it failed or timed out). The jobs then stay open
     for the next poll, and the state's watermark goes back to `promised_ms` (the one published
     before this poll): their events, still to come, carry Slurm times after it.
-    `node_gpus`: as for `translate`. Returns the events, the next state and warnings."""
+    `node_gpus`, `recorded`: as for `translate`. Returns the events, the next state and warnings."""
     state = state.copy()
-    out = _Emitter(cluster, state, node_gpus)
+    out = _Emitter(cluster, state, node_gpus, recorded)
     job_ids = [j for j in job_ids if j in state.jobs and not state.jobs[j].finished]
     if accounting is None:
         if job_ids:

@@ -27,6 +27,7 @@ import gc
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -40,6 +41,7 @@ import orjson
 
 from gpuledger.agents.slurm import (
     AgentState,
+    RecordedAllocation,
     SacctRow,
     SlurmInputError,
     build_snapshot,
@@ -47,6 +49,7 @@ from gpuledger.agents.slurm import (
     gpus_held_by_no_job,
     node_gpu_counts,
     parse_jobs,
+    parse_recorded_allocation,
     partition_tiers,
     translate,
 )
@@ -241,13 +244,88 @@ class PrintSink:
         return 0
 
 
+# --------------------------------------------------------------------------- allocations recorded by PrologSlurmctld
+#: a record's file name: `<job id>.<restart count>` (deploy/slurm/gpuledger-prolog-slurmctld); the script's
+#: temporary files start with a dot
+_RECORD_NAME = re.compile(r"^(\d+)\.(\d+)$")
+#: a record no poll has used or seen the attempt of is removed after this (its job was never in squeue
+#: when a poll ran: it started and left while the agent was down, or its record was never needed)
+RECORD_MAX_AGE_S = 7 * 86400
+
+
+class AllocationRecords:
+    """The allocations deploy/slurm/gpuledger-prolog-slurmctld records in `directory`, one file per attempt
+    (docs/slurm.md, "Jobs between two polls"): looked up for an attempt whose GPU indices no poll saw,
+    removed once a poll has seen the attempt allocated or ended (`prune`)."""
+
+    def __init__(self, directory: Path, clock: Callable[[], float] = time.time):
+        self.directory = directory
+        self.clock = clock
+        self._reported: set[str] = set()  # problems logged once each
+
+    def _once(self, key: str, message: str, *args: Any) -> None:
+        if key not in self._reported:
+            self._reported.add(key)
+            log.warning(message, *args)
+
+    def lookup(self, raw_id: int, attempt: int) -> RecordedAllocation | None:
+        path = self.directory / f"{raw_id}.{attempt}"
+        try:
+            text = path.read_text(errors="replace")
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            self._once(f"read {path}", "PrologSlurmctld record %s cannot be read: %s", path, exc)
+            return None
+        try:
+            return parse_recorded_allocation(text)
+        except SlurmInputError as exc:
+            self._once(f"parse {path}", "PrologSlurmctld record %s not used: %s", path, exc)
+            return None
+
+    def prune(self, state: AgentState) -> int:
+        """Removes the records of attempts the state has allocated or ended (a later poll never needs them),
+        those of attempts before the job's current one, and any file older than RECORD_MAX_AGE_S. Returns how
+        many it removed."""
+        current: dict[int, tuple[int, bool]] = {}  # raw id -> (attempt, allocated or ended)
+        for js in state.jobs.values():
+            current[js.raw_id] = (js.attempt, js.allocated or js.ended)
+        try:
+            entries = list(os.scandir(self.directory))
+        except OSError as exc:
+            self._once(f"list {self.directory}", "PrologSlurmctld records in %s cannot be listed: %s",
+                       self.directory, exc)
+            return 0
+        removed = 0
+        now = self.clock()
+        for entry in entries:
+            name = _RECORD_NAME.match(entry.name)
+            done = False
+            if name:
+                attempt, seen = current.get(int(name[1]), (-1, False))
+                done = int(name[2]) < attempt or (int(name[2]) == attempt and seen)
+            try:
+                if not done and now - entry.stat().st_mtime < RECORD_MAX_AGE_S:
+                    continue
+                os.unlink(entry.path)
+                removed += 1
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                self._once(f"remove {self.directory}", "PrologSlurmctld records in %s cannot be removed (%s): "
+                           "the agent needs write access to the directory", self.directory, exc)
+                break
+        return removed
+
+
 # --------------------------------------------------------------------------- one poll
 class SlurmAgent:
     """Reads Slurm, keeps the state file, hands messages to a sink. `run` is injectable for tests."""
 
     def __init__(self, *, cluster: str, state_file: Path, sink: Any, partitions: int, command_timeout_s: float = 20.0,
                  margin_ms: int = 1000, run: Callable[..., str] = run_command,
-                 clock: Callable[[], float] = time.time, persist: bool = True):
+                 clock: Callable[[], float] = time.time, persist: bool = True,
+                 records: AllocationRecords | None = None):
         self.cluster = cluster
         self.state_file = state_file
         self.sink = sink
@@ -257,6 +335,8 @@ class SlurmAgent:
         self.run = run  # run(argv, timeout_s, env=None) -> stdout, raises CommandFailed
         self.clock = clock
         self.persist = persist
+        #: the allocations PrologSlurmctld records (--allocations-dir), or None
+        self.records = records
         self.state = load_state(state_file)
         self.failures = 0
         self.polls = 0
@@ -337,10 +417,11 @@ class SlurmAgent:
             log.warning("partition tiers unknown this poll: %s", exc)
             tiers = {}
         node_gpus = node_gpu_counts(sinfo)  # whole nodes for attempts whose GPU indices were not seen; parts of GPUs
+        recorded = self.records.lookup if self.records is not None else None
         accounting = None
         for _ in range(2):  # again with sacct's rows when jobs were requeued more than once since the last poll
             result = translate(squeue, self.state, cluster=self.cluster, poll_started_ms=started_ms, tiers=tiers,
-                               margin_ms=self.margin_ms, accounting=accounting, node_gpus=node_gpus)
+                               margin_ms=self.margin_ms, accounting=accounting, node_gpus=node_gpus, recorded=recorded)
             if not result.needs_sacct or (accounting := self._sacct(result.needs_sacct, self.state)) is None:
                 break  # sacct failed: its warning says those attempts in between are only `retried`
         events, state = result.events, result.state
@@ -348,7 +429,7 @@ class SlurmAgent:
         if result.vanished:
             more, state, w = close_vanished(result.vanished, state, self._sacct(result.vanished, state),
                                             cluster=self.cluster, lost_at_ms=started_ms, promised_ms=result.promised_ms,
-                                            node_gpus=node_gpus)
+                                            node_gpus=node_gpus, recorded=recorded)
             events += more
             warnings += w
         parsed = parse_jobs(squeue)
@@ -369,6 +450,8 @@ class SlurmAgent:
         # The messages are in the spool (on disk) before the state that says they were sent.
         if self.persist:
             self.state_bytes_written += save_state(self.state_file, state, self.cluster)
+            if self.records is not None:  # after the state: a crash before it leaves them for the same poll again
+                self.records.prune(state)
         self.state = state
         self.polls += 1
         log.info("poll %d: %d event(s), watermark %d, %d job(s) tracked", self.polls, len(events),
@@ -490,6 +573,9 @@ def build_parser(settings: Any) -> argparse.ArgumentParser:
     p.add_argument("--interval", type=float, default=settings.slurm_agent_interval_s, help="seconds between polls (default %(default)s)")
     p.add_argument("--state-file", type=Path, default=None,
                    help="the agent's state (default DATA_DIR/slurm-agent-<cluster>.json; with --print only when given)")
+    p.add_argument("--allocations-dir", type=Path, default=settings.slurm_agent_allocations_dir,
+                   help="where deploy/slurm/gpuledger-prolog-slurmctld records each job's GPUs at its allocation "
+                        "(default GPULEDGER_SLURM_AGENT_ALLOCATIONS_DIR; unset: none)")
     p.add_argument("--command-timeout", type=float, default=settings.slurm_agent_command_timeout_s,
                    help="seconds a Slurm client command may take (default %(default)s)")
     p.add_argument("--once", action="store_true", help="poll once and exit")
@@ -531,7 +617,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                        partitions=settings.partitions_job_events, command_timeout_s=args.command_timeout,
                        margin_ms=round(settings.slurm_agent_watermark_margin_s * 1000),
                        # a look with --print must not advance the state a publishing agent relies on
-                       persist=not args.print_ or args.state_file is not None or settings.slurm_agent_state_file is not None)
+                       persist=not args.print_ or args.state_file is not None or settings.slurm_agent_state_file is not None,
+                       records=AllocationRecords(args.allocations_dir) if args.allocations_dir else None)
     if args.metrics_port:
         SCHEDULER_AGENTS.attach("slurm", args.cluster, agent.stats)
     try:

@@ -39,7 +39,7 @@ MAX_CLUSTER_LEN = 128
 #: optional settings an empty variable leaves unset (`VAR=${X:-}` in compose or an env file): an empty
 #: path would be Path("") = "." (a spool in the working directory, ssl.ca.location=".")
 OPTIONAL_FIELDS = ("kafka_sasl_username", "kafka_sasl_password_file", "kafka_ssl_cafile", "clickhouse_password_file",
-                   "ledger_config", "slurm_agent_state_file", "agent_spool_dir", "kubernetes_pod_resources_socket",
+                   "ledger_config", "slurm_agent_state_file", "slurm_agent_allocations_dir", "agent_spool_dir", "kubernetes_pod_resources_socket",
                    "kubernetes_device_endpoint", "kubernetes_state_file")
 
 
@@ -112,6 +112,7 @@ class Settings(BaseSettings):
     slurm_agent_command_timeout_s: float = Field(20.0, gt=0, description="Slurm agent: seconds a Slurm client command may take (they hang while slurmctld is down)")
     slurm_agent_watermark_margin_s: float = Field(1.0, ge=0, description="Slurm agent: the lifecycle watermark stays this far behind the poll's start (clock skew between the agent's host and slurmctld), seconds")
     slurm_agent_state_file: Path | None = Field(None, description="Slurm agent: its state file (default DATA_DIR/slurm-agent-<cluster>.json)")
+    slurm_agent_allocations_dir: Path | None = Field(None, description="Slurm agent: the directory deploy/slurm/gpuledger-prolog-slurmctld writes each job's allocation to (unset: none)")
 
     # --- Agent spool and self-metrics
     agent_ticks_per_message: int = Field(1, ge=1, le=10_000, description="ticks the GPU agent sends per message: 1 sends each tick at once; N sends a NodeTickBatch every N ticks (fewer messages for brokers and workers, N - 1 intervals more latency)")

@@ -17,6 +17,8 @@
 #   SRC` one with Slurm built from SchedMD's source, e.g. 23.02, 23.11, 25.05 or 25.11); DIR is
 #   bind-mounted at the same path inside, and DIR/bin holds wrappers (sbatch, squeue, …) that run the
 #   root's commands: `start` and `env` print the PATH that puts them first.
+# PrologSlurmctld is deploy/slurm/gpuledger-prolog-slurmctld (copied to DIR/etc), recording each job's GPUs at its
+#   allocation in DIR/allocations: `gpuledger agent slurm --allocations-dir DIR/allocations` reads them.
 #
 # Every daemon runs as root in the background under setsid, its pid in DIR/run/*.pid; nothing
 # outside DIR is written except the packages (installed when missing). No systemd needed.
@@ -182,6 +184,14 @@ start_slurmd() {
   echo $! >"$DIR/run/slurmd-$n.pid"
 }
 
+prolog_slurmctld() {  # the shipped script under DIR (a chroot sees DIR), run with this cluster's settings
+  mkdir -p "$DIR/allocations"
+  cp "$HERE/../../deploy/slurm/gpuledger-prolog-slurmctld" "$DIR/etc/gpuledger-prolog-slurmctld"
+  printf '#!/bin/sh\nGPULEDGER_SLURM_AGENT_ALLOCATIONS_DIR=%s SLURM_CONF=%s exec /bin/sh %s\n' "$DIR/allocations" \
+    "$SLURM_CONF" "$DIR/etc/gpuledger-prolog-slurmctld" >"$DIR/etc/prolog-slurmctld"
+  chmod 0755 "$DIR/etc/gpuledger-prolog-slurmctld" "$DIR/etc/prolog-slurmctld"
+}
+
 make_devices() {
   local n i minor=0
   for n in "${NODES[@]}"; do
@@ -204,6 +214,7 @@ cmd_start() {
   render "$HERE/gres.conf.in" "$DIR/etc/gres.conf"
   render "$HERE/slurmdbd.conf.in" "$DIR/etc/slurmdbd.conf"
   render "$HERE/cgroup.conf.in" "$DIR/etc/cgroup.conf"
+  prolog_slurmctld
   root_cgroups
   chmod 0600 "$DIR/etc/slurmdbd.conf"
   start_munge

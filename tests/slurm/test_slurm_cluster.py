@@ -7,8 +7,9 @@ Tansu broker, the Faust worker, the sink into chDB, one GPU agent per node (`--b
 sim-slurm`, 1 s ticks: the GPUs Slurm gave a job are busy at its GPULEDGER_SIM_LOAD) and the
 Slurm agent (1 s polls). Submits real jobs — completed, exit 3, cancelled, a hung job (0 % load),
 an array, a multi-node job, an admin requeue, a job pending for lack of GPUs, a preemption by the
-higher-tier partition — and, meanwhile, kills the Slurm agent (SIGKILL, restarted) and restarts
-slurmctld; at the end a job leaves squeue (MinJobAge 10 s) while the agent is stopped, and the
+higher-tier partition, a 3-GPU job that starts and ends while the agent is paused (SIGSTOP: its GPUs from the
+PrologSlurmctld record, deploy/slurm/gpuledger-prolog-slurmctld) — and, meanwhile, kills the Slurm agent
+(SIGKILL, restarted) and restarts slurmctld; at the end a job leaves squeue (MinJobAge 10 s) while the agent is stopped, and the
 restarted agent closes it from sacct. Then, per job and attempt, the ledger must agree with
 Slurm's accounting (sacct): allocated GPU-seconds (usage_raw, allocated_idle + executing) = gres/gpu × Elapsed within one
 poll interval per GPU, and outcome, attempts, tenant (account) and queue (partition) equal.
@@ -21,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -273,8 +275,10 @@ def test_ledger_matches_sacct(cluster, tmp_path):
                 child(f"gpu-{node}", "agent", "gpu", "--backend", "sim-slurm", "--node", node, "--cluster", CLUSTER,
                       "--interval", "1")
             state_file = tmp_path / "slurm-agent.json"
+            # cluster.sh's PrologSlurmctld (deploy/slurm/gpuledger-prolog-slurmctld) records allocations there
             agent_args = ("agent", "slurm", "--cluster", CLUSTER, "--interval", str(POLL_S),
-                          "--state-file", str(state_file), "--command-timeout", "8")
+                          "--state-file", str(state_file), "--command-timeout", "8",
+                          "--allocations-dir", str(cluster.dir / "allocations"))
             agent = child("slurm-agent", *agent_args)
             # the ledger bills observed time only: a job allocated before its node's first tick would be
             # short of sacct by the gap (a fixed 3-s sleep here once let jobs start 2 s before gpu02's
@@ -349,6 +353,15 @@ def test_ledger_matches_sacct(cluster, tmp_path):
                 cluster.wait(job, {"COMPLETED"}, timeout=120)
             cluster.wait(victim, {"COMPLETED"}, restarts=1, timeout=120)
 
+            say("a job on part of a node starts and ends between two polls (the agent paused): its GPUs come from "
+                "the record PrologSlurmctld wrote at its allocation")
+            agent.proc.send_signal(signal.SIGSTOP)
+            try:
+                brief = cluster.submit("-A", "teamc", "--gres=gpu:3", "--wrap", "sleep 4")
+                cluster.wait(brief, {"COMPLETED"}, timeout=60)
+            finally:
+                agent.proc.send_signal(signal.SIGCONT)
+
             say(f"phase C: a job leaves squeue (MinJobAge {MIN_JOB_AGE_S} s) while the Slurm agent is down")
             gone = cluster.submit("-A", "teamb", "--gres=gpu:2", "--wrap", "sleep 6")
             cluster.wait(gone, {"RUNNING"})
@@ -407,7 +420,8 @@ def test_ledger_matches_sacct(cluster, tmp_path):
              requeue: "admin requeue", f"{array}_0": "array task", f"{array}_1": "array task",
              f"{array}_2": "array task", victim: "preempted, rerun", waiter: "pending for GPUs",
              urgent: "prod (preempts)", gone: "left squeue, agent down", half: "2 of a GPU's 4 shards",
-             quarter: "1 of a GPU's 4 shards", mps_half: "50 of a GPU's 100 MPS", mps_quarter: "25 of a GPU's 100 MPS"}
+             quarter: "1 of a GPU's 4 shards", mps_half: "50 of a GPU's 100 MPS", mps_quarter: "25 of a GPU's 100 MPS",
+             brief: "between polls, part of a node"}
     usage = {(r[0], r[1]): r for r in ledger["usage"]}
     views = {(r[0], r[1]): r for r in ledger["attempts"]}
     events: dict[str, list] = {}
@@ -460,9 +474,12 @@ def test_ledger_matches_sacct(cluster, tmp_path):
     expected = {ok: ["COMPLETED"], fail: ["FAILED"], cancel: ["CANCELLED"], hung: ["COMPLETED"], multi: ["COMPLETED"],
                 requeue: ["REQUEUED", "COMPLETED"], victim: ["PREEMPTED", "COMPLETED"], waiter: ["COMPLETED"],
                 urgent: ["COMPLETED"], gone: ["COMPLETED"], half: ["COMPLETED"], quarter: ["COMPLETED"],
-                mps_half: ["COMPLETED"], mps_quarter: ["COMPLETED"],
+                mps_half: ["COMPLETED"], mps_quarter: ["COMPLETED"], brief: ["COMPLETED"],
                 **{f"{array}_{i}": ["COMPLETED"] for i in range(3)}}
     assert {j: [a["state"] for a in acct.get(j, [])] for j in expected} == expected
+    # the job no poll saw running got the GPUs its PrologSlurmctld record names (without it: none, part of a node)
+    assert any("recorded at its allocation by PrologSlurmctld" in (e[3] or "") for e in events[brief]
+               if e[2] == "allocated"), events[brief]
     # the job that left squeue while the agent was down was closed from sacct
     assert any("from sacct" in (e[3] or "") for e in events[gone] if e[2] == "completed"), events[gone]
     waited = [e for e in events[waiter] if e[2] == "queued"]
