@@ -7,7 +7,8 @@ Input: the parsed output of `squeue --json --states=all` and `sinfo --json` (Slu
 openapi v0.0.38; the number objects of 23.02's v0.0.39 are read too, and the list-valued job_state of 23.11 on,
 with `scontrol show nodes --json` for the nodes: recorded fixtures of 23.02, 23.11, 24.11, 25.05, 25.11 and 26.05,
 `*_v2302_*` … `*_v2605_*`), optionally `sacct -P` rows
-for jobs that left squeue, and the agent's state from the previous poll. Output: `JobEvent`s, one `LifecycleWatermark`, a `SchedulerSnapshot`
+for jobs that left squeue and a lookup of the allocations PrologSlurmctld recorded (the agent reads the
+files), and the agent's state from the previous poll. Output: `JobEvent`s, one `LifecycleWatermark`, a `SchedulerSnapshot`
 and the next state. `agents/slurm_agent.py` does the I/O around it.
 
 Rules (docs/slurm.md explains each):
@@ -1031,9 +1032,17 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
             # watermark below the start the allocation will carry
             hold_ms.append(job.start_ms)
         else:
+            reason = None
             if not gpus and asks:
-                out.warnings.append(f"job {job.job_id} is {job.state} without GPU indices in gres_detail")
-            _allocate(job, js, out, gpus, None if gpus or not asks else "GPU indices not in gres_detail")
+                recorded = out.recorded_allocation(job, job.nodes)
+                if recorded is not None:  # the GPUs PrologSlurmctld recorded at its allocation
+                    job = _with(job, nodes=recorded.nodes, gres_detail=recorded.gres_detail)
+                    gpus = job_gpus(job, out.node_gpus)
+                    reason = "GPU indices not in gres_detail; recorded at its allocation by PrologSlurmctld"
+                else:
+                    out.warnings.append(f"job {job.job_id} is {job.state} without GPU indices in gres_detail")
+                    reason = "GPU indices not in gres_detail"
+            _allocate(job, js, out, gpus, reason)
     elif job.state in HOLDING_STATES and job.state not in TRANSITIONAL_STATES and not js.ended:
         _resized(job, js, out, promised_ms)
     if job.state in HOLDING_STATES and js.allocated and not js.ended:
@@ -1047,7 +1056,7 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
         return
     if job.state in FINAL_STATES:
         if ran and not js.allocated:
-            if job.requested_gpus or job.requested_parts:
+            if job.requested_gpus or job.asks_gpu_parts:
                 # squeue shows an ended job's nodes and GPU count, no indices: a PrologSlurmctld record or whole
                 # nodes can still tell them (parts of GPUs only from a record)
                 seen, note = _unseen_gpus(job, job.nodes, job.alloc_gpus or job.requested_gpus, "squeue's", out,

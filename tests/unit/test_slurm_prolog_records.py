@@ -103,6 +103,26 @@ def test_a_job_seen_running_keeps_its_indices_from_squeue():
     assert [g.gpu_index for g in event.gpus] == [5, 6, 7] and (1, 0) not in asked
 
 
+def test_a_job_running_without_indices_in_squeue_takes_the_record_at_once():
+    """squeue can show a job RUNNING before its gres_detail: without a record it is allocated no GPU until a
+    poll shows them (and gets none if it ends first); with one, the recorded GPUs at once."""
+    running = json.loads(json.dumps(SQUEUE))
+    for job in running["jobs"]:
+        job.update(job_state=["RUNNING"])
+    records = AllocationRecords(PROLOG / "v2411")
+
+    def allocated(recorded):
+        result = translate(running, AgentState(), cluster="gpuledger", poll_started_ms=1796644626000,
+                           node_gpus=node_gpu_counts(NODES), recorded=recorded)
+        return {e.job_id: (e.reason, [(g.node, g.gpu_index, g.share_milli) for g in e.gpus])
+                for e in result.events if e.kind.value == "allocated"}
+
+    assert allocated(None)["2"] == ("GPU indices not in gres_detail", [])
+    got = allocated(records.lookup)
+    assert {job: gpus for job, (_, gpus) in got.items()} == HELD
+    assert got["3"][0] == "GPU indices not in gres_detail; recorded at its allocation by PrologSlurmctld"
+
+
 class RecordedSlurm:
     def __call__(self, argv, timeout_s, env=None):
         if argv[0] == "squeue":
