@@ -305,6 +305,8 @@ class SacctRow:
     partition: str = ""
     nodes: str = ""      # NodeList (a hostlist); "" not asked or none
     alloc_tres: str = ""  # AllocTRES ('billing=8,cpu=8,gres/gpu=8,node=1'); "" not asked or none
+    submit_s: int | None = None  # Submit (asked for jobs never seen: `recover_unseen`); None not asked or Unknown
+    req_tres: str = ""   # ReqTRES, likewise
 
 
 # --------------------------------------------------------------------------- state
@@ -362,9 +364,14 @@ class AgentState:
     jobs: dict[str, JobState] = field(default_factory=dict)
     watermark_ms: int = 0
     preemptions: list[dict[str, Any]] = field(default_factory=list)
+    polled_ms: int = 0        # when the last poll that was published started (0: none yet)
+    #: polls stopped from this time (agent down or failing) long enough for jobs to come and go unseen: the ones
+    #: sacct has since then are still to recover (`recover_unseen`); 0: none
+    recover_from_ms: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"version": STATE_VERSION, "watermark_ms": self.watermark_ms, "preemptions": self.preemptions,
+                "polled_ms": self.polled_ms, "recover_from_ms": self.recover_from_ms,
                 "jobs": {k: v.to_json() for k, v in sorted(self.jobs.items())}}
 
     def copy(self) -> AgentState:
@@ -373,14 +380,16 @@ class AgentState:
         immutable but its node list (tests/unit/test_slurm.py checks it), a preemption is a dict of
         plain values. deepcopy took 0.3 s a poll at 15,600 tracked jobs (a 100,000-GPU cluster)."""
         return AgentState(jobs={k: _job_state_copy(v) for k, v in self.jobs.items()}, watermark_ms=self.watermark_ms,
-                          preemptions=[dict(p) for p in self.preemptions])
+                          preemptions=[dict(p) for p in self.preemptions], polled_ms=self.polled_ms,
+                          recover_from_ms=self.recover_from_ms)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> AgentState:
         if d.get("version") != STATE_VERSION:
             raise SlurmInputError(f"state file version {d.get('version')!r}, expected {STATE_VERSION}")
         return cls(jobs={k: JobState.from_json(v) for k, v in d.get("jobs", {}).items()},
-                   watermark_ms=int(d.get("watermark_ms", 0)), preemptions=list(d.get("preemptions", [])))
+                   watermark_ms=int(d.get("watermark_ms", 0)), preemptions=list(d.get("preemptions", [])),
+                   polled_ms=int(d.get("polled_ms", 0)), recover_from_ms=int(d.get("recover_from_ms", 0)))
 
 
 @dataclass
@@ -754,18 +763,25 @@ class RecordedAllocation:
 AllocationLookup = Callable[[int, int], RecordedAllocation | None]
 
 
-def parse_recorded_allocation(text: str) -> RecordedAllocation:
+def parse_recorded_allocation(text: str, raw_id: int | None = None) -> RecordedAllocation:
     """A record written by deploy/slurm/gpuledger-prolog-slurmctld: `allocated_at=<epoch s>`, then `scontrol
     show job -d`, whose per-node lines (`Nodes=gpu01 CPU_IDs=1 Mem=0 GRES=gpu:a100:3(IDX:2-4)`; nodes alike
-    grouped as `Nodes=gpu[01-02]`) give the GPUs. Raises SlurmInputError for anything else."""
+    grouped as `Nodes=gpu[01-02]`) give the GPUs. For an array task whose job id is its array's (`3_1` is job
+    3), scontrol lists every task of the array: the block of `raw_id` is read (default: the first). Raises
+    SlurmInputError for anything else."""
     at = re.search(r"^allocated_at=(\d+)[ \t]*$", text, re.M)
-    job = re.search(r"\bJobId=(\d+)\b", text)
-    restarts = re.search(r"\bRestarts=(\d+)\b", text)
+    blocks = re.split(r"^(?=JobId=)", text, flags=re.M)[1:]
+    if raw_id is not None:
+        blocks = [b for b in blocks if re.match(rf"JobId={raw_id}\b", b)]
+    block = blocks[0] if blocks else ""
+    job = re.match(r"JobId=(\d+)\b", block)
+    restarts = re.search(r"\bRestarts=(\d+)\b", block)
     if not (at and job and restarts):
-        raise SlurmInputError("not a PrologSlurmctld record: allocated_at=, JobId= and Restarts= expected")
+        raise SlurmInputError("not a PrologSlurmctld record" + (f" of job {raw_id}" if raw_id is not None else "")
+                              + ": allocated_at=, JobId= and Restarts= expected")
     nodes: list[str] = []
     detail: list[str] = []
-    for hosts, rest in _RECORD_NODE_LINE.findall(text):
+    for hosts, rest in _RECORD_NODE_LINE.findall(block):
         gres = re.search(r"\bGRES=(\S*)", rest)
         for node in expand_hostlist(hosts):
             nodes.append(node)
@@ -1290,6 +1306,47 @@ def close_vanished(job_ids: Iterable[str], state: AgentState, accounting: Mappin
                      reason=f"lost: left squeue while the agent was down, {seen_as}")
         js.ended = js.finished = True
     return out.events, state, out.warnings
+
+
+def recover_unseen(accounting: Mapping[str, list[SacctRow]], state: AgentState, known: Iterable[str], *,
+                   cluster: str, lost_at_ms: int, promised_ms: int, node_gpus: Mapping[str, int] | None = None,
+                   recorded: AllocationLookup | None = None,
+                   known_raw: Iterable[int] = ()) -> tuple[list[JobEvent], AgentState, list[str]]:
+    """Jobs that were submitted and left squeue while no poll ran (the agent down longer than MinJobAge): no
+    poll saw them, so no state has them and `close_vanished` cannot close them. From sacct's rows of the time
+    the polls stopped (`sacct -S`, with Submit and ReqTRES), each finished job not in `known` (the state's
+    jobs before and after this poll, and squeue's; `known_raw`: raw ids of squeue records it could not read)
+    gets `submitted` at its Submit, then what `close_vanished`
+    gives a job that ran while the agent was down: each attempt, its allocation (GPUs from a PrologSlurmctld
+    record, else whole nodes, else none), its outcome. One that sacct has unfinished is left (warned): squeue
+    would list it. Returns the events, the next state and warnings."""
+    state = state.copy()
+    known, known_raw = set(known), set(known_raw)
+    out = _Emitter(cluster, state, node_gpus, recorded)
+    found: list[str] = []
+    for job_id, rows in sorted(accounting.items()):
+        if job_id in known or job_id in state.jobs or not rows or "[" in job_id or not rows[0].raw_id.isdigit() \
+                or int(rows[0].raw_id) in known_raw:
+            continue  # known; or an array's pending remainder (`3_[4-9]`), no job of its own yet
+        last = rows[-1]
+        if last.state not in FINAL_STATES or not last.end_s:
+            out.warnings.append(f"job {job_id} is in sacct ({last.state}) but not in squeue: not recovered")
+            continue
+        first = rows[0]
+        job = SlurmJob(job_id=job_id, raw_id=int(first.raw_id), array_job_id=None, array_task_id=None, state="",
+                       reason="", tenant=first.account or "unknown", queue=first.partition or "unknown", priority=0,
+                       requested_gpus=tres_gpus(first.req_tres or first.alloc_tres), attempt=0,
+                       submit_ms=(first.submit_s or first.start_s or last.end_s) * 1000, start_ms=0, end_ms=0,
+                       nodes=[], gres_detail=[], exit_code=None)
+        if "_" in job_id and all(p.isdigit() for p in job_id.split("_", 1)):
+            a, t = job_id.split("_", 1)
+            job = _with(job, array_job_id=int(a), array_task_id=int(t))
+        out.emit(job, JobEventKind.submitted, job.submit_ms, reason="from sacct: the job came and went while no poll ran")
+        state.jobs[job_id] = JobState(raw_id=job.raw_id, submitted=True, tenant=job.tenant, queue=job.queue)
+        found.append(job_id)
+    more, state, warnings = close_vanished(found, state, accounting, cluster=cluster, lost_at_ms=lost_at_ms,
+                                           promised_ms=promised_ms, node_gpus=node_gpus, recorded=recorded)
+    return out.events + more, state, out.warnings + warnings
 
 
 def _with(job: SlurmJob, **changes: Any) -> SlurmJob:

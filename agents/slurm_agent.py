@@ -6,7 +6,8 @@ Every poll runs `squeue --json --states=all`, `sinfo --json` and `scontrol show 
 output to the pure core (agents/slurm.py), and publishes its JobEvents (key: canonical job id),
 a LifecycleWatermark on every partition of the job-events topic, and a SchedulerSnapshot (key:
 cluster). Jobs that left squeue unfinished (the agent was down longer than MinJobAge) are
-closed from `sacct`.
+closed from `sacct`; jobs that came and left squeue while no poll ran are recovered from sacct's
+rows of that time; GPU indices no poll saw come from the PrologSlurmctld records (`AllocationRecords`).
 
 Why one file: the agent's thin I/O edge around the pure core: the commands, the sacct parser, the
 state file and the spool sink share one poll's order (spool, then state, then watermark).
@@ -51,6 +52,7 @@ from gpuledger.agents.slurm import (
     parse_jobs,
     parse_recorded_allocation,
     partition_tiers,
+    recover_unseen,
     translate,
 )
 from gpuledger.schemas.wire import encode
@@ -66,6 +68,14 @@ LINE_EVENTS, LINE_SNAPSHOTS = "job-events", "scheduler-snapshots"
 #: Polls in a row a node must show the same GPUs held by no job before they count (and are logged): a job
 #: starting or ending between the squeue and sinfo reads shows so for one poll.
 UNHELD_POLLS = 3
+#: a job stays in squeue MinJobAge seconds after it ends (`scontrol show config`; Slurm's default 300, less on busy
+#: clusters): when no poll was published for that long (the agent down, or its polls failing), jobs may have come
+#: and left squeue unseen, and sacct is asked for the jobs since then. This stands in while MinJobAge is unknown.
+RECOVER_AFTER_S = 30
+#: sacct's window for those reaches this far before the last poll (clock skew between the hosts)
+RECOVER_MARGIN_S = 60
+#: what sacct is asked for: `parse_sacct`'s columns
+SACCT_FIELDS = "JobID,JobIDRaw,State,Start,End,ExitCode,Account,Partition,NodeList,AllocTRES"
 
 
 class CommandFailed(RuntimeError):
@@ -112,7 +122,7 @@ def load_json(text: str, what: str) -> Any:
 
 
 def parse_sacct(text: str) -> dict[str, list[SacctRow]]:
-    """`sacct -P -n --duplicates -X -o JobID,JobIDRaw,State,Start,End,ExitCode,Account,Partition[,NodeList[,AllocTRES]]`
+    """`sacct -P -n --duplicates -X -o JobID,JobIDRaw,State,Start,End,ExitCode,Account,Partition[,NodeList[,AllocTRES[,Submit,ReqTRES]]]`
     with SLURM_TIME_FORMAT=%s → rows by canonical job id, oldest attempt first: JobID (`3_1`), but
     JobIDRaw (`7`) for a heterogeneous job's component (`6+1`), as squeue lists it by its own id."""
     rows: dict[str, list[SacctRow]] = {}
@@ -127,7 +137,8 @@ def parse_sacct(text: str) -> dict[str, list[SacctRow]]:
         row = SacctRow(job_id=f[1] if "+" in f[0] else f[0], raw_id=f[1], state=(f[2].split() or [""])[0],
                        start_s=epoch(f[3]), end_s=epoch(f[4]), exit_code=f[5], account=f[6], partition=f[7],
                        nodes=f[8] if len(f) > 8 and f[8] not in ("None assigned", "(null)") else "",
-                       alloc_tres=f[9] if len(f) > 9 else "")
+                       alloc_tres=f[9] if len(f) > 9 else "", submit_s=epoch(f[10]) if len(f) > 10 else None,
+                       req_tres=f[11] if len(f) > 11 else "")
         rows.setdefault(row.job_id, []).append(row)
     return rows
 
@@ -278,7 +289,7 @@ class AllocationRecords:
             self._once(f"read {path}", "PrologSlurmctld record %s cannot be read: %s", path, exc)
             return None
         try:
-            return parse_recorded_allocation(text)
+            return parse_recorded_allocation(text, raw_id)
         except SlurmInputError as exc:
             self._once(f"parse {path}", "PrologSlurmctld record %s not used: %s", path, exc)
             return None
@@ -344,6 +355,7 @@ class SlurmAgent:
         self.events_published = 0
         #: the nodes come from `scontrol show nodes --json`: sinfo groups them (`_read_nodes`)
         self.nodes_from_scontrol = False
+        self.min_job_age_s: int | None = None  # Slurm's MinJobAge, read once it matters (`_min_job_age_s`)
         #: node -> (GPU indices Slurm counts in use that no job holds, polls in a row it has shown them)
         self.unheld: dict[str, tuple[tuple[int, ...], int]] = {}
 
@@ -433,6 +445,23 @@ class SlurmAgent:
             events += more
             warnings += w
         parsed = parse_jobs(squeue)
+        if not state.recover_from_ms and state.polled_ms \
+                and started_ms - state.polled_ms >= 1000 * min(RECOVER_AFTER_S, self._min_job_age_s()):
+            state.recover_from_ms = state.polled_ms  # no poll published since then: jobs may have come and gone
+        if state.recover_from_ms:
+            # a squeue record with no readable id may be any of sacct's jobs: recovered at a later poll
+            rows = None if parsed.unreadable_unknown else self._sacct_since(state.recover_from_ms, started_ms)
+            if rows is None:  # asked again next poll; their events, still to come, carry times after this one
+                state.watermark_ms = min(state.watermark_ms, result.promised_ms)
+            else:
+                known = set(self.state.jobs) | set(state.jobs) | {j.job_id for j in parsed.jobs}
+                more, state, w = recover_unseen(rows, state, known, cluster=self.cluster, lost_at_ms=started_ms,
+                                                promised_ms=result.promised_ms, node_gpus=node_gpus, recorded=recorded,
+                                                known_raw=parsed.unreadable_ids)
+                events += more
+                warnings += w
+                state.recover_from_ms = 0
+        state.polled_ms = started_ms
         snapshot = build_snapshot(squeue, sinfo, cluster=self.cluster, ts_ms=(started_ms // 1000) * 1000,
                                   tiers=tiers, preemptions=state.preemptions, jobs=parsed.jobs, node_gpus=node_gpus)
         self._note_gpus_held_by_no_job(gpus_held_by_no_job(sinfo, parsed))
@@ -465,8 +494,7 @@ class SlurmAgent:
         if not raw:
             return {}
         try:
-            text = self.run(["sacct", "-P", "-n", "--duplicates", "-X", "-j", ",".join(raw), "-o",
-                             "JobID,JobIDRaw,State,Start,End,ExitCode,Account,Partition,NodeList,AllocTRES"],
+            text = self.run(["sacct", "-P", "-n", "--duplicates", "-X", "-j", ",".join(raw), "-o", SACCT_FIELDS],
                             self.command_timeout_s,
                             env={**os.environ, "SLURM_TIME_FORMAT": "%s"})  # epoch seconds, no time zone guessing
         except CommandFailed as exc:
@@ -475,6 +503,37 @@ class SlurmAgent:
                 return {}
             log.warning("sacct for jobs %s failed (vanished ones: asked again next poll): %s", raw, exc)
             return None
+        return parse_sacct(text)
+
+    def _min_job_age_s(self) -> int:
+        """Slurm's MinJobAge (`scontrol show config`), read once; RECOVER_AFTER_S while it cannot be read."""
+        if self.min_job_age_s is None:
+            try:
+                text = self.run(["scontrol", "show", "config"], self.command_timeout_s)
+            except CommandFailed as exc:
+                log.warning("scontrol show config failed (MinJobAge taken as %d s this poll): %s", RECOVER_AFTER_S, exc)
+                return RECOVER_AFTER_S
+            found = re.search(r"^MinJobAge\s*=\s*(\d+)", text, re.M)
+            self.min_job_age_s = int(found[1]) if found else RECOVER_AFTER_S
+        return self.min_job_age_s
+
+    def _sacct_since(self, from_ms: int, now_ms: int) -> dict[str, list[SacctRow]] | None:
+        """sacct's rows (with Submit and ReqTRES) of every user's jobs since `from_ms` less RECOVER_MARGIN_S, for
+        `recover_unseen`; None when sacct failed (asked again next poll). A window relative to now (`-S now-N`):
+        no time zone between the agent's host and slurmdbd's."""
+        back_s = max(0, now_ms - from_ms) // 1000 + RECOVER_MARGIN_S
+        try:
+            text = self.run(["sacct", "-P", "-n", "--duplicates", "-X", "--allusers", "-S", f"now-{back_s}", "-E", "now",
+                             "-o", SACCT_FIELDS + ",Submit,ReqTRES"], self.command_timeout_s,
+                            env={**os.environ, "SLURM_TIME_FORMAT": "%s"})
+        except CommandFailed as exc:
+            if "accounting storage is disabled" in str(exc).lower():
+                log.warning("polls stopped for a while, and this cluster has no accounting storage (%s): jobs that "
+                            "came and left squeue meanwhile are not known to the ledger", exc)
+                return {}
+            log.warning("sacct for the jobs since the polls stopped failed (asked again next poll): %s", exc)
+            return None
+        log.info("polls had stopped for %d s: asked sacct for the jobs since then", back_s - RECOVER_MARGIN_S)
         return parse_sacct(text)
 
 

@@ -10,7 +10,8 @@ an array, a multi-node job, an admin requeue, a job pending for lack of GPUs, a 
 higher-tier partition, a 3-GPU job that starts and ends while the agent is paused (SIGSTOP: its GPUs from the
 PrologSlurmctld record, deploy/slurm/gpuledger-prolog-slurmctld) — and, meanwhile, kills the Slurm agent
 (SIGKILL, restarted) and restarts slurmctld; at the end a job leaves squeue (MinJobAge 10 s) while the agent is stopped, and the
-restarted agent closes it from sacct. Then, per job and attempt, the ledger must agree with
+restarted agent closes it from sacct, and another is submitted, runs and leaves squeue meanwhile: the restarted
+agent recovers it from sacct (`sacct -S`). Then, per job and attempt, the ledger must agree with
 Slurm's accounting (sacct): allocated GPU-seconds (usage_raw, allocated_idle + executing) = gres/gpu × Elapsed within one
 poll interval per GPU, and outcome, attempts, tenant (account) and queue (partition) equal.
 The ledger runs its bundled definitions except `min_idle_s` = 5 s (instead of 300 s), so the hung
@@ -370,10 +371,13 @@ def test_ledger_matches_sacct(cluster, tmp_path):
                                             for _, m in lifecycle(recs)),
                            f"allocation event of job {gone}")
             agent.stop()
+            # and one that no poll sees at all: submitted, run and purged while the agent is stopped
+            unseen = cluster.submit("-A", "teama", "--gres=gpu:2", "--wrap", "sleep 4")
+            cluster.wait(unseen, {"COMPLETED"}, timeout=60)
             deadline = time.monotonic() + 180  # slurmctld purges old jobs about once a minute
-            while gone in cluster.jobs() and time.monotonic() < deadline:
+            while {gone, unseen} & set(cluster.jobs()) and time.monotonic() < deadline:
                 time.sleep(1)
-            assert gone not in cluster.jobs(), f"job {gone} still in squeue"
+            assert not {gone, unseen} & set(cluster.jobs()), f"job {gone} or {unseen} still in squeue"
             metrics_port = free_port()
             agent = child("slurm-agent-3", *agent_args, "--metrics-port", str(metrics_port))  # closes it from sacct
             time.sleep(3)
@@ -421,7 +425,7 @@ def test_ledger_matches_sacct(cluster, tmp_path):
              f"{array}_2": "array task", victim: "preempted, rerun", waiter: "pending for GPUs",
              urgent: "prod (preempts)", gone: "left squeue, agent down", half: "2 of a GPU's 4 shards",
              quarter: "1 of a GPU's 4 shards", mps_half: "50 of a GPU's 100 MPS", mps_quarter: "25 of a GPU's 100 MPS",
-             brief: "between polls, part of a node"}
+             brief: "between polls, part of a node", unseen: "came and went, agent down"}
     usage = {(r[0], r[1]): r for r in ledger["usage"]}
     views = {(r[0], r[1]): r for r in ledger["attempts"]}
     events: dict[str, list] = {}
@@ -474,12 +478,15 @@ def test_ledger_matches_sacct(cluster, tmp_path):
     expected = {ok: ["COMPLETED"], fail: ["FAILED"], cancel: ["CANCELLED"], hung: ["COMPLETED"], multi: ["COMPLETED"],
                 requeue: ["REQUEUED", "COMPLETED"], victim: ["PREEMPTED", "COMPLETED"], waiter: ["COMPLETED"],
                 urgent: ["COMPLETED"], gone: ["COMPLETED"], half: ["COMPLETED"], quarter: ["COMPLETED"],
-                mps_half: ["COMPLETED"], mps_quarter: ["COMPLETED"], brief: ["COMPLETED"],
+                mps_half: ["COMPLETED"], mps_quarter: ["COMPLETED"], brief: ["COMPLETED"], unseen: ["COMPLETED"],
                 **{f"{array}_{i}": ["COMPLETED"] for i in range(3)}}
     assert {j: [a["state"] for a in acct.get(j, [])] for j in expected} == expected
     # the job no poll saw running got the GPUs its PrologSlurmctld record names (without it: none, part of a node)
     assert any("recorded at its allocation by PrologSlurmctld" in (e[3] or "") for e in events[brief]
                if e[2] == "allocated"), events[brief]
+    # the job that came and went while the agent was down was recovered from sacct, its GPUs from its record
+    assert [e[3] for e in events[unseen] if e[2] == "submitted"] == ["from sacct: the job came and went while no poll ran"]
+    assert any("PrologSlurmctld" in (e[3] or "") for e in events[unseen] if e[2] == "allocated"), events[unseen]
     # the job that left squeue while the agent was down was closed from sacct
     assert any("from sacct" in (e[3] or "") for e in events[gone] if e[2] == "completed"), events[gone]
     waited = [e for e in events[waiter] if e[2] == "queued"]

@@ -148,7 +148,8 @@ class FakeSlurm:
         if argv[0] == "scontrol":
             return "PartitionName=batch PriorityTier=1\nPartitionName=prod PriorityTier=10\n"
         assert argv[0] == "sacct"
-        self.sacct_argv = list(argv)
+        if "-j" in argv:  # the query for known jobs (not the one for jobs that came and went while no poll ran)
+            self.sacct_argv = list(argv)
         columns = argv[argv.index("-o") + 1].split(",")
         return "".join("|".join(line.split("|")[:len(columns)]) + "\n" for line in self.sacct.splitlines())
 
