@@ -1010,6 +1010,8 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
         # the watermark; after REQUEUE_WAIT_POLLS the latest time already promised stands in for it.
         # A finished job can be requeued too (`scontrol requeue` of a COMPLETED/FAILED batch job,
         # RequeueExit): it reopens; its old attempt has its outcome already, so no `preempted`.
+        if not js.allocated and job.attempt == js.attempt + 1:
+            _allocate_recorded_attempt(job, js, out, promised_ms)
         stale = js.allocated and job.submit_ms <= js.alloc_start_ms
         if stale and js.requeue_wait_polls < REQUEUE_WAIT_POLLS:
             js.requeue_wait_polls += 1
@@ -1135,6 +1137,22 @@ def _allocate(job: SlurmJob, js: JobState, out: _Emitter, gpus: list[GpuAssignme
     js.allocated, js.alloc_start_ms, js.nodes, js.queue = True, job.start_ms, job.nodes, job.queue
     js.gres_detail, js.allocations = tuple(job.gres_detail), 1
     js.suspended, js.suspensions = False, 0
+
+
+def _allocate_recorded_attempt(job: SlurmJob, js: JobState, out: _Emitter, promised_ms: int) -> None:
+    """The attempt `js.attempt` started and was requeued between two polls (squeue shows the restart count one
+    up, and no poll saw it run): allocated, from its allocation, with the GPUs its PrologSlurmctld record names
+    if there is one of it allocated after the last poll (to within RECORDED_ALLOCATION_SLACK_MS) and by the
+    requeue (`job.submit_ms`); else, as before, it gets no `allocated`, only its `retried`."""
+    rec = out.recorded(job.raw_id, js.attempt) if out.recorded is not None else None
+    if rec is None or (rec.raw_id, rec.attempt) != (job.raw_id, js.attempt) \
+            or not promised_ms - RECORDED_ALLOCATION_SLACK_MS <= rec.allocated_ms <= job.submit_ms:
+        return
+    attempt = _with(job, attempt=js.attempt, nodes=rec.nodes, gres_detail=rec.gres_detail, start_ms=rec.allocated_ms)
+    gpus = job_gpus(attempt, out.node_gpus)
+    if gpus:
+        _allocate(attempt, js, out, gpus, "started and requeued between two polls; its GPUs recorded at its "
+                                          "allocation by PrologSlurmctld")
 
 
 def _gpu_set(nodes: Iterable[str], gres_detail: Iterable[str]) -> set[tuple[str, int]]:

@@ -123,6 +123,34 @@ def test_a_job_running_without_indices_in_squeue_takes_the_record_at_once():
     assert got["3"][0] == "GPU indices not in gres_detail; recorded at its allocation by PrologSlurmctld"
 
 
+def test_an_attempt_started_and_requeued_between_two_polls_gets_its_recorded_gpus():
+    """Job 1 pending at one poll; at the next, pending again with restart count 1 (it ran from 625 and was
+    requeued at 627, both between the polls): with its record, attempt 0 is allocated its 3 GPUs at 625 and
+    preempted at the requeue; without one (or with one from before the last poll), only `retried`."""
+    def job1(restarts: int, submit: int) -> dict:
+        view = json.loads(json.dumps(SQUEUE))
+        view["jobs"] = [j for j in view["jobs"] if j["job_id"] == 1]
+        view["jobs"][0].update(job_state=["PENDING"], restart_cnt=restarts, nodes="", gres_detail=[],
+                               submit_time={"set": True, "infinite": False, "number": submit},
+                               start_time={"set": True, "infinite": False, "number": 0})
+        return view
+
+    def polls(recorded):
+        first = translate(job1(0, 1796644624), AgentState(), cluster="gpuledger", poll_started_ms=1796644624500,
+                          node_gpus=node_gpu_counts(NODES), recorded=recorded)
+        second = translate(job1(1, 1796644627), first.state, cluster="gpuledger", poll_started_ms=1796644630000,
+                           node_gpus=node_gpu_counts(NODES), recorded=recorded)
+        return [(e.kind.value, e.attempt, e.ts_ms, [g.gpu_index for g in e.gpus]) for e in second.events]
+
+    assert polls(AllocationRecords(PROLOG / "v2411").lookup) == [
+        ("allocated", 0, 1796644625000, [0, 1, 2]), ("started", 0, 1796644625000, []),
+        ("preempted", 0, 1796644627000, []), ("retried", 1, 1796644627000, [])]
+    assert polls(None) == [("retried", 1, 1796644627000, [])]
+    own = parse_recorded_allocation((PROLOG / "v2411" / "1.0").read_text())
+    earlier = RecordedAllocation(**{**own.__dict__, "allocated_ms": own.allocated_ms - 120_000})
+    assert polls(lambda raw_id, attempt: earlier) == [("retried", 1, 1796644627000, [])]
+
+
 class RecordedSlurm:
     def __call__(self, argv, timeout_s, env=None):
         if argv[0] == "squeue":
