@@ -368,10 +368,13 @@ class AgentState:
     #: polls stopped from this time (agent down or failing) long enough for jobs to come and go unseen: the ones
     #: sacct has since then are still to recover (`recover_unseen`); 0: none
     recover_from_ms: int = 0
+    recover_polls: int = 0    # polls that found jobs to recover unfinished in sacct (`recover_unseen`), in a row
+    recover_waiting: list[str] = field(default_factory=list)  # those jobs: the only ones the next poll recovers
 
     def to_json(self) -> dict[str, Any]:
         return {"version": STATE_VERSION, "watermark_ms": self.watermark_ms, "preemptions": self.preemptions,
                 "polled_ms": self.polled_ms, "recover_from_ms": self.recover_from_ms,
+                "recover_polls": self.recover_polls, "recover_waiting": self.recover_waiting,
                 "jobs": {k: v.to_json() for k, v in sorted(self.jobs.items())}}
 
     def copy(self) -> AgentState:
@@ -381,7 +384,8 @@ class AgentState:
         plain values. deepcopy took 0.3 s a poll at 15,600 tracked jobs (a 100,000-GPU cluster)."""
         return AgentState(jobs={k: _job_state_copy(v) for k, v in self.jobs.items()}, watermark_ms=self.watermark_ms,
                           preemptions=[dict(p) for p in self.preemptions], polled_ms=self.polled_ms,
-                          recover_from_ms=self.recover_from_ms)
+                          recover_from_ms=self.recover_from_ms, recover_polls=self.recover_polls,
+                          recover_waiting=list(self.recover_waiting))
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> AgentState:
@@ -389,7 +393,9 @@ class AgentState:
             raise SlurmInputError(f"state file version {d.get('version')!r}, expected {STATE_VERSION}")
         return cls(jobs={k: JobState.from_json(v) for k, v in d.get("jobs", {}).items()},
                    watermark_ms=int(d.get("watermark_ms", 0)), preemptions=list(d.get("preemptions", [])),
-                   polled_ms=int(d.get("polled_ms", 0)), recover_from_ms=int(d.get("recover_from_ms", 0)))
+                   polled_ms=int(d.get("polled_ms", 0)), recover_from_ms=int(d.get("recover_from_ms", 0)),
+                   recover_polls=int(d.get("recover_polls", 0)),
+                   recover_waiting=[str(j) for j in d.get("recover_waiting", [])])
 
 
 @dataclass
@@ -765,7 +771,7 @@ AllocationLookup = Callable[[int, int], RecordedAllocation | None]
 
 def parse_recorded_allocation(text: str, raw_id: int | None = None) -> RecordedAllocation:
     """A record written by deploy/slurm/gpuledger-prolog-slurmctld: `allocated_at=<epoch s>`, then `scontrol
-    show job -d`, whose per-node lines (`Nodes=gpu01 CPU_IDs=1 Mem=0 GRES=gpu:a100:3(IDX:2-4)`; nodes alike
+    show job -d` (its StartTime the allocation's time when in epoch seconds), whose per-node lines (`Nodes=gpu01 CPU_IDs=1 Mem=0 GRES=gpu:a100:3(IDX:2-4)`; nodes alike
     grouped as `Nodes=gpu[01-02]`) give the GPUs. For an array task whose job id is its array's (`3_1` is job
     3), scontrol lists every task of the array: the block of `raw_id` is read (default: the first). Raises
     SlurmInputError for anything else."""
@@ -786,7 +792,10 @@ def parse_recorded_allocation(text: str, raw_id: int | None = None) -> RecordedA
         for node in expand_hostlist(hosts):
             nodes.append(node)
             detail.append(gres[1] if gres else "")
-    return RecordedAllocation(int(job[1]), int(restarts[1]), int(at[1]) * 1000, nodes, detail)
+    # the script asks with SLURM_TIME_FORMAT=%s: StartTime is Slurm's start_time in epoch seconds, the time its
+    # events carry (allocated_at, the script's clock, is a second off at times); a local time: allocated_at
+    start = re.search(r"\bStartTime=(\d+)(?=\s)", block)
+    return RecordedAllocation(int(job[1]), int(restarts[1]), int((start or at)[1]) * 1000, nodes, detail)
 
 
 def whole_node_detail(nodes: list[str], gpus: float, node_gpus: Mapping[str, int],
@@ -1329,26 +1338,28 @@ def close_vanished(job_ids: Iterable[str], state: AgentState, accounting: Mappin
 def recover_unseen(accounting: Mapping[str, list[SacctRow]], state: AgentState, known: Iterable[str], *,
                    cluster: str, lost_at_ms: int, promised_ms: int, node_gpus: Mapping[str, int] | None = None,
                    recorded: AllocationLookup | None = None,
-                   known_raw: Iterable[int] = ()) -> tuple[list[JobEvent], AgentState, list[str]]:
+                   known_raw: Iterable[int] = ()) -> tuple[list[JobEvent], AgentState, list[str], list[str]]:
     """Jobs that were submitted and left squeue while no poll ran (the agent down longer than MinJobAge): no
     poll saw them, so no state has them and `close_vanished` cannot close them. From sacct's rows of the time
     the polls stopped (`sacct -S`, with Submit and ReqTRES), each finished job not in `known` (the state's
     jobs before and after this poll, and squeue's; `known_raw`: raw ids of squeue records it could not read)
     gets `submitted` at its Submit, then what `close_vanished`
     gives a job that ran while the agent was down: each attempt, its allocation (GPUs from a PrologSlurmctld
-    record, else whole nodes, else none), its outcome. One that sacct has unfinished is left (warned): squeue
-    would list it. Returns the events, the next state and warnings."""
+    record, else whole nodes, else none), its outcome. One that sacct has unfinished is left: slurmdbd may not
+    have its end yet (slurmctld sends it later when slurmdbd was away). Returns the events, the next state,
+    warnings, and the ids of those unfinished jobs."""
     state = state.copy()
     known, known_raw = set(known), set(known_raw)
     out = _Emitter(cluster, state, node_gpus, recorded)
     found: list[str] = []
+    unfinished: list[str] = []
     for job_id, rows in sorted(accounting.items()):
         if job_id in known or job_id in state.jobs or not rows or "[" in job_id or not rows[0].raw_id.isdigit() \
                 or int(rows[0].raw_id) in known_raw:
             continue  # known; or an array's pending remainder (`3_[4-9]`), no job of its own yet
         last = rows[-1]
         if last.state not in FINAL_STATES or not last.end_s:
-            out.warnings.append(f"job {job_id} is in sacct ({last.state}) but not in squeue: not recovered")
+            unfinished.append(job_id)
             continue
         first = rows[0]
         job = SlurmJob(job_id=job_id, raw_id=int(first.raw_id), array_job_id=None, array_task_id=None, state="",
@@ -1364,7 +1375,7 @@ def recover_unseen(accounting: Mapping[str, list[SacctRow]], state: AgentState, 
         found.append(job_id)
     more, state, warnings = close_vanished(found, state, accounting, cluster=cluster, lost_at_ms=lost_at_ms,
                                            promised_ms=promised_ms, node_gpus=node_gpus, recorded=recorded)
-    return out.events + more, state, out.warnings + warnings
+    return out.events + more, state, out.warnings + warnings, unfinished
 
 
 def _with(job: SlurmJob, **changes: Any) -> SlurmJob:

@@ -74,6 +74,9 @@ UNHELD_POLLS = 3
 RECOVER_AFTER_S = 30
 #: sacct's window for those reaches this far before the last poll (clock skew between the hosts)
 RECOVER_MARGIN_S = 60
+#: polls in a row that ask sacct again while a job it lists unfinished is no longer in squeue (slurmdbd gets a
+#: job's end late when it was away), holding the watermark; then that job is given up (logged)
+RECOVER_RETRY_POLLS = 6
 #: what sacct is asked for: `parse_sacct`'s columns
 SACCT_FIELDS = "JobID,JobIDRaw,State,Start,End,ExitCode,Account,Partition,NodeList,AllocTRES"
 
@@ -454,13 +457,25 @@ class SlurmAgent:
             if rows is None:  # asked again next poll; their events, still to come, carry times after this one
                 state.watermark_ms = min(state.watermark_ms, result.promised_ms)
             else:
+                if state.recover_waiting:  # the others were recovered at an earlier poll
+                    rows = {k: v for k, v in rows.items() if k in state.recover_waiting}
                 known = set(self.state.jobs) | set(state.jobs) | {j.job_id for j in parsed.jobs}
-                more, state, w = recover_unseen(rows, state, known, cluster=self.cluster, lost_at_ms=started_ms,
-                                                promised_ms=result.promised_ms, node_gpus=node_gpus, recorded=recorded,
-                                                known_raw=parsed.unreadable_ids)
+                more, state, w, unfinished = recover_unseen(
+                    rows, state, known, cluster=self.cluster, lost_at_ms=started_ms, promised_ms=result.promised_ms,
+                    node_gpus=node_gpus, recorded=recorded, known_raw=parsed.unreadable_ids)
                 events += more
                 warnings += w
-                state.recover_from_ms = 0
+                if unfinished and state.recover_polls < RECOVER_RETRY_POLLS:
+                    # asked again next poll, for these only; the watermark waits
+                    state.recover_polls, state.recover_waiting = state.recover_polls + 1, unfinished
+                    state.watermark_ms = min(state.watermark_ms, result.promised_ms)
+                    log.info("job(s) %s: unfinished in sacct, gone from squeue: sacct asked again next poll (%d of %d)",
+                             ", ".join(unfinished), state.recover_polls, RECOVER_RETRY_POLLS)
+                else:
+                    if unfinished:
+                        warnings.append(f"job(s) {', '.join(unfinished)} unfinished in sacct but gone from squeue "
+                                        f"after {RECOVER_RETRY_POLLS} polls: not recovered (sacctmgr show runawayjobs)")
+                    state.recover_from_ms, state.recover_polls, state.recover_waiting = 0, 0, []
         state.polled_ms = started_ms
         snapshot = build_snapshot(squeue, sinfo, cluster=self.cluster, ts_ms=(started_ms // 1000) * 1000,
                                   tiers=tiers, preemptions=state.preemptions, jobs=parsed.jobs, node_gpus=node_gpus)

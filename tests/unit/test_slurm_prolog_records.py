@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -58,6 +59,15 @@ def test_records_of_each_version_read_as_squeue_shows_a_running_job():
     assert newer.gres_detail == ["gpu:a100:2(IDX:3-4)", "gpu:a100:2(IDX:0-1)"]
     assert parse_recorded_allocation((PROLOG / "v2411" / "3.0").read_text()).gres_detail == [
         "shard:2(0/4,0/4,0/4,0/4,0/4,2/4,0/4,0/4)"]
+
+
+def test_a_start_time_in_epoch_seconds_is_the_allocations_time():
+    """The script asks scontrol with SLURM_TIME_FORMAT=%s: StartTime is then Slurm's start_time, which the
+    events carry; a record with local times (as the recorded ones) falls back on allocated_at."""
+    text = (PROLOG / "v2411" / "1.0").read_text()
+    local = re.search(r"StartTime=(\S+)", text)[1]
+    assert parse_recorded_allocation(text).allocated_ms == 1796644625000
+    assert parse_recorded_allocation(text.replace(f"StartTime={local}", "StartTime=1796644626")).allocated_ms == 1796644626000
 
 
 @pytest.mark.parametrize("text", ["", "allocated_at=1\n", "JobId=1 Restarts=0\n",

@@ -12,7 +12,14 @@ import shutil
 from pathlib import Path
 
 from gpuledger.agents.slurm import AgentState, JobState, recover_unseen
-from gpuledger.agents.slurm_agent import RECOVER_AFTER_S, RECOVER_MARGIN_S, AllocationRecords, SlurmAgent, parse_sacct
+from gpuledger.agents.slurm_agent import (
+    RECOVER_AFTER_S,
+    RECOVER_MARGIN_S,
+    RECOVER_RETRY_POLLS,
+    AllocationRecords,
+    SlurmAgent,
+    parse_sacct,
+)
 from slurm_sink import JobEventSink
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
@@ -48,8 +55,8 @@ def recover(state=None, known=(), recorded=RECORDS.lookup, **kw):
 
 
 def test_every_job_that_came_and_went_is_billed_as_sacct_has_it():
-    events, state, warnings = recover()
-    assert held(events) == EXPECTED and not warnings
+    events, state, warnings, unfinished = recover()
+    assert held(events) == EXPECTED and not warnings and not unfinished
     submitted = {e.job_id: (e.ts_ms, e.requested_gpus, e.tenant, e.queue) for e in events if e.kind.value == "submitted"}
     assert submitted == {"1": (T * 1000, 2.0, "teama", "batch"), "2": (T * 1000, 1.0, "teamb", "batch"),
                          "3_0": (T * 1000, 1.0, "teamc", "batch"), "3_1": (T * 1000, 1.0, "teamc", "batch"),
@@ -61,33 +68,35 @@ def test_every_job_that_came_and_went_is_billed_as_sacct_has_it():
     assert {e.event_id for e in events if e.job_id == "3_1"} >= {"slurm:c:3_1:0:allocated"}
     assert all(js.finished for js in state.jobs.values()) and sorted(state.jobs) == sorted(EXPECTED)
     # ids as the live path gives them: published again (a later recovery), the worker drops them
-    again, _, _ = recover()
+    again, _, _, _ = recover()
     assert [e.event_id for e in again] == [e.event_id for e in events]
 
 
 def test_without_records_part_of_a_node_gets_no_gpus():
-    events, _, _ = recover(recorded=None)
+    events, _, _, _ = recover(recorded=None)
     assert {job: seconds for job, (seconds, _) in held(events).items()} == {job: 0.0 for job in EXPECTED}
 
 
 def test_known_jobs_and_unfinished_rows_are_left():
     state = AgentState(jobs={"2": JobState(raw_id=2, submitted=True)})
     running = SACCT.replace("1|1|COMPLETED|1796645323|1796645326|", "1|1|RUNNING|1796645323|Unknown|")
-    events, _, warnings = recover_unseen(parse_sacct(running), state, {"3_0"}, cluster="c", lost_at_ms=0, promised_ms=0,
-                                         node_gpus=NODE_GPUS, recorded=RECORDS.lookup, known_raw={3})
+    events, _, warnings, unfinished = recover_unseen(parse_sacct(running), state, {"3_0"}, cluster="c", lost_at_ms=0,
+                                                     promised_ms=0, node_gpus=NODE_GPUS, recorded=RECORDS.lookup,
+                                                     known_raw={3})
     assert sorted({e.job_id for e in events}) == ["4"]  # 2: in the state; 3_0: known; 3_1 (raw 3): unreadable in squeue
-    assert warnings == ["job 1 is in sacct (RUNNING) but not in squeue: not recovered"]
+    assert unfinished == ["1"] and not warnings  # 1: sacct has no end yet
     remainder = SACCT + "3_[2-9]|3|PENDING|Unknown|Unknown|0:0|teamc|batch|None assigned||1796645322|gres/gpu=1\n"
-    events, _, _ = recover_unseen(parse_sacct(remainder), AgentState(), set(), cluster="c", lost_at_ms=0, promised_ms=0)
+    events, _, _, _ = recover_unseen(parse_sacct(remainder), AgentState(), set(), cluster="c", lost_at_ms=0, promised_ms=0)
     assert "3_[2-9]" not in {e.job_id for e in events}
 
 
 class Slurm:
     """squeue empty (the jobs left it), sacct answering the window's rows; `fail` makes sacct fail."""
 
-    def __init__(self):
+    def __init__(self, sacct: str = SACCT):
         self.sacct_calls: list[list[str]] = []
         self.fail = False
+        self.sacct = sacct
 
     def __call__(self, argv, timeout_s, env=None):
         from gpuledger.agents.slurm_agent import CommandFailed
@@ -101,7 +110,7 @@ class Slurm:
             self.sacct_calls.append(list(argv))
             if self.fail:
                 raise CommandFailed("sacct: error: slurmdbd: connection refused")
-            return SACCT
+            return self.sacct
         raise AssertionError(f"unexpected command {argv}")
 
 
@@ -154,3 +163,38 @@ def test_a_gap_of_minjobage_is_enough_where_it_is_short(tmp_path):
     assert slurm.sacct_calls == []
     clock[0] += 12
     assert agent.poll_once() and len(slurm.sacct_calls) == 1 and slurm.config_reads == 1
+
+
+def test_a_job_sacct_has_not_seen_end_is_asked_again_then_given_up(tmp_path, caplog):
+    """slurmdbd gets a job's end late when it was away: job 1 unfinished in sacct while gone from squeue. The
+    others are recovered at once, job 1 when sacct has its end; the watermark waits meanwhile. One that never
+    ends in sacct is given up after RECOVER_RETRY_POLLS polls."""
+    running = SACCT.replace("1|1|COMPLETED|1796645323|1796645326|", "1|1|RUNNING|1796645323|Unknown|")
+    slurm, sink, clock = Slurm(running), JobEventSink(), [T - 10.0]
+    agent = SlurmAgent(cluster="c", state_file=tmp_path / "s.json", sink=sink, partitions=1, run=slurm,
+                       clock=lambda: clock[0])
+    assert agent.poll_once()
+    clock[0] += 600
+    assert agent.poll_once()
+    watermark = agent.state.watermark_ms
+    assert {e.job_id for e in sink.events if e.kind.value == "submitted"} == {"2", "3_0", "3_1", "4"}
+    assert agent.state.recover_waiting == ["1"]
+    clock[0] += 10
+    assert agent.poll_once() and agent.state.watermark_ms == watermark  # still unfinished: waits
+    slurm.sacct, clock[0] = SACCT, clock[0] + 10  # the end reached slurmdbd
+    before = len(sink.events)
+    assert agent.poll_once()
+    assert {e.job_id for e in sink.events[before:] if e.job_id} == {"1"}  # only job 1, the others not again
+    assert held(sink.events)["1"] == (0.0, [[]])  # no record given: part of a node, no GPUs (as before)
+    assert agent.state.recover_from_ms == 0 and agent.state.watermark_ms > watermark
+
+    slurm2, sink2, clock2 = Slurm(running), JobEventSink(), [T - 10.0]
+    agent2 = SlurmAgent(cluster="c", state_file=tmp_path / "s2.json", sink=sink2, partitions=1, run=slurm2,
+                        clock=lambda: clock2[0])
+    assert agent2.poll_once()
+    clock2[0] += 600
+    for _ in range(RECOVER_RETRY_POLLS + 1):
+        assert agent2.poll_once()
+        clock2[0] += 10
+    assert agent2.state.recover_from_ms == 0 and agent2.state.recover_waiting == []
+    assert any("unfinished in sacct but gone from squeue" in r.getMessage() for r in caplog.records)
