@@ -1303,14 +1303,8 @@ def close_vanished(job_ids: Iterable[str], state: AgentState, accounting: Mappin
         # those before js.attempt were published live
         groups = _attempt_groups(accounting.get(job_id) or [])
         walk = groups[js.attempt:] or groups[-1:]
-        job = SlurmJob(job_id=job_id, raw_id=js.raw_id, array_job_id=None, array_task_id=None, state="",
-                       reason="", tenant=js.tenant or "unknown", queue=js.queue or "unknown", priority=0, requested_gpus=0.0,
-                       attempt=js.attempt, submit_ms=0, start_ms=js.alloc_start_ms, end_ms=0, nodes=js.nodes,
-                       gres_detail=[], exit_code=None)
-        if "_" in job_id:
-            a, t = job_id.split("_", 1)
-            if a.isdigit() and t.isdigit():
-                job = _with(job, array_job_id=int(a), array_task_id=int(t))
+        job = _job_not_in_squeue(job_id, js.raw_id, js.tenant, js.queue, attempt=js.attempt,
+                                 start_ms=js.alloc_start_ms, nodes=js.nodes)
         # attempts requeued while the agent was down: as the live path would have seen them
         _replay_requeues(job, js, state, out, groups, js.attempt + len(walk) - 1, note)
         job = _with(job, attempt=js.attempt)
@@ -1362,20 +1356,26 @@ def recover_unseen(accounting: Mapping[str, list[SacctRow]], state: AgentState, 
             unfinished.append(job_id)
             continue
         first = rows[0]
-        job = SlurmJob(job_id=job_id, raw_id=int(first.raw_id), array_job_id=None, array_task_id=None, state="",
-                       reason="", tenant=first.account or "unknown", queue=first.partition or "unknown", priority=0,
-                       requested_gpus=tres_gpus(first.req_tres or first.alloc_tres), attempt=0,
-                       submit_ms=(first.submit_s or first.start_s or last.end_s) * 1000, start_ms=0, end_ms=0,
-                       nodes=[], gres_detail=[], exit_code=None)
-        if "_" in job_id and all(p.isdigit() for p in job_id.split("_", 1)):
-            a, t = job_id.split("_", 1)
-            job = _with(job, array_job_id=int(a), array_task_id=int(t))
+        job = _job_not_in_squeue(job_id, int(first.raw_id), first.account, first.partition,
+                                 requested_gpus=tres_gpus(first.req_tres or first.alloc_tres),
+                                 submit_ms=(first.submit_s or first.start_s or last.end_s) * 1000)
         out.emit(job, JobEventKind.submitted, job.submit_ms, reason="from sacct: the job came and went while no poll ran")
         state.jobs[job_id] = JobState(raw_id=job.raw_id, submitted=True, tenant=job.tenant, queue=job.queue)
         found.append(job_id)
     more, state, warnings = close_vanished(found, state, accounting, cluster=cluster, lost_at_ms=lost_at_ms,
                                            promised_ms=promised_ms, node_gpus=node_gpus, recorded=recorded)
     return out.events + more, state, out.warnings + warnings, unfinished
+
+
+def _job_not_in_squeue(job_id: str, raw_id: int, tenant: str, queue: str, **fields: Any) -> SlurmJob:
+    """A job squeue no longer lists, as the state or sacct's rows give it (`fields`), its array ids from its
+    canonical id (`3_1`)."""
+    array, _, task = job_id.partition("_")
+    ids = (int(array), int(task)) if array.isdigit() and task.isdigit() else (None, None)
+    blank: dict[str, Any] = dict(state="", reason="", priority=0, requested_gpus=0.0, attempt=0, submit_ms=0,
+                                 start_ms=0, end_ms=0, nodes=[], gres_detail=[], exit_code=None)
+    return SlurmJob(job_id=job_id, raw_id=raw_id, array_job_id=ids[0], array_task_id=ids[1],
+                    tenant=tenant or "unknown", queue=queue or "unknown", **{**blank, **fields})
 
 
 def _with(job: SlurmJob, **changes: Any) -> SlurmJob:

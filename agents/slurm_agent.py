@@ -301,15 +301,15 @@ class AllocationRecords:
         """Removes the records of attempts the state has allocated or ended (a later poll never needs them),
         those of attempts before the job's current one, and any file older than RECORD_MAX_AGE_S. Returns how
         many it removed."""
-        current: dict[int, tuple[int, bool]] = {}  # raw id -> (attempt, allocated or ended)
-        for js in state.jobs.values():
-            current[js.raw_id] = (js.attempt, js.allocated or js.ended)
         try:
             entries = list(os.scandir(self.directory))
         except OSError as exc:
             self._once(f"list {self.directory}", "PrologSlurmctld records in %s cannot be listed: %s",
                        self.directory, exc)
             return 0
+        if not entries:
+            return 0  # nothing recorded since the last poll (or no PrologSlurmctld writes here)
+        current = {js.raw_id: (js.attempt, js.allocated or js.ended) for js in state.jobs.values()}
         removed = 0
         now = self.clock()
         for entry in entries:
