@@ -978,6 +978,18 @@ def translate(
                       vanished, out.warnings, promised_ms, out.needs_sacct)
 
 
+def _first_submit_ms(job: SlurmJob, rows: list[SacctRow] | None, out: _Emitter) -> int:
+    """When a job first seen at a restart count above 0 was submitted: sacct's Submit of its first attempt (a
+    requeue moves the job's submit_time, not that row's); else by its first attempt's recorded allocation
+    (PrologSlurmctld), so that `submitted` comes before it; else squeue's submit_time (the last requeue)."""
+    if rows and rows[0].submit_s:
+        return rows[0].submit_s * 1000
+    rec = out.recorded(job.raw_id, 0) if out.recorded is not None else None
+    if rec is not None and (rec.raw_id, rec.attempt) == (job.raw_id, 0):
+        return min(job.submit_ms, rec.allocated_ms)
+    return job.submit_ms
+
+
 def _pending_reason(job: SlurmJob) -> str | None:
     """squeue's state_reason; None while the scheduler has not looked at the job yet ('None')."""
     return None if job.reason in ("None", "") else job.reason
@@ -988,30 +1000,44 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
                    accounting: Mapping[str, list[SacctRow]] | None, poll_ms: int) -> None:
     js = state.jobs.get(job.job_id)
     if js is None:
-        js = state.jobs[job.job_id] = JobState(raw_id=job.raw_id, attempt=job.attempt, queue=job.queue,
+        # First seen at a restart count above 0 after an earlier poll: submitted since then, its earlier attempts
+        # ran and were requeued between the two polls (the agent down, or a requeue right after the start). They
+        # come from sacct's rows (and PrologSlurmctld records), as for a job requeued more than once. At the
+        # agent's first poll ever they are from before the ledger, and are not replayed.
+        first = 0 if job.attempt and state.polled_ms else job.attempt
+        js = state.jobs[job.job_id] = JobState(raw_id=job.raw_id, attempt=first, queue=job.queue,
                                                tenant=job.tenant)
     if js.finished and job.attempt <= js.attempt:
         return
+    rows = accounting.get(job.job_id) if accounting is not None else None
+    unseen_attempts = not js.submitted and job.attempt > js.attempt
     if not js.submitted:
-        out.emit(job, JobEventKind.submitted, job.submit_ms)
-        if job.state in PENDING_STATES:
-            out.emit(job, JobEventKind.queued, job.submit_ms, reason=_pending_reason(job))
-            js.queued_events, js.queued_reason = 1, _pending_reason(job) or ""
+        if unseen_attempts:  # submitted for attempt 0, at its submission (squeue's submit_time is the last requeue's)
+            out.emit(job, JobEventKind.submitted, _first_submit_ms(job, rows, out), attempt=js.attempt)
+        else:
+            out.emit(job, JobEventKind.submitted, job.submit_ms)
+            if job.state in PENDING_STATES:
+                out.emit(job, JobEventKind.queued, job.submit_ms, reason=_pending_reason(job))
+                js.queued_events, js.queued_reason = 1, _pending_reason(job) or ""
         js.submitted = True
 
-    if job.attempt > js.attempt + 1:
-        # Requeued more than once since the last poll (the agent was down): submit_time is the last
-        # requeue's, so the attempts in between come from sacct's rows, as close_vanished reads them.
-        rows = accounting.get(job.job_id) if accounting is not None else None
+    if job.attempt > js.attempt + 1 or unseen_attempts:
+        # Requeued more than once since the last poll (the agent was down), or attempts no poll saw: submit_time
+        # is the last requeue's, so the attempts in between come from sacct's rows, as close_vanished reads them.
         if rows:
             _replay_requeues(job, js, state, out, _attempt_groups(rows), job.attempt,
-                             "from sacct: requeued more than once between two polls")
+                             "from sacct: submitted and requeued between two polls" if unseen_attempts
+                             else "from sacct: requeued more than once between two polls")
         if accounting is None:
             out.needs_sacct.append(job.job_id)
+        sacct = 'was not asked or failed' if accounting is None else 'has not all of its attempts'
         if job.attempt > js.attempt + 1:
             out.warnings.append(f"job {job.job_id} was requeued {job.attempt - js.attempt} times since the last poll "
-                                f"and sacct {'was not asked or failed' if accounting is None else 'has not all of its attempts'}: "
-                                f"the attempts in between only `retried`, attempt {js.attempt} ends at the last requeue")
+                                f"and sacct {sacct}: the attempts in between only `retried`, attempt {js.attempt} "
+                                "ends at the last requeue")
+        elif unseen_attempts and job.attempt > js.attempt:
+            out.warnings.append(f"job {job.job_id} was submitted, started and requeued since the last poll and sacct "
+                                f"{sacct}: its attempt {js.attempt} only from a PrologSlurmctld record, else only `retried`")
     if job.attempt > js.attempt:
         # Requeued since the last poll (Slurm sets submit_time to the requeue time). squeue can show the
         # new restart count a moment before the new submit_time (seen: the old one, 4 s before the

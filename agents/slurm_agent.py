@@ -437,7 +437,8 @@ class SlurmAgent:
         for _ in range(2):  # again with sacct's rows when jobs were requeued more than once since the last poll
             result = translate(squeue, self.state, cluster=self.cluster, poll_started_ms=started_ms, tiers=tiers,
                                margin_ms=self.margin_ms, accounting=accounting, node_gpus=node_gpus, recorded=recorded)
-            if not result.needs_sacct or (accounting := self._sacct(result.needs_sacct, self.state)) is None:
+            # result.state: a job first seen this poll (at a restart count above 0) is only there
+            if not result.needs_sacct or (accounting := self._sacct(result.needs_sacct, result.state)) is None:
                 break  # sacct failed: its warning says those attempts in between are only `retried`
         events, state = result.events, result.state
         warnings = list(result.warnings)
@@ -509,7 +510,7 @@ class SlurmAgent:
         if not raw:
             return {}
         try:
-            text = self.run(["sacct", "-P", "-n", "--duplicates", "-X", "-j", ",".join(raw), "-o", SACCT_FIELDS],
+            text = self.run(["sacct", "-P", "-n", "--duplicates", "-X", "-j", ",".join(raw), "-o", SACCT_FIELDS + ",Submit"],
                             self.command_timeout_s,
                             env={**os.environ, "SLURM_TIME_FORMAT": "%s"})  # epoch seconds, no time zone guessing
         except CommandFailed as exc:

@@ -8,8 +8,9 @@ sim-slurm`, 1 s ticks: the GPUs Slurm gave a job are busy at its GPULEDGER_SIM_L
 Slurm agent (1 s polls). Submits real jobs — completed, exit 3, cancelled, a hung job (0 % load),
 an array, a multi-node job, an admin requeue, a job pending for lack of GPUs, a preemption by the
 higher-tier partition, a 3-GPU job that starts and ends while the agent is paused (SIGSTOP: its GPUs from the
-PrologSlurmctld record, deploy/slurm/gpuledger-prolog-slurmctld) and a 2-GPU job that starts and is requeued
-meanwhile, seen pending (held) before (its first attempt's GPUs from its record too) — and, meanwhile, kills the Slurm agent
+PrologSlurmctld record, deploy/slurm/gpuledger-prolog-slurmctld), a 2-GPU job that starts and is requeued
+meanwhile, seen pending (held) before (its first attempt's GPUs from its record too), and one submitted, started
+and requeued meanwhile (first seen at restart count 1: its first attempt from sacct) — and, meanwhile, kills the Slurm agent
 (SIGKILL, restarted) and restarts slurmctld; at the end a job leaves squeue (MinJobAge 10 s) while the agent is stopped, and the
 restarted agent closes it from sacct, and another is submitted, runs and leaves squeue meanwhile: the restarted
 agent recovers it from sacct (`sacct -S`). Then, per job and attempt, the ledger must agree with
@@ -363,18 +364,25 @@ def test_ledger_matches_sacct(cluster, tmp_path):
             wait_for_topic(s, s.topics.job_events,
                            lambda recs: any(m.get("job_id") == flash and m.get("kind") == "submitted"
                                             for _, m in lifecycle(recs)), f"job {flash} seen pending")
+            # and one no poll saw before its requeue (submitted, started and requeued meanwhile): first seen at restart
+            # count 1, its first attempt from sacct, its GPUs from its record
             agent.proc.send_signal(signal.SIGSTOP)
             try:
                 brief = cluster.submit("-A", "teamc", "--gres=gpu:3", "--wrap", "sleep 4")
+                fresh = cluster.submit("-A", "teama", "--gres=gpu:2", "--wrap", "sleep 5")
                 sh("scontrol", "release", flash)
-                cluster.wait(flash, {"RUNNING"})
+                for job in (flash, fresh):
+                    cluster.wait(job, {"RUNNING"})
                 time.sleep(1)
-                sh("scontrol", "requeue", flash)
-                cluster.wait(flash, {"PENDING"}, restarts=1)
+                for job in (flash, fresh):
+                    sh("scontrol", "requeue", job)
+                for job in (flash, fresh):
+                    cluster.wait(job, {"PENDING"}, restarts=1)
                 cluster.wait(brief, {"COMPLETED"}, timeout=60)
             finally:
                 agent.proc.send_signal(signal.SIGCONT)
-            cluster.wait(flash, {"COMPLETED"}, restarts=1, timeout=120)
+            for job in (flash, fresh):
+                cluster.wait(job, {"COMPLETED"}, restarts=1, timeout=120)
 
             say(f"phase C: a job leaves squeue (MinJobAge {MIN_JOB_AGE_S} s) while the Slurm agent is down")
             gone = cluster.submit("-A", "teamb", "--gres=gpu:2", "--wrap", "sleep 6")
@@ -438,7 +446,8 @@ def test_ledger_matches_sacct(cluster, tmp_path):
              f"{array}_2": "array task", victim: "preempted, rerun", waiter: "pending for GPUs",
              urgent: "prod (preempts)", gone: "left squeue, agent down", half: "2 of a GPU's 4 shards",
              quarter: "1 of a GPU's 4 shards", mps_half: "50 of a GPU's 100 MPS", mps_quarter: "25 of a GPU's 100 MPS",
-             brief: "between polls, part of a node", flash: "requeued between polls", unseen: "came and went, agent down"}
+             brief: "between polls, part of a node", flash: "requeued between polls", unseen: "came and went, agent down",
+             fresh: "submitted, run, requeued between polls"}
     usage = {(r[0], r[1]): r for r in ledger["usage"]}
     views = {(r[0], r[1]): r for r in ledger["attempts"]}
     events: dict[str, list] = {}
@@ -492,7 +501,7 @@ def test_ledger_matches_sacct(cluster, tmp_path):
                 requeue: ["REQUEUED", "COMPLETED"], victim: ["PREEMPTED", "COMPLETED"], waiter: ["COMPLETED"],
                 urgent: ["COMPLETED"], gone: ["COMPLETED"], half: ["COMPLETED"], quarter: ["COMPLETED"],
                 mps_half: ["COMPLETED"], mps_quarter: ["COMPLETED"], brief: ["COMPLETED"], unseen: ["COMPLETED"],
-                flash: ["REQUEUED", "COMPLETED"],
+                flash: ["REQUEUED", "COMPLETED"], fresh: ["REQUEUED", "COMPLETED"],
                 **{f"{array}_{i}": ["COMPLETED"] for i in range(3)}}
     assert {j: [a["state"] for a in acct.get(j, [])] for j in expected} == expected
     # the job no poll saw running got the GPUs its PrologSlurmctld record names (without it: none, part of a node)
@@ -500,6 +509,9 @@ def test_ledger_matches_sacct(cluster, tmp_path):
                if e[2] == "allocated"), events[brief]
     assert any("started and requeued between two polls" in (e[3] or "") for e in events[flash]
                if e[2] == "allocated" and e[1] == 0), events[flash]
+    # the job first seen at restart count 1: its first attempt from sacct (or, without its row yet, the requeue time
+    # from squeue), its GPUs from its record
+    assert any("PrologSlurmctld" in (e[3] or "") for e in events[fresh] if e[2] == "allocated" and e[1] == 0), events[fresh]
     # the job that came and went while the agent was down was recovered from sacct, its GPUs from its record
     assert [e[3] for e in events[unseen] if e[2] == "submitted"] == ["from sacct: the job came and went while no poll ran"]
     assert any("PrologSlurmctld" in (e[3] or "") for e in events[unseen] if e[2] == "allocated"), events[unseen]

@@ -227,7 +227,7 @@ def test_the_agent_asks_sacct_for_alloctres_and_bills_the_whole_nodes(tmp_path):
     assert agent.poll_once()
     slurm.drop, clock[0] = {8}, clock[0] + 3600   # job 8 ran and left squeue while the agent was down
     assert agent.poll_once()
-    assert slurm.sacct_argv[slurm.sacct_argv.index("-o") + 1].endswith(",NodeList,AllocTRES")
+    assert slurm.sacct_argv[slurm.sacct_argv.index("-o") + 1].endswith(",NodeList,AllocTRES,Submit")
     alloc = next(e for e in sink.events if e.event_id == "slurm:c:8:0:allocated")
     assert len(alloc.gpus) == 32 and gpu_seconds(sink.events, "8") == 384.0
 
