@@ -1011,6 +1011,11 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
         return
     rows = accounting.get(job.job_id) if accounting is not None else None
     unseen_attempts = not js.submitted and job.attempt > js.attempt
+    if unseen_attempts and rows:
+        # submitted after the last poll: a row submitted well before it is another job's that had the same id
+        # (a controller whose state was reset counts from 1 again; `sacct -j` lists every job with the id)
+        rows = [r for r in rows if r.submit_s is None
+                or r.submit_s * 1000 >= state.polled_ms - RECORDED_ALLOCATION_SLACK_MS]
     if not js.submitted:
         if unseen_attempts:  # submitted for attempt 0, at its submission (squeue's submit_time is the last requeue's)
             out.emit(job, JobEventKind.submitted, _first_submit_ms(job, rows, out), attempt=js.attempt)

@@ -434,7 +434,7 @@ class SlurmAgent:
         node_gpus = node_gpu_counts(sinfo)  # whole nodes for attempts whose GPU indices were not seen; parts of GPUs
         recorded = self.records.lookup if self.records is not None else None
         accounting = None
-        for _ in range(2):  # again with sacct's rows when jobs were requeued more than once since the last poll
+        for _ in range(2):  # again with sacct's rows when jobs were requeued more than once since the last poll, or first seen requeued
             result = translate(squeue, self.state, cluster=self.cluster, poll_started_ms=started_ms, tiers=tiers,
                                margin_ms=self.margin_ms, accounting=accounting, node_gpus=node_gpus, recorded=recorded)
             # result.state: a job first seen this poll (at a restart count above 0) is only there

@@ -136,3 +136,27 @@ def test_the_agent_asks_sacct_for_a_job_first_seen_requeued(tmp_path):
     assert ids == ["4:0:submitted", "4:0:allocated", "4:0:started", "4:0:preempted", "4:1:retried", "4:1:queued"]
     assert [g.gpu_index for g in sink.events[1].gpus] == [5, 6, 7] and sink.events[0].ts_ms == T * 1000
     assert not (tmp_path / "records" / "4.0").exists()  # attempt 0 published: its record removed
+
+
+def test_a_job_first_seen_ended_after_a_requeue_gets_both_attempts():
+    """Seen only when its second attempt had ended too (COMPLETED at restart count 1, still in squeue): both
+    attempts, each with the GPUs of its record, as sacct has them (3 GPUs × 2 s, then 3 × 6 s)."""
+    done = squeue_job4("RUNNING")
+    done["jobs"][0].update(job_state="COMPLETED", end_time=T + 20, gres_detail=[])
+    rows = "\n".join(line for line in (FIXTURES / "sacct_window_v2205.txt").read_text().splitlines()
+                     if line.startswith("4|4|"))
+    r = poll(polled_state(), 30, squeue=done, accounting=parse_sacct(rows))
+    assert summary(r.events) == [
+        ("4:0:submitted", 0, []), ("4:0:allocated", 1, [5, 6, 7]), ("4:0:started", 1, []), ("4:0:preempted", 3, []),
+        ("4:1:retried", 3, []), ("4:1:allocated", 14, [0, 1, 2]), ("4:1:started", 14, []), ("4:1:completed", 20, [])]
+    assert r.state.jobs["4"].finished and r.warnings == []
+
+
+def test_rows_of_an_older_job_with_the_same_id_are_not_its_attempts():
+    """`sacct -j 4` lists every job numbered 4: one from before a controller reset (submitted a year before)
+    is not this job's first attempt."""
+    older = "4|4|COMPLETED|1765000100|1765000200|0:0|teamb|batch|gpu02|billing=1,cpu=1,gres/gpu=8,node=1|1765000000\n"
+    r = poll(polled_state(), 30, accounting=parse_sacct(older + SACCT_PENDING))
+    assert summary(r.events)[:4] == [("4:0:submitted", 0, []), ("4:0:allocated", 1, [5, 6, 7]),
+                                     ("4:0:started", 1, []), ("4:0:preempted", 3, [])]
+    assert r.warnings == []
