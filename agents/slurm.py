@@ -337,6 +337,9 @@ class JobState:
     requeue_wait_polls: int = 0      # polls a requeue has waited for Slurm's new submit_time
     suspended: bool = False          # `interrupted` emitted for a suspend of `attempt`, not resumed yet
     suspensions: int = 0             # suspends of `attempt` seen (event ids …:interrupted:N, …:started:N+1)
+    #: the attempt's suspended time, as Slurm counts it, that events have covered (`_slurm_suspended_ms`); None:
+    #: not known (a state file from before it was kept, with suspends seen): no unseen suspend is inferred then
+    suspended_ms: int | None = 0
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -344,6 +347,8 @@ class JobState:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> JobState:
         js = cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+        if "suspended_ms" not in d and js.suspensions:
+            js.suspended_ms = None
         if js.gres_detail is not None:
             js.gres_detail = tuple(str(g) for g in js.gres_detail)
         return js
@@ -439,6 +444,7 @@ class SlurmJob:
     sched_ms: int = 0                # last_sched_evaluation: when the pending reason was set
     resize_ms: int = 0               # resize_time: the last change of a running job's nodes
     suspend_ms: int = 0              # suspend_time: the last suspend or resume (`scontrol suspend/resume`)
+    pre_sus_ms: int | None = None    # pre_sus_time: its run time before the last suspend (None: not in the record)
     alloc_gpus: float = 0.0          # the GPUs it was given: tres_alloc_str's, else its request's (0: not shown)
     asks_gpu_parts: bool = False     # it asked for parts of GPUs (--gres=shard:K, mps:K): no GPU count of its own
     #: the parts of GPUs it asked for in all, per kind ({'shard': 6.0}); `part_request_gpus` makes GPUs of them
@@ -556,6 +562,7 @@ def parse_job(job: Mapping[str, Any]) -> SlurmJob | None:
         sched_ms=(_int(job, "last_sched_evaluation") or 0) * 1000,
         resize_ms=(_int(job, "resize_time") or 0) * 1000,
         suspend_ms=(_int(job, "suspend_time") or 0) * 1000,
+        pre_sus_ms=None if (pre_sus := _int(job, "pre_sus_time", None)) is None else pre_sus * 1000,
         alloc_gpus=alloc,
         asks_gpu_parts=asks_parts,
         requested_parts={kind: n for kind in GPU_PART_GRES if (n := _asked(job, nodes, kind)[1])} if asks_parts else {},
@@ -1122,6 +1129,8 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
                 _allocate(seen, js, out, job_gpus(seen, out.node_gpus), note)
             else:
                 _allocate(job, js, out, [], None)
+        if ran and js.allocated and not js.ended and not js.suspended:
+            _unseen_suspension(job, js, out, promised_ms)  # suspended and resumed since the last poll, then ended
         kind, reason = FINAL_STATES[job.state]
         exit_text = describe_exit(job.exit_code)
         if reason is None:
@@ -1158,7 +1167,7 @@ def _suspend_or_resume(job: SlurmJob, js: JobState, out: _Emitter, promised_ms: 
     set); `scontrol resume` makes it RUNNING again (suspend_time moved to the resume). The attempt still
     holds its GPUs; `interrupted` at the suspend and `started` at the resume bill that time as allocated
     but idle, not as executing until the samples show it idle. A suspend and resume both between two polls
-    are not seen (squeue shows RUNNING with the resume's time)."""
+    (squeue shows RUNNING with the resume's time) are told by Slurm's count of the time: `_unseen_suspension`."""
     at_ms = max(job.suspend_ms, js.alloc_start_ms, promised_ms)
     if job.state == "SUSPENDED" and not js.suspended:
         js.suspended, js.suspensions = True, js.suspensions + 1
@@ -1168,6 +1177,40 @@ def _suspend_or_resume(job: SlurmJob, js: JobState, out: _Emitter, promised_ms: 
         js.suspended = False
         out.emit(_with(job, attempt=js.attempt), JobEventKind.started, at_ms, reason="resumed (scontrol resume)",
                  suffix=f":{js.suspensions + 1}")
+        js.suspended_ms = _slurm_suspended_ms(job)
+    elif job.state != "SUSPENDED":
+        _unseen_suspension(job, js, out, promised_ms)
+
+
+def _slurm_suspended_ms(job: SlurmJob) -> int | None:
+    """The attempt's suspended time up to its last resume, from Slurm's own counts: slurmctld adds the run time to
+    pre_sus_time at each suspend and sets suspend_time at each suspend and resume, so a running job has been
+    suspended (suspend_time − start_time) − pre_sus_time. 0 when never resumed since its start (suspend_time
+    before it: a requeued job keeps its last attempt's); None when the record has no pre_sus_time."""
+    if job.pre_sus_ms is None:
+        return None
+    if job.suspend_ms <= job.start_ms:
+        return 0
+    return max(0, job.suspend_ms - job.start_ms - job.pre_sus_ms)
+
+
+def _unseen_suspension(job: SlurmJob, js: JobState, out: _Emitter, promised_ms: int) -> None:
+    """A running attempt suspended and resumed since the last poll (no poll saw it SUSPENDED): Slurm's suspended
+    time grew by what no event covers. `interrupted` that long before the resume (suspend_time), `started` at it:
+    one stretch, the sum when it was suspended more than once meanwhile, never before the last poll's promise."""
+    total = _slurm_suspended_ms(job)
+    if total is None or js.suspended_ms is None or total - js.suspended_ms < 1000:
+        return
+    resumed_ms = max(job.suspend_ms, js.alloc_start_ms, promised_ms)
+    since_ms = max(job.suspend_ms - (total - js.suspended_ms), js.alloc_start_ms, promised_ms)
+    js.suspended_ms = total
+    if since_ms >= resumed_ms:
+        return
+    js.suspensions += 1
+    reason = f"suspended and resumed between two polls ({(resumed_ms - since_ms) // 1000} s: Slurm's pre_sus_time)"
+    at = _with(job, attempt=js.attempt)
+    out.emit(at, JobEventKind.interrupted, since_ms, reason=reason, suffix=f":{js.suspensions}")
+    out.emit(at, JobEventKind.started, resumed_ms, reason=reason, suffix=f":{js.suspensions + 1}")
 
 
 def _allocate(job: SlurmJob, js: JobState, out: _Emitter, gpus: list[GpuAssignment], note: str | None) -> None:
@@ -1176,7 +1219,7 @@ def _allocate(job: SlurmJob, js: JobState, out: _Emitter, gpus: list[GpuAssignme
     out.emit(job, JobEventKind.started, job.start_ms)
     js.allocated, js.alloc_start_ms, js.nodes, js.queue = True, job.start_ms, job.nodes, job.queue
     js.gres_detail, js.allocations = tuple(job.gres_detail), 1
-    js.suspended, js.suspensions = False, 0
+    js.suspended, js.suspensions, js.suspended_ms = False, 0, 0
 
 
 def _allocate_recorded_attempt(job: SlurmJob, js: JobState, out: _Emitter, promised_ms: int) -> None:

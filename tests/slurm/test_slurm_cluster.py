@@ -10,12 +10,13 @@ an array, a multi-node job, an admin requeue, a job pending for lack of GPUs, a 
 higher-tier partition, a 3-GPU job that starts and ends while the agent is paused (SIGSTOP: its GPUs from the
 PrologSlurmctld record, deploy/slurm/gpuledger-prolog-slurmctld), a 2-GPU job that starts and is requeued
 meanwhile, seen pending (held) before (its first attempt's GPUs from its record too), and one submitted, started
-and requeued meanwhile (first seen at restart count 1: its first attempt from sacct) — and, meanwhile, kills the Slurm agent
+and requeued meanwhile (first seen at restart count 1: its first attempt from sacct), and a running job suspended
+and resumed meanwhile (told from Slurm's pre_sus_time: its suspended time idle) — and, meanwhile, kills the Slurm agent
 (SIGKILL, restarted) and restarts slurmctld; at the end a job leaves squeue (MinJobAge 10 s) while the agent is stopped, and the
 restarted agent closes it from sacct, and another is submitted, runs and leaves squeue meanwhile: the restarted
 agent recovers it from sacct (`sacct -S`). Then, per job and attempt, the ledger must agree with
-Slurm's accounting (sacct): allocated GPU-seconds (usage_raw, allocated_idle + executing) = gres/gpu × Elapsed within one
-poll interval per GPU, and outcome, attempts, tenant (account) and queue (partition) equal.
+Slurm's accounting (sacct): allocated GPU-seconds (usage_raw, allocated_idle + executing) = gres/gpu × (Elapsed +
+Suspended) within one poll interval per GPU, and outcome, attempts, tenant (account) and queue (partition) equal.
 The ledger runs its bundled definitions except `min_idle_s` = 5 s (instead of 300 s), so the hung
 job's idle time shows in a short run. Prints the per-job table (docs/slurm.md shows one)."""
 
@@ -160,18 +161,20 @@ def plain(v):
 def sacct_attempts() -> dict[str, list[dict]]:
     """sacct's allocations, per canonical job id, oldest attempt first (--duplicates lists requeued runs)."""
     text = sh("sacct", "-P", "-n", "--duplicates", "-X", "-o",
-              "JobID,JobIDRaw,State,Start,End,Elapsed,AllocTRES,ExitCode,Account,Partition", timeout=20)
+              "JobID,JobIDRaw,State,Start,End,Elapsed,AllocTRES,ExitCode,Account,Partition,Suspended", timeout=20)
     out: dict[str, list[dict]] = {}
     for line in text.splitlines():
         f = line.split("|")
-        if len(f) < 10:
+        if len(f) < 11:
             continue
         m = re.search(r"gres/gpu=(\d+)", f[6])
         parts = re.search(r"gres/(shard|mps)=(\d+)", f[6])  # a part of one GPU: its parts over the GPU's
         gpus = int(m.group(1)) if m else int(parts.group(2)) / PARTS_PER_GPU[parts.group(1)] if parts else 0
         out.setdefault(f[0], []).append({
             "state": f[2].split()[0], "start": f[3], "end": f[4], "elapsed_s": elapsed_s(f[5]),
-            "gpus": gpus, "exit": f[7], "account": f[8], "partition": f[9]})
+            "gpus": gpus, "exit": f[7], "account": f[8], "partition": f[9],
+            # Elapsed leaves out the time suspended; the job held its GPUs all along (the ledger bills it idle)
+            "suspended_s": elapsed_s(f[10])})
     for rows in out.values():
         rows.sort(key=lambda r: r["start"])
     return out
@@ -361,9 +364,12 @@ def test_ledger_matches_sacct(cluster, tmp_path):
             # and one the agent has seen pending (held) that starts and is requeued meanwhile: its first attempt's
             # GPUs from its record too
             flash = cluster.submit("-A", "teamb", "--hold", "--gres=gpu:2", "--wrap", "sleep 5")
+            # and one seen running that is suspended and resumed meanwhile: told by Slurm's pre_sus_time
+            napper = cluster.submit("-A", "teamc", "--gres=gpu:1", "--wrap", "sleep 20")
+            cluster.wait(napper, {"RUNNING"})
             wait_for_topic(s, s.topics.job_events,
-                           lambda recs: any(m.get("job_id") == flash and m.get("kind") == "submitted"
-                                            for _, m in lifecycle(recs)), f"job {flash} seen pending")
+                           lambda recs: {(m.get("job_id"), m.get("kind")) for _, m in lifecycle(recs)}
+                           >= {(flash, "submitted"), (napper, "allocated")}, f"job {flash} seen pending, {napper} running")
             # and one no poll saw before its requeue (submitted, started and requeued meanwhile): first seen at restart
             # count 1, its first attempt from sacct, its GPUs from its record
             agent.proc.send_signal(signal.SIGSTOP)
@@ -378,11 +384,15 @@ def test_ledger_matches_sacct(cluster, tmp_path):
                     sh("scontrol", "requeue", job)
                 for job in (flash, fresh):
                     cluster.wait(job, {"PENDING"}, restarts=1)
+                sh("scontrol", "suspend", napper)
+                time.sleep(4)
+                sh("scontrol", "resume", napper)
                 cluster.wait(brief, {"COMPLETED"}, timeout=60)
             finally:
                 agent.proc.send_signal(signal.SIGCONT)
             for job in (flash, fresh):
                 cluster.wait(job, {"COMPLETED"}, restarts=1, timeout=120)
+            cluster.wait(napper, {"COMPLETED"}, timeout=120)
 
             say(f"phase C: a job leaves squeue (MinJobAge {MIN_JOB_AGE_S} s) while the Slurm agent is down")
             gone = cluster.submit("-A", "teamb", "--gres=gpu:2", "--wrap", "sleep 6")
@@ -447,7 +457,7 @@ def test_ledger_matches_sacct(cluster, tmp_path):
              urgent: "prod (preempts)", gone: "left squeue, agent down", half: "2 of a GPU's 4 shards",
              quarter: "1 of a GPU's 4 shards", mps_half: "50 of a GPU's 100 MPS", mps_quarter: "25 of a GPU's 100 MPS",
              brief: "between polls, part of a node", flash: "requeued between polls", unseen: "came and went, agent down",
-             fresh: "submitted, run, requeued between polls"}
+             fresh: "submitted, run, requeued between polls", napper: "suspended, resumed between polls"}
     usage = {(r[0], r[1]): r for r in ledger["usage"]}
     views = {(r[0], r[1]): r for r in ledger["attempts"]}
     events: dict[str, list] = {}
@@ -459,7 +469,7 @@ def test_ledger_matches_sacct(cluster, tmp_path):
     rows, problems = [], []
     for job, label in names.items():
         for attempt, a in enumerate(acct.get(job, [])):
-            sacct_gpu_s = a["gpus"] * a["elapsed_s"]
+            sacct_gpu_s = a["gpus"] * (a["elapsed_s"] + a["suspended_s"])
             u = usage.get((job, attempt))
             ledger_gpu_s = (u[2] / 1000) if u else 0.0
             exec_s = (u[3] / 1000) if u else 0.0
@@ -470,7 +480,7 @@ def test_ledger_matches_sacct(cluster, tmp_path):
             tenant = {e[4] for e in events.get(job, [])}
             queue = {e[5] for e in events.get(job, [])}
             rows.append((job, label, attempt, a["state"], a["partition"], a["account"], a["gpus"], a["elapsed_s"],
-                         sacct_gpu_s, ledger_gpu_s, exec_s, outcome, reason))
+                         a["suspended_s"], sacct_gpu_s, ledger_gpu_s, exec_s, outcome, reason))
             # jobs on parts of one GPU (shards, MPS) split its held part by measured use (docs/accounting.md §5, the
             # default `measured` split), not by their shards: their sum is compared below
             if job not in (half, quarter, mps_half, mps_quarter) and abs(ledger_gpu_s - sacct_gpu_s) > POLL_S * a["gpus"] + 1e-9:
@@ -486,7 +496,7 @@ def test_ledger_matches_sacct(cluster, tmp_path):
         if attempts != set(range(len(acct.get(job, [])))):
             problems.append(f"{job}: ledger attempts {sorted(attempts)}, sacct {len(acct.get(job, []))}")
 
-    header = ("job", "what", "att", "sacct state", "partition", "account", "GPUs", "elapsed s", "sacct GPU-s",
+    header = ("job", "what", "att", "sacct state", "partition", "account", "GPUs", "elapsed s", "suspended s", "sacct GPU-s",
               "ledger GPU-s", "executing GPU-s", "ledger outcome", "reason")
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     table = ["| " + " | ".join(str(x).ljust(w) for x, w in zip(r, widths)) + " |" for r in (header, *rows)]
@@ -501,7 +511,7 @@ def test_ledger_matches_sacct(cluster, tmp_path):
                 requeue: ["REQUEUED", "COMPLETED"], victim: ["PREEMPTED", "COMPLETED"], waiter: ["COMPLETED"],
                 urgent: ["COMPLETED"], gone: ["COMPLETED"], half: ["COMPLETED"], quarter: ["COMPLETED"],
                 mps_half: ["COMPLETED"], mps_quarter: ["COMPLETED"], brief: ["COMPLETED"], unseen: ["COMPLETED"],
-                flash: ["REQUEUED", "COMPLETED"], fresh: ["REQUEUED", "COMPLETED"],
+                flash: ["REQUEUED", "COMPLETED"], fresh: ["REQUEUED", "COMPLETED"], napper: ["COMPLETED"],
                 **{f"{array}_{i}": ["COMPLETED"] for i in range(3)}}
     assert {j: [a["state"] for a in acct.get(j, [])] for j in expected} == expected
     # the job no poll saw running got the GPUs its PrologSlurmctld record names (without it: none, part of a node)
@@ -512,6 +522,12 @@ def test_ledger_matches_sacct(cluster, tmp_path):
     # the job first seen at restart count 1: its first attempt from sacct (or, without its row yet, the requeue time
     # from squeue), its GPUs from its record
     assert any("PrologSlurmctld" in (e[3] or "") for e in events[fresh] if e[2] == "allocated" and e[1] == 0), events[fresh]
+    # the job suspended and resumed while the agent was paused: told from pre_sus_time, its suspended time idle (the
+    # simulated GPUs stay busy), its executing time sacct's Elapsed (which leaves the suspended time out)
+    nap = acct[napper][0]
+    assert nap["suspended_s"] >= 3, nap
+    assert [e[2] for e in events[napper] if "between two polls" in (e[3] or "")] == ["interrupted", "started"], events[napper]
+    assert abs(usage[(napper, 0)][3] / 1000 - nap["gpus"] * nap["elapsed_s"]) <= 2 * POLL_S, (usage[(napper, 0)], nap)
     # the job that came and went while the agent was down was recovered from sacct, its GPUs from its record
     assert [e[3] for e in events[unseen] if e[2] == "submitted"] == ["from sacct: the job came and went while no poll ran"]
     assert any("PrologSlurmctld" in (e[3] or "") for e in events[unseen] if e[2] == "allocated"), events[unseen]

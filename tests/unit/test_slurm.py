@@ -334,7 +334,7 @@ def test_a_job_states_only_mutable_field_is_its_node_list():
     from gpuledger.agents.slurm import JobState
 
     hints = typing.get_type_hints(JobState)
-    immutable = (int, bool, str, tuple[str, ...] | None)  # a tuple of strings is immutable too (gres_detail)
+    immutable = (int, bool, str, int | None, tuple[str, ...] | None)  # a tuple of strings is immutable too (gres_detail)
     mutable = {f.name for f in dataclasses.fields(JobState) if hints[f.name] not in immutable}
     assert mutable == {"nodes"}
 

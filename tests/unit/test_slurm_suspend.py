@@ -20,13 +20,18 @@ from test_execution import FIXTURE_LEDGER
 T = 1796558000
 
 
-def record(state: str, suspend: int = 0, end: int = 0) -> dict:
-    return {"job_id": 1, "job_state": state, "state_reason": "None", "account": "teama", "partition": "batch",
-            "priority": 10000, "restart_cnt": 0, "submit_time": T + 131, "start_time": T + 131,
-            "end_time": T + (end or 131 + 31536000), "suspend_time": T + suspend if suspend else 0,
-            "nodes": "gpu01", "gres_detail": ["gpu:a100:2(IDX:0-1)"], "exit_code": 0,
-            "tres_req_str": "cpu=1,node=1,billing=1,gres/gpu=2", "array_job_id": 0, "array_task_id": None,
-            "array_task_string": "", "last_sched_evaluation": T + 131}
+def record(state: str, suspend: int = 0, end: int = 0, pre_sus: int | None = None) -> dict:
+    """`pre_sus`: pre_sus_time, the run time before the last suspend (slurmctld adds to it at each suspend);
+    None: left out, as in the records above (the agent then infers no suspend it did not see)."""
+    rec = {"job_id": 1, "job_state": state, "state_reason": "None", "account": "teama", "partition": "batch",
+           "priority": 10000, "restart_cnt": 0, "submit_time": T + 131, "start_time": T + 131,
+           "end_time": T + (end or 131 + 31536000), "suspend_time": T + suspend if suspend else 0,
+           "nodes": "gpu01", "gres_detail": ["gpu:a100:2(IDX:0-1)"], "exit_code": 0,
+           "tres_req_str": "cpu=1,node=1,billing=1,gres/gpu=2", "array_job_id": 0, "array_task_id": None,
+           "array_task_string": "", "last_sched_evaluation": T + 131}
+    if pre_sus is not None:
+        rec["pre_sus_time"] = pre_sus
+    return rec
 
 
 def poll(rec: dict, state: AgentState, at: int):
@@ -93,3 +98,81 @@ def test_the_suspended_time_is_billed_allocated_but_idle_from_the_suspend():
         if r["job_id"] == "1":
             by_state[r["state"]] = by_state.get(r["state"], 0) + r["gpu_ms"]
     assert by_state == {"executing": 2 * 7_000, "allocated_idle": 2 * 4_000}
+
+
+# --------------------------------------------------------------------------- a suspend and resume between two polls
+def test_a_suspend_and_resume_between_two_polls_is_told_by_slurms_counts():
+    """Suspended at …134 (pre_sus_time 3: it ran 3 s), resumed at …138 (suspend_time), both between the polls
+    at …132 and …140: (138 − 131) − 3 = 4 s suspended, so `interrupted` at …134 and `started` at …138."""
+    running = poll(record("RUNNING", pre_sus=0), AgentState(), 132)
+    after = poll(record("RUNNING", suspend=138, pre_sus=3), running.state, 140)
+    assert summary(after.events) == [("1:0:interrupted:1", 134), ("1:0:started:2", 138)]
+    assert "suspended and resumed between two polls (4 s" in after.events[0].reason
+    assert poll(record("RUNNING", suspend=138, pre_sus=3), after.state, 141).events == []  # told once
+
+
+def test_two_unseen_suspends_are_one_stretch_of_their_sum_and_seen_ones_are_not_told_twice():
+    # seen: suspended at 134 (ran 3 s), resumed at 138
+    state = poll(record("RUNNING", pre_sus=0), AgentState(), 132).state
+    state = poll(record("SUSPENDED", suspend=134, pre_sus=3), state, 136).state
+    resumed = poll(record("RUNNING", suspend=138, pre_sus=3), state, 140)
+    assert summary(resumed.events) == [("1:0:started:2", 138)]
+    # unseen, twice: ran 138-142 and 144-146 (pre_sus_time 3 + 4 + 2), resumed last at 149: suspended 2 + 3 s
+    twice = poll(record("RUNNING", suspend=149, pre_sus=9), resumed.state, 151)
+    assert summary(twice.events) == [("1:0:interrupted:2", 144), ("1:0:started:3", 149)]
+
+
+def test_no_suspend_is_inferred_without_pre_sus_time_or_before_the_promise():
+    state = poll(record("RUNNING"), AgentState(), 132).state
+    assert poll(record("RUNNING", suspend=138), state, 140).events == []  # the field not in the record
+    # from a state file of before, with suspends seen: what was told is not known, so nothing is inferred
+    old = AgentState.from_json({**AgentState().to_json(), "jobs": {"1": {
+        "raw_id": 1, "submitted": True, "allocated": True, "alloc_start_ms": (T + 131) * 1000, "nodes": ["gpu01"],
+        "suspensions": 1}}})
+    assert old.jobs["1"].suspended_ms is None
+    assert poll(record("RUNNING", suspend=150, pre_sus=9), old, 152).events == []
+    # the last poll promised …136: the part before it is not told again as suspended (events stay in order)
+    state = poll(record("RUNNING", pre_sus=0), AgentState(), 137).state
+    late = poll(record("RUNNING", suspend=138, pre_sus=3), state, 140)
+    assert summary(late.events) == [("1:0:interrupted:1", 136), ("1:0:started:2", 138)]
+
+
+def test_a_job_first_seen_after_a_suspend_and_resume_is_allocated_then_interrupted_then_started():
+    seen = poll(record("RUNNING", suspend=138, pre_sus=3), AgentState(), 140)
+    assert summary(seen.events) == [("1:0:submitted", 131), ("1:0:allocated", 131), ("1:0:started", 131),
+                                    ("1:0:interrupted:1", 134), ("1:0:started:2", 138)]
+
+
+def test_the_unseen_suspended_time_is_billed_allocated_but_idle():
+    """Through the router and the node join, the GPUs busy throughout (a suspended job's GPU memory and clocks
+    can stay up; the simulated GPUs of `make slurm-check` do): the 4 s told by pre_sus_time are idle, not executing."""
+    state, events = AgentState(), []
+    for rec, at in ((record("RUNNING", pre_sus=0), 132), (record("RUNNING", suspend=138, pre_sus=3), 140),
+                    (record("COMPLETED", suspend=138, end=142, pre_sus=3), 143)):
+        result = poll(rec, state, at)
+        state, events = result.state, events + result.events
+    router, join = LifecycleRouter(), NodeJoin(node="gpu01")
+    for event in events:
+        assert router.sequence_problem(event) is None, event.event_id
+        for change in router.route(event):
+            join.add_change(change)
+    for s in range(131, 143):
+        join.add_tick(NodeTick(cluster="c", node="gpu01", ts_ms=(T + s) * 1000, interval_ms=1000, gpus=[
+            GpuSample(gpu_uuid=f"GPU-{i}", index=i, model="A100-80GB", util_gpu_pct=90.0, power_w=100.0)
+            for i in range(2)]))
+    ledger = replace(FIXTURE_LEDGER, definitions=replace(FIXTURE_LEDGER.definitions, execution_source="both",
+                                                         execution_min_idle_s=300.0))
+    by_state: dict[str, int] = {}
+    for r in join.close_until((T + 143) * 1000, ledger):
+        if r["job_id"] == "1":
+            by_state[r["state"]] = by_state.get(r["state"], 0) + r["gpu_ms"]
+    assert by_state == {"executing": 2 * 7_000, "allocated_idle": 2 * 4_000}
+
+
+def test_a_job_that_ended_after_an_unseen_suspend_is_told_it_before_its_end():
+    running = poll(record("RUNNING", pre_sus=0), AgentState(), 132)
+    done = poll(record("COMPLETED", suspend=138, end=142, pre_sus=3), running.state, 143)
+    assert summary(done.events) == [("1:0:interrupted:1", 134), ("1:0:started:2", 138), ("1:0:completed", 142)]
+    first_seen_done = poll(record("COMPLETED", suspend=138, end=142, pre_sus=3), AgentState(), 143)
+    assert summary(first_seen_done.events)[-3:] == [("1:0:interrupted:1", 134), ("1:0:started:2", 138),
+                                                    ("1:0:completed", 142)]
