@@ -72,12 +72,11 @@ def test_a_state_file_from_before_reads_as_not_suspended():
     assert (js.suspended, js.suspensions) == (False, 0)
 
 
-def test_the_suspended_time_is_billed_allocated_but_idle_from_the_suspend():
-    """Through the router and the node join under the default [execution] (`both`, min_idle_s 300): the
-    GPUs report 0 % while suspended; the 4 s of the suspend are idle at once, the rest executing."""
+def billed_by_state(polls, util_at) -> dict[str, int]:
+    """Job 1's GPU-ms per state through the router and the node join under the default [execution] (`both`,
+    min_idle_s 300): the events of `polls` ((record, poll time) in order), one-second ticks at `util_at(s)` %."""
     state, events = AgentState(), []
-    for rec, at in ((record("RUNNING"), 132), (record("SUSPENDED", suspend=134), 136),
-                    (record("RUNNING", suspend=138), 140), (record("COMPLETED", suspend=138, end=142), 143)):
+    for rec, at in polls:
         result = poll(rec, state, at)
         state, events = result.state, events + result.events
     router, join = LifecycleRouter(), NodeJoin(node="gpu01")
@@ -85,19 +84,25 @@ def test_the_suspended_time_is_billed_allocated_but_idle_from_the_suspend():
         assert router.sequence_problem(event) is None, event.event_id
         for change in router.route(event):
             join.add_change(change)
-    for s in range(131, 143):  # one-second ticks; 0 % from the suspend to the resume
-        util = 0.0 if 134 <= s < 138 else 90.0
+    for s in range(131, 143):
         join.add_tick(NodeTick(cluster="c", node="gpu01", ts_ms=(T + s) * 1000, interval_ms=1000, gpus=[
-            GpuSample(gpu_uuid=f"GPU-{i}", index=i, model="A100-80GB", util_gpu_pct=util, power_w=100.0)
+            GpuSample(gpu_uuid=f"GPU-{i}", index=i, model="A100-80GB", util_gpu_pct=util_at(s), power_w=100.0)
             for i in range(2)]))
     ledger = replace(FIXTURE_LEDGER, definitions=replace(FIXTURE_LEDGER.definitions, execution_source="both",
                                                          execution_min_idle_s=300.0))
-    records = join.close_until((T + 143) * 1000, ledger)
     by_state: dict[str, int] = {}
-    for r in records:
+    for r in join.close_until((T + 143) * 1000, ledger):
         if r["job_id"] == "1":
             by_state[r["state"]] = by_state.get(r["state"], 0) + r["gpu_ms"]
-    assert by_state == {"executing": 2 * 7_000, "allocated_idle": 2 * 4_000}
+    return by_state
+
+
+def test_the_suspended_time_is_billed_allocated_but_idle_from_the_suspend():
+    """The GPUs report 0 % while suspended; the 4 s of the suspend are idle at once, the rest executing."""
+    polls = ((record("RUNNING"), 132), (record("SUSPENDED", suspend=134), 136),
+             (record("RUNNING", suspend=138), 140), (record("COMPLETED", suspend=138, end=142), 143))
+    assert billed_by_state(polls, lambda s: 0.0 if 134 <= s < 138 else 90.0) == {
+        "executing": 2 * 7_000, "allocated_idle": 2 * 4_000}
 
 
 # --------------------------------------------------------------------------- a suspend and resume between two polls
@@ -144,29 +149,11 @@ def test_a_job_first_seen_after_a_suspend_and_resume_is_allocated_then_interrupt
 
 
 def test_the_unseen_suspended_time_is_billed_allocated_but_idle():
-    """Through the router and the node join, the GPUs busy throughout (a suspended job's GPU memory and clocks
-    can stay up; the simulated GPUs of `make slurm-check` do): the 4 s told by pre_sus_time are idle, not executing."""
-    state, events = AgentState(), []
-    for rec, at in ((record("RUNNING", pre_sus=0), 132), (record("RUNNING", suspend=138, pre_sus=3), 140),
-                    (record("COMPLETED", suspend=138, end=142, pre_sus=3), 143)):
-        result = poll(rec, state, at)
-        state, events = result.state, events + result.events
-    router, join = LifecycleRouter(), NodeJoin(node="gpu01")
-    for event in events:
-        assert router.sequence_problem(event) is None, event.event_id
-        for change in router.route(event):
-            join.add_change(change)
-    for s in range(131, 143):
-        join.add_tick(NodeTick(cluster="c", node="gpu01", ts_ms=(T + s) * 1000, interval_ms=1000, gpus=[
-            GpuSample(gpu_uuid=f"GPU-{i}", index=i, model="A100-80GB", util_gpu_pct=90.0, power_w=100.0)
-            for i in range(2)]))
-    ledger = replace(FIXTURE_LEDGER, definitions=replace(FIXTURE_LEDGER.definitions, execution_source="both",
-                                                         execution_min_idle_s=300.0))
-    by_state: dict[str, int] = {}
-    for r in join.close_until((T + 143) * 1000, ledger):
-        if r["job_id"] == "1":
-            by_state[r["state"]] = by_state.get(r["state"], 0) + r["gpu_ms"]
-    assert by_state == {"executing": 2 * 7_000, "allocated_idle": 2 * 4_000}
+    """The GPUs busy throughout (a suspended job's GPU memory and clocks can stay up; the simulated GPUs of
+    `make slurm-check` do): the 4 s told by pre_sus_time are idle, not executing."""
+    polls = ((record("RUNNING", pre_sus=0), 132), (record("RUNNING", suspend=138, pre_sus=3), 140),
+             (record("COMPLETED", suspend=138, end=142, pre_sus=3), 143))
+    assert billed_by_state(polls, lambda s: 90.0) == {"executing": 2 * 7_000, "allocated_idle": 2 * 4_000}
 
 
 def test_a_job_that_ended_after_an_unseen_suspend_is_told_it_before_its_end():
