@@ -13,12 +13,15 @@ and the next state. `agents/slurm_agent.py` does the I/O around it.
 
 Rules (docs/slurm.md explains each):
 - Event time is Slurm's own (submit_time, start_time, end_time; epoch seconds → ms), never the
-  poll time, so the ledger's allocated GPU-seconds equal sacct's `gres/gpu × Elapsed`.
+  poll time, so the ledger's allocated GPU-seconds equal sacct's `gres/gpu × (Elapsed + Suspended)`.
 - Canonical job id: the Slurm job id, or `<array_job_id>_<array_task_id>` for an array task.
 - Attempt: Slurm's restart count. A requeue (by an admin or by preemption) ends the attempt at the
   requeue time (Slurm resets submit_time to it) with `preempted`, then `retried` opens the next
   (only `retried` for a job requeued after it finished: its attempt has its outcome). Requeued more
-  than once between two polls: the attempts in between come from sacct (`PollResult.needs_sacct`).
+  than once between two polls, or first seen at a restart count above 0 after an earlier poll: the
+  attempts in between come from sacct (`PollResult.needs_sacct`).
+- Suspend (`scontrol suspend`): `interrupted`, and `started` at the resume; a suspend and resume both
+  between two polls from Slurm's pre_sus_time (`_unseen_suspension`). The GPUs stay allocated.
 - A resize (`scontrol update NumNodes=`; sacct's RESIZING row) is no new attempt: a second
   `allocated` of the same attempt with the GPUs it keeps, at the resize time.
 - GPU indices not seen (a job that ran between polls, or while the agent was down): the attempt
