@@ -366,10 +366,17 @@ def test_ledger_matches_sacct(cluster, tmp_path):
             flash = cluster.submit("-A", "teamb", "--hold", "--gres=gpu:2", "--wrap", "sleep 5")
             # and one seen running that is suspended and resumed meanwhile: told by Slurm's pre_sus_time
             napper = cluster.submit("-A", "teamc", "--gres=gpu:1", "--wrap", "sleep 20")
-            cluster.wait(napper, {"RUNNING"})
+            # and one seen running that is suspended and cancelled meanwhile: Slurm ends it at the suspend
+            snoozer = cluster.submit("-A", "teamb", "--gres=gpu:1", "--wrap", "sleep 60")
+            # and, after the pause, one seen suspended, then cancelled: Slurm ends it at the suspend, a time the
+            # agent's watermark has passed; the ledger holds it until that watermark
+            dozer = cluster.submit("-A", "teama", "--gres=gpu:1", "--wrap", "sleep 60")
+            for job in (napper, snoozer, dozer):
+                cluster.wait(job, {"RUNNING"})
             wait_for_topic(s, s.topics.job_events,
                            lambda recs: {(m.get("job_id"), m.get("kind")) for _, m in lifecycle(recs)}
-                           >= {(flash, "submitted"), (napper, "allocated")}, f"job {flash} seen pending, {napper} running")
+                           >= {(flash, "submitted"), (napper, "allocated"), (snoozer, "allocated"), (dozer, "allocated")},
+                           f"job {flash} seen pending, {napper}, {snoozer} and {dozer} running")
             # and one no poll saw before its requeue (submitted, started and requeued meanwhile): first seen at restart
             # count 1, its first attempt from sacct, its GPUs from its record
             agent.proc.send_signal(signal.SIGSTOP)
@@ -385,11 +392,23 @@ def test_ledger_matches_sacct(cluster, tmp_path):
                 for job in (flash, fresh):
                     cluster.wait(job, {"PENDING"}, restarts=1)
                 sh("scontrol", "suspend", napper)
+                sh("scontrol", "suspend", snoozer)
                 time.sleep(4)
                 sh("scontrol", "resume", napper)
+                sh("scancel", snoozer)
                 cluster.wait(brief, {"COMPLETED"}, timeout=60)
             finally:
                 agent.proc.send_signal(signal.SIGCONT)
+            sh("scontrol", "suspend", dozer)
+            dozer_suspended = time.time()
+            wait_for_topic(s, s.topics.job_events,
+                           lambda recs: any(m.get("job_id") == dozer and m.get("kind") == "interrupted"
+                                            for _, m in lifecycle(recs)), f"job {dozer} seen suspended")
+            time.sleep(3)
+            sh("scancel", dozer)
+            dozer_cancelled = time.time()
+            cluster.wait(snoozer, {"CANCELLED"}, timeout=60)
+            cluster.wait(dozer, {"CANCELLED"}, timeout=60)
             for job in (flash, fresh):
                 cluster.wait(job, {"COMPLETED"}, restarts=1, timeout=120)
             cluster.wait(napper, {"COMPLETED"}, timeout=120)
@@ -457,7 +476,8 @@ def test_ledger_matches_sacct(cluster, tmp_path):
              urgent: "prod (preempts)", gone: "left squeue, agent down", half: "2 of a GPU's 4 shards",
              quarter: "1 of a GPU's 4 shards", mps_half: "50 of a GPU's 100 MPS", mps_quarter: "25 of a GPU's 100 MPS",
              brief: "between polls, part of a node", flash: "requeued between polls", unseen: "came and went, agent down",
-             fresh: "submitted, run, requeued between polls", napper: "suspended, resumed between polls"}
+             fresh: "submitted, run, requeued between polls", napper: "suspended, resumed between polls",
+             snoozer: "suspended, cancelled between polls", dozer: "seen suspended, then cancelled"}
     usage = {(r[0], r[1]): r for r in ledger["usage"]}
     views = {(r[0], r[1]): r for r in ledger["attempts"]}
     events: dict[str, list] = {}
@@ -483,7 +503,9 @@ def test_ledger_matches_sacct(cluster, tmp_path):
                          a["suspended_s"], sacct_gpu_s, ledger_gpu_s, exec_s, outcome, reason))
             # jobs on parts of one GPU (shards, MPS) split its held part by measured use (docs/accounting.md §5, the
             # default `measured` split), not by their shards: their sum is compared below
-            if job not in (half, quarter, mps_half, mps_quarter) and abs(ledger_gpu_s - sacct_gpu_s) > POLL_S * a["gpus"] + 1e-9:
+            # the job cancelled while seen suspended holds its GPU past sacct's End (compared below)
+            if job not in (half, quarter, mps_half, mps_quarter, dozer) \
+                    and abs(ledger_gpu_s - sacct_gpu_s) > POLL_S * a["gpus"] + 1e-9:
                 problems.append(f"{job}#{attempt}: ledger {ledger_gpu_s} GPU-s, sacct {sacct_gpu_s}")
             if outcome != outcome_of.get(a["state"], "?"):
                 problems.append(f"{job}#{attempt}: outcome {outcome}, sacct {a['state']}")
@@ -512,6 +534,7 @@ def test_ledger_matches_sacct(cluster, tmp_path):
                 urgent: ["COMPLETED"], gone: ["COMPLETED"], half: ["COMPLETED"], quarter: ["COMPLETED"],
                 mps_half: ["COMPLETED"], mps_quarter: ["COMPLETED"], brief: ["COMPLETED"], unseen: ["COMPLETED"],
                 flash: ["REQUEUED", "COMPLETED"], fresh: ["REQUEUED", "COMPLETED"], napper: ["COMPLETED"],
+                snoozer: ["CANCELLED"], dozer: ["CANCELLED"],
                 **{f"{array}_{i}": ["COMPLETED"] for i in range(3)}}
     assert {j: [a["state"] for a in acct.get(j, [])] for j in expected} == expected
     # the job no poll saw running got the GPUs its PrologSlurmctld record names (without it: none, part of a node)
@@ -528,6 +551,18 @@ def test_ledger_matches_sacct(cluster, tmp_path):
     assert nap["suspended_s"] >= 3, nap
     assert [e[2] for e in events[napper] if "between two polls" in (e[3] or "")] == ["interrupted", "started"], events[napper]
     assert abs(usage[(napper, 0)][3] / 1000 - nap["gpus"] * nap["elapsed_s"]) <= 2 * POLL_S, (usage[(napper, 0)], nap)
+    # the jobs cancelled while suspended: Slurm ends each at its suspend (End = the suspend, Suspended 0). The one no
+    # poll saw suspended ends there in the ledger too (checked with the others above), nothing told idle; the one seen
+    # suspended holds its GPU, idle, from the suspend up to the agent's watermark, never past the cancel
+    assert [e[2] for e in events[snoozer] if e[2] in ("interrupted", "started", "cancelled")] == ["started", "cancelled"], \
+        events[snoozer]
+    doze = acct[dozer][0]
+    assert doze["suspended_s"] == 0, doze
+    assert any("ended while suspended" in (e[3] or "") for e in events[dozer] if e[2] == "cancelled"), events[dozer]
+    held_s, doze_exec_s = usage[(dozer, 0)][2] / 1000, usage[(dozer, 0)][3] / 1000
+    assert doze["elapsed_s"] + 1 <= held_s <= doze["elapsed_s"] + (dozer_cancelled - dozer_suspended) + POLL_S, \
+        (usage[(dozer, 0)], doze, dozer_cancelled - dozer_suspended)
+    assert abs(doze_exec_s - doze["elapsed_s"]) <= 2 * POLL_S, (usage[(dozer, 0)], doze)
     # the job that came and went while the agent was down was recovered from sacct, its GPUs from its record
     assert [e[3] for e in events[unseen] if e[2] == "submitted"] == ["from sacct: the job came and went while no poll ran"]
     assert any("PrologSlurmctld" in (e[3] or "") for e in events[unseen] if e[2] == "allocated"), events[unseen]

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpuledger.agents.slurm import AgentState, JobState, translate
+from gpuledger.agents.slurm import AgentState, JobState, close_vanished, translate
+from gpuledger.agents.slurm_agent import parse_sacct
 from gpuledger.schemas.models import GpuSample, JobEventKind, NodeTick
 from gpuledger.streams.join import NodeJoin
 from gpuledger.streams.router import LifecycleRouter
@@ -163,3 +164,52 @@ def test_a_job_that_ended_after_an_unseen_suspend_is_told_it_before_its_end():
     first_seen_done = poll(record("COMPLETED", suspend=138, end=142, pre_sus=3), AgentState(), 143)
     assert summary(first_seen_done.events)[-3:] == [("1:0:interrupted:1", 134), ("1:0:started:2", 138),
                                                     ("1:0:completed", 142)]
+
+
+# --------------------------------------------------------------------------- killed while suspended
+# slurmctld dates the end of a job killed while suspended at the suspend (end_time = suspend_time, and sacct's End;
+# job_mgr.c), though its GPUs stay allocated until then (GresUsed; seen on the 22.05 cluster of cluster.sh:
+# suspended at …098, cancelled 5 s later, end_time …098, sacct Elapsed 7 s, Suspended 0).
+def test_a_job_seen_suspended_then_cancelled_ends_at_the_watermark_not_below_it():
+    """Polls at …136 and …146 saw it suspended (watermark …145): its end at …134 would be a late event, and one
+    the worker rejects once the suspend is more than its retention back (a day by default)."""
+    state = AgentState()
+    for rec, at in ((record("RUNNING", pre_sus=0), 132), (record("SUSPENDED", suspend=134, pre_sus=3), 136),
+                    (record("SUSPENDED", suspend=134, pre_sus=3), 146)):
+        state = poll(rec, state, at).state
+    assert state.watermark_ms == (T + 145) * 1000
+    ended = poll(record("CANCELLED", suspend=134, end=134, pre_sus=3), state, 150)
+    assert summary(ended.events) == [("1:0:cancelled", 145)] and ended.warnings == []
+    assert "ended while suspended: Slurm dates the end at the suspend" in ended.events[0].reason
+
+
+def test_a_job_seen_suspended_then_cancelled_holds_its_gpus_idle_until_the_watermark():
+    polls = ((record("RUNNING", pre_sus=0), 132), (record("SUSPENDED", suspend=134, pre_sus=3), 136),
+             (record("SUSPENDED", suspend=134, pre_sus=3), 139), (record("CANCELLED", suspend=134, end=134, pre_sus=3), 142))
+    assert billed_by_state(polls, lambda s: 0.0 if s >= 134 else 90.0) == {
+        "executing": 2 * 3_000, "allocated_idle": 2 * 4_000}
+
+
+def test_a_job_suspended_and_cancelled_between_two_polls_ends_at_the_suspend_as_sacct_says():
+    """No poll saw it suspended: nothing was promised past the suspend, so it ends there, as in sacct (Elapsed 3 s,
+    Suspended 0); pre_sus_time counts its whole run, so no unseen suspend is told either."""
+    running = poll(record("RUNNING", pre_sus=0), AgentState(), 132)
+    ended = poll(record("CANCELLED", suspend=134, end=134, pre_sus=3), running.state, 140)
+    assert summary(ended.events) == [("1:0:cancelled", 134)] and ended.warnings == []
+    polls = ((record("RUNNING", pre_sus=0), 132), (record("CANCELLED", suspend=134, end=134, pre_sus=3), 140))
+    assert billed_by_state(polls, lambda s: 90.0) == {"executing": 2 * 3_000}
+
+
+def test_a_job_last_seen_suspended_closed_from_sacct_ends_at_the_watermark():
+    """Seen suspended, then cancelled and gone from squeue while the agent was down: sacct's End is the suspend."""
+    state = AgentState()
+    for rec, at in ((record("RUNNING", pre_sus=0), 132), (record("SUSPENDED", suspend=134, pre_sus=3), 146)):
+        state = poll(rec, state, at).state
+    left = translate({"jobs": []}, state, cluster="c", poll_started_ms=(T + 900) * 1000)
+    assert left.vanished == ["1"]
+    rows = parse_sacct(f"1|1|CANCELLED by 0|{T + 131}|{T + 134}|0:15|teama|batch\n")
+    events, after, warnings = close_vanished(left.vanished, left.state, rows, cluster="c",
+                                             lost_at_ms=(T + 900) * 1000, promised_ms=left.promised_ms)
+    assert summary(events) == [("1:0:cancelled", 145)] and warnings == []
+    assert "from sacct" in events[0].reason and "ended while suspended" in events[0].reason
+    assert after.jobs["1"].finished
