@@ -115,45 +115,49 @@ def run_agent(
     skipped = 0
     last_read_ms = int(clock() * 1000)
     due_ms = next_grid_ms(last_read_ms, interval_ms)
-    while (max_ticks is None or published + len(held) < max_ticks) and not (stop is not None and stop.is_set()):
-        now_ms = int(clock() * 1000)
-        if now_ms < last_read_ms - interval_ms:
-            log.warning("clock went back by at least %d ms: no ticks until it reaches the next grid point %d again "
-                        "(grid times already sampled are not sampled twice)", last_read_ms - now_ms, due_ms)
-        last_read_ms = now_ms
-        if now_ms < due_ms:
-            # At most one interval per sleep, then re-read the clock: a sleep can end early, and a
-            # clock stepped backwards may be corrected meanwhile (waiting out the whole step would
-            # stop sampling for as long as the step, even after the correction).
-            sleep(min(due_ms - now_ms, interval_ms) / 1000.0)
-            continue
-        latest_ms = now_ms // interval_ms * interval_ms
-        if latest_ms > due_ms:
-            missed = (latest_ms - due_ms) // interval_ms
-            skipped += missed
+    try:
+        while (max_ticks is None or published + len(held) < max_ticks) and not (stop is not None and stop.is_set()):
+            now_ms = int(clock() * 1000)
+            if now_ms < last_read_ms - interval_ms:
+                log.warning("clock went back by at least %d ms: no ticks until it reaches the next grid point %d again "
+                            "(grid times already sampled are not sampled twice)", last_read_ms - now_ms, due_ms)
+            last_read_ms = now_ms
+            if now_ms < due_ms:
+                # At most one interval per sleep, then re-read the clock: a sleep can end early, and a
+                # clock stepped backwards may be corrected meanwhile (waiting out the whole step would
+                # stop sampling for as long as the step, even after the correction).
+                sleep(min(due_ms - now_ms, interval_ms) / 1000.0)
+                continue
+            latest_ms = now_ms // interval_ms * interval_ms
+            if latest_ms > due_ms:
+                missed = (latest_ms - due_ms) // interval_ms
+                skipped += missed
+                if metrics is not None:
+                    metrics.ticks_skipped(missed)
+                log.warning("agent fell behind by %d ms: skipping %d tick(s), %d so far", now_ms - due_ms, missed, skipped)
+            tick_ms = latest_ms
+            due_ms = tick_ms + interval_ms
+            try:
+                tick = build_tick(backend, cluster=cluster, node=node, now_ms=tick_ms, interval_ms=interval_ms)
+            except Exception:
+                # One bad read must not stop the metering; the gap shows in the ledger.
+                log.exception("tick at %d failed to build; skipped", tick_ms)
+                if metrics is not None:
+                    metrics.tick_failed()
+                continue
             if metrics is not None:
-                metrics.ticks_skipped(missed)
-            log.warning("agent fell behind by %d ms: skipping %d tick(s), %d so far", now_ms - due_ms, missed, skipped)
-        tick_ms = latest_ms
-        due_ms = tick_ms + interval_ms
-        try:
-            tick = build_tick(backend, cluster=cluster, node=node, now_ms=tick_ms, interval_ms=interval_ms)
-        except Exception:
-            # One bad read must not stop the metering; the gap shows in the ledger.
-            log.exception("tick at %d failed to build; skipped", tick_ms)
-            if metrics is not None:
-                metrics.tick_failed()
-            continue
-        if metrics is not None:
-            metrics.tick_sampled(tick_ms)
-        held.append(tick)
-        if len(held) >= ticks_per_message:
+                metrics.tick_sampled(tick_ms)
+            held.append(tick)
+            if len(held) >= ticks_per_message:
+                batch, held = held, []  # handed over once: a send that fails is not retried on stopping
+                send(batch)
+                published += len(batch)
+    finally:
+        # stopping, however (a stop, Ctrl-C's KeyboardInterrupt, an error): what was sampled goes out (into the
+        # spool) rather than being lost with the process
+        if held:
             send(held)
             published += len(held)
-            held = []
-    if held:  # stopping: what was sampled goes out (into the spool) rather than being lost
-        send(held)
-        published += len(held)
     return published
 
 

@@ -166,7 +166,8 @@ def is_mps_server(pid: int, proc_root: Path | str = "/proc") -> bool:
     kernel cuts the name to `nvidia-cuda-mps`, which the control daemon's also reads; that one never
     holds a GPU context, so never is in the GPU's process list."""
     try:
-        comm = (Path(proc_root) / str(pid) / "comm").read_text().strip()
+        # bytes, not text: the kernel cuts the name at 15 bytes, which can split a multi-byte character
+        comm = (Path(proc_root) / str(pid) / "comm").read_bytes().decode("utf-8", "replace").strip()
     except OSError:
         return False
     return comm in (MPS_SERVER_COMM, MPS_SERVER_COMM[:_COMM_LEN])
@@ -176,7 +177,7 @@ def container_id_of(pid: int, proc_root: Path | str = "/proc") -> str | None:
     """Container id of a host pid, from `<proc_root>/<pid>/cgroup`; None if not in a container
     or if the process is gone / not visible from here."""
     try:
-        text = (Path(proc_root) / str(pid) / "cgroup").read_text()
+        text = (Path(proc_root) / str(pid) / "cgroup").read_bytes().decode("utf-8", "replace")
     except OSError:
         return None
     return parse_container_id(text)

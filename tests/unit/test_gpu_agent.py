@@ -490,3 +490,23 @@ def test_a_cluster_name_the_wire_refuses_is_a_usage_error(agent, capsys):
         else:
             dcgm_main(["--url", "http://127.0.0.1:9/metrics", *argv])
     assert exc.value.code == 2 and "--cluster" in capsys.readouterr().err
+
+
+def test_ticks_held_for_a_batch_go_out_when_ctrl_c_stops_the_agent() -> None:
+    """Ctrl-C (SIGINT) raises KeyboardInterrupt in the wait between ticks: the ticks already held for the next
+    batch are handed over (to the spool) on the way out, as on a SIGTERM stop, not lost with the process."""
+    clock = FakeClock(60.0)
+    pub = ListPublisher()
+    waits = []
+
+    def interrupted_sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 8:
+            raise KeyboardInterrupt
+        clock.sleep(seconds)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_agent(SimBackend(["T4"]), pub, "t", cluster="c", node="n", interval_s=1, clock=clock,
+                  sleep=interrupted_sleep, ticks_per_message=10)
+    stamps = [t.ts_ms for v in pub.values() for t in decode_node_ticks(v)]
+    assert stamps == [60_000 + 1000 * i for i in range(8)]  # the 8 sampled before the 8th wait

@@ -466,6 +466,19 @@ def test_mps_server_is_recognised_by_the_comm_the_kernel_shows(proc_root: Path) 
     assert [(p.pid, p.container_id) for p in g.processes] == [(101, CID_A), (606, "d" * 64)]
 
 
+def test_a_process_name_cut_inside_a_character_does_not_stop_the_nodes_ticks(proc_root: Path) -> None:
+    """The kernel cuts /proc/<pid>/comm at 15 bytes, which can split a multi-byte character (an executable
+    named `a模型训练程序`); a cgroup path can hold any bytes too. Was: UnicodeDecodeError in every sample while
+    such a process ran, so no tick of the node's GPUs at all; now it is one more process with its container."""
+    (proc_root / "4242").mkdir()
+    (proc_root / "4242" / "comm").write_bytes("a模型训练程序".encode()[:15] + b"\n")
+    (proc_root / "4242" / "cgroup").write_bytes(b"0::/system.slice/docker-" + b"a" * 64 + b".scope\n1:name=\xff\xfe:/\n")
+    _, backend = make([a100(procs=[(4242, GiB)], proc_util=F.NVML_ERROR_NOT_FOUND), h100()], proc_root=proc_root)
+    g0, g1 = backend.sample(0)
+    assert [(p.pid, p.container_id) for p in g0.processes] == [(4242, "a" * 64)] and g1.processes == []
+    assert not is_mps_server(4242, proc_root)
+
+
 def test_gpu_processes_invisible_under_proc_root_are_reported(proc_root: Path, caplog: pytest.LogCaptureFixture) -> None:
     """NVML lists host pids; an agent in a container without the host's PID namespace (or with a wrong
     --proc-root) finds none of them and reports every process without a container: every job on a
