@@ -730,7 +730,11 @@ def _close(client, settings, ledger, now: dt.datetime | None, publisher, databas
     # each row in the currency of its own definition version (a new currency is a new version): usage
     # priced under an older version keeps its currency when a run under a newer one closes it
     currencies = reports.definition_currencies(client, db, ledger.currency)
-    kept_from = closed_rows_kept_from(settings.retention_bills_days, now.date())
+    # Counted from tomorrow (as usage_kept_from below): a month's closed rows expire at midnight of their TTL date in
+    # the server's time zone, which may be ahead of UTC, and a day closed again after they expired would go out
+    # again as new money (a new bill_run_id)
+    tomorrow = (now + dt.timedelta(days=1)).date()
+    kept_from = closed_rows_kept_from(settings.retention_bills_days, tomorrow)
     # The first day whose usage (usage_raw, usage_by_job_hourly, job_idle_segments: GPULEDGER_RETENTION_USAGE_DAYS)
     # is still wholly kept: those tables expire by month as the closed rows do (N days after the last day
     # of the month, whole parts only), so the same rule applies. A day before it may have lost its usage
@@ -738,7 +742,7 @@ def _close(client, settings, ledger, now: dt.datetime | None, publisher, databas
     # adjustments (and its closed energy and cluster idle wiped), so it is no longer adjusted. Counted
     # from tomorrow: a TTL date is midnight in the server's time zone, which may be ahead of UTC, and a
     # run may cross midnight; a month thus leaves the look-back a day before its TTL, never after.
-    usage_kept_from = closed_rows_kept_from(settings.retention_usage_days, (now + dt.timedelta(days=1)).date())
+    usage_kept_from = closed_rows_kept_from(settings.retention_usage_days, tomorrow)
     result = CloseResult(None)
     # the runs committed before this one read anything: a run committed later (another host's closer)
     # leaves its clusters out of this one (below)

@@ -27,6 +27,9 @@ D = dt.date(2026, 10, 30)
 BILLS_MONTHLY = ("closed_job_cost", "closed_tenant_bill", "closed_energy", "closed_queue_efficiency",
                  "usage_by_job_daily", "usage_capacity_daily")
 LATER = dt.datetime(2027, 1, 10, 4, tzinfo=dt.timezone.utc)
+#: the UTC day before October's TTL date (9 January): a server east of UTC (up to +14 h) has reached it, its TTL
+#: date being midnight in the server's time zone, so October's closed rows may be gone already
+EVE = dt.datetime(2027, 1, 8, 20, tzinfo=dt.timezone.utc)
 
 
 def day_ms(d: dt.date) -> int:
@@ -50,22 +53,24 @@ def closed_october(tmp_path):
         yield c, s, ledger
 
 
-def test_a_cluster_whose_closed_days_all_expired_is_not_closed_again(closed_october):
+@pytest.mark.parametrize("now", [LATER, EVE], ids=["after", "utc-eve"])
+def test_a_cluster_whose_closed_days_all_expired_is_not_closed_again(closed_october, now):
     c, s, ledger = closed_october
     for table in ("closed_days", "bill_runs"):  # the markers have expired too: nothing reads closed
         c.command(f"ALTER TABLE {DB}.{table} DELETE WHERE 1 SETTINGS mutations_sync = 1")
-    run = bills.close_due(c, s, ledger, now=LATER)
+    run = bills.close_due(c, s, ledger, now=now)
     assert run.closed["c1"][0] == dt.date(2026, 11, 1), "closed from the first day whose closed rows are kept"
     assert [(m.day, m.tenant, m.cost_micros) for m in run.messages] == [], "nothing of October published again"
     assert c.query(f"SELECT count() FROM {DB}.closed_tenant_bill").result_rows[0][0] == 0
     assert reports.fetch(c, DB, "bills", tenant="alpha") == []
 
 
-def test_a_day_whose_closed_rows_expired_before_its_marker_is_not_booked_again(closed_october):
+@pytest.mark.parametrize("now", [LATER, EVE], ids=["after", "utc-eve"])
+def test_a_day_whose_closed_rows_expired_before_its_marker_is_not_booked_again(closed_october, now):
     c, s, ledger = closed_october
     # 30 October's closed_days marker is still there: the day reads closed, with no closed rows
     assert c.query(f"SELECT count() FROM {DB}.closed_days WHERE day = '{D}'").result_rows[0][0] == 1
-    run = bills.close_due(c, s, ledger, now=LATER)
+    run = bills.close_due(c, s, ledger, now=now)
     assert run.adjustment_rows == 0, "30 October's usage re-booked as an adjustment"
     assert c.query(f"SELECT count() FROM {DB}.bill_adjustments").result_rows[0][0] == 0
     assert run.closed["c1"][0] == dt.date(2026, 11, 1)  # 31 October's closed rows would have expired too
