@@ -219,7 +219,7 @@ class RecordMaker:
         return price, coef
 
     def _template(self, gpu: Gpu, coef, price) -> dict:
-        key = (gpu.gpu_uuid, coef.version, price.version)
+        key = (gpu.gpu_uuid, gpu.model, coef.version, price.version)  # the model too: two unpriced models share versions
         template = self._templates.get(key)
         if template is None:
             # every key of the record, in the model's order, so that copies need no resizing

@@ -490,10 +490,8 @@ class NodeJoin:
                     segments[uuid] = Segment(seg_start, seg_end, (seg_start // window + 1) * window, template, key,
                                              [new_slot(p, metric, seg_end - seg_start) for p in pieces],
                                              1, 1, tick.ts_ms)
-            if len(self.holders) > len(tick.gpus):  # the usual node holds at most the GPUs it reports
+            if self.holders or self._missing_held:  # any held GPU may drop out, however few are held
                 self._held_not_reported(tick)
-            elif self._missing_held:
-                self._missing_held = set()
             # closed with this tick: segments that reached their window's end, and those of GPUs it did not report
             records += self._close_segments(maker, end)
             self.closed_until_ms = end

@@ -61,9 +61,10 @@ class LifecycleRouter:
     #: (cluster, job) -> latest event time seen (for forgetting finished jobs, see `prune`)
     last_seen_ms: dict[tuple[str, str], int] = field(default_factory=dict)
     duplicates: int = 0
-    #: (cluster, job) -> [attempt, event time] of the latest attempt that ended (terminal event seen,
-    #: accepted or not): an `allocated` of that attempt at or after it is an end before its start
-    ended: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    #: (cluster, job) -> {attempt: event time of its end} for each attempt that ended (terminal event seen,
+    #: accepted or not): an `allocated` of that attempt at or after it is an end before its start. Per attempt:
+    #: a later attempt's end must not hide an earlier one's (its stale `allocated` held a GPU for ever)
+    ended: dict[tuple[str, str], dict[int, int]] = field(default_factory=dict)
     #: job ids whose state came from an old snapshot, kept under cluster LEGACY until claimed (`_key`)
     legacy: set[str] = field(default_factory=set)
 
@@ -100,16 +101,16 @@ class LifecycleRouter:
             return unstorable
         attempts = self.routes.get(key, {})
         route = attempts.get(attempt)
+        end_ms = self.ended.get(key, {}).get(attempt)
         if kind == JobEventKind.allocated:
-            end = self.ended.get(key)
-            if end and end[0] == attempt and event.ts_ms >= end[1]:
+            if end_ms is not None and event.ts_ms >= end_ms:
                 return (f"impossible sequence: allocated of {job} attempt {attempt} at ts_ms={event.ts_ms} is at or "
-                        f"after the attempt's end at ts_ms={end[1]}")
-            if end and end[0] == attempt and route is None:
+                        f"after the attempt's end at ts_ms={end_ms}")
+            if end_ms is not None and route is None:
                 # dated before the end, but the end was judged already (rejected, or accepted with no
                 # GPU effect): no end would ever release what this allocation holds
                 return (f"impossible sequence: allocated of {job} attempt {attempt} at ts_ms={event.ts_ms}, read after "
-                        f"the attempt's end at ts_ms={end[1]}: its GPUs would be held for ever")
+                        f"the attempt's end at ts_ms={end_ms}: its GPUs would be held for ever")
             if route is not None and event.ts_ms < route.since_ms:
                 # taken as current it would stand for the newer set: a node only the older one names
                 # would hear no release, and bill the attempt for ever
@@ -117,17 +118,16 @@ class LifecycleRouter:
                         f"the attempt's current allocation at ts_ms={route.since_ms} (a stale allocation, read after "
                         "the newer one)")
             return None
-        end = self.ended.get(key)
-        if kind in TERMINAL_KINDS and end and end[0] == attempt and route is None:
+        if kind in TERMINAL_KINDS and end_ms is not None and route is None:
             return (f"impossible sequence: {kind.value} of {job} attempt {attempt} at ts_ms={event.ts_ms}, which "
-                    f"already ended at ts_ms={end[1]}")
+                    f"already ended at ts_ms={end_ms}")
         if kind not in NEEDS_ALLOCATION:
             return None
         if kind in TERMINAL_KINDS:
             self._mark_ended(key, attempt, event.ts_ms)
-        if route is None and end and end[0] == attempt and event.ts_ms >= end[1]:
+        if route is None and end_ms is not None and event.ts_ms >= end_ms:
             return (f"impossible sequence: {kind.value} of {job} attempt {attempt} at ts_ms={event.ts_ms}, after the "
-                    f"attempt's end at ts_ms={end[1]}")
+                    f"attempt's end at ts_ms={end_ms}")
         if route is None:
             return (f"impossible sequence: {kind.value} of {job} attempt {attempt}, which was never allocated"
                     + (f" (the job's allocated attempts: {', '.join(map(str, sorted(attempts)))})"
@@ -138,9 +138,9 @@ class LifecycleRouter:
         return None
 
     def _mark_ended(self, key: tuple[str, str], attempt: int, ts_ms: int) -> None:
-        end = self.ended.get(key)
-        if end is None or end[0] != attempt or ts_ms < end[1]:
-            self.ended[key] = [attempt, ts_ms]
+        ends = self.ended.setdefault(key, {})
+        if attempt not in ends or ts_ms < ends[attempt]:
+            ends[attempt] = ts_ms
         # seen, so that `prune` forgets it: the end of a rejected event is kept for a job the router
         # may know nothing else of (its `allocated` lost), and stayed for ever
         self.last_seen_ms[key] = max(self.last_seen_ms.get(key, 0), ts_ms)
@@ -228,8 +228,8 @@ class LifecycleRouter:
             of(key, "routes")[key[1]] = [{"attempt": r.attempt, "gpus": [g.model_dump(mode="json") for g in r.gpus],
                                           "since_ms": r.since_ms, "last_ms": r.last_ms}
                                          for _, r in sorted(attempts.items())]
-        for key, v in self.ended.items():
-            of(key, "ended")[key[1]] = list(v)
+        for key, ends in self.ended.items():  # job -> [[attempt, end], ...]
+            of(key, "ended")[key[1]] = [[a, t] for a, t in sorted(ends.items())]
         for key, ids in self.seen_event_ids.items():
             of(key, "seen")[key[1]] = sorted(ids)
         for key, ts in self.last_seen_ms.items():
@@ -248,7 +248,8 @@ class LifecycleRouter:
                     router.routes.setdefault((cluster, job), {})[r["attempt"]] = AttemptRoute(
                         r["attempt"], [GpuAssignment.model_validate(g) for g in r["gpus"]], r.get("since_ms", 0),
                         r.get("last_ms", r.get("since_ms", 0)))
-            router.ended.update({(cluster, job): list(v) for job, v in tables.get("ended", {}).items()})
+            for job, v in tables.get("ended", {}).items():  # [attempt, end]: an older snapshot, the latest end only
+                router.ended[(cluster, job)] = {v[0]: v[1]} if v and isinstance(v[0], int) else {a: t for a, t in v}
             router.seen_event_ids.update({(cluster, job): set(ids) for job, ids in tables["seen"].items()})
             router.last_seen_ms.update({(cluster, job): ts for job, ts in tables.get("last_seen_ms", {}).items()})
         router.legacy = {job for table in (router.routes, router.seen_event_ids, router.last_seen_ms, router.ended)

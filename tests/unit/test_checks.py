@@ -303,3 +303,24 @@ def test_an_allocation_read_after_its_attempts_end_is_rejected_whatever_its_time
     assert outcomes[1] == (f"impossible sequence: allocated of j1 attempt 0 at ts_ms={T0 + 20 * S}, read after the "
                            f"attempt's end at ts_ms={T0 + 30 * S}: its GPUs would be held for ever")
     assert router.routes == {}
+
+
+def test_a_later_attempts_end_does_not_hide_an_earlier_ones():
+    """As above, with attempt 1 allocated, run and ended before attempt 0's stale `allocated` is read: only the
+    latest ended attempt was remembered, so that `allocated` was accepted and held its GPU for ever (and beside
+    attempt 1 on it). Each attempt's end is kept, and in the snapshot; one of an older snapshot reads as before."""
+    events = [event("completed", 30, 1), event("allocated", 40, 2, attempt=1, gpus=GPU),
+              event("started", 40, 3, attempt=1), event("completed", 60, 4, attempt=1),
+              event("allocated", 20, 5, gpus=GPU)]
+    router, outcomes = LifecycleRouter(), []
+    for e in events:
+        outcomes.append(router.sequence_problem(e))
+        if outcomes[-1] is None:
+            router.route(e)
+    assert outcomes[4] == (f"impossible sequence: allocated of j1 attempt 0 at ts_ms={T0 + 20 * S}, read after the "
+                           f"attempt's end at ts_ms={T0 + 30 * S}: its GPUs would be held for ever")
+    assert router.routes == {} and router.ended == {("c", "j1"): {0: T0 + 30 * S, 1: T0 + 60 * S}}
+    restored = LifecycleRouter.from_state(orjson.loads(orjson.dumps(router.to_state())))
+    assert restored.ended == router.ended
+    old = {"by_cluster": {"c": {"routes": {}, "ended": {"j1": [1, T0 + 60 * S]}, "seen": {}, "last_seen_ms": {}}}}
+    assert LifecycleRouter.from_state(old).ended == {("c", "j1"): {1: T0 + 60 * S}}

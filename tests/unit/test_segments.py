@@ -278,6 +278,19 @@ def test_a_price_or_coefficient_change_ends_the_segment_and_prices_each_side_as_
     assert bills(segments)[0] == bills(per_tick)[0]
 
 
+def test_a_gpu_whose_reported_model_changes_gets_it_on_its_next_records_as_a_fresh_worker_would():
+    """Two models neither with a price of its own (both priced by `default`, one version): the record template
+    was cached by GPU, price and coefficient version only, so the old model stayed on every later record (and
+    its segment ran on), while a worker restarted after the change wrote the new one: a replay differed."""
+    ticks = [node_tick(MIDNIGHT + k * 10 * S, 10 * S, sample(model="H999-OLD" if k < 3 else "H999-NEW"))
+             for k in range(6)]
+    records = run_join(ticks, [], windowed(60))
+    assert [(r["start_ms"] - MIDNIGHT, r["end_ms"] - MIDNIGHT, r["gpu_model"]) for r in records] == [
+        (0, 30 * S, "H999-OLD"), (30 * S, 60 * S, "H999-NEW")]
+    fresh = run_join(ticks[3:], [], windowed(60))
+    assert [r["gpu_model"] for r in fresh] == ["H999-NEW"] and fresh[0]["record_id"] == records[1]["record_id"]
+
+
 def test_an_attempts_end_closes_its_segment_without_waiting_for_the_next_sample():
     # the node's samples end with the job (a trace replay, a node drained with its job): the
     # segment [0, 25 s) still goes out once the watermark has passed the completion
