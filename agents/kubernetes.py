@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -179,6 +180,38 @@ def metadata(obj: Any) -> tuple[dict, str, str, str]:
 
 def conditions(status: dict) -> dict[str, dict]:
     return {c.get("type"): c for c in _list(status.get("conditions"), "status.conditions") if isinstance(c, dict)}
+
+
+def relist_steps(pods: list) -> list[Any]:
+    """A relist's pods in the order their changes happened, as the translation must see them: it takes one job's
+    changes in time order (a change dated before the job's last is moved up to it). The API lists pods by name,
+    and a relist (a start, a restart, a 410) can hold several changes of one job's pods: one ended at 50 s listed
+    after a sibling that ended at 100 s was billed until 100 s, and a pod scheduled at 50 s listed after it
+    allocated from 100 s. Each pod comes at its scheduling time; an ended one (Succeeded, Failed) first as still
+    running there, then as it is at its end. A pod that cannot be read comes first, once (it is skipped and logged)."""
+    steps: list[tuple[float, int, Any]] = []
+    for n, pod in enumerate(pods):
+        try:
+            meta = _dict(pod.get("metadata"), "metadata") if isinstance(pod, dict) else None
+            if meta is None:
+                raise MalformedObject("not an object")
+            status = _dict(pod.get("status"), "status")
+            scheduled = conditions(status).get("PodScheduled", {})
+            at = (parse_time_ms(scheduled.get("lastTransitionTime")) if scheduled.get("status") == "True" else None) \
+                or parse_time_ms(status.get("startTime")) or parse_time_ms(meta.get("creationTimestamp")) or 0
+            if status.get("phase") not in ("Succeeded", "Failed"):
+                steps.append((at, n, pod))
+                continue
+            finished = [parse_time_ms(_dict(_dict(_dict(c, "status").get("state"), "state").get("terminated"),
+                                            "terminated").get("finishedAt"))
+                        for c in _list(status.get("containerStatuses"), "status.containerStatuses")]
+            ended = max((t for t in finished if t is not None), default=None) or math.inf
+        except (MalformedObject, AttributeError):
+            steps.append((-math.inf, n, pod))
+            continue
+        steps.append((at, n, {**pod, "status": {**status, "phase": "Running"}}))
+        steps.append((max(at, ended), n, pod))
+    return [pod for _, _, pod in sorted(steps, key=lambda step: step[:2])]
 
 
 def sidecars(pod_spec: dict) -> list[dict]:

@@ -44,6 +44,7 @@ from gpuledger.agents.kubernetes import (
     MalformedObject,
     asks_for_gpus,
     metadata,
+    relist_steps,
     workload_job_identity,
 )
 from gpuledger.agents.publisher import is_too_large
@@ -637,7 +638,7 @@ class KubernetesAgent:
         else:
             for uid in sorted(set(previous) - set(listed)):
                 events += self._apply(kind, "DELETED", previous[uid])
-        for obj in items:
+        for obj in (relist_steps(items) if kind == "pod" else items):  # pods: their changes in time order
             events += self._apply(kind, "ADDED", obj)
         return events
 

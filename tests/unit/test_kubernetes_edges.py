@@ -291,3 +291,50 @@ def test_a_gpu_held_by_a_sidecar_container_is_billed():
     (gpu,) = events[1].gpus
     assert gpu.gpu_uuid == UUID and gpu.container_id == "51decafe"   # matched to the sidecar's processes
     assert events[2].ts_ms == ms(3)                                    # the sidecar started first
+
+
+# --------------------------------------------------------------------------- a relist's order
+class KubeletOf(DeviceSource):
+    """The kubelets' PodResources: only pods still running are listed."""
+
+    def __init__(self, table: dict):
+        super().__init__(KubernetesMapping(cluster="k8s"))
+        self.table = table
+
+    def lookup(self, node, namespace, name, host_ip):
+        return self.table.get(name)
+
+
+def relisted_pod(name: str, stage: str, created: int, started: int, finished: int = 60) -> dict:
+    return gpu_pod(name, f"uid-{name}", stage=stage, created=created, started=started, finished=finished)
+
+
+def test_a_relist_applies_the_pods_changes_in_time_order_not_in_the_lists_name_order():
+    """Job `train` ran train-a and train-c when the agent stopped; meanwhile train-c ended at 50 s, train-b was
+    scheduled at 50 s and train-a ended at 100 s. The relist lists them by name (a, b, c): taken in that order,
+    train-a's end moved the job's clock to 100 s, so train-c's GPU was billed until 100 s and train-b's only from
+    100 s (each change clamped to the job's last). Taken in time order, each GPU is held as it was."""
+    core = KubernetesLedger(KubernetesMapping(cluster="k8s"))
+    table = {"train-a": {"nginx": ["GPU-a"]}, "train-b": {"nginx": ["GPU-b"]}, "train-c": {"nginx": ["GPU-c"]}}
+    for name in ("train-a", "train-c"):
+        core.observe_pod(relisted_pod(name, "running", 0, 4), ms(10), lambda n, ns, name, ip: table.get(name))
+    core.watermark(ms(40))
+    agent = KubernetesAgent(KubernetesLedger(KubernetesMapping(cluster="k8s"), orjson.loads(orjson.dumps(core.to_state()))),
+                            None, job_events_topic="e", snapshots_topic="s", job_event_partitions=1,
+                            devices=KubeletOf({"train-b": table["train-b"]}), state_path=None, clock=lambda: ms(200) / 1000)
+    events = agent._sync("pod", [relisted_pod("train-a", "succeeded", 0, 4, 100),
+                                 relisted_pod("train-b", "running", 50, 52), relisted_pod("train-c", "succeeded", 0, 4, 50)])
+    held = [(e.ts_ms - ms(0), sorted(g.gpu_uuid for g in e.gpus)) for e in events if e.kind == K.allocated]
+    assert held[-2:] == [(50_000, ["GPU-a", "GPU-b"]), (100_000, ["GPU-b"])] and all(t == 50_000 for t, _ in held[:-1])
+    assert agent.core.clamped == 0
+
+
+def test_a_first_list_with_an_ended_pod_and_its_running_sibling_keeps_them_one_attempt():
+    """The agent's first list holds train-a (ran 0–100 s) and train-b (scheduled at 10 s, running): by name,
+    train-a ended the attempt at 100 s before train-b was read, which then opened attempt 1 at 100 s (90 s
+    lost). In time order train-b joins the attempt at 10 s and the attempt goes on after train-a's end."""
+    agent = agent_without_devices()
+    events = agent._sync("pod", [relisted_pod("train-a", "succeeded", 0, 4, 100), relisted_pod("train-b", "running", 10, 14)])
+    assert [(e.kind.value, e.attempt, e.ts_ms - ms(0)) for e in events] == [
+        ("submitted", 0, 0), ("allocated", 0, 0), ("started", 0, 4_000)]
+    assert agent.core.clamped == 0
