@@ -27,6 +27,7 @@ import logging
 import os
 import queue
 import signal
+import socket
 import sys
 import threading
 import time
@@ -220,6 +221,8 @@ class DeviceSource:
             if self.local is not None and node == self.node:
                 table = self.local.list(self.mapping.is_gpu_resource)
             elif self.endpoint is not None and (host_ip or "{host_ip}" not in self.endpoint):
+                if host_ip and ":" in host_ip and "[{host_ip}]" not in self.endpoint:
+                    host_ip = f"[{host_ip}]"  # an IPv6 address in a URL goes in brackets
                 url = self.endpoint.format(node=node, host_ip=host_ip)
                 with urllib.request.urlopen(url, timeout=self.timeout_s) as response:
                     body = json.loads(response.read())
@@ -260,9 +263,26 @@ def serve_pod_resources(address: tuple[str, int], client: Any, mapping: Kubernet
         def log_message(self, fmt: str, *args: Any) -> None:
             log.debug("reporter: " + fmt, *args)
 
-    server = ThreadingHTTPServer(address, Handler)
+    server = (_Ipv6HttpServer if ":" in address[0] else ThreadingHTTPServer)(address, Handler)
     threading.Thread(target=server.serve_forever, name="pod-resources-reporter", daemon=True).start()
     return server
+
+
+class _Ipv6HttpServer(ThreadingHTTPServer):
+    """On an IPv6 address (`::` also takes IPv4 where the host allows both, Linux's default)."""
+
+    address_family = socket.AF_INET6
+
+
+def listen_address(text: str) -> tuple[str, int]:
+    """`--serve-pod-resources` HOST:PORT: `0.0.0.0:9478`, `:9478` (every IPv4 address), `[::]:9478` (every
+    address, IPv6 and IPv4) or `[fd00::1]:9478`. ValueError, with what was wrong, otherwise."""
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535 or "[" in host or "]" in host:
+        raise ValueError(f"--serve-pod-resources {text!r}: give HOST:PORT, e.g. 0.0.0.0:9478 or [::]:9478")
+    return host or "0.0.0.0", int(port)
 
 
 # --------------------------------------------------------------------------- watching
@@ -876,9 +896,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if local is None:
             print("kubernetes agent: --serve-pod-resources needs --pod-resources-socket", file=sys.stderr)
             return 2
-        host, _, port = args.serve_pod_resources.rpartition(":")
-        server = serve_pod_resources((host or "0.0.0.0", int(port)), local, mapping)
-        log.info("serving this node's pod resources on %s:%s/pod-resources", host or "0.0.0.0", port)
+        try:
+            address = listen_address(args.serve_pod_resources)
+        except ValueError as exc:
+            print(f"kubernetes agent: {exc}", file=sys.stderr)
+            return 2
+        server = serve_pod_resources(address, local, mapping)
+        log.info("serving this node's pod resources on %s port %d, /pod-resources", *address)
         try:
             stop.wait()
         except KeyboardInterrupt:

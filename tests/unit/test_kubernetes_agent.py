@@ -16,6 +16,7 @@ from gpuledger.agents.kubernetes_agent import (
     SpooledRoutes,
     decode_route,
     encode_route,
+    listen_address,
     serve_pod_resources,
 )
 from gpuledger.agents.podresources.client import PodResourcesClient
@@ -173,15 +174,31 @@ def test_a_malformed_object_is_skipped_and_the_rest_goes_on(kubelet_socket, tmp_
     assert run.agent.skipped == 1 and set(by_job(run.events())) == {"default/job/other"}
 
 
-def test_device_ids_from_a_per_node_reporter(kubelet_socket):
+def _ipv6_loopback() -> bool:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", pytest.param("::1", marks=pytest.mark.skipif(
+    not _ipv6_loopback(), reason="this host has no IPv6 loopback"))], ids=["ipv4", "ipv6"])
+def test_device_ids_from_a_per_node_reporter(kubelet_socket, host):
+    """Also on an IPv6-only node (its hostIP an IPv6 address): the reporter listens there, and the agent puts
+    the address in brackets in the URL. Was: the reporter could not bind one (an IPv4 server), so every GPU pod
+    there waited out the device wait and went without GPUs."""
     mapping = KubernetesMapping(cluster="k8s")
     with PodResourcesClient(str(kubelet_socket)) as client:
-        server = serve_pod_resources(("127.0.0.1", 0), client, mapping)
+        server = serve_pod_resources((host, 0), client, mapping)
         try:
             port = server.server_address[1]
             source = DeviceSource(mapping, endpoint=f"http://{{host_ip}}:{port}/pod-resources")
-            assert source.lookup("kube-worker-1", "default", "train-0", "127.0.0.1") == {"nginx": [TRAIN_GPU]}
-            assert source.lookup("kube-worker-1", "default", "nobody", "127.0.0.1") is None
+            assert source.lookup("kube-worker-1", "default", "train-0", host) == {"nginx": [TRAIN_GPU]}
+            assert source.lookup("kube-worker-1", "default", "nobody", host) is None
             assert source.lookup("kube-worker-2", "default", "x", None) is None      # no address: unknown
         finally:
             server.shutdown()
@@ -219,3 +236,16 @@ def test_without_kueue_installed_the_agent_goes_on_with_pods_alone(kubelet_socke
         run = Run(server, kubelet_socket, tmp_path / "s.json", kueue=True).until(lambda r: r.watermarks())
     assert run.agent.absent == {"localqueue", "clusterqueue", "workload"}
     assert by_job(run.events())["default/job/train"] == ["submitted", "allocated", "started"]
+
+
+@pytest.mark.parametrize("text, address", [("0.0.0.0:9478", ("0.0.0.0", 9478)), (":9478", ("0.0.0.0", 9478)),
+                                           ("[::]:9478", ("::", 9478)), ("[fd00::1]:80", ("fd00::1", 80)),
+                                           (":::9478", ("::", 9478))])
+def test_the_reporters_listen_address(text, address):
+    assert listen_address(text) == address
+
+
+@pytest.mark.parametrize("text", ["9478", "host:", "host:http", "[::]:99999", "[::1:9478"])
+def test_a_bad_listen_address_is_refused_with_what_to_give(text):
+    with pytest.raises(ValueError, match=r"give HOST:PORT, e.g. 0.0.0.0:9478 or \[::\]:9478"):
+        listen_address(text)
