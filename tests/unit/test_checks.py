@@ -289,17 +289,23 @@ def test_the_end_remembered_from_a_rejected_event_is_forgotten_with_its_job():
     assert router.ended == {} and router.to_state()["by_cluster"] == {}
 
 
+def judged_in_order(events) -> tuple[LifecycleRouter, list[str | None]]:
+    """Each event judged (`sequence_problem`), and routed when it passes, as the worker does."""
+    router, outcomes = LifecycleRouter(), []
+    for e in events:
+        outcomes.append(router.sequence_problem(e))
+        if outcomes[-1] is None:
+            router.route(e)
+    return router, outcomes
+
+
 @pytest.mark.parametrize("end", ["completed", "cancelled"])
 def test_an_allocation_read_after_its_attempts_end_is_rejected_whatever_its_time(end):
     # `completed` at 30 s read before `allocated` at 20 s: the end was judged (rejected: never
     # allocated; a `cancelled` accepted with no GPU effect), so the allocation, accepted, held its
     # GPUs from 20 s for ever: no end would ever come for it
     events = [event(end, 30, 1), event("allocated", 20, 2, gpus=GPU)]
-    router, outcomes = LifecycleRouter(), []
-    for e in events:
-        outcomes.append(router.sequence_problem(e))
-        if outcomes[-1] is None:
-            router.route(e)
+    router, outcomes = judged_in_order(events)
     assert outcomes[1] == (f"impossible sequence: allocated of j1 attempt 0 at ts_ms={T0 + 20 * S}, read after the "
                            f"attempt's end at ts_ms={T0 + 30 * S}: its GPUs would be held for ever")
     assert router.routes == {}
@@ -312,11 +318,7 @@ def test_a_later_attempts_end_does_not_hide_an_earlier_ones():
     events = [event("completed", 30, 1), event("allocated", 40, 2, attempt=1, gpus=GPU),
               event("started", 40, 3, attempt=1), event("completed", 60, 4, attempt=1),
               event("allocated", 20, 5, gpus=GPU)]
-    router, outcomes = LifecycleRouter(), []
-    for e in events:
-        outcomes.append(router.sequence_problem(e))
-        if outcomes[-1] is None:
-            router.route(e)
+    router, outcomes = judged_in_order(events)
     assert outcomes[4] == (f"impossible sequence: allocated of j1 attempt 0 at ts_ms={T0 + 20 * S}, read after the "
                            f"attempt's end at ts_ms={T0 + 30 * S}: its GPUs would be held for ever")
     assert router.routes == {} and router.ended == {("c", "j1"): {0: T0 + 30 * S, 1: T0 + 60 * S}}
