@@ -646,9 +646,11 @@ class KubernetesLedger:
             return
         # container ids appear once the runtime has created the containers, and change when a
         # container restarts: the GPU set is sent again from that container's start
+        # a container the runtime could not start (StartError: `exec: "x": executable file not found`) ends
+        # `terminated` with startedAt at the runtime's zero time, 1970-01-01T00:00:00Z (kubernetes#120331): no start
         started = {s.get("name"): t for s in statuses for k in ("running", "terminated")
                    for t in [parse_time_ms(_dict(_dict(s.get("state"), "state").get(k), k).get("startedAt"))]
-                   if t is not None}
+                   if t is not None and t > 0}
         started_at = list(started.values())
         ids = self._container_refs(track, statuses)
         refreshed = [g[:5] + [ids.get(g[4]) or g[5]] for g in track.gpus]

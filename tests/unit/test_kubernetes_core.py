@@ -96,6 +96,22 @@ def test_oom_failure_then_the_jobs_next_pod_is_a_retried_attempt():
     assert [e.attempt for e in events[5:]] == [1, 1]
 
 
+def test_a_container_that_never_started_does_not_start_the_attempt():
+    """containerd reports a container it could not start (StartError) as terminated with startedAt at its zero
+    time, as recorded in kubernetes/kubernetes#120331 (a Job whose command is not in the image): that is no
+    start. Was: `started` (moved up to the allocation), so the pod's GPU time until the failure was executing."""
+    core = ledger()
+    failed = gpu_pod(stage="failed-oom", finished=9)
+    failed["status"]["containerStatuses"][0]["state"] = {"terminated": {
+        "exitCode": 128, "reason": "StartError", "startedAt": "1970-01-01T00:00:00Z", "finishedAt": at(9),
+        "message": "failed to create containerd task: failed to create shim task: OCI runtime create failed: runc "
+                   "create failed: unable to start container process: exec: \"sleepx\": executable file not found "
+                   "in $PATH: unknown", "containerID": f"containerd://{CONTAINER}"}}
+    events = run(core, ["scheduled"]) + core.observe_pod(failed, NOW, devices())
+    assert "started" not in kinds(events) and kinds(events)[-1] == "failed", kinds(events)
+    assert events[-1].ts_ms == ms(9) and events[-1].reason.startswith("StartError")
+
+
 def test_preempted_by_the_scheduler():
     events = run(ledger(), ["running", "preempted"])
     assert kinds(events)[-1] == "preempted"
