@@ -182,6 +182,20 @@ def conditions(status: dict) -> dict[str, dict]:
     return {c.get("type"): c for c in _list(status.get("conditions"), "status.conditions") if isinstance(c, dict)}
 
 
+def scheduled_ms(status: dict, created_ms: int | None) -> int | None:
+    """When the pod was placed on its node: PodScheduled's change to True, else status.startTime, else its
+    creation."""
+    scheduled = conditions(status).get("PodScheduled", {})
+    return (parse_time_ms(scheduled.get("lastTransitionTime")) if scheduled.get("status") == "True" else None) \
+        or parse_time_ms(status.get("startTime")) or created_ms
+
+
+def finished_times(statuses: list[dict]) -> list[int]:
+    """The `finishedAt` of each of these container statuses that has terminated."""
+    return [t for t in (parse_time_ms(_dict(_dict(s.get("state"), "state").get("terminated"), "terminated")
+                                      .get("finishedAt")) for s in statuses) if t is not None]
+
+
 def relist_steps(pods: list) -> list[Any]:
     """A relist's pods in the order their changes happened, as the translation must see them: it takes one job's
     changes in time order (a change dated before the job's last is moved up to it). The API lists pods by name,
@@ -192,21 +206,16 @@ def relist_steps(pods: list) -> list[Any]:
     steps: list[tuple[float, int, Any]] = []
     for n, pod in enumerate(pods):
         try:
-            meta = _dict(pod.get("metadata"), "metadata") if isinstance(pod, dict) else None
-            if meta is None:
+            if not isinstance(pod, dict):
                 raise MalformedObject("not an object")
             status = _dict(pod.get("status"), "status")
-            scheduled = conditions(status).get("PodScheduled", {})
-            at = (parse_time_ms(scheduled.get("lastTransitionTime")) if scheduled.get("status") == "True" else None) \
-                or parse_time_ms(status.get("startTime")) or parse_time_ms(meta.get("creationTimestamp")) or 0
+            at = scheduled_ms(status, parse_time_ms(_dict(pod.get("metadata"), "metadata").get("creationTimestamp"))) or 0
             if status.get("phase") not in ("Succeeded", "Failed"):
                 steps.append((at, n, pod))
                 continue
-            finished = [parse_time_ms(_dict(_dict(_dict(c, "status").get("state"), "state").get("terminated"),
-                                            "terminated").get("finishedAt"))
-                        for c in _list(status.get("containerStatuses"), "status.containerStatuses")]
-            ended = max((t for t in finished if t is not None), default=None) or math.inf
-        except (MalformedObject, AttributeError):
+            ended = max(finished_times([c for c in _list(status.get("containerStatuses"), "status.containerStatuses")
+                                        if isinstance(c, dict)]), default=math.inf)
+        except MalformedObject:
             steps.append((-math.inf, n, pod))
             continue
         steps.append((at, n, {**pod, "status": {**status, "phase": "Running"}}))
@@ -607,9 +616,7 @@ class KubernetesLedger:
                     if isinstance(s, dict) and s.get("name") in sidecar_names]
         if not track.allocated and node:
             track.node = node
-            track.scheduled_ms = (parse_time_ms(scheduled.get("lastTransitionTime"))
-                                  if scheduled.get("status") == "True" else None) \
-                or parse_time_ms(status.get("startTime")) or created
+            track.scheduled_ms = scheduled_ms(status, created)
             gpus: list[list] | None = []
             if self.mapping.devices_expected:
                 devices = devices_for(node, track.namespace, track.name, status.get("hostIP"))
@@ -723,9 +730,7 @@ class KubernetesLedger:
 
     def _outcome(self, track: PodTrack, job: JobTrack, meta: dict, status: dict, conds: dict,
                  statuses: list[dict], now_ms: int, deleted: bool) -> tuple[K, int, str | None]:
-        finished = [t for t in (parse_time_ms(_dict(_dict(s.get("state"), "state").get("terminated"),
-                                                     "terminated").get("finishedAt")) for s in statuses)
-                    if t is not None]
+        finished = finished_times(statuses)
         deletion = parse_time_ms(meta.get("deletionTimestamp"))
         if deletion is not None:  # deletionTimestamp is the deadline: the request came a grace period before
             deletion -= int(meta.get("deletionGracePeriodSeconds") or 0) * 1000

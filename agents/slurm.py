@@ -23,7 +23,7 @@ Rules (docs/slurm.md explains each):
 - Suspend (`scontrol suspend`): `interrupted`, and `started` at the resume; a suspend and resume both
   between two polls from Slurm's pre_sus_time (`_unseen_suspension`). The GPUs stay allocated. A job
   killed while suspended ends, for Slurm, at the suspend: once a poll has seen it suspended, its end is
-  the watermark instead (`_ended_suspended`).
+  the watermark instead (`_end_not_below`).
 - A resize (`scontrol update NumNodes=`; sacct's RESIZING row) is no new attempt: a second
   `allocated` of the same attempt with the GPUs it keeps, at the resize time.
 - GPU indices not seen (a job that ran between polls, or while the agent was down): the attempt
@@ -1142,9 +1142,11 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
             reason = exit_text if job.state != "COMPLETED" else None
         elif exit_text and job.state != "PREEMPTED":
             reason = f"{reason} ({exit_text})"
-        end_ms = max(job.end_ms, js.alloc_start_ms) if ran else job.end_ms
-        if ran and js.suspended and end_ms < promised_ms:
-            end_ms, reason = promised_ms, _ended_suspended(reason, "a poll saw it suspended")
+        if ran:
+            end_ms, reason = _end_not_below(js, max(job.end_ms, js.alloc_start_ms), reason, promised_ms,
+                                            "a poll saw it suspended")
+        else:
+            end_ms = job.end_ms
         out.emit(job, kind, end_ms, reason=reason)
         if kind == JobEventKind.preempted:
             state.preemptions.append(PreemptionFired(job_id=job.job_id, queue=job.queue,
@@ -1169,14 +1171,17 @@ def _requeue(job: SlurmJob, js: JobState, state: AgentState, out: _Emitter, *, r
     js.queued_events, js.queued_reason = 0, ""  # `retried` queued it; reasons follow
 
 
-def _ended_suspended(reason: str | None, seen: str) -> str:
-    """The reason of an end moved up to the watermark: slurmctld dates the end of a job killed while suspended at
+def _end_not_below(js: JobState, end_ms: int, reason: str | None, promised_ms: int,
+                   seen: str) -> tuple[int, str | None]:
+    """The end (time, reason) of an allocated attempt. slurmctld dates the end of a job killed while suspended at
     the suspend (end_time = suspend_time; sacct's End too) although it kept its GPUs allocated until then
-    (GresUsed), and the watermark has passed that time since `seen`. The ledger ends it there, the latest time it
-    is known to have held them: never an event below a watermark already published (the worker would apply it
-    late, or reject it once the suspend is more than its retention back)."""
+    (GresUsed); once `seen` suspended, the watermark has passed that time. The ledger then ends it at the
+    watermark, the latest time it is known to have held them: never an event below a watermark already published
+    (the worker would apply it late, or reject it once the suspend is more than its retention back)."""
+    if not (js.suspended and js.allocated and end_ms < promised_ms):
+        return end_ms, reason
     note = f"ended while suspended: Slurm dates the end at the suspend; held until {seen}"
-    return f"{reason}; {note}" if reason else note
+    return promised_ms, f"{reason}; {note}" if reason else note
 
 
 def _suspend_or_resume(job: SlurmJob, js: JobState, out: _Emitter, promised_ms: int) -> None:
@@ -1409,9 +1414,9 @@ def close_vanished(job_ids: Iterable[str], state: AgentState, accounting: Mappin
             code, _, signal = last.exit_code.partition(":")
             if reason is None and last.state != "COMPLETED":
                 reason = f"signal {signal}" if signal not in ("", "0") else f"exit {code}"
-            end_ms, reason = max(last.end_s * 1000, js.alloc_start_ms), f"{reason} ({note})" if reason else note
-            if js.suspended and js.allocated and end_ms < promised_ms:
-                end_ms, reason = promised_ms, _ended_suspended(reason, "the last poll saw it suspended")
+            end_ms, reason = _end_not_below(js, max(last.end_s * 1000, js.alloc_start_ms),
+                                            f"{reason} ({note})" if reason else note, promised_ms,
+                                            "the last poll saw it suspended")
             out.emit(job, kind, end_ms, reason=reason)
         else:
             seen_as = f"sacct shows it {last.state} with no end" if last is not None else "no accounting record"
