@@ -247,6 +247,9 @@ class Settings(BaseSettings):
                         values = {**values, name: Path(path).read_text(encoding="utf-8").rstrip("\r\n")}
                     except OSError as exc:
                         raise ValueError(f"GPULEDGER_{name.upper()}_FILE: cannot read {path}: {exc.strerror}") from None
+                    except UnicodeDecodeError as exc:
+                        raise ValueError(f"GPULEDGER_{name.upper()}_FILE: {path} is not UTF-8 text ({exc.reason} "
+                                         f"at byte {exc.start})") from None
         return values
 
     @cached_property

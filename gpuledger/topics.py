@@ -24,8 +24,9 @@ STATE_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 #: for a record's framing, as does the worker's producer (STATE_MAX_MESSAGE_BYTES) that passes them on.
 EVENT_MAX_MESSAGE_BYTES = 15 * 1024 * 1024
 EVENT_TOPIC_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-#: TopicNames attributes of the topics that carry job events whole: the agents' and the accepted ones
-EVENT_TOPICS = ("job_events", "lifecycle_accepted")
+#: TopicNames attributes of the topics that carry job events whole (the agents' and the accepted ones), or a
+#: job's GPUs on one node from one event (node-allocations: up to the size of the event it comes from)
+EVENT_TOPICS = ("job_events", "lifecycle_accepted", "node_allocations")
 
 #: topic kind -> TopicNames attributes. Input topics are the only source a rebuild replays; output and
 #: internal topics can be made again from them; diagnostics are read by people and downstream systems;

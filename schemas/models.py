@@ -40,6 +40,12 @@ IDENTIFIER_PATTERN = r"^[^\s\x00-\x1f\x7f-\x9f](?:[^\x00-\x1f\x7f-\x9f]*[^\s\x00
 MAX_TENANT_LEN = MAX_CLUSTER_LEN = 128
 MAX_QUEUE_LEN = MAX_NODE_LEN = 256
 MAX_JOB_ID_LEN = 512
+#: longest device names and ids, characters: NVML UUIDs are 40, a containerd container id with its
+#: scheme 77. Bounded so that one message's names cannot outgrow the messages the worker makes of them
+#: (every usage record repeats its GPU's UUID and model)
+MAX_DEVICE_ID_LEN = 256
+#: the most bytes a memory figure can say: ClickHouse's Int64, what the tables store
+MAX_BYTES = 2**63 - 1
 
 
 def _identifier(value: str) -> str:
@@ -72,9 +78,10 @@ class ProcessSample(_Wire):
     """One process (or container) seen on a GPU during the tick."""
 
     pid: int = Field(ge=0, description="OS process id on the node")
-    container_id: str | None = Field(None, description="container the process runs in, if known; links it to a job")
+    container_id: str | None = Field(None, max_length=MAX_DEVICE_ID_LEN,
+                                     description="container the process runs in, if known; links it to a job")
     sm_util_pct: Percent | None = Field(None, description="this process's share of SM activity over the tick, percent of the GPU")
-    mem_used_bytes: int | None = Field(None, ge=0, description="GPU memory held by the process, bytes")
+    mem_used_bytes: int | None = Field(None, ge=0, le=MAX_BYTES, description="GPU memory held by the process, bytes")
 
 
 class GpuHealth(StrEnum):
@@ -86,23 +93,23 @@ class MigDevice(_Wire):
     """A MIG (Multi-Instance GPU) instance carved out of a GPU. Schedulers hand out MIG UUIDs; the
     ledger meters the parent GPU, so an allocation naming a MIG UUID holds `share_milli` of it."""
 
-    uuid: str = Field(min_length=1, description="MIG device UUID (MIG-...), as schedulers and device plugins name it")
-    profile: str = Field(min_length=1, description="MIG profile, e.g. 3g.40gb")
+    uuid: _ident(MAX_DEVICE_ID_LEN) = Field(description="MIG device UUID (MIG-...), as schedulers and device plugins name it")
+    profile: str = Field(min_length=1, max_length=MAX_DEVICE_ID_LEN, description="MIG profile, e.g. 3g.40gb")
     share_milli: ShareMilli = Field(description="share of the parent GPU: the profile's compute slices / the GPU's (7 on A100/H100), thousandths")
 
 
 class GpuSample(_Wire):
     """One GPU's measurements at one tick."""
 
-    gpu_uuid: str = Field(min_length=1, description="NVML UUID of the GPU; the GPU's identity in the ledger")
+    gpu_uuid: _ident(MAX_DEVICE_ID_LEN) = Field(description="NVML UUID of the GPU; the GPU's identity in the ledger")
     index: int = Field(ge=0, description="NVML device index on the node")
-    model: str = Field(min_length=1, description="GPU model name as the ledger's coefficient library knows it (e.g. A100-80GB)")
+    model: str = Field(min_length=1, max_length=MAX_DEVICE_ID_LEN, description="GPU model name as the ledger's coefficient library knows it (e.g. A100-80GB)")
     health: GpuHealth = Field(GpuHealth.ok, description="'down' when out of service (fatal Xid, fallen off the bus, drained)")
     down_reason: str | None = Field(None, description="why the GPU is down, e.g. 'xid 79'")
     util_gpu_pct: Percent | None = Field(None, description="GPU busy: percent of the tick a kernel was running")
     sm_active_pct: Percent | None = Field(None, description="SM activity, percent (DCGM-style profiling field where available)")
-    mem_used_bytes: int | None = Field(None, ge=0, description="GPU memory used, bytes")
-    mem_total_bytes: int | None = Field(None, ge=0, description="GPU memory total, bytes")
+    mem_used_bytes: int | None = Field(None, ge=0, le=MAX_BYTES, description="GPU memory used, bytes")
+    mem_total_bytes: int | None = Field(None, ge=0, le=MAX_BYTES, description="GPU memory total, bytes")
     temperature_c: float | None = Field(None, ge=-50, le=200, description="GPU temperature, degrees Celsius")
     power_w: float | None = Field(None, ge=0, le=5000, description="power draw, watts")
     power_limit_w: float | None = Field(None, gt=0, le=5000, description="enforced power limit, watts (NVML "
@@ -219,10 +226,10 @@ class GpuAssignment(_Wire):
     worker maps an index to the UUID the node's GPU agent reports at that index."""
 
     node: NodeId = Field(description="node holding the GPU")
-    gpu_uuid: str | None = Field(None, min_length=1, description="GPU UUID, or a MIG instance's UUID (then the share is at most the instance's)")
+    gpu_uuid: _ident(MAX_DEVICE_ID_LEN) | None = Field(None, description="GPU UUID, or a MIG instance's UUID (then the share is at most the instance's)")
     gpu_index: int | None = Field(None, ge=0, description="device index on the node (NVML index), when the UUID is not known to the scheduler")
     share_milli: ShareMilli = 1000
-    container_id: str | None = Field(None, description="the job's container on this GPU, to match per-process samples "
+    container_id: str | None = Field(None, max_length=MAX_DEVICE_ID_LEN, description="the job's container on this GPU, to match per-process samples "
                                                         "(Slurm jobs: 'slurm-job-<id>', as the GPU agent reads it from the cgroup path)")
 
     @model_validator(mode="after")

@@ -63,25 +63,33 @@ def _explain(exc: ValidationError) -> str:
     return f"schema violation at {where}: {first['msg']}{more}"
 
 
-def _validate(validate, obj: dict, label: str):
+def _validate(validate_json, raw: bytes, label: str):
+    """`raw` validated by pydantic's JSON parser, strictly: a JSON value of the wrong type is a violation
+    (`true` is no interval, `"5"` no count), as the published JSON Schemas say; pydantic's lax mode
+    would take both. Strict JSON mode still reads enum values from strings and integers as floats."""
     try:
-        return validate(obj, extra=_READ_EXTRA)
+        return validate_json(raw, strict=True, extra=_READ_EXTRA)
     except ValidationError as exc:
         raise DecodeError(f"{label}: {_explain(exc)}") from None
 
 
+def _checked(raw: bytes) -> bytes:
+    _load(raw)  # the usual reasons first: malformed JSON, not an object, unknown schema_version
+    return raw
+
+
 def decode(model: type[M], raw: bytes) -> M:
-    return _validate(model.model_validate, _load(raw), model.__name__)
+    return _validate(model.model_validate_json, _checked(raw), model.__name__)
 
 
 def decode_lifecycle(raw: bytes):
     """A job-events message: a JobEvent or a LifecycleWatermark."""
-    return _validate(_lifecycle.validate_python, _load(raw), "lifecycle message")
+    return _validate(_lifecycle.validate_json, _checked(raw), "lifecycle message")
 
 
 def decode_node_allocation(raw: bytes):
     """An internal node-allocations message: an AllocationChange or a NodeWatermark."""
-    return _validate(_node_allocation.validate_python, _load(raw), "node-allocation message")
+    return _validate(_node_allocation.validate_json, _checked(raw), "node-allocation message")
 
 
 def _decode_ticks(raw: bytes, tick_model: type[BaseModel], batch_model: type[BaseModel]) -> list:
@@ -92,13 +100,13 @@ def _decode_ticks(raw: bytes, tick_model: type[BaseModel], batch_model: type[Bas
     # which gives the usual reasons (malformed JSON, unknown schema_version, first violation).
     fast = batch_model if b'"tick_batch"' in raw else tick_model
     try:
-        message = fast.model_validate_json(raw, extra=_READ_EXTRA)
+        message = fast.model_validate_json(raw, strict=True, extra=_READ_EXTRA)
     except (ValidationError, TypeError):
         obj = _load(raw)
         if obj.get("type") == "tick_batch" or "ticks" in obj:
-            message = _validate(batch_model.model_validate, obj, "NodeTickBatch")
+            message = _validate(batch_model.model_validate_json, raw, "NodeTickBatch")
         else:
-            message = _validate(tick_model.model_validate, obj, "NodeTick")
+            message = _validate(tick_model.model_validate_json, raw, "NodeTick")
     if isinstance(message, tick_model):
         return [message]
     for tick in message.ticks:

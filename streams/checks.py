@@ -1,7 +1,7 @@
 """The ledger's acceptance rules, pure: one module that the worker and the sink both import, so
 they accept and reject by the same rules (docs/reliability.md, "Bad input").
 
-- a tick's GPU list: no GPU twice, no more memory used than the GPU has;
+- a tick's GPU list: no GPU twice, no two GPUs at one index, no more memory used than the GPU has;
 - the time window: nothing before 2000-01-01; nothing more than `max_ahead_ms` ahead of the
   lifecycle watermark, nor ahead of the receiving process's wall clock (`now_ms`, passed in by the
   caller: the judgement also holds before the first watermark); a GPU sample no more than
@@ -90,13 +90,19 @@ def watermark_problem(cluster: str, ts_ms: int, max_ahead_ms: int, now_ms: int |
 
 
 def tick_gpus_problem(tick) -> str | None:
-    """Why a tick's GPU list is unusable, or None: a GPU listed twice (its time would count twice)
-    or more memory used than the GPU has. `tick`: a NodeTick or MeteredTick."""
+    """Why a tick's GPU list is unusable, or None: a GPU listed twice (its time would count twice), two
+    GPUs at one device index (an allocation by index would name either) or more memory used than the
+    GPU has. `tick`: a NodeTick or MeteredTick."""
     seen: set[str] = set()
+    indexes: set[int] = set()
     for gpu in tick.gpus:
         if gpu.gpu_uuid in seen:
             return f"inconsistent tick: {tick.node} ts_ms={tick.ts_ms} lists GPU {gpu.gpu_uuid} twice"
         seen.add(gpu.gpu_uuid)
+        if gpu.index is not None:
+            if gpu.index in indexes:
+                return f"inconsistent tick: {tick.node} ts_ms={tick.ts_ms} lists two GPUs at index {gpu.index}"
+            indexes.add(gpu.index)
         used, total = gpu.mem_used_bytes, gpu.mem_total_bytes
         if used is not None and total is not None and used > total:
             return f"inconsistent tick: {tick.node} GPU {gpu.gpu_uuid} uses {used} bytes of {total}"

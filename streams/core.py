@@ -49,6 +49,9 @@ SNAPSHOT_VERSION = 1
 #: header of a lifecycle-accepted message: "<job-events partition>:<offset>" of the event it repeats
 SOURCE_HEADER = "gpuledger-source"
 DEFAULT_DEAD_LETTER_MAX_BYTES = 900_000
+#: the largest usage message the worker sends: under the broker's default message size (1 MB), which the
+#: usage topic keeps (docs/retention.md, "Large usage batches")
+USAGE_MESSAGE_MAX_BYTES = 900_000
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,36 @@ class Out:
     key: bytes | None = None
     partition: int | None = None
     headers: tuple[tuple[str, bytes], ...] | None = None
+
+
+def usage_messages(node: str, records: list[dict], max_bytes: int = USAGE_MESSAGE_MAX_BYTES) -> list[bytes]:
+    """A node's usage records as UsageBatch messages (wire form; the records are UsageRecord wire dicts
+    already, attribution.py) of at most `max_bytes` each: one message, unless a close that covers hours
+    at once makes more. The parts are cut at a time no record spans (segments never cross a window
+    boundary), so every record of a message ends by the first start of the next: the sink takes a
+    record that starts before the end of one already taken for its GPU for a worker's re-emission and
+    drops it (its per-GPU horizon, gpuledger/sink/batching.py)."""
+    raw = orjson.dumps({"schema_version": SCHEMA_VERSION, "node": node, "records": records})
+    if len(raw) <= max_bytes or len(records) == 1:
+        return [raw]
+    ordered = sorted(records, key=lambda r: r["start_ms"])
+    cuts, reach = [], 0  # indices i where every record before i ends by the start of record i
+    for i, r in enumerate(ordered):
+        if i and reach <= r["start_ms"]:
+            cuts.append(i)
+        reach = max(reach, r["end_ms"])
+    if not cuts:  # one stretch of time (a window's records): by GPU then, each GPU's records whole
+        by_gpu: dict[str, list[dict]] = {}
+        for r in records:
+            by_gpu.setdefault(r["gpu_uuid"], []).append(r)
+        if len(by_gpu) == 1:
+            return [raw]  # cannot be cut without the sink dropping a part: sent whole
+        groups = list(by_gpu.values())
+        half = len(groups) // 2
+        return (usage_messages(node, [r for g in groups[:half] for r in g], max_bytes)
+                + usage_messages(node, [r for g in groups[half:] for r in g], max_bytes))
+    cut = min(cuts, key=lambda i: abs(i - len(ordered) // 2))
+    return usage_messages(node, ordered[:cut], max_bytes) + usage_messages(node, ordered[cut:], max_bytes)
 
 
 @dataclass
@@ -266,9 +299,8 @@ class WorkerCore:
         if not records:
             return []
         self.counters["usage_records"] += len(records)
-        # a UsageBatch in its wire form; the records are UsageRecord wire dicts already (attribution.py)
-        batch = {"schema_version": SCHEMA_VERSION, "node": join.node, "records": records}
-        return [Out(self.topics.usage, orjson.dumps(batch), key=join.node.encode())]
+        key = join.node.encode()
+        return [Out(self.topics.usage, raw, key=key) for raw in usage_messages(join.node, records)]
 
     # ------------------------------------------------------------------ input
     def on_lifecycle(self, partition: int, offset: int, raw: bytes | None, now_ms: int | None = None) -> list[Out]:

@@ -382,10 +382,13 @@ class NodeJoin:
         contiguous tick, else power x time. Sane values or none (docs/accounting.md): a delta above
         the card's power limit x the interval (x the tolerance) is not believed, nor is a power
         reading above the limit: power x time, the power capped at the limit, and counted (metric
-        gpuledger_value_fallbacks_total). The limit is the sample's own, else the config's for the model.
+        gpuledger_value_fallbacks_total). The limit is the config's for the model, or the sample's own
+        where that is lower: a sample cannot raise it (a producer's word would inflate the energy cost).
         Also counts the GPU time of models priced under the [unpriced] policy."""
         seconds = tick.interval_ms / 1000.0
-        limit = gpu.power_limit_w or ledger.power_limit_w(gpu.model)
+        limit = ledger.power_limit_w(gpu.model)
+        if gpu.power_limit_w and gpu.power_limit_w < limit:
+            limit = gpu.power_limit_w
         believable = limit * ledger.power_limit_tolerance
         previous = self.last_energy.get(gpu.gpu_uuid)
         model = gpu.model

@@ -249,7 +249,8 @@ class LedgerConfig:
         raise LedgerConfigError(f"no price for model {model!r} (and no 'default' entry)")
 
     def power_limit_w(self, model: str) -> float:
-        """The power limit of a card of this model when its sample names none, watts."""
+        """The most power a card of this model is believed to draw, watts: a sample's own lower limit
+        tightens it, a higher one does not raise it (docs/accounting.md §4a)."""
         limit = self.power_limits.get(model)
         if limit is None:
             limit = self.power_limits.get("default", DEFAULT_POWER_LIMIT_W)

@@ -34,6 +34,9 @@ def test_the_variable_wins_over_the_file(tmp_path, monkeypatch):
 def test_an_unreadable_secret_file_stops_the_process_with_its_name(tmp_path):
     with pytest.raises(ValueError, match="GPULEDGER_CLICKHOUSE_PASSWORD_FILE"):
         Settings(clickhouse_password_file=tmp_path / "missing")
+    (tmp_path / "binary").write_bytes(b"\xff\xfe")  # named, as a missing file is, not a bare codec error
+    with pytest.raises(ValueError, match=r"GPULEDGER_CLICKHOUSE_PASSWORD_FILE: .*binary is not UTF-8 text"):
+        Settings(clickhouse_password_file=tmp_path / "binary")
 
 
 def test_secrets_never_show_in_reprs_dumps_or_logs(caplog):
