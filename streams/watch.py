@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 STATE_VERSION = 1
 #: ended attempts are remembered this long (event time) so their late usage reopens nothing
 ENDED_RETENTION_MS = 86_400_000
+#: how often (in usage time) the GPUs and nodes silent for ENDED_RETENTION_MS are looked for (`_prune_seen`)
+SEEN_PRUNE_EVERY_MS = 3_600_000
 #: a GPU going down this soon after its holder's last slice (and no later than this after the
 #: holder's end: a job usually dies of its GPU's fatal Xid at once) went down under that holder
 DOWN_GAP_MS = 300_000
@@ -159,8 +161,9 @@ class Watcher:
         self.usage_topic, self.lifecycle_topic, self.snapshots_topic = usage_topic, lifecycle_topic, snapshots_topic
         self.bucket_ms = int(definitions.alerts.bucket_s * 1000)
         a, r = definitions.alerts, definitions.reclaim
-        lookback_s = max(a.util_drop.baseline_s + a.util_drop.recover_s, a.low_util.for_s, 2 * a.straggler.window_s,
-                         a.hung.for_s, r.window_s)
+        # the closing windows too: a bucket pruned before a long close window filled kept the alert open
+        lookback_s = max(a.util_drop.baseline_s + a.util_drop.recover_s, a.util_drop.close_s, a.low_util.for_s,
+                         a.low_util.recover_s, 2 * a.straggler.window_s, a.hung.for_s, a.hung.close_s, r.window_s)
         # judged time skips checkpoints: look back over the longest one as well
         self.lookback_buckets = self._n(lookback_s + a.checkpoint_max_s) + 2
         self.attempts: dict[tuple[str, str, int], Attempt] = {}
@@ -206,6 +209,7 @@ class Watcher:
         #: cluster -> [T, GPUs whose usage ended before T when last looked at]: `_evaluate_reclaim`
         #: asks whether one it waits for is still below T (the bucket its next step needs)
         self._lagging: dict[str, list] = {}
+        self._seen_pruned_ms: dict[str, int] = {}  # cluster -> usage horizon at its last `_prune_seen`
         #: cluster -> a time no ended entry / no attempt's last activity of the cluster is older than
         #: (absent: unknown); `_prune` looks at them all only once the retention cut-off passes it
         self._ended_floor: dict[str, float] = {}
@@ -326,7 +330,7 @@ class Watcher:
         for cluster in sorted(clusters):
             outs += self._evaluate_reclaim(cluster)
             outs += self._forget_ended(cluster)
-            self._prune(cluster)
+            outs += self._prune(cluster)
         return outs
 
     def _heard(self, partition: int, clusters: set[str]) -> None:
@@ -367,7 +371,10 @@ class Watcher:
             # second allocation without a node (a pod ended) no longer waits for it
             a.awaited_nodes = {n: a.awaited_nodes.get(n, e.ts_ms) for n in sorted({g.node for g in e.gpus})}
         elif e.kind is JobEventKind.checkpoint_begin:
-            a.checkpoints.append([e.ts_ms, None])
+            # a copy (a restarted worker sends again what it accepted after its last snapshot) would stay
+            # open, never ended, and keep checkpoint_max_s of the job from every rule
+            if all(c[0] != e.ts_ms for c in a.checkpoints):
+                a.checkpoints.append([e.ts_ms, None])
         elif e.kind is JobEventKind.checkpoint_end:
             opened = [c for c in a.checkpoints if c[1] is None and c[0] <= e.ts_ms]
             if opened:
@@ -823,10 +830,13 @@ class Watcher:
         # a step whose window reaches below what RECLAIM_MAX_LAG_MS kept is not judged (counted)
         whole_from = self.horizon[cluster] // self.bucket_ms - self.lookback_buckets - RECLAIM_MAX_LAG_MS // self.bucket_ms + n
         outs = []
-        for step in range(max(done + 1, hb - n), hb + 1):
-            if step < whole_from:
-                self.counters["reclaim_steps_skipped"] += 1
-                continue
+        # every step since the last one judged (a catch-up batch of usage moves hb by many buckets at once:
+        # skipping steps made suggestions depend on how usage was batched); the first, the last window's
+        first = done + 1 if done else hb - n
+        if first < whole_from:
+            self.counters["reclaim_steps_skipped"] += min(whole_from, hb + 1) - first
+            first = whole_from
+        for step in range(first, hb + 1):
             outs += self._reclaim_at(cluster, step)
         for key in [k for k, a in self.reclaim_pending.items() if k[0] == cluster and a.ended_ms <= hb * self.bucket_ms]:
             del self.reclaim_pending[key]
@@ -978,7 +988,9 @@ class Watcher:
             keep = max(min(keep, waiting), keep - RECLAIM_MAX_LAG_MS // self.bucket_ms)
         return keep
 
-    def _prune(self, cluster: str) -> None:
+    def _prune(self, cluster: str) -> list[Out]:
+        """Forget what no rule can use any more; the alerts of an attempt forgotten unfinished are closed."""
+        outs: list[Out] = []
         horizon = self.horizon[cluster]
         oldest = self._keep_from(cluster, horizon // self.bucket_ms)
         for (c, _), buckets in self.queues.items():
@@ -998,9 +1010,15 @@ class Watcher:
             activity = {k: max([*a.last_end.values(), a.ended_ms or 0, a.start_ms or 0])
                         for k, a in self.attempts.items() if k[0] == cluster}
             for key in [k for k, t in activity.items() if t < cut]:
-                del self.attempts[key]
+                a = self.attempts.pop(key)
                 self._ending.discard(key)
                 self._holders_dirty.add(cluster)
+                # its alerts would stay open for ever (a node silent since before the job's end: its
+                # usage up to the end never comes); closed at the end, else at its last activity
+                why = (f"the job {a.ended_kind}; its usage up to the end never came" if a.ended_ms is not None
+                       else "no usage or event of the job for a day")
+                at = a.ended_ms if a.ended_ms is not None else activity[key]
+                outs += [self._close(a, rule, at, at, at, why) for rule in sorted(a.open)]
             self._attempts_floor[cluster] = min((t for t in activity.values() if t >= cut), default=math.inf)
         if cluster in self._holders_dirty:
             self._holders_dirty.discard(cluster)
@@ -1010,6 +1028,22 @@ class Watcher:
                     self.holders[key] = held
                 else:
                     del self.holders[key]
+        if horizon - self._seen_pruned_ms.get(cluster, -math.inf) >= SEEN_PRUNE_EVERY_MS:
+            self._prune_seen(cluster, cut)
+        return outs
+
+    def _prune_seen(self, cluster: str, cut: int) -> None:
+        """GPUs and nodes silent since before `cut` that nothing held or awaited names any more: forgotten
+        (on a cluster whose nodes come and go, autoscaled or re-carved into MIG instances, they grew
+        the state and each snapshot without bound). At most once per SEEN_PRUNE_EVERY_MS of usage."""
+        self._seen_pruned_ms[cluster] = self.horizon[cluster]
+        awaited = {n for (c, _, _), a in self.attempts.items() if c == cluster for n in a.awaited_nodes}
+        for key in [k for k, end in self.gpu_seen.items() if k[0] == cluster and end < cut and k not in self.holders]:
+            del self.gpu_seen[key]
+            self.gpu_partition.pop(key, None)
+        for key in [k for k, v in self.node_seen.items() if k[0] == cluster and v[0] < cut and k[1] not in awaited]:
+            del self.node_seen[key]
+        self._lagging.pop(cluster, None)  # may name a GPU forgotten: listed again when due
 
     # ------------------------------------------------------------------ state
     def to_state(self) -> dict:
