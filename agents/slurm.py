@@ -340,6 +340,9 @@ class JobState:
     queued_events: int = 0           # queued events of `attempt` (the reason changed in between)
     queued_reason: str = ""          # the pending reason of the last one
     requeue_wait_polls: int = 0      # polls a requeue has waited for Slurm's new submit_time
+    requeue_seen_ms: int = 0         # the poll that first saw the restart count of a requeue not told yet
+    #: sacct's rows submitted before this are another job's that had the same id (`_own_rows`); 0: not known
+    first_submit_ms: int = 0
     suspended: bool = False          # `interrupted` emitted for a suspend of `attempt`, not resumed yet
     suspensions: int = 0             # suspends of `attempt` seen (event ids …:interrupted:N, …:started:N+1)
     #: the attempt's suspended time, as Slurm counts it, that events have covered (`_slurm_suspended_ms`); None:
@@ -990,6 +993,27 @@ def translate(
                       vanished, out.warnings, promised_ms, out.needs_sacct)
 
 
+def _own_rows(js: JobState, rows: list[SacctRow] | None) -> list[SacctRow] | None:
+    """sacct's rows of this job: `sacct -j N --duplicates` lists every job that ever had id N, so a row
+    submitted well before the job's first submission is another job's (the id reused: MaxJobId wraps,
+    67,043,328 by default; a controller whose state was reset counts from 1 again). Its attempts were
+    taken for this job's: a finished job closed from sacct was billed no GPU time, with a phantom requeue."""
+    if not rows or not js.first_submit_ms:
+        return rows
+    floor = js.first_submit_ms - RECORDED_ALLOCATION_SLACK_MS
+    return [r for r in rows if r.submit_s is None or r.submit_s * 1000 >= floor]
+
+
+def _requeue_end_ms(rows: list[SacctRow] | None, js: JobState) -> int | None:
+    """When sacct's row of attempt `js.attempt` says it was requeued (its End), or None: not in the rows."""
+    groups = _attempt_groups(rows) if rows else []
+    if js.attempt < len(groups):
+        row = groups[js.attempt][-1]
+        if row.state in ("REQUEUED", "PREEMPTED") and row.end_s:
+            return row.end_s * 1000
+    return None
+
+
 def _first_submit_ms(job: SlurmJob, rows: list[SacctRow] | None, out: _Emitter) -> int:
     """When a job first seen at a restart count above 0 was submitted: sacct's Submit of its first attempt (a
     requeue moves the job's submit_time, not that row's); else by its first attempt's recorded allocation
@@ -1017,17 +1041,15 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
         # come from sacct's rows (and PrologSlurmctld records), as for a job requeued more than once. At the
         # agent's first poll ever they are from before the ledger, and are not replayed.
         first = 0 if job.attempt and state.polled_ms else job.attempt
+        # its first submission: squeue's submit_time at attempt 0; submitted after the last poll when first
+        # seen requeued then (at the first poll ever, attempts before are not replayed: not needed)
+        first_submit_ms = job.submit_ms if job.attempt == 0 else state.polled_ms if first == 0 else 0
         js = state.jobs[job.job_id] = JobState(raw_id=job.raw_id, attempt=first, queue=job.queue,
-                                               tenant=job.tenant)
+                                               tenant=job.tenant, first_submit_ms=first_submit_ms)
     if js.finished and job.attempt <= js.attempt:
         return
-    rows = accounting.get(job.job_id) if accounting is not None else None
+    rows = _own_rows(js, accounting.get(job.job_id)) if accounting is not None else None
     unseen_attempts = not js.submitted and job.attempt > js.attempt
-    if unseen_attempts and rows:
-        # submitted after the last poll: a row submitted well before it is another job's that had the same id
-        # (a controller whose state was reset counts from 1 again; `sacct -j` lists every job with the id)
-        rows = [r for r in rows if r.submit_s is None
-                or r.submit_s * 1000 >= state.polled_ms - RECORDED_ALLOCATION_SLACK_MS]
     if not js.submitted:
         if unseen_attempts:  # submitted for attempt 0, at its submission (squeue's submit_time is the last requeue's)
             out.emit(job, JobEventKind.submitted, _first_submit_ms(job, rows, out), attempt=js.attempt)
@@ -1064,12 +1086,22 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
         # RequeueExit): it reopens; its old attempt has its outcome already, so no `preempted`.
         if not js.allocated and job.attempt == js.attempt + 1:
             _allocate_recorded_attempt(job, js, out, promised_ms)
-        stale = js.allocated and job.submit_ms <= js.alloc_start_ms
+        # The requeue happened by the poll that first saw its restart count. squeue's new submit_time is
+        # later still: Slurm sets it when the job's processes are gone (the COMPLETING phase: KillWait, 30 s
+        # by default, for a job that traps SIGTERM to checkpoint, and the epilog; seen on 22.05). sacct's
+        # row of the attempt ends at the requeue itself: asked once the job is seen requeued.
+        js.requeue_seen_ms = js.requeue_seen_ms or poll_ms
+        sacct_end_ms = _requeue_end_ms(rows, js)
+        if sacct_end_ms is None and accounting is None and js.allocated and job.job_id not in out.needs_sacct:
+            out.needs_sacct.append(job.job_id)
+        old_submit = js.allocated and job.submit_ms <= js.alloc_start_ms
+        stale = old_submit and sacct_end_ms is None
         if stale and js.requeue_wait_polls < REQUEUE_WAIT_POLLS:
             js.requeue_wait_polls += 1
             hold_ms.append(promised_ms)
             return
-        requeued_ms = max(job.submit_ms, js.alloc_start_ms, promised_ms if stale else 0)
+        bounds = (sacct_end_ms, None if old_submit else job.submit_ms, js.requeue_seen_ms)
+        requeued_ms = max(min(t for t in bounds if t is not None), js.alloc_start_ms, promised_ms if stale else 0)
         js.requeue_wait_polls = 0
         by = None
         if js.allocated and not js.ended:
@@ -1080,7 +1112,9 @@ def _translate_job(job: SlurmJob, state: AgentState, out: _Emitter, jobs: list[S
                 # meanwhile the watermark stays at its time, so its events are not late.
                 hold_ms.append(requeued_ms)
                 return
-        _requeue(job, js, state, out, requeued_ms=requeued_ms, retried_ms=job.submit_ms, new_attempt=job.attempt,
+        js.requeue_seen_ms = 0
+        _requeue(job, js, state, out, requeued_ms=requeued_ms, retried_ms=max(job.submit_ms, requeued_ms),
+                 new_attempt=job.attempt,
                  reason=f"requeued to reclaim resources for job {by.job_id}" if by else "requeued",
                  by_job_id=by.job_id if by else None, rule="partition_prio/requeue" if by else "requeue")
 
@@ -1397,7 +1431,7 @@ def close_vanished(job_ids: Iterable[str], state: AgentState, accounting: Mappin
         js = state.jobs[job_id]
         # one group of rows per attempt (--duplicates; a resize adds a RESIZING row to its attempt);
         # those before js.attempt were published live
-        groups = _attempt_groups(accounting.get(job_id) or [])
+        groups = _attempt_groups(_own_rows(js, accounting.get(job_id)) or [])
         walk = groups[js.attempt:] or groups[-1:]
         job = _job_not_in_squeue(job_id, js.raw_id, js.tenant, js.queue, attempt=js.attempt,
                                  start_ms=js.alloc_start_ms, nodes=js.nodes)

@@ -84,7 +84,7 @@ def test_a_requeue_shown_before_its_new_submit_time_waits_for_it():
     assert by_id["slurm:c:7:1:retried"].ts_ms == 1796084040_000
 
 
-def test_a_requeue_whose_submit_time_never_moves_ends_at_the_promised_watermark():
+def test_a_requeue_whose_submit_time_never_moves_ends_at_the_poll_that_first_saw_it():
     _, state = run_steps(["running", "pending"])
     promised = state.watermark_ms
     doc = _with_stale_requeue(squeue("requeued"))
@@ -94,7 +94,12 @@ def test_a_requeue_whose_submit_time_never_moves_ends_at_the_promised_watermark(
         ends = [e for e in r.events if e.event_id == "slurm:c:7:0:preempted"]
         if n < REQUEUE_WAIT_POLLS:
             assert not ends and r.watermark.ts_ms == promised
-    assert [e.ts_ms for e in ends] == [promised]  # late rather than never; never behind the watermark
+            assert r.needs_sacct == ["7"]  # sacct's row of the attempt ends at the requeue: asked
+    # the requeue happened by the first poll that saw it (not at the watermark promised before: that
+    # billed the attempt less than it held); late rather than never, never behind the watermark
+    assert [e.ts_ms for e in ends] == [POLL_MS["requeued"]] and POLL_MS["requeued"] > promised
+    (retried,) = [e for e in r.events if e.event_id == "slurm:c:7:1:retried"]
+    assert retried.ts_ms == POLL_MS["requeued"]  # never before the requeue (squeue's stale submit_time was)
 
 
 # --------------------------------------------------------------------------- a finished job requeued
