@@ -90,9 +90,9 @@ class Settings(BaseSettings):
     retention_ops_days: int = Field(400, ge=0, le=MAX_RETENTION_DAYS, description="days scheduler_snapshots, scheduler_preemptions, alerts and reclaim suggestions keep rows")
     retention_bills_days: int = Field(0, ge=0, le=MAX_RETENTION_DAYS, description="days the bill tables (daily bill grain, closed bills, adjustments, re-bills) keep rows; 0 or more than BILLS_ADJUST_LOOKBACK_DAYS + 7")
     clickhouse_cluster: str = Field("", pattern=r"^[A-Za-z0-9_\-]*$", description="ClickHouse cluster name: `gpuledger migrate` renders every migration for it (Replicated tables, ON CLUSTER, Distributed tables); empty: one server")
-    topic_retention_input_days: float = Field(70.0, ge=MIN_TOPIC_RETENTION_DAYS, description="retention of the input topics (gpu-samples, job-events, scheduler-snapshots), days: long enough to rebuild any day a close run may still adjust; more than BILLS_ADJUST_LOOKBACK_DAYS + 7 + BILLS_CLOSE_GRACE_S in days")
-    topic_retention_output_days: float = Field(14.0, ge=MIN_TOPIC_RETENTION_DAYS, description="retention of the ledger's output and internal topics (usage, lifecycle-accepted, node-allocations), days")
-    topic_retention_diagnostics_days: float = Field(30.0, ge=MIN_TOPIC_RETENTION_DAYS, description="retention of dead-letters, late-events, bills, alerts and reclaim suggestions, days")
+    topic_retention_input_days: float = Field(70.0, ge=MIN_TOPIC_RETENTION_DAYS, le=MAX_RETENTION_DAYS, description="retention of the input topics (gpu-samples, job-events, scheduler-snapshots), days: long enough to rebuild any day a close run may still adjust; more than BILLS_ADJUST_LOOKBACK_DAYS + 7 + BILLS_CLOSE_GRACE_S in days")
+    topic_retention_output_days: float = Field(14.0, ge=MIN_TOPIC_RETENTION_DAYS, le=MAX_RETENTION_DAYS, description="retention of the ledger's output and internal topics (usage, lifecycle-accepted, node-allocations), days")
+    topic_retention_diagnostics_days: float = Field(30.0, ge=MIN_TOPIC_RETENTION_DAYS, le=MAX_RETENTION_DAYS, description="retention of dead-letters, late-events, bills, alerts and reclaim suggestions, days")
 
     # --- Worker / agent
     worker_app_id: str = Field("gpuledger-worker", min_length=1, description="Faust application id (consumer group)")
@@ -150,6 +150,14 @@ class Settings(BaseSettings):
     def _data_dir_not_empty(cls, value):
         if value == "":  # Path("") would be the working directory
             raise PydanticCustomError("empty", "must name a directory (unset: .gpuledger), got ''")
+        return value
+
+    @field_validator("warehouse")
+    @classmethod
+    def _warehouse_dir_named(cls, value: str) -> str:
+        if value.strip() in ("chdb:", ""):  # Path("") would be the working directory
+            raise PydanticCustomError("empty", "'chdb:' must name a directory ('chdb:/abs/dir'; 'chdb' for "
+                                      "DATA_DIR/chdb), got '{value}'", {"value": value})
         return value
 
     @field_validator("cluster")

@@ -135,3 +135,19 @@ def test_a_dead_letter_larger_than_the_producers_can_send_is_refused(monkeypatch
         Settings()
     monkeypatch.setenv("GPULEDGER_DEAD_LETTER_MAX_BYTES", "990000")
     assert Settings().dead_letter_max_bytes == 990_000
+
+
+def test_an_embedded_warehouse_without_its_directory_is_refused(monkeypatch):
+    # 'chdb:' resolved to the working directory, as an empty DATA_DIR would
+    monkeypatch.setenv("GPULEDGER_WAREHOUSE", "chdb:")
+    with pytest.raises(ValidationError, match=r"(?s)warehouse.*'chdb:' must name a directory.*got 'chdb:'"):
+        Settings()
+    assert Settings(warehouse="chdb:/srv/ledger").embedded_warehouse_dir.name == "ledger"
+
+
+@pytest.mark.parametrize("kind", ["input", "output", "diagnostics"])
+def test_a_topic_retention_kafka_cannot_hold_is_refused_at_start(monkeypatch, kind):
+    # 1e12 days is a retention.ms beyond Kafka's long: refused by the broker at `topics create`, not here
+    monkeypatch.setenv(f"GPULEDGER_TOPIC_RETENTION_{kind.upper()}_DAYS", "1e12")
+    with pytest.raises(ValidationError, match=f"topic_retention_{kind}_days"):
+        Settings()
