@@ -690,6 +690,10 @@ class Watcher:
         judged = self._judged(a, gpus, hb, 2 * n, "straggler")
         now = self._spread(a, gpus, judged[:n]) if len(judged) >= n else None
         if "straggler" in a.open:
+            named = a.open["straggler"]["alert"]["gpus"]
+            if not set(named) & set(gpus):  # the job gave the lagging GPU up (or lost it): no spread to judge
+                return self._close(a, "straggler", horizon, horizon, horizon,
+                                   f"GPU {', '.join(named)} no longer runs the job")
             if now is not None and now[0] < p.min_spread_pct:
                 return self._close(a, "straggler", horizon, judged[n - 1] * self.bucket_ms, horizon,
                                    f"spread across the job's GPUs down to {now[0]:.0f} points")

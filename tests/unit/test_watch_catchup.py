@@ -1,7 +1,7 @@
 """The watcher (streams/watch.py) where a review found it depends on how its input came: a catch-up batch
 of usage (reclaim steps), an accepted event read twice (checkpoints), a node lost before its job's end
-(alerts of a forgotten attempt), close windows longer than the rules' look-back, and GPUs and nodes that
-come and go (state that only grew).
+(alerts of a forgotten attempt), close windows longer than the rules' look-back, GPUs and nodes that
+come and go (state that only grew), and a job that gives its lagging GPU up (a straggler alert left open).
 
 Pure: no Kafka, on the unit fixture ledger."""
 
@@ -143,3 +143,21 @@ def test_gpus_and_nodes_that_come_and_go_are_forgotten():
     assert all(g <= 26 * 8 and p == g and n <= 26 for g, p, n in sizes[1:]), sizes
     # what a rule still uses stays: the newest node and its GPUs
     assert (("c1", "GPU-spot-3-23-0") in feed.w.gpu_seen) and ("c1", "spot-3-23") in feed.w.node_seen
+
+
+# --------------------------------------------------------------------------- straggler
+def test_a_straggler_alert_closes_when_the_job_gives_the_lagging_gpu_up():
+    # GPU-b lags from minute 30 (straggler opens at 36); at 45 the job gives GPU-b up and runs on GPU-a
+    # alone: with one GPU there is no spread to judge, and the alert stayed open until the job's end
+    feed = Feed(watcher())
+    feed.send(LIFE, event("started", 0))
+    for m in range(90):
+        def records(s, e, m=m):
+            if m >= 45:
+                return [record("GPU-a", s, e), record("GPU-b", s, e, state="unallocated", util=0.0)]
+            return [record("GPU-a", s, e), record("GPU-b", s, e, util=40.0 if m >= 30 else 90.0)]
+        feed.minute(m, records)
+    alerts = summary(feed.alerts())
+    assert [(r, st) for r, st, _, _ in alerts] == [("straggler", "open"), ("straggler", "closed")]
+    assert alerts[0][2] == 36 * MIN and 45 * MIN <= alerts[1][2] <= 46 * MIN
+    assert "GPU GPU-b no longer runs the job" in feed.alerts()[1].message
