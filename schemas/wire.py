@@ -66,30 +66,28 @@ def _explain(exc: ValidationError) -> str:
 def _validate(validate_json, raw: bytes, label: str):
     """`raw` validated by pydantic's JSON parser, strictly: a JSON value of the wrong type is a violation
     (`true` is no interval, `"5"` no count), as the published JSON Schemas say; pydantic's lax mode
-    would take both. Strict JSON mode still reads enum values from strings and integers as floats."""
+    would take both. Strict JSON mode still reads enum values from strings and integers as floats.
+    Parsed once; a message that fails is read again for the usual reasons first (malformed JSON, not an
+    object, unknown schema_version)."""
     try:
         return validate_json(raw, strict=True, extra=_READ_EXTRA)
-    except ValidationError as exc:
+    except (ValidationError, TypeError) as exc:  # TypeError: no bytes at all, which _load refuses
+        _load(raw)
         raise DecodeError(f"{label}: {_explain(exc)}") from None
 
 
-def _checked(raw: bytes) -> bytes:
-    _load(raw)  # the usual reasons first: malformed JSON, not an object, unknown schema_version
-    return raw
-
-
 def decode(model: type[M], raw: bytes) -> M:
-    return _validate(model.model_validate_json, _checked(raw), model.__name__)
+    return _validate(model.model_validate_json, raw, model.__name__)
 
 
 def decode_lifecycle(raw: bytes):
     """A job-events message: a JobEvent or a LifecycleWatermark."""
-    return _validate(_lifecycle.validate_json, _checked(raw), "lifecycle message")
+    return _validate(_lifecycle.validate_json, raw, "lifecycle message")
 
 
 def decode_node_allocation(raw: bytes):
     """An internal node-allocations message: an AllocationChange or a NodeWatermark."""
-    return _validate(_node_allocation.validate_json, _checked(raw), "node-allocation message")
+    return _validate(_node_allocation.validate_json, raw, "node-allocation message")
 
 
 def _decode_ticks(raw: bytes, tick_model: type[BaseModel], batch_model: type[BaseModel]) -> list:
